@@ -1,0 +1,58 @@
+"""The ``planner`` command line: one handler class per subcommand.
+
+``main()`` turns a :class:`PlannerUsageError` (bad input) into one line on stderr and exit code 2,
+any other failure into one line and exit code 1, and Ctrl-C into exit code 130. ``--debug``
+shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+from planner.commands import COMMANDS
+from planner.errors import PlannerUsageError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="planner",
+        description="Parallel Planner: find the fastest parallelization strategy that fits.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+        command.add_arguments(p)
+        p.set_defaults(handler=command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler.run(args)
+    except PlannerUsageError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"planner {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"planner {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+        if args.debug:
+            traceback.print_exc()
+        print(f"planner {args.command}: failed: {type(e).__name__}: {e} (rerun with --debug"
+              " for the traceback)", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""Errors the command line turns into one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+
+class PlannerUsageError(Exception):
+    """Bad input from the user: a file, a field or an option. The message says what to fix."""
+

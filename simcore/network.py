@@ -1,0 +1,251 @@
+"""Network specs: dimensions, collective algorithms and ASTRA-sim's collective scheduling knobs.
+
+A network is an ordered tuple of :class:`NetworkDim`, innermost (dimension 0) first. A rank's
+address is the rank decomposed with dimension 0 fastest: on ``4 x 2`` rank 5 is ``(1, 1)``.
+All values are SI: bytes, seconds, bytes/s. Conversions from ASTRA-sim's units (network "GB/s"
+meaning 2**30 B/s, local-mem-bw meaning 10**9 B/s, ns) live in :mod:`planner.units`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = [
+    "Collective",
+    "CollectiveAlgorithm",
+    "AlgorithmChoice",
+    "Topology",
+    "NetworkDim",
+    "SchedulingPolicy",
+    "MultiDimOptimization",
+    "CollectiveScheduling",
+    "Network",
+]
+
+
+class Collective(StrEnum):
+    """A collective operation, named as ASTRA-sim's workload names it."""
+
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"
+
+
+class CollectiveAlgorithm(StrEnum):
+    """The algorithm that runs a collective on one network dimension (ASTRA-sim's names)."""
+
+    RING = "ring"
+    """Logical ring over the dimension's NPUs; neighbour to neighbour."""
+    ONE_RING = "oneRing"
+    """One ring over every NPU of the system, ignoring the dimensions."""
+    DIRECT = "direct"
+    """Every NPU exchanges with every other NPU of the dimension directly."""
+    ONE_DIRECT = "oneDirect"
+    """Direct over every NPU of the system, ignoring the dimensions."""
+    HALVING_DOUBLING = "halvingDoubling"
+    """Recursive halving (reduce) and doubling (gather) with peers at distance 1, 2, 4, ..."""
+    ONE_HALVING_DOUBLING = "oneHalvingDoubling"
+    """Halving-doubling over every NPU of the system, ignoring the dimensions."""
+    DOUBLE_BINARY_TREE = "doubleBinaryTree"
+    """Two binary trees (all-reduce only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AlgorithmChoice:
+    """An algorithm and, for the direct family, its window (ASTRA-sim's ``direct4`` is window 4).
+
+    ``window=None`` means ASTRA-sim's default: every peer at once.
+    """
+
+    algorithm: CollectiveAlgorithm
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.window is not None:
+            if self.algorithm not in (CollectiveAlgorithm.DIRECT, CollectiveAlgorithm.ONE_DIRECT):
+                raise ValueError(
+                    f"a window applies only to direct and oneDirect, but got {self.algorithm}"
+                    f" with window {self.window}"
+                )
+            if self.window < 1:
+                raise ValueError(f"`window >= 1` must hold, but got window={self.window}")
+
+    def __str__(self) -> str:
+        return f"{self.algorithm}{self.window if self.window is not None else ''}"
+
+    @classmethod
+    def parse(cls, text: str) -> AlgorithmChoice:
+        """Parse ASTRA-sim's spelling: ``ring``, ``direct``, ``direct8``, ``halvingDoubling``, ..."""
+        for algorithm in (CollectiveAlgorithm.ONE_DIRECT, CollectiveAlgorithm.DIRECT):
+            if text.startswith(algorithm.value) and text != algorithm.value:
+                suffix = text[len(algorithm.value) :]
+                if suffix.isdigit():
+                    return cls(algorithm, int(suffix))
+        try:
+            return cls(CollectiveAlgorithm(text))
+        except ValueError:
+            known = ", ".join(a.value for a in CollectiveAlgorithm)
+            raise ValueError(
+                f"unknown collective algorithm {text!r}; known: {known} (direct and oneDirect"
+                " take an optional window, e.g. direct4)"
+            ) from None
+
+
+class Topology(StrEnum):
+    """The shape of one network dimension."""
+
+    RING = "Ring"
+    """Bidirectional ring; a message takes the shorter way round."""
+    FULLY_CONNECTED = "FullyConnected"
+    """A link between every pair of NPUs: 1 hop."""
+    SWITCH = "Switch"
+    """Every NPU on one switch: 2 hops (NPU -> switch -> NPU)."""
+    MESH_2D = "Mesh2D"
+    """A width x height mesh without wrap-around, XY (dimension-order) routing."""
+    TORUS_2D = "Torus2D"
+    """A width x height torus: a mesh with wrap-around links, shortest way along X then Y."""
+
+
+class SchedulingPolicy(StrEnum):
+    """Order in which ready chunks are served (ASTRA-sim ``scheduling-policy``)."""
+
+    LIFO = "LIFO"
+    FIFO = "FIFO"
+
+
+class MultiDimOptimization(StrEnum):
+    """How an all-reduce over several dimensions is phased (``collective-optimization``)."""
+
+    LOCAL_BW_AWARE = "localBWAware"
+    """Reduce-scatter up the dimensions, all-reduce on the last, all-gather back down."""
+    BASELINE = "baseline"
+    """A full all-reduce on every dimension in turn."""
+
+
+def _default_algorithms() -> dict[Collective, AlgorithmChoice]:
+    return {c: AlgorithmChoice(CollectiveAlgorithm.RING) for c in Collective}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkDim:
+    """One dimension of the network: its topology, size, links and algorithms."""
+
+    topology: Topology
+    npus: int
+    """NPUs along this dimension (for Mesh2D/Torus2D: width * height)."""
+    bandwidth_bytes_per_s: float
+    """Bandwidth of one link, bytes/s."""
+    latency_s: float
+    """Latency of one link (one hop), seconds."""
+    algorithms: dict[Collective, AlgorithmChoice] = field(default_factory=_default_algorithms)
+    """The algorithm each collective uses on this dimension."""
+    width: int | None = None
+    """Mesh2D/Torus2D only: NPUs along X; height is npus // width. None for other topologies."""
+
+    def __post_init__(self) -> None:
+        if self.npus < 1:
+            raise ValueError(f"`npus >= 1` must hold, but got npus={self.npus}")
+        if not (self.bandwidth_bytes_per_s > 0 and math.isfinite(self.bandwidth_bytes_per_s)):
+            raise ValueError(
+                f"`bandwidth > 0` must hold, but got bandwidth={self.bandwidth_bytes_per_s} B/s"
+            )
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise ValueError(f"`latency >= 0` must hold, but got latency={self.latency_s} s")
+        if self.topology in (Topology.MESH_2D, Topology.TORUS_2D):
+            if self.width is None or self.width < 1 or self.npus % self.width:
+                raise ValueError(
+                    f"a {self.topology} dimension needs a width that divides npus, but got"
+                    f" width={self.width}, npus={self.npus}"
+                )
+        elif self.width is not None:
+            raise ValueError(f"width applies only to Mesh2D and Torus2D, not {self.topology}")
+        missing = [c.value for c in Collective if c not in self.algorithms]
+        if missing:
+            raise ValueError(f"no algorithm given for {', '.join(missing)}")
+
+    def algorithm(self, collective: Collective) -> AlgorithmChoice:
+        return self.algorithms[collective]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveScheduling:
+    """ASTRA-sim's system-layer knobs that decide how a collective is chunked and scheduled."""
+
+    preferred_dataset_splits: int = 1
+    """Chunks a collective is split into (before the minimum-chunk rule)."""
+    active_chunks_per_dim: int = 1
+    """Chunks that may run at once on one dimension."""
+    endpoint_delay_s: float = 10e-9
+    """Delay of each hand-off between the NPU and its network endpoint."""
+    local_reduction_bandwidth_bytes_per_s: float = 1.6e12
+    """Local memory bandwidth for the reduction of received data (3 accesses per byte)."""
+    policy: SchedulingPolicy = SchedulingPolicy.LIFO
+    optimization: MultiDimOptimization = MultiDimOptimization.LOCAL_BW_AWARE
+
+    def __post_init__(self) -> None:
+        if self.preferred_dataset_splits < 1:
+            raise ValueError(
+                "`preferred_dataset_splits >= 1` must hold, but got"
+                f" {self.preferred_dataset_splits}"
+            )
+        if self.active_chunks_per_dim < 1:
+            raise ValueError(
+                f"`active_chunks_per_dim >= 1` must hold, but got {self.active_chunks_per_dim}"
+            )
+        if not (self.endpoint_delay_s > 0 and math.isfinite(self.endpoint_delay_s)):
+            raise ValueError(
+                f"`endpoint_delay > 0` must hold (ASTRA-sim aborts on 0), but got"
+                f" {self.endpoint_delay_s} s"
+            )
+        bw = self.local_reduction_bandwidth_bytes_per_s
+        if not (bw > 0 and math.isfinite(bw)):
+            raise ValueError(f"`local_reduction_bandwidth > 0` must hold, but got {bw} B/s")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Network:
+    """The network of a system: dimensions innermost first, and the collective scheduling."""
+
+    dims: tuple[NetworkDim, ...]
+    scheduling: CollectiveScheduling = field(default_factory=CollectiveScheduling)
+
+    def __post_init__(self) -> None:
+        if not self.dims:
+            raise ValueError("a network needs at least one dimension")
+
+    @property
+    def npus(self) -> int:
+        return math.prod(d.npus for d in self.dims)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(d.npus for d in self.dims)
+
+    def address(self, rank: int) -> tuple[int, ...]:
+        """The rank's coordinate per dimension, dimension 0 fastest.
+
+        On a ``4 x 2`` network rank 5 = 1 + 4 * 1 is ``(1, 1)``.
+        """
+        self.check_rank(rank)
+        coords = []
+        for d in self.dims:
+            rank, c = divmod(rank, d.npus)
+            coords.append(c)
+        return tuple(coords)
+
+    def lowest_differing_dim(self, src: int, dst: int) -> int:
+        """The lowest dimension in which two distinct ranks' addresses differ."""
+        if src == dst:
+            raise ValueError(f"src and dst must differ, but both are {src}")
+        a, b = self.address(src), self.address(dst)
+        return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+
+    def check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.npus:
+            raise ValueError(
+                f"`0 <= rank < {self.npus}` must hold, but got rank={rank} (the network has"
+                f" {self.npus} NPUs: {' x '.join(map(str, self.shape))})"
+            )

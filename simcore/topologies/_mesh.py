@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from ._base import BaseTopology, Link
+
+
+class Mesh2D(BaseTopology):
+    """A ``width x height`` mesh, node ``x + width * y``, with XY (dimension-order) routing.
+
+    A message first moves along X to the destination's column, then along Y. On a 4 x 4 mesh the
+    route from 1 to 7 is 1 -> 2 -> 3 -> 7, and from 14 to 5 is 14 -> 13 -> 9 -> 5.
+    """
+
+    wraps = False
+
+    def __init__(self, npus: int, width: int) -> None:
+        super().__init__(npus)
+        if width < 1 or npus % width:
+            raise ValueError(f"width must divide npus, but got width={width}, npus={npus}")
+        self.width = width
+        self.height = npus // width
+
+    def _steps(self, a: int, b: int, size: int) -> list[int]:
+        """Coordinates visited from a to b along one axis (a excluded)."""
+        forward = (b - a) % size if self.wraps else b - a
+        if self.wraps and forward > size - forward:
+            step, count = -1, size - forward
+        else:
+            step, count = (1, forward) if forward >= 0 else (-1, -forward)
+        return [(a + step * i) % size for i in range(1, count + 1)]
+
+    def _route(self, src: int, dst: int) -> list[Link]:
+        (sx, sy), (dx, dy) = divmod(src, self.width)[::-1], divmod(dst, self.width)[::-1]
+        nodes = [src]
+        nodes += [x + self.width * sy for x in self._steps(sx, dx, self.width)]
+        nodes += [dx + self.width * y for y in self._steps(sy, dy, self.height)]
+        return list(zip(nodes, nodes[1:]))
+
+    def _hops(self, src: int, dst: int) -> int:
+        return len(self._route(src, dst))
+
+
+class Torus2D(Mesh2D):
+    """A ``width x height`` torus: the mesh with wrap-around links, shortest way along X, then Y."""
+
+    wraps = True

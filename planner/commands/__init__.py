@@ -1,0 +1,10 @@
+"""The subcommands of ``planner``, in the order ``--help`` lists them."""
+
+from __future__ import annotations
+
+from planner.commands._base import BaseCommand
+from planner.commands._collective import CollectiveCommand
+
+COMMANDS: list[BaseCommand] = [CollectiveCommand()]
+
+__all__ = ["BaseCommand", "COMMANDS"]

@@ -18,6 +18,10 @@ class BaseTopology(abc.ABC):
     are stateless after construction and must satisfy ``hops(a, b) == len(route(a, b))``.
     """
 
+    vertex_transitive = True
+    """``hops(i, (i + j) % npus)`` is the same for every NPU i (Ring, Switch, FullyConnected);
+    false for meshes and tori, whose index order does not shift coordinates uniformly."""
+
     def __init__(self, npus: int) -> None:
         if npus < 1:
             raise ValueError(f"`npus >= 1` must hold, but got npus={npus}")

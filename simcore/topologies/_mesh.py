@@ -11,6 +11,7 @@ class Mesh2D(BaseTopology):
     """
 
     wraps = False
+    vertex_transitive = False
 
     def __init__(self, npus: int, width: int) -> None:
         super().__init__(npus)

@@ -1,0 +1,257 @@
+"""Collective and point-to-point timing, exact to ASTRA-sim's analytical backend.
+
+``collective_time(network, collective, size_bytes)`` gives what ASTRA-sim 2.0 (analytical,
+congestion-unaware) reports for sys[0] when every NPU issues the collective at t = 0:
+the collective is chunked, each chunk runs one phase per network dimension with that
+dimension's algorithm, and the chunks are scheduled through per-dimension queues
+(:mod:`._schedule`). With ``congestion=Congestion.AWARE`` the link-contention model of
+:mod:`._contention` replaces the per-message times (ASTRA-sim's congestion-aware backend is its
+check; like that backend it covers one-dimensional networks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from simcore.network import AlgorithmChoice, Collective, CollectiveAlgorithm, Network
+
+from ._base import NS_PER_S, BaseCollective, Costs, Link
+from ._direct import DirectCollective
+from ._double_binary_tree import DoubleBinaryTreeCollective
+from ._flat import FlatLink
+from ._group import GROUP_HANDOFF_NS, group_ring_ns, p2p_ns
+from ._halving_doubling import HalvingDoublingCollective
+from ._ring import RingCollective
+from ._schedule import PhasePlan, chunking, phase_durations, phase_ops, schedule_chunks, waves
+
+__all__ = [
+    "BaseCollective",
+    "CollectiveTiming",
+    "Congestion",
+    "PhaseTiming",
+    "collective_time",
+    "p2p_time",
+    "algorithm_for",
+]
+
+
+class Congestion(StrEnum):
+    """Which network model times the messages."""
+
+    UNAWARE = "unaware"
+    """ASTRA-sim's congestion-unaware backend: every message has its links to itself."""
+    AWARE = "aware"
+    """Flows that share a link queue on it; store-and-forward through switches and hops."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseTiming:
+    """One phase of one chunk."""
+
+    dim: int | None
+    """Network dimension; None for a sub-group's ring, which spans dimensions."""
+    collective: Collective
+    algorithm: str
+    npus: int
+    data_bytes: int
+    time_s: float
+    """Duration of this phase for one chunk."""
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveTiming:
+    """What one collective costs, and how it was split."""
+
+    collective: Collective
+    size_bytes: int
+    time_s: float
+    chunk_bytes: int
+    chunks: int
+    phases: tuple[PhaseTiming, ...]
+    congestion: Congestion
+
+    @property
+    def time_ns(self) -> int:
+        return round(self.time_s * NS_PER_S)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "collective": self.collective.value,
+            "size_bytes": self.size_bytes,
+            "time_ns": self.time_ns,
+            "congestion": self.congestion.value,
+            "chunk_bytes": self.chunk_bytes,
+            "chunks": self.chunks,
+            "phases": [
+                {
+                    "dim": p.dim,
+                    "collective": p.collective.value,
+                    "algorithm": p.algorithm,
+                    "npus": p.npus,
+                    "data_bytes": p.data_bytes,
+                    "time_ns_per_chunk": round(p.time_s * NS_PER_S),
+                }
+                for p in self.phases
+            ],
+        }
+
+
+def algorithm_for(choice: AlgorithmChoice) -> BaseCollective:
+    """The algorithm object for a configured choice."""
+    kind = choice.algorithm
+    if kind in (CollectiveAlgorithm.RING, CollectiveAlgorithm.ONE_RING):
+        return RingCollective()
+    if kind in (CollectiveAlgorithm.DIRECT, CollectiveAlgorithm.ONE_DIRECT):
+        return DirectCollective(choice.window)
+    if kind in (CollectiveAlgorithm.HALVING_DOUBLING, CollectiveAlgorithm.ONE_HALVING_DOUBLING):
+        return HalvingDoublingCollective()
+    return DoubleBinaryTreeCollective()
+
+
+_ONE_ALGORITHMS = (
+    CollectiveAlgorithm.ONE_RING,
+    CollectiveAlgorithm.ONE_DIRECT,
+    CollectiveAlgorithm.ONE_HALVING_DOUBLING,
+)
+
+
+def _check_size(size_bytes: int) -> None:
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes <= 0:
+        raise ValueError(f"`size_bytes > 0` must hold (whole bytes), but got {size_bytes!r}")
+
+
+def _check_group(network: Network, group: Sequence[int]) -> None:
+    if len(group) < 2:
+        raise ValueError(f"a group needs at least 2 ranks, but got {list(group)}")
+    if len(set(group)) != len(group):
+        raise ValueError(f"a group lists each rank once, but got {list(group)}")
+    for r in group:
+        network.check_rank(r)
+
+
+def collective_time(
+    network: Network,
+    collective: Collective,
+    size_bytes: int,
+    *,
+    group: Sequence[int] | None = None,
+    congestion: Congestion = Congestion.UNAWARE,
+) -> CollectiveTiming:
+    """Time of one collective of ``size_bytes`` per NPU, as ASTRA-sim reports it for sys[0]
+    (for a sub-group: for the group's first rank).
+
+    ``group``: the ranks of a sub-group, in ring order; None or every rank means the whole
+    system, which uses the per-dimension algorithms and phases.
+    """
+    _check_size(size_bytes)
+    if group is not None:
+        _check_group(network, group)
+        if len(group) == network.npus:
+            group = None
+    if congestion is Congestion.AWARE:
+        from ._contention import aware_collective_time
+
+        return aware_collective_time(network, collective, size_bytes, group=group)
+    links = [Link(d) for d in network.dims]
+    scheduling = network.scheduling
+    chunk, chunks = chunking(
+        collective, size_bytes, scheduling.preferred_dataset_splits, network.npus
+    )
+    n_waves = waves(chunks, scheduling.active_chunks_per_dim)
+    if group is not None:
+        return _group_timing(network, links, collective, size_bytes, group, chunk, chunks, n_waves)
+    costs = Costs.of(scheduling)
+    plans = _plan(network, links, collective, chunk)
+    if not plans:  # a one-NPU system: nothing to send
+        return CollectiveTiming(collective, size_bytes, 0.0, chunk, chunks, (), congestion)
+    if isinstance(plans[0].algorithm, DoubleBinaryTreeCollective):
+        return _dbt_timing(plans[0], collective, size_bytes, chunk, chunks, costs,
+                           scheduling.active_chunks_per_dim)
+    durations = phase_durations(plans, costs)
+    total_ns = schedule_chunks(
+        chunks, durations, [p.dim for p in plans], scheduling.active_chunks_per_dim
+    )
+    phases = tuple(
+        PhaseTiming(p.dim, p.op, p.algorithm.name, p.npus, p.data_bytes, d / NS_PER_S)
+        for p, d in zip(plans, durations)
+    )
+    return CollectiveTiming(
+        collective, size_bytes, total_ns / NS_PER_S, chunk, chunks, phases, congestion
+    )
+
+
+def _plan(network: Network, links: list[Link], collective: Collective, chunk: int
+          ) -> list[PhasePlan]:
+    first = network.dims[0].algorithm(collective)
+    if first.algorithm in _ONE_ALGORITHMS:
+        # ASTRA-sim builds one ring over all NPUs and stops there: a single phase.
+        if first.algorithm is CollectiveAlgorithm.ONE_DIRECT:
+            raise ValueError(
+                "oneDirect is not modelled: its NPUs do not act alike; use direct per dimension"
+            )
+        algorithm = algorithm_for(first)
+        algorithm.check(collective, network.npus)
+        flat = FlatLink(network, links)
+        return [PhasePlan(0, collective, algorithm, flat, network.npus, chunk)]  # type: ignore[arg-type]
+    active = [i for i, d in enumerate(network.dims) if d.npus > 1]
+    if not active:
+        return []
+    plans = []
+    data = chunk
+    for dim, op in phase_ops(collective, active, network.scheduling.optimization):
+        choice = network.dims[dim].algorithm(collective)
+        if choice.algorithm in _ONE_ALGORITHMS:
+            raise ValueError(
+                f"{choice} on dimension {dim} but not on dimension 0: a one* algorithm must be"
+                " listed for every dimension"
+            )
+        algorithm = algorithm_for(choice)
+        n = network.dims[dim].npus
+        if isinstance(algorithm, DoubleBinaryTreeCollective) and len(active) > 1:
+            raise ValueError("doubleBinaryTree is modelled on one-dimensional networks only")
+        algorithm.check(op, n)
+        plans.append(PhasePlan(dim, op, algorithm, links[dim], n, data))
+        data = algorithm.output_bytes(op, n, data)
+    return plans
+
+
+def _dbt_timing(plan: PhasePlan, collective: Collective, size_bytes: int, chunk: int,
+                chunks: int, costs: Costs, active: int) -> CollectiveTiming:
+    assert isinstance(plan.algorithm, DoubleBinaryTreeCollective)
+    total_ns = plan.algorithm.all_reduce_ns(plan.npus, chunk, chunks, active, plan.link, costs)
+    phase = PhaseTiming(plan.dim, Collective.ALL_REDUCE, plan.algorithm.name, plan.npus, chunk,
+                        total_ns / chunks / NS_PER_S)
+    return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks, (phase,),
+                            Congestion.UNAWARE)
+
+
+def _group_timing(network: Network, links: list[Link], collective: Collective, size_bytes: int,
+                  group: Sequence[int], chunk: int, chunks: int, n_waves: int
+                  ) -> CollectiveTiming:
+    only = network.dims[0].algorithm(collective)
+    rings = (CollectiveAlgorithm.RING, CollectiveAlgorithm.ONE_RING)
+    if len(network.dims) == 1 and only.algorithm not in rings:
+        # ASTRA-sim forces ring only when several implementations are listed; a single
+        # non-ring one stays, and its NPUs then do not act alike.
+        raise ValueError(
+            f"{only} over a sub-group is not modelled (ASTRA-sim keeps a single listed"
+            " implementation for groups); list ring for this collective"
+        )
+    costs = Costs.of(network.scheduling, endpoint_ns=GROUP_HANDOFF_NS)
+    total_ns = group_ring_ns(network, links, collective, group, chunk, n_waves, costs, group[0])
+    phase = PhaseTiming(None, collective, "ring", len(group), chunk,
+                        total_ns / n_waves / NS_PER_S)
+    return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks, (phase,),
+                            Congestion.UNAWARE)
+
+
+def p2p_time(network: Network, src: int, dst: int, size_bytes: int) -> float:
+    """Seconds for one point-to-point message (a SEND node): no hand-off, no reduction, timed on
+    the lowest network dimension in which the two ranks differ."""
+    _check_size(size_bytes)
+    links = [Link(d) for d in network.dims]
+    return p2p_ns(network, links, src, dst, size_bytes) / NS_PER_S
+

@@ -1,0 +1,115 @@
+"""The collective-algorithm plug-in interface and the per-message cost rules of ASTRA-sim.
+
+All times here are integer nanoseconds, ASTRA-sim's event tick, so that every truncation of
+the simulator is reproduced exactly; :mod:`simcore.collectives` converts to seconds at the end.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from simcore.network import Collective, CollectiveScheduling, NetworkDim, Topology
+from simcore.topologies import BaseTopology, build_topology
+
+NS_PER_S = 1e9
+
+
+def to_ns(seconds: float) -> float:
+    """Seconds -> ns, rounded to the picosecond (500e-9 s is exactly 500.0 ns again)."""
+    return round(seconds * NS_PER_S, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """Per-NPU costs of the system layer: the endpoint hand-off and the local reduction.
+
+    ASTRA-sim ``MemBus``: every packet hand-off costs ``endpoint_ns``. ``PacketBundle``: a
+    processed (reduced) message costs ``3 * trunc(bytes / local_mem_bw * 1e9)`` ns: two reads
+    and one write at local-mem-bw (decimal bytes/s).
+    """
+
+    endpoint_ns: int
+    local_mem_bytes_per_s: float
+
+    @classmethod
+    def of(cls, scheduling: CollectiveScheduling, *, endpoint_ns: int | None = None) -> Costs:
+        ed = endpoint_ns if endpoint_ns is not None else int(to_ns(scheduling.endpoint_delay_s))
+        return cls(ed, scheduling.local_reduction_bandwidth_bytes_per_s)
+
+    def reduce_ns(self, message_bytes: int) -> int:
+        return 3 * int(message_bytes / self.local_mem_bytes_per_s * NS_PER_S)
+
+
+class Link:
+    """Message timing on one network dimension, congestion-unaware.
+
+    ASTRA-sim ``BasicTopology::compute_communication_delay``: ``trunc(hops * latency + bytes /
+    bw)`` with bw in bytes/ns. A message to logical offset ``j`` on the dimension's ring goes
+    ``hops(i, i + j)`` hops; on a vertex-transitive topology (Ring, Switch, FullyConnected,
+    Torus2D) that is the same from every NPU. On a Mesh2D it is not, and the worst NPU is used.
+    """
+
+    def __init__(self, dim: NetworkDim) -> None:
+        self.dim = dim
+        self.topology: BaseTopology = build_topology(dim)
+        self.npus = dim.npus
+        self.latency_ns = to_ns(dim.latency_s)
+        self.bytes_per_ns = dim.bandwidth_bytes_per_s / NS_PER_S
+        self._hops: dict[int, int] = {}
+
+    def hops(self, offset: int) -> int:
+        offset %= self.npus
+        hops = self._hops.get(offset)
+        if hops is None:
+            n, topo = self.npus, self.topology
+            if topo.vertex_transitive:
+                hops = topo.hops(0, offset)
+            else:
+                hops = max(topo.hops(i, (i + offset) % n) for i in range(n))
+            self._hops[offset] = hops
+        return hops
+
+    @property
+    def uniform(self) -> bool:
+        """Every offset has the same hop count (Switch, FullyConnected)."""
+        return self.dim.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED)
+
+    def send_ns(self, offset: int, message_bytes: int) -> int:
+        """One message to the NPU ``offset`` places further on this dimension's ring."""
+        return self.message_ns(self.hops(offset), message_bytes)
+
+    def message_ns(self, hops: int, message_bytes: int) -> int:
+        return int(hops * self.latency_ns + message_bytes / self.bytes_per_ns)
+
+
+class BaseCollective(abc.ABC):
+    """A collective algorithm on one network dimension (one phase of one chunk).
+
+    Lifecycle: the scheduler splits a collective into chunks and each chunk into phases, one
+    per network dimension it crosses (:mod:`simcore.collectives._schedule`). For every phase it
+    asks the algorithm of that dimension for :meth:`phase_ns`, the time from the phase's start
+    (the stream's first hand-off) to its exit, for one chunk of ``data_bytes`` on a ring of
+    ``n`` NPUs, all NPUs of the dimension acting alike; and for :meth:`output_bytes`, the data
+    the next phase receives. Implementations are stateless.
+    """
+
+    name: str
+    supports: frozenset[Collective] = frozenset(Collective)
+
+    def check(self, op: Collective, n: int) -> None:
+        """Raise ValueError if this algorithm cannot run ``op`` on ``n`` NPUs."""
+        if op not in self.supports:
+            raise ValueError(f"{self.name} cannot run {op} (ASTRA-sim exits); use ring or direct")
+
+    @abc.abstractmethod
+    def phase_ns(self, op: Collective, n: int, data_bytes: int, link: Link, costs: Costs) -> int:
+        """Duration of one phase of one chunk, in ns."""
+
+    def output_bytes(self, op: Collective, n: int, data_bytes: int) -> int:
+        """Bytes per NPU after the phase (ASTRA-sim's ``final_data_size``)."""
+        if op is Collective.REDUCE_SCATTER:
+            return data_bytes // n
+        if op is Collective.ALL_GATHER:
+            return data_bytes * n
+        return data_bytes

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from simcore.network import Collective
+
+from ._base import BaseCollective, Costs, Link
+
+
+class DirectCollective(BaseCollective):
+    """ASTRA-sim ``AllToAll`` ("direct"): every NPU sends to all n-1 others at once (offsets
+    1, 2, ..., n-1), so a phase costs the slowest of those messages, not their sum.
+
+    With ``m = D / n``, ``S_j`` the message time to offset ``j``, ``e`` the hand-off, ``R`` the
+    reduction:
+
+    - reduce-scatter: ``2e + max_j S_j(m) + R(m)``
+    - all-gather: ``2e + max_j S_j(D)``; all-to-all: ``2e + max_j S_j(m)``
+    - all-reduce: the second half starts once every first-half message has arrived; each
+      reduction completion then releases one send, to offsets 1, 2, ... in order:
+      ``a_j = e + S_j(m)``, ``g = sorted(a_j + e + R(m))``, ``g* = min{g_i >= max a}``,
+      ``T = e + max_j(max(g_j, g*) + S_j(m))``; with equal hops that is ``3e + 2S(m) + R(m)``.
+
+    Only the default window (all peers at once) is modelled; ``directN`` with N < n-1 raises.
+    """
+
+    name = "direct"
+
+    def __init__(self, window: int | None = None) -> None:
+        self.window = window
+
+    def check(self, op: Collective, n: int) -> None:
+        super().check(op, n)
+        if self.window is not None and self.window < n - 1:
+            raise ValueError(
+                f"direct{self.window} on {n} NPUs (a window below n-1 = {n - 1}) is not"
+                " modelled; use direct"
+            )
+
+    def phase_ns(self, op: Collective, n: int, data_bytes: int, link: Link, costs: Costs) -> int:
+        e = costs.endpoint_ns
+        if op is Collective.ALL_GATHER:
+            return 2 * e + self._slowest(n, data_bytes, link)
+        m = data_bytes // n
+        if op is Collective.ALL_TO_ALL:
+            return 2 * e + self._slowest(n, m, link)
+        r = costs.reduce_ns(m)
+        if op is Collective.REDUCE_SCATTER:
+            return 2 * e + self._slowest(n, m, link) + r
+        if link.uniform:
+            return 3 * e + 2 * link.send_ns(1, m) + r
+        sends = [link.send_ns(j, m) for j in range(1, n)]
+        arrivals = [e + s for s in sends]
+        last_arrival = max(arrivals)
+        done = sorted(a + e + r for a in arrivals)
+        release = next(g for g in done if g >= last_arrival)
+        return e + max(max(g, release) + s for g, s in zip(done, sends))
+
+    @staticmethod
+    def _slowest(n: int, message_bytes: int, link: Link) -> int:
+        if link.uniform:
+            return link.send_ns(1, message_bytes)
+        farthest = max(link.hops(j) for j in range(1, n))
+        return link.message_ns(farthest, message_bytes)

@@ -1,0 +1,254 @@
+"""The frozen, validated inputs of an estimate: model, device, system, training and strategy.
+
+Units are SI throughout: bytes, seconds, bytes/s, FLOP/s (one multiply-accumulate = 2 FLOP).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+from simcore.network import Network
+
+__all__ = [
+    "Axis",
+    "Family",
+    "Activation",
+    "Recompute",
+    "Schedule",
+    "ZeroStage",
+    "Convention",
+    "ModelSpec",
+    "DeviceSpec",
+    "SystemSpec",
+    "TrainingSpec",
+    "Strategy",
+    "DEFAULT_PLACEMENT",
+]
+
+
+class Axis(StrEnum):
+    """A parallel axis of the device mesh ("axis", never "dim", which is a tensor dimension)."""
+
+    DP = "dp"
+    TP = "tp"
+    PP = "pp"
+    SP = "sp"
+
+
+DEFAULT_PLACEMENT = (Axis.TP, Axis.SP, Axis.DP, Axis.PP)
+"""Innermost first: tensor parallel on the fastest links, pipeline parallel on the slowest."""
+
+
+class Family(StrEnum):
+    GPT = "gpt"
+    """Learned positions, GELU MLP, multi-head attention, LayerNorm."""
+    LLAMA = "llama"
+    """RoPE, SwiGLU MLP, grouped-query attention (kv_heads), RMSNorm, untied embeddings."""
+    STAGE = "stage"
+    """The transformer exactly as STAGE's ``recomp`` branch builds it for ASTRA-sim."""
+    MLP = "mlp"
+    """A stack of matmul + ReLU layers (the DistIR study)."""
+
+
+class Activation(StrEnum):
+    GELU = "gelu"
+    SWIGLU = "swiglu"
+    RELU = "relu"
+    NONE = "none"
+
+
+class Recompute(StrEnum):
+    """Activation recomputation (Korthikanti et al. 2022)."""
+
+    NONE = "none"
+    """Keep every activation a backward pass reads."""
+    SELECTIVE = "selective"
+    """Drop and recompute only the attention core (QK^T, softmax, dropout, x V)."""
+    FULL = "full"
+    """Keep only each layer's input; recompute the whole forward of the layer in backward."""
+
+
+class Schedule(StrEnum):
+    """Pipeline schedule."""
+
+    GPIPE = "gpipe"
+    """All forwards, then all backwards: m micro-batches in flight."""
+    ONE_F_ONE_B = "1f1b"
+    """PipeDream-Flush: at most p micro-batches in flight."""
+    INTERLEAVED = "interleaved"
+    """Interleaved 1F1B with v model chunks per device: bubble / v."""
+
+
+class ZeroStage(IntEnum):
+    """What data-parallel ranks shard (Rajbhandari et al. 2020)."""
+
+    NONE = 0
+    """Every rank holds everything."""
+    OPTIMIZER = 1
+    """Optimizer states (and fp32 master weights) sharded: ZeRO-1, Megatron's distributed optimizer."""
+    GRADIENTS = 2
+    """Optimizer states and gradients sharded: ZeRO-2."""
+    PARAMETERS = 3
+    """Everything sharded, weights gathered before use: ZeRO-3 / FSDP."""
+
+
+class Convention(StrEnum):
+    """Which graph convention the step model follows."""
+
+    MEGATRON = "megatron"
+    STAGE = "stage"
+    MLP = "mlp"
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"`{name} > 0` must hold, but got {name}={value!r}")
+
+
+def _fraction(name: str, value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"`0 < {name} <= 1` must hold, but got {name}={value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A transformer's (or the DistIR MLP's) shape."""
+
+    name: str
+    family: Family
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    """MLP inner width (4 * hidden for GPT; 28672 for Llama-70B's SwiGLU)."""
+    heads: int
+    vocab: int
+    seq_len: int
+    """Sequence length the model is trained at (training may override)."""
+    kv_heads: int | None = None
+    """Key/value heads for grouped-query attention; None means heads (multi-head attention)."""
+    activation: Activation = Activation.GELU
+    tied_embeddings: bool = False
+    """True if the LM head reuses the input embedding matrix (GPT); False for Llama."""
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"):
+            _positive(name, getattr(self, name))
+        if self.kv_heads is not None:
+            _positive("kv_heads", self.kv_heads)
+            if self.heads % self.kv_heads:
+                raise ValueError(
+                    f"`heads % kv_heads == 0` must hold, but got heads={self.heads},"
+                    f" kv_heads={self.kv_heads}"
+                )
+        if self.family is not Family.MLP and self.hidden % self.heads:
+            raise ValueError(
+                f"`hidden % heads == 0` must hold, but got hidden={self.hidden}, heads={self.heads}"
+            )
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator."""
+
+    name: str
+    peak_flops_per_s: float
+    """Peak dense bf16 FLOP/s (2 FLOP per multiply-accumulate)."""
+    hbm_bytes: float
+    """HBM capacity."""
+    hbm_bandwidth_bytes_per_s: float
+    matmul_efficiency: float = 1.0
+    """Achievable fraction of peak on large matmuls (calibrated per device, see the catalog)."""
+    memory_efficiency: float = 1.0
+    """Achievable fraction of HBM bandwidth on element-wise kernels."""
+
+    def __post_init__(self) -> None:
+        for name in ("peak_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s"):
+            _positive(name, getattr(self, name))
+        _fraction("matmul_efficiency", self.matmul_efficiency)
+        _fraction("memory_efficiency", self.memory_efficiency)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SystemSpec:
+    """A system: its devices and the network that joins them."""
+
+    name: str
+    device: DeviceSpec
+    network: Network
+
+    @property
+    def devices(self) -> int:
+        return self.network.npus
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    """What one training step processes."""
+
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel replicas."""
+    seq_len: int
+    bytes_per_param_weights: int = 2
+    """bf16 weights."""
+    bytes_per_param_grads: int = 2
+    """bf16 gradients (Megatron with fp32 main grads: 4)."""
+    bytes_per_param_optimizer: int = 12
+    """Mixed-precision Adam: fp32 master weights, momentum and variance (4 + 4 + 4)."""
+    bytes_per_activation: int = 2
+
+    def __post_init__(self) -> None:
+        _positive("global_batch", self.global_batch)
+        _positive("seq_len", self.seq_len)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Strategy:
+    """How one training step is split over the devices."""
+
+    dp: int = 1
+    """Data-parallel degree. 1 means no data parallelism."""
+    tp: int = 1
+    """Tensor-parallel degree. 1 means disabled."""
+    pp: int = 1
+    """Pipeline-parallel degree (stages). 1 means disabled."""
+    sp: int = 1
+    """Sequence (context) parallel degree: the sequence is split over sp ranks. 1 means disabled."""
+    sequence_parallel: bool = True
+    """Megatron sequence parallelism inside the tp group (norms and dropout split by sequence)."""
+    zero: ZeroStage = ZeroStage.NONE
+    """What the data-parallel ranks shard; ZeroStage.PARAMETERS is FSDP."""
+    recompute: Recompute = Recompute.NONE
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel replica."""
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    v: int = 1
+    """Model chunks per device for the interleaved schedule; 1 otherwise."""
+    placement: tuple[Axis, ...] = field(default=DEFAULT_PLACEMENT)
+    """Axes onto the network dimensions, innermost first."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "sp", "micro_batch", "v"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
+        if self.schedule is not Schedule.INTERLEAVED and self.v != 1:
+            raise ValueError(f"v > 1 needs schedule=interleaved, but got schedule={self.schedule}")
+        if sorted(self.placement) != sorted(Axis):
+            raise ValueError(
+                "placement must name each of dp, tp, pp, sp once, but got"
+                f" {', '.join(self.placement)}"
+            )
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.sp

@@ -25,7 +25,7 @@ from ._flat import FlatLink
 from ._group import GROUP_HANDOFF_NS, group_ring_ns, p2p_ns
 from ._halving_doubling import HalvingDoublingCollective
 from ._ring import RingCollective
-from ._schedule import PhasePlan, chunking, phase_durations, phase_ops, schedule_chunks, waves
+from ._schedule import PhasePlan, chunking, phase_ops, schedule_chunks, waves
 
 __all__ = [
     "BaseCollective",
@@ -70,12 +70,22 @@ class CollectiveTiming:
     time_s: float
     chunk_bytes: int
     chunks: int
-    phases: tuple[PhaseTiming, ...]
     congestion: Congestion
+    plans: tuple[PhasePlan, ...] = ()
+    """The phases of one chunk, in order."""
+    phase_ns: tuple[int, ...] = ()
+    """Duration of each phase for one chunk, ns."""
 
     @property
     def time_ns(self) -> int:
         return round(self.time_s * NS_PER_S)
+
+    @property
+    def phases(self) -> tuple[PhaseTiming, ...]:
+        return tuple(
+            PhaseTiming(p.dim, p.op, p.algorithm.name, p.npus, p.data_bytes, d / NS_PER_S)
+            for p, d in zip(self.plans, self.phase_ns)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,16 +109,22 @@ class CollectiveTiming:
         }
 
 
+_ALGORITHMS: dict[CollectiveAlgorithm, BaseCollective] = {
+    CollectiveAlgorithm.RING: RingCollective(),
+    CollectiveAlgorithm.ONE_RING: RingCollective(),
+    CollectiveAlgorithm.DIRECT: DirectCollective(),
+    CollectiveAlgorithm.ONE_DIRECT: DirectCollective(),
+    CollectiveAlgorithm.HALVING_DOUBLING: HalvingDoublingCollective(),
+    CollectiveAlgorithm.ONE_HALVING_DOUBLING: HalvingDoublingCollective(),
+    CollectiveAlgorithm.DOUBLE_BINARY_TREE: DoubleBinaryTreeCollective(),
+}
+
+
 def algorithm_for(choice: AlgorithmChoice) -> BaseCollective:
-    """The algorithm object for a configured choice."""
-    kind = choice.algorithm
-    if kind in (CollectiveAlgorithm.RING, CollectiveAlgorithm.ONE_RING):
-        return RingCollective()
-    if kind in (CollectiveAlgorithm.DIRECT, CollectiveAlgorithm.ONE_DIRECT):
+    """The algorithm object for a configured choice (stateless, so shared)."""
+    if choice.window is not None:
         return DirectCollective(choice.window)
-    if kind in (CollectiveAlgorithm.HALVING_DOUBLING, CollectiveAlgorithm.ONE_HALVING_DOUBLING):
-        return HalvingDoublingCollective()
-    return DoubleBinaryTreeCollective()
+    return _ALGORITHMS[choice.algorithm]
 
 
 _ONE_ALGORITHMS = (
@@ -155,32 +171,28 @@ def collective_time(
         from ._contention import aware_collective_time
 
         return aware_collective_time(network, collective, size_bytes, group=group)
-    links = [Link(d) for d in network.dims]
     scheduling = network.scheduling
     chunk, chunks = chunking(
         collective, size_bytes, scheduling.preferred_dataset_splits, network.npus
     )
-    n_waves = waves(chunks, scheduling.active_chunks_per_dim)
+    links = [Link(d) for d in network.dims]
     if group is not None:
+        n_waves = waves(chunks, scheduling.active_chunks_per_dim)
         return _group_timing(network, links, collective, size_bytes, group, chunk, chunks, n_waves)
     costs = Costs.of(scheduling)
     plans = _plan(network, links, collective, chunk)
     if not plans:  # a one-NPU system: nothing to send
-        return CollectiveTiming(collective, size_bytes, 0.0, chunk, chunks, (), congestion)
+        return CollectiveTiming(collective, size_bytes, 0.0, chunk, chunks, congestion)
     if isinstance(plans[0].algorithm, DoubleBinaryTreeCollective):
         return _dbt_timing(plans[0], collective, size_bytes, chunk, chunks, costs,
                            scheduling.active_chunks_per_dim)
-    durations = phase_durations(plans, costs)
+    durations = tuple(p.algorithm.phase_ns(p.op, p.npus, p.data_bytes, p.link, costs)
+                      for p in plans)
     total_ns = schedule_chunks(
         chunks, durations, [p.dim for p in plans], scheduling.active_chunks_per_dim
     )
-    phases = tuple(
-        PhaseTiming(p.dim, p.op, p.algorithm.name, p.npus, p.data_bytes, d / NS_PER_S)
-        for p, d in zip(plans, durations)
-    )
-    return CollectiveTiming(
-        collective, size_bytes, total_ns / NS_PER_S, chunk, chunks, phases, congestion
-    )
+    return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
+                            congestion, plans, durations)
 
 
 def _plan(network: Network, links: list[Link], collective: Collective, chunk: int
@@ -222,10 +234,8 @@ def _dbt_timing(plan: PhasePlan, collective: Collective, size_bytes: int, chunk:
                 chunks: int, costs: Costs, active: int) -> CollectiveTiming:
     assert isinstance(plan.algorithm, DoubleBinaryTreeCollective)
     total_ns = plan.algorithm.all_reduce_ns(plan.npus, chunk, chunks, active, plan.link, costs)
-    phase = PhaseTiming(plan.dim, Collective.ALL_REDUCE, plan.algorithm.name, plan.npus, chunk,
-                        total_ns / chunks / NS_PER_S)
-    return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks, (phase,),
-                            Congestion.UNAWARE)
+    return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
+                            Congestion.UNAWARE, (plan,), (total_ns // chunks,))
 
 
 def _group_timing(network: Network, links: list[Link], collective: Collective, size_bytes: int,
@@ -242,10 +252,10 @@ def _group_timing(network: Network, links: list[Link], collective: Collective, s
         )
     costs = Costs.of(network.scheduling, endpoint_ns=GROUP_HANDOFF_NS)
     total_ns = group_ring_ns(network, links, collective, group, chunk, n_waves, costs, group[0])
-    phase = PhaseTiming(None, collective, "ring", len(group), chunk,
-                        total_ns / n_waves / NS_PER_S)
-    return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks, (phase,),
-                            Congestion.UNAWARE)
+    plan = PhasePlan(None, collective, _ALGORITHMS[CollectiveAlgorithm.RING], None, len(group),
+                     chunk)
+    return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
+                            Congestion.UNAWARE, (plan,), (total_ns // n_waves,))
 
 
 def p2p_time(network: Network, src: int, dst: int, size_bytes: int) -> float:

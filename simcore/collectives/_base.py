@@ -52,23 +52,30 @@ class Link:
 
     def __init__(self, dim: NetworkDim) -> None:
         self.dim = dim
-        self.topology: BaseTopology = build_topology(dim)
         self.npus = dim.npus
         self.latency_ns = to_ns(dim.latency_s)
         self.bytes_per_ns = dim.bandwidth_bytes_per_s / NS_PER_S
-        self._hops: dict[int, int] = {}
+        self._topology: BaseTopology | None = None
+
+    @property
+    def topology(self) -> BaseTopology:
+        if self._topology is None:
+            self._topology = build_topology(self.dim)
+        return self._topology
 
     def hops(self, offset: int) -> int:
-        offset %= self.npus
-        hops = self._hops.get(offset)
-        if hops is None:
-            n, topo = self.npus, self.topology
-            if topo.vertex_transitive:
-                hops = topo.hops(0, offset)
-            else:
-                hops = max(topo.hops(i, (i + offset) % n) for i in range(n))
-            self._hops[offset] = hops
-        return hops
+        """Hops to the NPU ``offset`` places further on the dimension's ring (the worst NPU's)."""
+        n = self.npus
+        offset %= n
+        kind = self.dim.topology
+        if kind is Topology.RING:
+            return min(offset, n - offset)
+        if kind is Topology.SWITCH:
+            return 2
+        if kind is Topology.FULLY_CONNECTED:
+            return 1
+        topo = self.topology
+        return max(topo.hops(i, (i + offset) % n) for i in range(n))
 
     @property
     def uniform(self) -> bool:

@@ -17,22 +17,24 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simcore.network import Collective, MultiDimOptimization
 
-from ._base import BaseCollective, Costs, Link
+from ._base import BaseCollective, Link
 
 
 @dataclass(frozen=True, slots=True)
 class PhasePlan:
     """One phase of one chunk: an algorithm running ``op`` on a network dimension."""
 
-    dim: int
-    """Network dimension (its queue); 0 for the one-ring algorithms over all NPUs."""
+    dim: int | None
+    """Network dimension (its queue); 0 for the one-ring algorithms over all NPUs, None for a
+    sub-group's ring, which spans dimensions."""
     op: Collective
     algorithm: BaseCollective
-    link: Link
+    link: Link | None
     npus: int
     data_bytes: int
 
@@ -65,7 +67,7 @@ def phase_ops(op: Collective, active_dims: list[int], optimization: MultiDimOpti
     )
 
 
-def schedule_chunks(chunks: int, durations: list[int], queues: list[int], active: int) -> int:
+def schedule_chunks(chunks: int, durations: Sequence[int], queues: list[int], active: int) -> int:
     """Finish time of the last of ``chunks`` identical chunks, each running the phases
     ``durations`` in order, phase ``p`` holding one of ``active`` slots of queue ``queues[p]``.
 
@@ -79,55 +81,112 @@ def schedule_chunks(chunks: int, durations: list[int], queues: list[int], active
     if len(set(queues)) == len(queues):
         finish = [0] * chunks
         for t in durations:
-            for c in range(chunks):
-                prev = finish[c - active] if c >= active else 0
-                finish[c] = max(finish[c], prev) + t
+            _flow_stage(finish, t, active)
         return finish[-1]
-    return _shared_queue_schedule(chunks, durations, queues, active)
+    fast = _up_then_down_schedule(chunks, durations, queues, active)
+    if fast is not None:
+        return fast
+    return _event_schedule(chunks, durations, queues, active)
 
 
-def _shared_queue_schedule(chunks: int, durations: list[int], queues: list[int],
+def _flow_stage(times: list[int], duration: int, active: int) -> None:
+    """In place: arrival times (in chunk order) -> finish times of a FIFO stage of ``active``
+    slots and equal ``duration``; the slot chunk c takes is the one chunk c - active freed."""
+    for c in range(len(times)):
+        if c >= active and times[c - active] > times[c]:
+            times[c] = times[c - active] + duration
+        else:
+            times[c] += duration
+
+
+def _up_then_down_schedule(chunks: int, durations: list[int], queues: list[int],
+                           active: int) -> int | None:
+    """The localBWAware all-reduce (up the queues, then back down the same ones) in
+    O(chunks x phases), when every chunk's way up has reached a queue before any chunk comes
+    back down to it: then each queue serves all its up-phases first, and a stage recurrence
+    per phase is exact. Returns None when that does not hold (the event list then decides).
+    """
+    n = len(queues)
+    turn = n // 2
+    if n % 2 == 0 or queues[:turn] != queues[: turn : -1] or len(set(queues[: turn + 1])) != turn + 1:
+        return None
+    times = [0] * chunks
+    arrivals_up: list[int] = []
+    slots: list[list[int]] = []
+    for p in range(turn):  # up: reduce-scatter phases, each queue serving only these so far
+        arrivals_up.append(times[-1])
+        busy: list[int] = []
+        for c in range(chunks):
+            start = times[c]
+            if len(busy) == active:
+                start = max(start, heapq.heappop(busy))
+            times[c] = start + durations[p]
+            heapq.heappush(busy, times[c])
+        slots.append(busy)
+    _flow_stage(times, durations[turn], active)  # the turning phase has its queue to itself
+    for p in range(turn + 1, n):  # down: all-gather phases on the queues of the way up
+        q = n - 1 - p
+        if times[0] <= arrivals_up[q]:
+            return None
+        busy = slots[q]
+        for c in range(chunks):
+            start = times[c]
+            if len(busy) == active:
+                start = max(start, heapq.heappop(busy))
+            times[c] = start + durations[p]
+            heapq.heappush(busy, times[c])
+    return times[-1]
+
+
+def _event_schedule(chunks: int, durations: list[int], queues: list[int],
                            active: int) -> int:
-    waiting: dict[int, list[tuple[int, int]]] = {q: [] for q in queues}
-    heads = dict.fromkeys(queues, 0)
-    running = dict.fromkeys(queues, 0)
-    events: list[tuple[int, int, int, int]] = []
+    """Event list over the chunks' phase ends; each queue a FIFO line with ``active`` slots.
+
+    A phase end frees its slot, sends the chunk on to the next phase's queue, refills the old
+    queue, then serves the new one, all in the same tick (``Sys::proceed_to_next_vnet_baseline``).
+    Events of one tick are handled in the order they were created.
+    """
+    n_queues = max(queues) + 1
+    lines: list[list[int]] = [[] for _ in range(n_queues)]  # waiting (chunk * n_phases + phase)
+    heads = [0] * n_queues
+    free = [active] * n_queues
+    n_phases = len(durations)
+    last = n_phases - 1
+    events: list[tuple[int, int, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
     seq = 0
-    last = len(durations) - 1
-
-    def serve(q: int, now: int) -> None:
-        nonlocal seq
-        line = waiting[q]
-        while running[q] < active and heads[q] < len(line):
-            c, p = line[heads[q]]
-            heads[q] += 1
-            running[q] += 1
-            heapq.heappush(events, (now + durations[p], seq, c, p))
-            seq += 1
-
+    # every chunk's first phase is queued at t = 0, in chunk order
     q0 = queues[0]
-    for c in range(chunks):
-        waiting[q0].append((c, 0))
-        serve(q0, 0)
+    started = min(active, chunks)
+    for c in range(started):
+        push(events, (durations[0], seq, c * n_phases))
+        seq += 1
+    free[q0] -= started
+    lines[q0].extend(c * n_phases for c in range(started, chunks))
     finish = 0
     while events:
-        t, _, c, p = heapq.heappop(events)
-        q = queues[p]
-        running[q] -= 1
-        if p < last:
-            nq = queues[p + 1]
-            waiting[nq].append((c, p + 1))
-            serve(q, t)
-            serve(nq, t)
+        t, _, job = pop(events)
+        phase = job % n_phases
+        q = queues[phase]
+        free[q] += 1
+        if phase < last:
+            nq = queues[phase + 1]
+            lines[nq].append(job + 1)
+            served = (q, nq)
         else:
             finish = t
-            serve(q, t)
+            served = (q,)
+        for sq in served:
+            line = lines[sq]
+            while free[sq] and heads[sq] < len(line):
+                nxt = line[heads[sq]]
+                heads[sq] += 1
+                free[sq] -= 1
+                push(events, (t + durations[nxt % n_phases], seq, nxt))
+                seq += 1
     return finish
 
 
 def waves(chunks: int, active: int) -> int:
     return math.ceil(chunks / active)
 
-
-def phase_durations(plans: list[PhasePlan], costs: Costs) -> list[int]:
-    return [p.algorithm.phase_ns(p.op, p.npus, p.data_bytes, p.link, costs) for p in plans]

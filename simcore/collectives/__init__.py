@@ -21,6 +21,7 @@ from simcore.network import AlgorithmChoice, Collective, CollectiveAlgorithm, Ne
 from ._base import NS_PER_S, BaseCollective, Costs, Link
 from ._direct import DirectCollective
 from ._double_binary_tree import DoubleBinaryTreeCollective
+from ._contention import aware_time_ns
 from ._flat import FlatLink
 from ._group import GROUP_HANDOFF_NS, group_ring_ns, p2p_ns
 from ._halving_doubling import HalvingDoublingCollective
@@ -168,9 +169,12 @@ def collective_time(
         if len(group) == network.npus:
             group = None
     if congestion is Congestion.AWARE:
-        from ._contention import aware_collective_time
-
-        return aware_collective_time(network, collective, size_bytes, group=group)
+        if group is not None:
+            raise ValueError("the contention model covers whole-system collectives, not"
+                             " sub-groups; use --congestion unaware for a group")
+        total_ns, chunk, chunks = aware_time_ns(network, collective, size_bytes)
+        return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
+                                congestion)
     scheduling = network.scheduling
     chunk, chunks = chunking(
         collective, size_bytes, scheduling.preferred_dataset_splits, network.npus

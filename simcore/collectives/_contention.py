@@ -1,0 +1,257 @@
+"""Link contention: flows that share links queue on them (ASTRA-sim's congestion-aware backend).
+
+The rules of that backend, for one network dimension:
+
+- every directed link is a FIFO queue; a message of m bytes keeps it busy for
+  ``s(m) = trunc(m / B)`` and reaches the next node ``c(m) = trunc(L + m / B)`` after it
+  starts, so latency does not hold the link;
+- store-and-forward: a message re-queues at every node on its way, h hops cost ``h c(m)``
+  where the unaware backend charges ``trunc(h L + m / B)``; a Switch is two links
+  (NPU -> switch -> NPU), both serialising;
+- concurrent chunks of a collective share the same links.
+
+Every NPU of a Ring, Switch or FullyConnected dimension carries the same traffic, so one NPU's
+outgoing links stand for all of them: the model replays the sends of one representative NPU
+through those links (O(chunks x sends x hops) queue operations, not a network simulation).
+Covers whole-system collectives on one-dimensional networks, as the backend itself does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from simcore.network import Collective, CollectiveAlgorithm, Network, Topology
+
+from ._base import NS_PER_S, Costs, to_ns
+from ._schedule import chunking
+
+# A hop on the representative NPU's links: (link key, busy ns, delivery ns).
+Hop = tuple[object, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Dim:
+    topology: Topology
+    n: int
+    bytes_per_ns: float
+    latency_ns: float
+    costs: Costs
+
+    def busy(self, m: int) -> int:
+        return int(m / self.bytes_per_ns)
+
+    def deliver(self, m: int) -> int:
+        return int(self.latency_ns + m / self.bytes_per_ns)
+
+    def hops(self, offset: int) -> int:
+        if self.topology is Topology.SWITCH:
+            return 2
+        if self.topology is Topology.FULLY_CONNECTED:
+            return 1
+        d = offset % self.n
+        return min(d, self.n - d)
+
+
+def _ring_program(op: Collective, chunk: int, n: int) -> list[tuple[int, int, int]]:
+    """Sends of one chunk: (message bytes, peer offset, bytes reduced after the receive)."""
+    if op is Collective.ALL_GATHER:
+        return [(chunk, 1, 0)] * (n - 1)
+    m = chunk // n
+    if op is Collective.ALL_REDUCE:
+        return [(m, 1, m)] * (n - 1) + [(m, 1, 0)] * (n - 1)
+    if op is Collective.REDUCE_SCATTER:
+        return [(m, 1, m)] * (n - 1)
+    return [(m, 1, 0)] * (n * (n - 1) // 2)
+
+
+def _hd_program(op: Collective, chunk: int, n: int) -> list[tuple[int, int, int]]:
+    """Halving-doubling sends; the reduction after a receive is sized by the *next* message
+    (ASTRA-sim releases the bundle after halving), and only the first log2(n) - 1 receives
+    are reduced."""
+    steps = n.bit_length() - 1
+    if n < 2 or 1 << steps != n:
+        raise ValueError(f"halvingDoubling needs a power-of-two number of NPUs, but got {n}")
+    if op is Collective.ALL_TO_ALL:
+        raise ValueError("halvingDoubling cannot run all-to-all (ASTRA-sim exits)")
+    if op is Collective.ALL_GATHER:
+        sends = [(chunk << k, n >> (k + 1)) for k in range(steps)]
+    else:
+        sends = [(chunk >> (k + 1), 1 << k) for k in range(steps)]
+        if op is Collective.ALL_REDUCE:
+            base = 2 * (sends[-1][0] // 2)
+            sends += [(base << k, n >> (k + 1)) for k in range(steps)]
+    reduces = op in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER)
+    return [
+        (m, off, sends[j + 1][0] if reduces and j < steps - 1 else 0)
+        for j, (m, off) in enumerate(sends)
+    ]
+
+
+def _paths(dim: _Dim, program: Sequence[tuple[int, int, int]], hd: bool) -> list[list[Hop]]:
+    paths = []
+    for m, off, _ in program:
+        s, c = dim.busy(m), dim.deliver(m)
+        if dim.topology is Topology.SWITCH:
+            paths.append([("up", s, c), ("down", s, c)])
+        elif dim.topology is Topology.FULLY_CONNECTED:
+            paths.append([(("fc", off % dim.n if hd else 1), s, c)])
+        else:
+            h = dim.hops(off)
+            if not hd or h == 1:
+                paths.append([("cw", s, c)])
+            else:
+                # halving-doubling on a ring with several chunks in flight: links are loaded
+                # unevenly, so one representative link is approximate. The offset-n/2 step
+                # loads every link with h messages, the others 0.75 h on the busiest link.
+                load = h if 2 * h == dim.n else max(1.0, 0.75 * h)
+                paths.append([("cw", int(load * s), h * c)])
+    return paths
+
+
+def _streams(paths: list[list[Hop]], after: list[int], chunks: int, active: int, ed: int) -> int:
+    """Replay ``chunks`` streams, ``active`` at a time, through the representative links.
+
+    A hop starts at max(ready, link free); the next send of a stream is requested
+    ``after[j]`` (hand-off + reduction) after send j is delivered; a finished stream frees
+    its slot and the next chunk starts one hand-off later.
+    """
+    events: list[tuple[int, int, int, int]] = []  # (time, seq, send index, hop index)
+    seq = 0
+    for _ in range(min(active, chunks)):
+        events.append((ed, seq, 0, 0))
+        seq += 1
+    started = len(events)
+    free: dict[object, int] = {}
+    last_send = len(paths) - 1
+    end = 0
+    while events:
+        t, _, j, hop = heapq.heappop(events)
+        path = paths[j]
+        if hop < len(path):
+            key, busy, deliver = path[hop]
+            start = max(t, free.get(key, t))
+            free[key] = start + busy
+            heapq.heappush(events, (start + deliver, seq, j, hop + 1))
+        elif j < last_send:
+            heapq.heappush(events, (t + after[j], seq, j + 1, 0))
+        else:
+            done = t + after[j]
+            end = max(end, done)
+            if started < chunks:
+                started += 1
+                heapq.heappush(events, (done + ed, seq, 0, 0))
+        seq += 1
+    return end
+
+
+def _direct(dim: _Dim, op: Collective, chunk: int, chunks: int, active: int) -> int:
+    """ASTRA-sim ``AllToAll`` on the representative NPU: the first burst goes to offsets
+    1..n-1 at once; every receive, after its hand-off (and reduction, for reducing steps),
+    adds a send token; an all-reduce's second burst waits until all n-1 first-burst messages
+    have arrived and then spends one token per send; a chunk ends when n-1 tokens are idle
+    after its last send. On a Ring a message re-queues on the same representative link at
+    every hop (its neighbour forwards the same traffic)."""
+    n, ed = dim.n, dim.costs.endpoint_ns
+    m = chunk if op is Collective.ALL_GATHER else chunk // n
+    s, c = dim.busy(m), dim.deliver(m)
+    red = dim.costs.reduce_ns(m)
+    half = n // 2
+
+    def path(d: int) -> list[Hop]:
+        if dim.topology is Topology.SWITCH:
+            return [("up", s, c), ("down", s, c)]
+        if dim.topology is Topology.FULLY_CONNECTED:
+            return [(("fc", d), s, c)]
+        return [("cw" if d <= half else "acw", s, c)] * dim.hops(d)
+
+    paths = {d: path(d) for d in range(1, n)}
+    all_reduce = op is Collective.ALL_REDUCE
+    events: list[tuple[int, int, str, int, int, int]] = []
+    seq = 0
+    free: dict[object, int] = {}
+    state: dict[int, list[int]] = {}  # chunk -> [received, tokens, second-burst sends]
+    started = 0
+    end = 0
+
+    def push(t: int, kind: str, ch: int, d: int, hop: int) -> None:
+        nonlocal seq
+        heapq.heappush(events, (t, seq, kind, ch, d, hop))
+        seq += 1
+
+    def start_chunk(t: int) -> None:
+        nonlocal started
+        state[started] = [0, 0, 0]
+        for d in range(1, n):
+            push(t + ed, "hop", started, d, 0)
+        started += 1
+
+    for _ in range(min(active, chunks)):
+        start_chunk(0)
+    while events:
+        t, _, kind, ch, d, hop = heapq.heappop(events)
+        st = state[ch]
+        if kind == "hop":
+            p = paths[d]
+            if hop < len(p):
+                key, busy, deliver = p[hop]
+                start = max(t, free.get(key, t))
+                free[key] = start + busy
+                push(start + deliver, "hop", ch, d, hop + 1)
+                continue
+            st[0] += 1
+            reduce_now = (all_reduce and st[0] <= n - 1) or op is Collective.REDUCE_SCATTER
+            push(t + ed + (red if reduce_now else 0), "token", ch, 0, 0)
+            continue
+        st[1] += 1
+        if all_reduce and st[0] >= n - 1:
+            while st[1] > 0 and st[2] < n - 1:
+                st[2] += 1
+                st[1] -= 1
+                push(t, "hop", ch, st[2], 0)
+        if (st[2] == n - 1 or not all_reduce) and st[1] == n - 1:
+            end = max(end, t)
+            del state[ch]
+            if started < chunks:
+                start_chunk(t)
+    return end
+
+
+def aware_time_ns(network: Network, op: Collective, size_bytes: int) -> tuple[int, int, int]:
+    """``(time ns, chunk bytes, chunks)`` of a whole-system collective with link contention."""
+    if len(network.dims) != 1:
+        raise ValueError(
+            "the contention model covers one-dimensional networks (as ASTRA-sim's congestion-"
+            f"aware backend does), but this network has {len(network.dims)} dimensions"
+        )
+    nd = network.dims[0]
+    if nd.topology not in (Topology.RING, Topology.SWITCH, Topology.FULLY_CONNECTED):
+        raise ValueError(f"the contention model covers Ring, Switch and FullyConnected, not"
+                         f" {nd.topology}")
+    scheduling = network.scheduling
+    costs = Costs.of(scheduling)
+    dim = _Dim(nd.topology, nd.npus, nd.bandwidth_bytes_per_s / NS_PER_S, to_ns(nd.latency_s),
+               costs)
+    chunk, chunks = chunking(op, size_bytes, scheduling.preferred_dataset_splits, nd.npus)
+    active = scheduling.active_chunks_per_dim
+    choice = nd.algorithm(op)
+    kind = choice.algorithm
+    if choice.window is not None:
+        raise ValueError(f"{choice} is not modelled with contention; use direct")
+    if kind in (CollectiveAlgorithm.DIRECT, CollectiveAlgorithm.ONE_DIRECT):
+        return _direct(dim, op, chunk, chunks, active), chunk, chunks
+    if kind is CollectiveAlgorithm.DOUBLE_BINARY_TREE:
+        raise ValueError("doubleBinaryTree is not modelled with contention")
+    hd = kind in (CollectiveAlgorithm.HALVING_DOUBLING, CollectiveAlgorithm.ONE_HALVING_DOUBLING)
+    program = _hd_program(op, chunk, dim.n) if hd else _ring_program(op, chunk, dim.n)
+    after = [costs.endpoint_ns + costs.reduce_ns(r) if r else costs.endpoint_ns
+             for _, _, r in program]
+    if min(active, chunks) == 1:
+        per_chunk = costs.endpoint_ns + sum(
+            dim.hops(off) * dim.deliver(m) + a for (m, off, _), a in zip(program, after)
+        )
+        return chunks * per_chunk, chunk, chunks
+    paths = _paths(dim, program, hd)
+    return _streams(paths, after, chunks, active, costs.endpoint_ns), chunk, chunks
+

@@ -205,7 +205,7 @@ class CollectiveScheduling:
             raise ValueError(f"`local_reduction_bandwidth > 0` must hold, but got {bw} B/s")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class Network:
     """The network of a system: dimensions innermost first, and the collective scheduling."""
 

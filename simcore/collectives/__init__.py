@@ -11,6 +11,7 @@ check; like that backend it covers one-dimensional networks).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -74,6 +75,8 @@ class CollectiveTiming:
     congestion: Congestion
     plans: tuple[PhasePlan, ...] = ()
     """The phases of one chunk, in order."""
+    phase_bytes: tuple[int, ...] = ()
+    """Bytes per NPU entering each phase."""
     phase_ns: tuple[int, ...] = ()
     """Duration of each phase for one chunk, ns."""
 
@@ -84,8 +87,8 @@ class CollectiveTiming:
     @property
     def phases(self) -> tuple[PhaseTiming, ...]:
         return tuple(
-            PhaseTiming(p.dim, p.op, p.algorithm.name, p.npus, p.data_bytes, d / NS_PER_S)
-            for p, d in zip(self.plans, self.phase_ns)
+            PhaseTiming(p.dim, p.op, p.algorithm.name, p.npus, b, d / NS_PER_S)
+            for p, b, d in zip(self.plans, self.phase_bytes, self.phase_ns)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,28 +182,63 @@ def collective_time(
     chunk, chunks = chunking(
         collective, size_bytes, scheduling.preferred_dataset_splits, network.npus
     )
-    links = [Link(d) for d in network.dims]
+    compiled = _compiled(network)
     if group is not None:
         n_waves = waves(chunks, scheduling.active_chunks_per_dim)
-        return _group_timing(network, links, collective, size_bytes, group, chunk, chunks, n_waves)
-    costs = Costs.of(scheduling)
-    plans = _plan(network, links, collective, chunk)
+        return _group_timing(network, compiled.links, collective, size_bytes, group, chunk,
+                             chunks, n_waves)
+    plans, queues = compiled.plan(collective)
     if not plans:  # a one-NPU system: nothing to send
         return CollectiveTiming(collective, size_bytes, 0.0, chunk, chunks, congestion)
+    costs = compiled.costs
     if isinstance(plans[0].algorithm, DoubleBinaryTreeCollective):
         return _dbt_timing(plans[0], collective, size_bytes, chunk, chunks, costs,
                            scheduling.active_chunks_per_dim)
-    durations = tuple(p.algorithm.phase_ns(p.op, p.npus, p.data_bytes, p.link, costs)
-                      for p in plans)
-    total_ns = schedule_chunks(
-        chunks, durations, [p.dim for p in plans], scheduling.active_chunks_per_dim
-    )
+    sizes = []
+    durations = []
+    data = chunk
+    for p in plans:
+        sizes.append(data)
+        durations.append(p.algorithm.phase_ns(p.op, p.npus, data, p.link, costs))
+        data = p.algorithm.output_bytes(p.op, p.npus, data)
+    total_ns = schedule_chunks(chunks, durations, queues, scheduling.active_chunks_per_dim)
     return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
-                            congestion, plans, durations)
+                            congestion, plans, tuple(sizes), tuple(durations))
 
 
-def _plan(network: Network, links: list[Link], collective: Collective, chunk: int
-          ) -> list[PhasePlan]:
+class _CompiledNetwork:
+    """What a network's collectives need that does not depend on the message: its links,
+    its per-NPU costs and, per collective, the phases of a chunk. Built once per Network
+    object (see :func:`_compiled`); every estimate still computes its own times."""
+
+    def __init__(self, network: Network) -> None:
+        self.network = weakref.proxy(network)
+        self.links = [Link(d) for d in network.dims]
+        self.costs = Costs.of(network.scheduling)
+        self._plans: dict[Collective, tuple[tuple[PhasePlan, ...], list[int]]] = {}
+
+    def plan(self, collective: Collective) -> tuple[tuple[PhasePlan, ...], list[int]]:
+        entry = self._plans.get(collective)
+        if entry is None:
+            plans = tuple(_plan(self.network, self.links, collective))
+            entry = self._plans[collective] = (plans, [p.dim or 0 for p in plans])
+        return entry
+
+
+_COMPILED: dict[int, tuple[weakref.ref[Network], _CompiledNetwork]] = {}
+
+
+def _compiled(network: Network) -> _CompiledNetwork:
+    key = id(network)
+    entry = _COMPILED.get(key)
+    if entry is not None and entry[0]() is network:
+        return entry[1]
+    compiled = _CompiledNetwork(network)
+    _COMPILED[key] = (weakref.ref(network, lambda _: _COMPILED.pop(key, None)), compiled)
+    return compiled
+
+
+def _plan(network: Network, links: list[Link], collective: Collective) -> list[PhasePlan]:
     first = network.dims[0].algorithm(collective)
     if first.algorithm in _ONE_ALGORITHMS:
         # ASTRA-sim builds one ring over all NPUs and stops there: a single phase.
@@ -211,12 +249,11 @@ def _plan(network: Network, links: list[Link], collective: Collective, chunk: in
         algorithm = algorithm_for(first)
         algorithm.check(collective, network.npus)
         flat = FlatLink(network, links)
-        return [PhasePlan(0, collective, algorithm, flat, network.npus, chunk)]  # type: ignore[arg-type]
+        return [PhasePlan(0, collective, algorithm, flat, network.npus)]  # type: ignore[arg-type]
     active = [i for i, d in enumerate(network.dims) if d.npus > 1]
     if not active:
         return []
     plans = []
-    data = chunk
     for dim, op in phase_ops(collective, active, network.scheduling.optimization):
         choice = network.dims[dim].algorithm(collective)
         if choice.algorithm in _ONE_ALGORITHMS:
@@ -229,8 +266,7 @@ def _plan(network: Network, links: list[Link], collective: Collective, chunk: in
         if isinstance(algorithm, DoubleBinaryTreeCollective) and len(active) > 1:
             raise ValueError("doubleBinaryTree is modelled on one-dimensional networks only")
         algorithm.check(op, n)
-        plans.append(PhasePlan(dim, op, algorithm, links[dim], n, data))
-        data = algorithm.output_bytes(op, n, data)
+        plans.append(PhasePlan(dim, op, algorithm, links[dim], n))
     return plans
 
 
@@ -239,7 +275,7 @@ def _dbt_timing(plan: PhasePlan, collective: Collective, size_bytes: int, chunk:
     assert isinstance(plan.algorithm, DoubleBinaryTreeCollective)
     total_ns = plan.algorithm.all_reduce_ns(plan.npus, chunk, chunks, active, plan.link, costs)
     return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
-                            Congestion.UNAWARE, (plan,), (total_ns // chunks,))
+                            Congestion.UNAWARE, (plan,), (chunk,), (total_ns // chunks,))
 
 
 def _group_timing(network: Network, links: list[Link], collective: Collective, size_bytes: int,
@@ -256,10 +292,9 @@ def _group_timing(network: Network, links: list[Link], collective: Collective, s
         )
     costs = Costs.of(network.scheduling, endpoint_ns=GROUP_HANDOFF_NS)
     total_ns = group_ring_ns(network, links, collective, group, chunk, n_waves, costs, group[0])
-    plan = PhasePlan(None, collective, _ALGORITHMS[CollectiveAlgorithm.RING], None, len(group),
-                     chunk)
+    plan = PhasePlan(None, collective, _ALGORITHMS[CollectiveAlgorithm.RING], None, len(group))
     return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
-                            Congestion.UNAWARE, (plan,), (total_ns // n_waves,))
+                            Congestion.UNAWARE, (plan,), (chunk,), (total_ns // n_waves,))
 
 
 def p2p_time(network: Network, src: int, dst: int, size_bytes: int) -> float:

@@ -27,7 +27,7 @@ from ._base import BaseCollective, Link
 
 @dataclass(frozen=True, slots=True)
 class PhasePlan:
-    """One phase of one chunk: an algorithm running ``op`` on a network dimension."""
+    """One phase of every chunk: an algorithm running ``op`` on a network dimension."""
 
     dim: int | None
     """Network dimension (its queue); 0 for the one-ring algorithms over all NPUs, None for a
@@ -36,7 +36,6 @@ class PhasePlan:
     algorithm: BaseCollective
     link: Link | None
     npus: int
-    data_bytes: int
 
 
 def chunking(op: Collective, size_bytes: int, splits: int, system_npus: int) -> tuple[int, int]:
@@ -83,9 +82,10 @@ def schedule_chunks(chunks: int, durations: Sequence[int], queues: list[int], ac
         for t in durations:
             _flow_stage(finish, t, active)
         return finish[-1]
-    fast = _up_then_down_schedule(chunks, durations, queues, active)
-    if fast is not None:
-        return fast
+    if len(durations) == 3:  # two dimensions: every reduce-scatter precedes every all-gather
+        fast = _up_then_down_schedule(chunks, durations, queues, active)
+        if fast is not None:
+            return fast
     return _event_schedule(chunks, durations, queues, active)
 
 
@@ -138,55 +138,57 @@ def _up_then_down_schedule(chunks: int, durations: list[int], queues: list[int],
     return times[-1]
 
 
-def _event_schedule(chunks: int, durations: list[int], queues: list[int],
-                           active: int) -> int:
+def _event_schedule(chunks: int, durations: Sequence[int], queues: list[int],
+                    active: int) -> int:
     """Event list over the chunks' phase ends; each queue a FIFO line with ``active`` slots.
 
     A phase end frees its slot, sends the chunk on to the next phase's queue, refills the old
     queue, then serves the new one, all in the same tick (``Sys::proceed_to_next_vnet_baseline``).
-    Events of one tick are handled in the order they were created.
+    Events of one tick are handled in the order they were created. A job is
+    ``chunk * phases + phase``.
     """
-    n_queues = max(queues) + 1
-    lines: list[list[int]] = [[] for _ in range(n_queues)]  # waiting (chunk * n_phases + phase)
-    heads = [0] * n_queues
-    free = [active] * n_queues
     n_phases = len(durations)
     last = n_phases - 1
+    n_queues = max(queues) + 1
+    lines: list[list[int]] = [[] for _ in range(n_queues)]
+    heads = [0] * n_queues
+    free = [active] * n_queues
     events: list[tuple[int, int, int]] = []
     push, pop = heapq.heappush, heapq.heappop
     seq = 0
-    # every chunk's first phase is queued at t = 0, in chunk order
-    q0 = queues[0]
     started = min(active, chunks)
     for c in range(started):
-        push(events, (durations[0], seq, c * n_phases))
-        seq += 1
+        push(events, (durations[0], c, c * n_phases))
+    seq = started
+    q0 = queues[0]
     free[q0] -= started
-    lines[q0].extend(c * n_phases for c in range(started, chunks))
-    finish = 0
+    lines[q0] = [c * n_phases for c in range(started, chunks)]
+    t = 0
     while events:
         t, _, job = pop(events)
         phase = job % n_phases
         q = queues[phase]
-        free[q] += 1
-        if phase < last:
-            nq = queues[phase + 1]
-            lines[nq].append(job + 1)
-            served = (q, nq)
+        line = lines[q]
+        if heads[q] < len(line):  # the freed slot goes to the next waiting job at once
+            nxt = line[heads[q]]
+            heads[q] += 1
+            push(events, (t + durations[nxt % n_phases], seq, nxt))
+            seq += 1
         else:
-            finish = t
-            served = (q,)
-        for sq in served:
-            line = lines[sq]
-            while free[sq] and heads[sq] < len(line):
-                nxt = line[heads[sq]]
-                heads[sq] += 1
-                free[sq] -= 1
-                push(events, (t + durations[nxt % n_phases], seq, nxt))
-                seq += 1
-    return finish
+            free[q] += 1
+        if phase == last:
+            continue
+        nq = queues[phase + 1]
+        if free[nq] and heads[nq] == len(lines[nq]):
+            free[nq] -= 1
+            push(events, (t + durations[phase + 1], seq, job + 1))
+            seq += 1
+        else:
+            lines[nq].append(job + 1)
+    return t
 
 
 def waves(chunks: int, active: int) -> int:
     return math.ceil(chunks / active)
+
 

@@ -108,7 +108,8 @@ def _up_then_down_schedule(chunks: int, durations: list[int], queues: list[int],
     """
     n = len(queues)
     turn = n // 2
-    if n % 2 == 0 or queues[:turn] != queues[: turn : -1] or len(set(queues[: turn + 1])) != turn + 1:
+    symmetric = queues[:turn] == queues[: turn : -1]
+    if n % 2 == 0 or not symmetric or len(set(queues[: turn + 1])) != turn + 1:
         return None
     times = [0] * chunks
     arrivals_up: list[int] = []
@@ -116,26 +117,25 @@ def _up_then_down_schedule(chunks: int, durations: list[int], queues: list[int],
     for p in range(turn):  # up: reduce-scatter phases, each queue serving only these so far
         arrivals_up.append(times[-1])
         busy: list[int] = []
-        for c in range(chunks):
-            start = times[c]
-            if len(busy) == active:
-                start = max(start, heapq.heappop(busy))
-            times[c] = start + durations[p]
-            heapq.heappush(busy, times[c])
+        _fifo_stage(times, busy, durations[p], active)
         slots.append(busy)
     _flow_stage(times, durations[turn], active)  # the turning phase has its queue to itself
     for p in range(turn + 1, n):  # down: all-gather phases on the queues of the way up
         q = n - 1 - p
         if times[0] <= arrivals_up[q]:
             return None
-        busy = slots[q]
-        for c in range(chunks):
-            start = times[c]
-            if len(busy) == active:
-                start = max(start, heapq.heappop(busy))
-            times[c] = start + durations[p]
-            heapq.heappush(busy, times[c])
+        _fifo_stage(times, slots[q], durations[p], active)
     return times[-1]
+
+
+def _fifo_stage(times: list[int], busy: list[int], duration: int, active: int) -> None:
+    """In place: arrival times (in FIFO order) -> finish times on a queue of ``active`` slots
+    whose jobs still running end at the times in the heap ``busy`` (updated)."""
+    for c, start in enumerate(times):
+        if len(busy) == active:
+            start = max(start, heapq.heappop(busy))
+        times[c] = start + duration
+        heapq.heappush(busy, times[c])
 
 
 def _event_schedule(chunks: int, durations: Sequence[int], queues: list[int],

@@ -230,6 +230,8 @@ def aware_time_ns(network: Network, op: Collective, size_bytes: int) -> tuple[in
         raise ValueError(f"the contention model covers Ring, Switch and FullyConnected, not"
                          f" {nd.topology}")
     scheduling = network.scheduling
+    if nd.npus == 1:
+        return 0, size_bytes, 1
     costs = Costs.of(scheduling)
     dim = _Dim(nd.topology, nd.npus, nd.bandwidth_bytes_per_s / NS_PER_S, to_ns(nd.latency_s),
                costs)

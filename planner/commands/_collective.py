@@ -19,8 +19,6 @@ def _parse_group(text: str) -> tuple[int, ...]:
         raise PlannerUsageError(
             f"--group: {text!r} is not a comma-separated list of ranks; write e.g. 0,2,4,6"
         ) from None
-    if len(set(ranks)) != len(ranks):
-        raise PlannerUsageError(f"--group: rank listed twice in {text!r}; list each rank once")
     return ranks
 
 

@@ -301,6 +301,5 @@ def p2p_time(network: Network, src: int, dst: int, size_bytes: int) -> float:
     """Seconds for one point-to-point message (a SEND node): no hand-off, no reduction, timed on
     the lowest network dimension in which the two ranks differ."""
     _check_size(size_bytes)
-    links = [Link(d) for d in network.dims]
-    return p2p_ns(network, links, src, dst, size_bytes) / NS_PER_S
+    return p2p_ns(network, _compiled(network).links, src, dst, size_bytes) / NS_PER_S
 

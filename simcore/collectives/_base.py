@@ -46,8 +46,9 @@ class Link:
 
     ASTRA-sim ``BasicTopology::compute_communication_delay``: ``trunc(hops * latency + bytes /
     bw)`` with bw in bytes/ns. A message to logical offset ``j`` on the dimension's ring goes
-    ``hops(i, i + j)`` hops; on a vertex-transitive topology (Ring, Switch, FullyConnected,
-    Torus2D) that is the same from every NPU. On a Mesh2D it is not, and the worst NPU is used.
+    ``hops(i, i + j)`` hops; on Ring, Switch and FullyConnected that is the same from every
+    NPU; on Mesh2D and Torus2D it is not, and the worst NPU is used
+    (:meth:`BaseTopology.offset_hops`).
     """
 
     def __init__(self, dim: NetworkDim) -> None:
@@ -55,27 +56,11 @@ class Link:
         self.npus = dim.npus
         self.latency_ns = to_ns(dim.latency_s)
         self.bytes_per_ns = dim.bandwidth_bytes_per_s / NS_PER_S
-        self._topology: BaseTopology | None = None
-
-    @property
-    def topology(self) -> BaseTopology:
-        if self._topology is None:
-            self._topology = build_topology(self.dim)
-        return self._topology
+        self.topology: BaseTopology = build_topology(dim)
 
     def hops(self, offset: int) -> int:
         """Hops to the NPU ``offset`` places further on the dimension's ring (the worst NPU's)."""
-        n = self.npus
-        offset %= n
-        kind = self.dim.topology
-        if kind is Topology.RING:
-            return min(offset, n - offset)
-        if kind is Topology.SWITCH:
-            return 2
-        if kind is Topology.FULLY_CONNECTED:
-            return 1
-        topo = self.topology
-        return max(topo.hops(i, (i + offset) % n) for i in range(n))
+        return self.topology.offset_hops(offset)
 
     @property
     def uniform(self) -> bool:

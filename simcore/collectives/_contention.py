@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 from simcore.network import Collective, CollectiveAlgorithm, Network, Topology
 
-from ._base import NS_PER_S, Costs, to_ns
+from ._base import Costs, Link
+from ._halving_doubling import HalvingDoublingCollective
+from ._ring import ring_steps
 from ._schedule import chunking
 
 # A hop on the representative NPU's links: (link key, busy ns, delivery ns).
@@ -33,48 +35,43 @@ Hop = tuple[object, int, int]
 
 @dataclass(frozen=True, slots=True)
 class _Dim:
-    topology: Topology
-    n: int
-    bytes_per_ns: float
-    latency_ns: float
+    """One dimension's link timing, store-and-forward, and the per-NPU costs."""
+
+    link: Link
     costs: Costs
 
+    @property
+    def topology(self) -> Topology:
+        return self.link.dim.topology
+
+    @property
+    def n(self) -> int:
+        return self.link.npus
+
     def busy(self, m: int) -> int:
-        return int(m / self.bytes_per_ns)
+        """How long a message of m bytes holds one link."""
+        return int(m / self.link.bytes_per_ns)
 
     def deliver(self, m: int) -> int:
-        return int(self.latency_ns + m / self.bytes_per_ns)
+        """How long after it starts on a link a message reaches the next node: one hop."""
+        return self.link.message_ns(1, m)
 
     def hops(self, offset: int) -> int:
-        if self.topology is Topology.SWITCH:
-            return 2
-        if self.topology is Topology.FULLY_CONNECTED:
-            return 1
-        d = offset % self.n
-        return min(d, self.n - d)
+        return self.link.hops(offset)
 
 
 def _ring_program(op: Collective, chunk: int, n: int) -> list[tuple[int, int, int]]:
     """Sends of one chunk: (message bytes, peer offset, bytes reduced after the receive)."""
-    if op is Collective.ALL_GATHER:
-        return [(chunk, 1, 0)] * (n - 1)
-    m = chunk // n
-    if op is Collective.ALL_REDUCE:
-        return [(m, 1, m)] * (n - 1) + [(m, 1, 0)] * (n - 1)
-    if op is Collective.REDUCE_SCATTER:
-        return [(m, 1, m)] * (n - 1)
-    return [(m, 1, 0)] * (n * (n - 1) // 2)
+    sends, reduce_steps, m = ring_steps(op, n, chunk)
+    return [(m, 1, m)] * reduce_steps + [(m, 1, 0)] * (sends - reduce_steps)
 
 
 def _hd_program(op: Collective, chunk: int, n: int) -> list[tuple[int, int, int]]:
     """Halving-doubling sends; the reduction after a receive is sized by the *next* message
     (ASTRA-sim releases the bundle after halving), and only the first log2(n) - 1 receives
     are reduced."""
+    HalvingDoublingCollective().check(op, n)
     steps = n.bit_length() - 1
-    if n < 2 or 1 << steps != n:
-        raise ValueError(f"halvingDoubling needs a power-of-two number of NPUs, but got {n}")
-    if op is Collective.ALL_TO_ALL:
-        raise ValueError("halvingDoubling cannot run all-to-all (ASTRA-sim exits)")
     if op is Collective.ALL_GATHER:
         sends = [(chunk << k, n >> (k + 1)) for k in range(steps)]
     else:
@@ -233,8 +230,7 @@ def aware_time_ns(network: Network, op: Collective, size_bytes: int) -> tuple[in
     if nd.npus == 1:
         return 0, size_bytes, 1
     costs = Costs.of(scheduling)
-    dim = _Dim(nd.topology, nd.npus, nd.bandwidth_bytes_per_s / NS_PER_S, to_ns(nd.latency_s),
-               costs)
+    dim = _Dim(Link(nd), costs)
     chunk, chunks = chunking(op, size_bytes, scheduling.preferred_dataset_splits, nd.npus)
     active = scheduling.active_chunks_per_dim
     choice = nd.algorithm(op)

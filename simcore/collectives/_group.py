@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from simcore.network import Collective, Network
 
 from ._base import Costs, Link
+from ._ring import ring_steps
 
 GROUP_HANDOFF_NS = 10
 """ASTRA-sim MemBus "Fast" hand-off, used for rings of a communicator group, whatever the
@@ -32,17 +33,6 @@ def p2p_ns(network: Network, links: Sequence[Link], src: int, dst: int, message_
     return link.message_ns(link.topology.hops(a, b), message_bytes)
 
 
-def steps_and_message(op: Collective, n: int, chunk_bytes: int) -> tuple[int, int, int]:
-    """``(sends per chunk, reduce steps among them, message bytes)`` of a ring of n NPUs."""
-    if op is Collective.ALL_REDUCE:
-        return 2 * (n - 1), n - 1, chunk_bytes // n
-    if op is Collective.REDUCE_SCATTER:
-        return n - 1, n - 1, chunk_bytes // n
-    if op is Collective.ALL_GATHER:
-        return n - 1, 0, chunk_bytes
-    return n * (n - 1) // 2, 0, chunk_bytes // n
-
-
 def group_ring_ns(
     network: Network,
     links: Sequence[Link],
@@ -55,7 +45,7 @@ def group_ring_ns(
 ) -> int:
     """Finish time on ``rank`` of a ring collective over ``group`` (in the order listed)."""
     n = len(group)
-    sends, reduce_steps, message = steps_and_message(op, n, chunk_bytes)
+    sends, reduce_steps, message = ring_steps(op, n, chunk_bytes)
     per_wave = GROUP_HANDOFF_NS * (1 + sends) + reduce_steps * costs.reduce_ns(message)
     hop_into = [p2p_ns(network, links, group[i - 1], group[i], message) for i in range(n)]
     moves = n_waves * sends

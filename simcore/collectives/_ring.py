@@ -5,6 +5,18 @@ from simcore.network import Collective
 from ._base import BaseCollective, Costs, Link
 
 
+def ring_steps(op: Collective, n: int, chunk_bytes: int) -> tuple[int, int, int]:
+    """``(sends per chunk, reduce steps among them, message bytes)`` of a ring of n NPUs
+    (ASTRA-sim ``Ring.cc``); the reduce steps come first."""
+    if op is Collective.ALL_REDUCE:
+        return 2 * (n - 1), n - 1, chunk_bytes // n
+    if op is Collective.REDUCE_SCATTER:
+        return n - 1, n - 1, chunk_bytes // n
+    if op is Collective.ALL_GATHER:
+        return n - 1, 0, chunk_bytes
+    return n * (n - 1) // 2, 0, chunk_bytes // n
+
+
 class RingCollective(BaseCollective):
     """ASTRA-sim ``Ring``: each NPU sends to its ring neighbour; every receive triggers the next
     send, and each step costs one message, one hand-off ``e`` and, on reduce steps, a reduction

@@ -76,7 +76,7 @@ def schedule_chunks(chunks: int, durations: Sequence[int], queues: list[int], ac
     of the FIFO queues, O(chunks x phases) events.
     """
     if len(durations) == 1:
-        return -(-chunks // active) * durations[0]
+        return waves(chunks, active) * durations[0]
     if len(set(queues)) == len(queues):
         finish = [0] * chunks
         for t in durations:

@@ -26,6 +26,24 @@ class BaseTopology(abc.ABC):
         if npus < 1:
             raise ValueError(f"`npus >= 1` must hold, but got npus={npus}")
         self.npus = npus
+        self._offset_hops: dict[int, int] = {}
+
+    def offset_hops(self, offset: int) -> int:
+        """Hops from an NPU to the one ``offset`` places further in index order (mod npus),
+        for the worst NPU: what a collective's logical ring over this dimension pays per step.
+        """
+        offset %= self.npus
+        hops = self._offset_hops.get(offset)
+        if hops is None:
+            n = self.npus
+            if offset == 0:
+                hops = 0
+            elif self.vertex_transitive:
+                hops = self._hops(0, offset)
+            else:
+                hops = max(self._hops(i, (i + offset) % n) for i in range(n))
+            self._offset_hops[offset] = hops
+        return hops
 
     def hops(self, src: int, dst: int) -> int:
         """Links a message from ``src`` to ``dst`` crosses."""

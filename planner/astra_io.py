@@ -16,6 +16,11 @@ from typing import Any
 import yaml
 
 from planner.errors import PlannerUsageError
+from planner.fields import choice as _choice
+from planner.fields import fail as _fail
+from planner.fields import integer as _integer
+from planner.fields import load as _load
+from planner.fields import number as _number
 from planner.units import (
     astra_link_gbps_to_bytes_per_s,
     decimal_gbps_to_bytes_per_s,
@@ -63,61 +68,6 @@ class AstraSystem:
     local_mem_bandwidth_bytes_per_s: float
     """``local-mem-bw`` (decimal GB/s in the file)."""
     roofline_enabled: bool
-
-
-def _fail(path: Path, field: str, message: str) -> PlannerUsageError:
-    return PlannerUsageError(f"{path}: {field}: {message}")
-
-
-def _load(path: Path, kind: str) -> Any:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise PlannerUsageError(f"{path}: no such file; give the path of the {kind}") from None
-    except OSError as e:
-        raise PlannerUsageError(f"{path}: cannot read the {kind}: {e.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PlannerUsageError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
-    try:
-        if kind == "system JSON":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        raise PlannerUsageError(f"{path}: line {e.lineno}: not valid JSON: {e.msg}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(e, "problem", None) or "cannot be parsed"
-        raise PlannerUsageError(f"{path}: {where}not valid YAML: {problem}") from None
-    except RecursionError:
-        raise PlannerUsageError(f"{path}: nested too deeply to read") from None
-
-
-def _number(path: Path, field: str, value: Any, *, minimum: float, strict: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(path, field, f"must be a number, but got {value!r}")
-    if value < minimum or (strict and value == minimum):
-        op = ">" if strict else ">="
-        raise _fail(path, field, f"must be {op} {minimum:g}, but got {value!r}")
-    return float(value)
-
-
-def _integer(path: Path, field: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(path, field, f"must be a whole number, but got {value!r}")
-    if value < minimum:
-        raise _fail(path, field, f"must be >= {minimum}, but got {value!r}")
-    return value
-
-
-def _choice(path: Path, field: str, value: Any, enum: type) -> Any:
-    try:
-        return enum(value)
-    except ValueError:
-        known = ", ".join(e.value for e in enum)
-        raise _fail(path, field, f"unknown value {value!r}; use one of {known}") from None
 
 
 def read_system_json(path: Path) -> tuple[dict[str, Any], CollectiveScheduling]:

@@ -24,6 +24,9 @@ from simcore.collectives import (
     collective_time,
     p2p_time,
 )
+from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
+from simcore.megatron import estimate_megatron
+from simcore.mlp import estimate_mlp
 from simcore.network import (
     AlgorithmChoice,
     Collective,
@@ -35,8 +38,55 @@ from simcore.network import (
     SchedulingPolicy,
     Topology,
 )
+from simcore.specs import (
+    Convention,
+    DeviceSpec,
+    Family,
+    ModelSpec,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+)
+
+
+def convention_of(model: ModelSpec) -> Convention:
+    """The graph convention a model family is simulated with."""
+    if model.family is Family.MLP:
+        return Convention.MLP
+    if model.family is Family.STAGE:
+        return Convention.STAGE
+    return Convention.MEGATRON
+
+
+def estimate(
+    model: ModelSpec, system: SystemSpec, training: TrainingSpec, strategy: Strategy
+) -> Estimate:
+    """Step time and peak memory of one training step: the objective of every study.
+
+    ``gpt`` and ``llama`` models follow the ``megatron`` convention, ``mlp`` the DistIR MLP,
+    ``stage`` STAGE's recomp graph on ASTRA-sim. Raises ValueError when the plan's shapes do not
+    divide; a plan that does not fit in HBM is an estimate with ``fits=False``.
+    """
+    convention = convention_of(model)
+    if convention is Convention.MLP:
+        return estimate_mlp(model, system, training, strategy)
+    if convention is Convention.STAGE:
+        from simcore.stage_adapter import estimate_stage
+
+        return estimate_stage(model, system, training, strategy)
+    return estimate_megatron(model, system, training, strategy)
 
 __all__ = [
+    "estimate",
+    "Estimate",
+    "MemoryParts",
+    "StageEstimate",
+    "TimeParts",
+    "ModelSpec",
+    "DeviceSpec",
+    "SystemSpec",
+    "TrainingSpec",
+    "Strategy",
     "AlgorithmChoice",
     "Collective",
     "CollectiveAlgorithm",

@@ -170,10 +170,17 @@ class DeviceSpec:
     """Achievable fraction of peak on large matmuls (calibrated per device, see the catalog)."""
     memory_efficiency: float = 1.0
     """Achievable fraction of HBM bandwidth on element-wise kernels."""
+    memory_overhead_bytes: float = 0.0
+    """Allowance for the CUDA context, communication library and allocator on this device."""
 
     def __post_init__(self) -> None:
         for name in ("peak_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s"):
             _positive(name, getattr(self, name))
+        if not (self.memory_overhead_bytes >= 0 and math.isfinite(self.memory_overhead_bytes)):
+            raise ValueError(
+                "`memory_overhead_bytes >= 0` must hold, but got"
+                f" memory_overhead_bytes={self.memory_overhead_bytes!r}"
+            )
         _fraction("matmul_efficiency", self.matmul_efficiency)
         _fraction("memory_efficiency", self.memory_efficiency)
 
@@ -205,10 +212,20 @@ class TrainingSpec:
     bytes_per_param_optimizer: int = 12
     """Mixed-precision Adam: fp32 master weights, momentum and variance (4 + 4 + 4)."""
     bytes_per_activation: int = 2
+    overlap_grad_reduce: bool = True
+    """Data-parallel gradient reduction runs in buckets during the last backward (Megatron-LM's
+    ``--overlap-grad-reduce``); False waits for it after the pipeline flush."""
 
     def __post_init__(self) -> None:
         _positive("global_batch", self.global_batch)
         _positive("seq_len", self.seq_len)
+        for name in (
+            "bytes_per_param_weights",
+            "bytes_per_param_grads",
+            "bytes_per_param_optimizer",
+            "bytes_per_activation",
+        ):
+            _positive(name, getattr(self, name))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

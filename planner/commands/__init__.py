@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from planner.commands._base import BaseCommand
 from planner.commands._collective import CollectiveCommand
+from planner.commands._estimate import EstimateCommand
 
-COMMANDS: list[BaseCommand] = [CollectiveCommand()]
+COMMANDS: list[BaseCommand] = [EstimateCommand(), CollectiveCommand()]
 
 __all__ = ["BaseCommand", "COMMANDS"]

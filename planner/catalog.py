@@ -1,0 +1,290 @@
+"""Catalogs of models, devices and systems: YAML files that map names to specs.
+
+``studies/catalog/{models,devices,systems}/*.yaml`` ship with the project; a user's own files go
+beside them (or anywhere, named by path). Each file maps names to entries::
+
+    llama3-70b:            # a model
+      family: llama
+      layers: 80
+      ...
+      source: "where the figures come from"
+
+Units in the files are the ones people quote: TFLOP/s, decimal GB and GB/s, microseconds;
+ASTRA-sim's network "GB/s" (2^30 bytes/s) is written ``bandwidth_astra_gbps``. They are converted
+here and nowhere else (:mod:`planner.units`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlannerUsageError
+from planner.fields import choice, fail, integer, load, number
+from planner.units import GB, astra_link_gbps_to_bytes_per_s
+from simcore.network import (
+    AlgorithmChoice,
+    Collective,
+    CollectiveScheduling,
+    MultiDimOptimization,
+    Network,
+    NetworkDim,
+    SchedulingPolicy,
+    Topology,
+)
+from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, SystemSpec
+
+__all__ = ["Catalog", "CATALOG_DIR", "load_catalog"]
+
+CATALOG_DIR = Path(__file__).resolve().parent.parent / "studies" / "catalog"
+
+_TOPOLOGY_NAMES = {t.value.lower(): t for t in Topology} | {"torus": Topology.TORUS_2D}
+
+
+def _keys(path: Path, where: str, entry: Any, required: set[str], optional: set[str]) -> dict:
+    if not isinstance(entry, Mapping):
+        raise fail(path, where, f"must be a mapping of fields, but got {type(entry).__name__}")
+    missing = sorted(required - entry.keys())
+    if missing:
+        raise fail(path, f"{where}.{missing[0]}", "missing; add it")
+    unknown = sorted(set(map(str, entry)) - required - optional)
+    if unknown:
+        allowed = ", ".join(sorted(required | optional))
+        raise fail(path, f"{where}.{unknown[0]}", f"unknown field; allowed: {allowed}")
+    return dict(entry)
+
+
+def _spec(path: Path, where: str, build: Any) -> Any:
+    try:
+        return build()
+    except ValueError as e:
+        raise fail(path, where, str(e)) from None
+
+
+_MODEL_FIELDS = {"family", "layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"}
+_MODEL_OPTIONAL = {"kv_heads", "activation", "tied_embeddings", "source", "notes"}
+
+
+def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
+    e = _keys(path, name, entry, _MODEL_FIELDS, _MODEL_OPTIONAL)
+    family = choice(path, f"{name}.family", e["family"], Family)
+    ints = {k: integer(path, f"{name}.{k}", e[k], minimum=1)
+            for k in ("layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len")}
+    kv = e.get("kv_heads")
+    if kv is not None:
+        kv = integer(path, f"{name}.kv_heads", kv, minimum=1)
+    default_act = {Family.LLAMA: Activation.SWIGLU, Family.MLP: Activation.RELU,
+                   Family.STAGE: Activation.NONE}.get(family, Activation.GELU)
+    activation = choice(path, f"{name}.activation", e.get("activation", default_act.value),
+                        Activation)
+    tied = e.get("tied_embeddings", family is Family.GPT)
+    if not isinstance(tied, bool):
+        raise fail(path, f"{name}.tied_embeddings", f"must be true or false, but got {tied!r}")
+    return _spec(path, name, lambda: ModelSpec(name=name, family=family, kv_heads=kv,
+                                               activation=activation, tied_embeddings=tied,
+                                               **ints))
+
+
+_DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
+_DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "source",
+                    "notes", "calibration"}
+
+
+def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
+    e = _keys(path, name, entry, _DEVICE_FIELDS, _DEVICE_OPTIONAL)
+
+    def num(key: str, default: float | None = None, *, strict: bool = True) -> float:
+        value = e.get(key, default)
+        return number(path, f"{name}.{key}", value, minimum=0, strict=strict)
+
+    return _spec(path, name, lambda: DeviceSpec(
+        name=name,
+        peak_flops_per_s=num("peak_tflops") * 1e12,
+        hbm_bytes=num("hbm_gb") * GB,
+        hbm_bandwidth_bytes_per_s=num("hbm_bandwidth_gbps") * GB,
+        matmul_efficiency=num("matmul_efficiency", 1.0),
+        memory_efficiency=num("memory_efficiency", 1.0),
+        memory_overhead_bytes=num("memory_overhead_gb", 0.0, strict=False) * GB,
+    ))
+
+
+_DIM_FIELDS = {"topology", "npus", "latency_us"}
+_DIM_OPTIONAL = {"bandwidth_gbps", "bandwidth_astra_gbps", "algorithm", "algorithms", "width",
+                 "source"}
+
+
+def _algorithms(path: Path, where: str, e: dict) -> dict[Collective, AlgorithmChoice]:
+    def parse(key: str, text: Any) -> AlgorithmChoice:
+        if not isinstance(text, str):
+            raise fail(path, key, f"must be an algorithm name, but got {text!r}")
+        try:
+            return AlgorithmChoice.parse(text)
+        except ValueError as err:
+            raise fail(path, key, str(err)) from None
+
+    common = parse(f"{where}.algorithm", e.get("algorithm", "ring"))
+    chosen = {c: common for c in Collective}
+    per = e.get("algorithms", {})
+    if not isinstance(per, Mapping):
+        raise fail(path, f"{where}.algorithms", "must map collectives to algorithms")
+    for key, text in per.items():
+        collective = choice(path, f"{where}.algorithms", key, Collective)
+        chosen[collective] = parse(f"{where}.algorithms.{key}", text)
+    return chosen
+
+
+def _dim(path: Path, where: str, entry: Any) -> NetworkDim:
+    e = _keys(path, where, entry, _DIM_FIELDS, _DIM_OPTIONAL)
+    topology_name = e["topology"]
+    topology = _TOPOLOGY_NAMES.get(str(topology_name).lower())
+    if topology is None:
+        known = ", ".join(t.value for t in Topology)
+        raise fail(path, f"{where}.topology", f"unknown topology {topology_name!r}; use one of"
+                   f" {known}")
+    if ("bandwidth_gbps" in e) == ("bandwidth_astra_gbps" in e):
+        raise fail(path, f"{where}.bandwidth_gbps", "give exactly one of bandwidth_gbps (decimal"
+                   " GB/s) or bandwidth_astra_gbps (ASTRA-sim's 2^30 bytes/s)")
+    if "bandwidth_gbps" in e:
+        bw = number(path, f"{where}.bandwidth_gbps", e["bandwidth_gbps"], minimum=0,
+                    strict=True) * GB
+    else:
+        bw = astra_link_gbps_to_bytes_per_s(
+            number(path, f"{where}.bandwidth_astra_gbps", e["bandwidth_astra_gbps"], minimum=0,
+                   strict=True))
+    width = e.get("width")
+    if width is not None:
+        width = integer(path, f"{where}.width", width, minimum=1)
+    return _spec(path, where, lambda: NetworkDim(
+        topology=topology,
+        npus=integer(path, f"{where}.npus", e["npus"], minimum=1),
+        bandwidth_bytes_per_s=bw,
+        latency_s=number(path, f"{where}.latency_us", e["latency_us"], minimum=0,
+                         strict=False) * 1e-6,
+        algorithms=_algorithms(path, where, e),
+        width=width,
+    ))
+
+
+_SCHED_OPTIONAL = {"preferred_dataset_splits", "active_chunks_per_dim", "endpoint_delay_ns",
+                   "local_reduction_bandwidth_gbps", "policy", "optimization"}
+
+
+def _scheduling(path: Path, where: str, entry: Any, device: DeviceSpec) -> CollectiveScheduling:
+    e = _keys(path, where, entry if entry is not None else {}, set(), _SCHED_OPTIONAL)
+    local_bw = e.get("local_reduction_bandwidth_gbps")
+    return _spec(path, where, lambda: CollectiveScheduling(
+        preferred_dataset_splits=integer(path, f"{where}.preferred_dataset_splits",
+                                         e.get("preferred_dataset_splits", 4), minimum=1),
+        active_chunks_per_dim=integer(path, f"{where}.active_chunks_per_dim",
+                                      e.get("active_chunks_per_dim", 1), minimum=1),
+        endpoint_delay_s=number(path, f"{where}.endpoint_delay_ns",
+                                e.get("endpoint_delay_ns", 10), minimum=0, strict=True) * 1e-9,
+        local_reduction_bandwidth_bytes_per_s=(
+            number(path, f"{where}.local_reduction_bandwidth_gbps", local_bw, minimum=0,
+                   strict=True) * GB if local_bw is not None
+            else device.hbm_bandwidth_bytes_per_s),
+        policy=choice(path, f"{where}.policy", e.get("policy", "LIFO"), SchedulingPolicy),
+        optimization=choice(path, f"{where}.optimization", e.get("optimization", "localBWAware"),
+                            MultiDimOptimization),
+    ))
+
+
+_SYSTEM_FIELDS = {"device", "network"}
+_SYSTEM_OPTIONAL = {"scheduling", "source", "notes"}
+
+
+def system_from_entry(path: Path, name: str, entry: Any,
+                      devices: Mapping[str, DeviceSpec]) -> SystemSpec:
+    e = _keys(path, name, entry, _SYSTEM_FIELDS, _SYSTEM_OPTIONAL)
+    raw_device = e["device"]
+    if isinstance(raw_device, str):
+        device = devices.get(raw_device)
+        if device is None:
+            known = ", ".join(sorted(devices)) or "none"
+            raise fail(path, f"{name}.device", f"unknown device {raw_device!r}; known: {known}")
+    else:
+        device = device_from_entry(path, f"{name}.device", raw_device)
+    dims_raw = e["network"]
+    if not isinstance(dims_raw, list) or not dims_raw:
+        raise fail(path, f"{name}.network", "must be a list of dimensions, innermost first")
+    dims = tuple(_dim(path, f"{name}.network[{i}]", d) for i, d in enumerate(dims_raw))
+    scheduling = _scheduling(path, f"{name}.scheduling", e.get("scheduling"), device)
+    network = _spec(path, f"{name}.network", lambda: Network(dims=dims, scheduling=scheduling))
+    return SystemSpec(name=name, device=device, network=network)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Every model, device and system found, by name, with the file each came from."""
+
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    devices: dict[str, DeviceSpec] = field(default_factory=dict)
+    systems: dict[str, SystemSpec] = field(default_factory=dict)
+    sources: dict[tuple[str, str], Path] = field(default_factory=dict)
+    entries: dict[tuple[str, str], dict] = field(default_factory=dict)
+    """The raw YAML entry of each (kind, name), for listings and exports."""
+
+    def model(self, ref: str) -> ModelSpec:
+        return self._find("model", self.models, ref)
+
+    def system(self, ref: str) -> SystemSpec:
+        return self._find("system", self.systems, ref)
+
+    def _find(self, kind: str, table: dict, ref: str) -> Any:
+        if ref in table:
+            return table[ref]
+        path = Path(ref)
+        if path.suffix in (".yaml", ".yml"):
+            found = _read_kind(kind, path, self.devices)
+            if len(found) != 1:
+                raise PlannerUsageError(f"{path}: holds {len(found)} {kind}s; name one of"
+                                        f" {', '.join(found)} or keep one per file")
+            return next(iter(found.values()))
+        known = ", ".join(sorted(table))
+        raise PlannerUsageError(f"--{kind}: unknown {kind} {ref!r}; use a catalog name ({known})"
+                                " or the path of a YAML file")
+
+
+def _entries(path: Path) -> dict[str, Any]:
+    data = load(path, "catalog YAML")
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise fail(path, "top level", "must map names to entries")
+    # Names starting with "." are YAML templates (anchors for ``<<: *name``), not entries.
+    return {str(k): v for k, v in data.items() if not str(k).startswith(".")}
+
+
+def _read_kind(kind: str, path: Path, devices: Mapping[str, DeviceSpec]) -> dict[str, Any]:
+    entries = _entries(path)
+    if kind == "model":
+        return {n: model_from_entry(path, n, e) for n, e in entries.items()}
+    if kind == "device":
+        return {n: device_from_entry(path, n, e) for n, e in entries.items()}
+    return {n: system_from_entry(path, n, e, devices) for n, e in entries.items()}
+
+
+def load_catalog(root: Path = CATALOG_DIR) -> Catalog:
+    """Read ``root/{devices,models,systems}/*.yaml``: devices first, as systems name them."""
+    return _load_catalog(root.resolve())
+
+
+@cache
+def _load_catalog(root: Path) -> Catalog:
+    catalog = Catalog()
+    tables = {"device": catalog.devices, "model": catalog.models, "system": catalog.systems}
+    for kind in ("device", "model", "system"):
+        for path in sorted((root / f"{kind}s").glob("*.y*ml")):
+            found = _read_kind(kind, path, catalog.devices)
+            raw = _entries(path)
+            for name, spec in found.items():
+                if name in tables[kind]:
+                    first = catalog.sources[(kind, name)]
+                    raise fail(path, name, f"{kind} already defined in {first}; rename one")
+                tables[kind][name] = spec
+                catalog.sources[(kind, name)] = path
+                catalog.entries[(kind, name)] = raw[name]
+    return catalog

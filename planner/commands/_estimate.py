@@ -1,0 +1,148 @@
+"""``planner estimate``: one plan's step time and memory, with every part."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields, replace
+
+from planner.catalog import load_catalog
+from planner.commands._base import BaseCommand
+from planner.errors import PlannerUsageError
+from planner.units import GB
+from simcore import estimate
+from simcore.estimate import Estimate
+from simcore.specs import Axis, Recompute, Schedule, Strategy, TrainingSpec, ZeroStage
+
+
+def _placement(text: str) -> tuple[Axis, ...]:
+    try:
+        return tuple(Axis(a.strip()) for a in text.split(","))
+    except ValueError:
+        raise PlannerUsageError(
+            f"--placement: {text!r} must list dp, tp, pp and sp once each, innermost first,"
+            " e.g. tp,sp,dp,pp"
+        ) from None
+
+
+def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("strategy")
+    g.add_argument("--dp", type=int, help="data-parallel degree (default: what the others leave)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    g.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
+    g.add_argument("--sp", type=int, default=1, help="context (sequence) parallel degree")
+    g.add_argument("--no-sequence-parallel", action="store_true",
+                   help="turn Megatron sequence parallelism inside the tp group off")
+    g.add_argument("--zero", type=int, choices=[z.value for z in ZeroStage], default=0,
+                   help="0 none, 1 distributed optimizer / ZeRO-1, 2 ZeRO-2, 3 ZeRO-3 / FSDP")
+    g.add_argument("--fsdp", action="store_true", help="same as --zero 3")
+    g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    g.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
+    g.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
+    g.add_argument("--v", type=int, default=1, help="model chunks per device (interleaved)")
+    g.add_argument("--placement", default="tp,sp,dp,pp",
+                   help="axes onto network dimensions, innermost first (default tp,sp,dp,pp)")
+    t = parser.add_argument_group("training")
+    t.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    t.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    t.add_argument("--grad-bytes", type=int, default=2,
+                   help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
+                   " gradients as Megatron-LM keeps them)")
+
+
+def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
+    dp = args.dp
+    if dp is None:
+        others = args.tp * args.pp * args.sp
+        if others < 1 or devices % others:
+            raise PlannerUsageError(
+                f"--tp*--pp*--sp = {others} must divide the system's {devices} devices"
+            )
+        dp = devices // others
+    try:
+        return Strategy(
+            dp=dp, tp=args.tp, pp=args.pp, sp=args.sp,
+            sequence_parallel=not args.no_sequence_parallel,
+            zero=ZeroStage.PARAMETERS if args.fsdp else ZeroStage(args.zero),
+            recompute=Recompute(args.recompute), micro_batch=args.micro_batch,
+            schedule=Schedule(args.schedule), v=args.v, placement=_placement(args.placement),
+        )
+    except ValueError as e:
+        raise PlannerUsageError(f"strategy: {e}") from None
+
+
+def _table(est: Estimate) -> str:
+    lines = [f"step time      {est.step_time:10.4f} s   ({est.tokens_per_s:,.0f} tokens/s,"
+             f" MFU {est.mfu:.1%}, HFU {est.hfu:.1%})"]
+    for f in fields(est.time):
+        value = getattr(est.time, f.name)
+        if value:
+            lines.append(f"  {f.name:<12} {value:10.4f} s  {value / est.step_time:6.1%}")
+    fit = "fits" if est.fits else f"DOES NOT FIT: {est.reason}"
+    lines.append(f"peak memory    {est.memory.total / GB:10.2f} GB  on stage {est.peak_stage}"
+                 f" of {len(est.stages)}  (HBM {est.hbm_bytes / GB:.0f} GB: {fit})")
+    for f in fields(est.memory):
+        value = getattr(est.memory, f.name)
+        if value:
+            lines.append(f"  {f.name:<16} {value / GB:8.2f} GB")
+    if len(est.stages) > 1:
+        lines.append("per stage: layers, micro-batches in flight, memory")
+        for st in est.stages:
+            lines.append(f"  stage {st.stage:<3} {st.layers:4d} layers  {st.in_flight:6.2f} in"
+                         f" flight  {st.memory.total / GB:8.2f} GB")
+    return "\n".join(lines)
+
+
+class EstimateCommand(BaseCommand):
+    name = "estimate"
+    help = "Step time and peak memory of one plan, with every part."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--model", required=True, help="catalog name or YAML path")
+        parser.add_argument("--system", required=True, help="catalog name or YAML path")
+        parser.add_argument("--hbm-gb", type=float, help="HBM per device (default: the device's)")
+        add_strategy_arguments(parser)
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def run(self, args: argparse.Namespace) -> int:
+        catalog = load_catalog()
+        model = catalog.model(args.model)
+        system = catalog.system(args.system)
+        if args.hbm_gb is not None:
+            if not args.hbm_gb > 0:
+                raise PlannerUsageError(f"--hbm-gb must be > 0, but got {args.hbm_gb}")
+            system = replace(system, device=replace(system.device, hbm_bytes=args.hbm_gb * GB))
+        strategy = strategy_from_args(args, system.devices)
+        try:
+            training = TrainingSpec(global_batch=args.global_batch,
+                                    seq_len=args.seq_len or model.seq_len,
+                                    bytes_per_param_grads=args.grad_bytes)
+            est = estimate(model, system, training, strategy)
+        except ValueError as e:
+            raise PlannerUsageError(str(e)) from None
+        if args.json:
+            out = {"model": model.name, "system": system.name,
+                   "strategy": _strategy_dict(strategy), **est.to_dict()}
+            print(json.dumps(out, indent=2))
+        else:
+            print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}):"
+                  f" {_describe(strategy)}")
+            print(_table(est))
+        return 0
+
+
+def _strategy_dict(s: Strategy) -> dict:
+    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp,
+            "sequence_parallel": s.sequence_parallel, "zero": int(s.zero),
+            "recompute": s.recompute.value, "micro_batch": s.micro_batch,
+            "schedule": s.schedule.value, "v": s.v,
+            "placement": [a.value for a in s.placement]}
+
+
+def _describe(s: Strategy) -> str:
+    parts = [f"dp={s.dp} tp={s.tp} pp={s.pp} sp={s.sp}", f"micro-batch {s.micro_batch}",
+             f"{s.schedule.value}" + (f" v={s.v}" if s.v > 1 else ""),
+             f"recompute {s.recompute.value}"]
+    if s.zero:
+        parts.append("FSDP" if s.zero is ZeroStage.PARAMETERS else f"ZeRO-{int(s.zero)}")
+    return ", ".join(parts)

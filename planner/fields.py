@@ -1,0 +1,72 @@
+"""Reading user files (YAML, JSON) and checking their fields: one-line errors that name the
+file, the field and the fix (raised as PlannerUsageError)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.errors import PlannerUsageError
+
+__all__ = ["fail", "load", "number", "integer", "choice"]
+
+
+def fail(path: Path, field: str, message: str) -> PlannerUsageError:
+    return PlannerUsageError(f"{path}: {field}: {message}")
+
+
+def load(path: Path, kind: str) -> Any:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise PlannerUsageError(f"{path}: no such file; give the path of the {kind}") from None
+    except OSError as e:
+        raise PlannerUsageError(f"{path}: cannot read the {kind}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PlannerUsageError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    try:
+        if kind == "system JSON":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise PlannerUsageError(f"{path}: line {e.lineno}: not valid JSON: {e.msg}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or "cannot be parsed"
+        raise PlannerUsageError(f"{path}: {where}not valid YAML: {problem}") from None
+    except RecursionError:
+        raise PlannerUsageError(f"{path}: nested too deeply to read") from None
+
+
+def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise fail(path, field, f"must be a number, but got {value!r}")
+    if value < minimum or (strict and value == minimum):
+        op = ">" if strict else ">="
+        raise fail(path, field, f"must be {op} {minimum:g}, but got {value!r}")
+    return float(value)
+
+
+def integer(path: Path, field: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise fail(path, field, f"must be a whole number, but got {value!r}")
+    if value < minimum:
+        raise fail(path, field, f"must be >= {minimum}, but got {value!r}")
+    return value
+
+
+def choice(path: Path, field: str, value: Any, enum: type) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        known = ", ".join(e.value for e in enum)
+        raise fail(path, field, f"unknown value {value!r}; use one of {known}") from None
+
+

@@ -1,0 +1,5 @@
+"""The ``megatron`` convention: a GPT or Llama transformer as Megatron-LM trains it."""
+
+from simcore.megatron.step import estimate_megatron
+
+__all__ = ["estimate_megatron"]

@@ -1,0 +1,77 @@
+"""Activation memory of one transformer layer for one micro-batch, after Korthikanti et al. 2022
+(arXiv:2205.05198) section 4.
+
+The paper's per-layer breakdown (16-bit activations, 1-byte dropout masks), for a GPT layer:
+attention ``11 s b h + 5 a s^2 b`` (QKV input 2sbh, Q and K 4sbh, softmax output 2as^2b, its
+dropout mask as^2b, dropout output 2as^2b, V 2sbh, projection input 2sbh, dropout mask sbh),
+MLP ``19 s b h`` (input 2sbh, fc1 output 8sbh, GELU output 8sbh, dropout mask sbh), two
+LayerNorm inputs ``4 s b h``: in all ``s b h (34 + 5 a s / h)`` (Table 2).
+Generalised here to any FFN width, grouped-query K/V, SwiGLU (gate and up outputs, then their
+product) and to models without dropout (Llama): the terms are the same tensors, resized.
+
+Which tensors tensor parallelism splits (Table 2): without sequence parallelism the LayerNorm
+inputs, the QKV and MLP inputs and the two dropout masks after the blocks (10 sbh for GPT) are
+replicated, everything else is divided by t; with sequence parallelism everything is divided by t.
+Context parallelism (sp) divides the sequence of every tensor; the attention scores keep all
+keys: ``a (s/sp) s b``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simcore.megatron.layers import LayerShape
+from simcore.specs import Activation, ModelSpec, Recompute
+
+__all__ = ["LayerActivations", "layer_activations"]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerActivations:
+    """Bytes one layer keeps for the backward pass of one micro-batch, on one device."""
+
+    stored: float
+    """Kept from forward to backward under the strategy's recompute."""
+    full: float
+    """Without any recompute (the working set while a recomputed layer runs backward)."""
+    attention_core: float
+    """The softmax output, its dropout mask and output: what selective recompute drops."""
+
+
+def layer_activations(
+    model: ModelSpec,
+    shape: LayerShape,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sp: int,
+    sequence_parallel: bool,
+    recompute: Recompute,
+) -> LayerActivations:
+    h, f, a = model.hidden, model.ffn_hidden, model.heads
+    sbh = seq_len / sp * micro_batch * h  # elements of one (s/sp, b, h) tensor
+    sbf = sbh / h * f
+    kv = shape.kv_fraction
+    mask = 1.0 if shape.dropout else 0.0  # 1-byte dropout masks
+    scores = a * (seq_len / sp) * seq_len * micro_batch  # elements of the attention scores
+    # Replicated over tp unless sequence parallel: LayerNorm inputs (2 x 2sbh), the QKV and MLP
+    # inputs (2 x 2sbh), the dropout masks after attention and after the MLP.
+    replicated = (4 + 4) * sbh + 2 * mask * sbh
+    # Split over tp: Q (2sbh), K and V (2sbh * kv each), the projection input (2sbh) and the MLP.
+    mlp_hidden = (6 if model.activation is Activation.SWIGLU else 4) * sbf
+    split = 2 * sbh + 4 * kv * sbh + 2 * sbh + mlp_hidden
+    core = 2 * scores + mask * scores + (2 * scores if shape.dropout else 0.0)
+    if sequence_parallel and tp > 1:
+        full = (replicated + split + core) / tp
+    else:
+        full = replicated + (split + core) / tp
+    core_per_device = core / tp
+    if recompute is Recompute.FULL:
+        layer_input = 2 * sbh / (tp if sequence_parallel else 1)
+        stored = layer_input
+    elif recompute is Recompute.SELECTIVE:
+        stored = full - core_per_device
+    else:
+        stored = full
+    return LayerActivations(stored=stored, full=full, attention_core=core_per_device)

@@ -1,0 +1,67 @@
+"""The shape rules a Megatron-style plan must obey; each failure is one line naming the field
+and what is allowed (a ValueError)."""
+
+from __future__ import annotations
+
+from simcore.specs import ModelSpec, Schedule, Strategy, SystemSpec, TrainingSpec
+
+__all__ = ["check_plan", "micro_batches"]
+
+
+def _divisors(n: int) -> str:
+    found = [d for d in range(1, n + 1) if n % d == 0]
+    shown = found if len(found) <= 12 else found[:6] + ["..."] + found[-3:]
+    return ", ".join(map(str, shown))
+
+
+def _must_divide(field: str, degree: int, what: str, total: int, why: str) -> None:
+    if total % degree:
+        raise ValueError(
+            f"{field}={degree} must divide {what}={total} ({why}); allowed {field}:"
+            f" {_divisors(total)}"
+        )
+
+
+def micro_batches(training: TrainingSpec, strategy: Strategy) -> int:
+    """Micro-batches per pipeline per step: global batch / (dp * micro-batch)."""
+    return training.global_batch // (strategy.dp * strategy.micro_batch)
+
+
+def check_plan(
+    model: ModelSpec, system: SystemSpec, training: TrainingSpec, strategy: Strategy
+) -> None:
+    s = strategy
+    if s.devices != system.devices:
+        raise ValueError(
+            f"dp*tp*pp*sp must equal the device count, but dp={s.dp} * tp={s.tp} * pp={s.pp}"
+            f" * sp={s.sp} = {s.devices} and {system.name} has {system.devices} devices"
+        )
+    _must_divide("tp", s.tp, "heads", model.heads, "tensor parallelism splits the heads")
+    _must_divide("tp", s.tp, "kv_heads", model.n_kv_heads, "each rank holds whole K/V heads")
+    _must_divide("tp", s.tp, "ffn_hidden", model.ffn_hidden, "tp splits the MLP columns")
+    stages = s.pp * s.v
+    if model.layers % stages:
+        raise ValueError(
+            f"pp*v={stages} must divide layers={model.layers} (each stage holds as many layers);"
+            f" allowed pp*v: {_divisors(model.layers)}"
+        )
+    _must_divide("sp", s.sp, "seq_len", training.seq_len, "context parallelism splits the sequence")
+    if s.sequence_parallel and s.tp > 1:
+        _must_divide("tp", s.tp, "seq_len/sp", training.seq_len // s.sp,
+                     "sequence parallelism splits the sequence over tp")
+    replicas = s.dp * s.micro_batch
+    if training.global_batch % replicas:
+        raise ValueError(
+            f"dp*micro_batch={replicas} must divide global_batch={training.global_batch}"
+            " (micro-batches tile the batch); allowed micro_batch:"
+            f" divisors of {training.global_batch // s.dp if training.global_batch >= s.dp else 1}"
+        )
+    if s.schedule is Schedule.INTERLEAVED:
+        if s.pp < 2:
+            raise ValueError("schedule=interleaved needs pp >= 2; use 1f1b with pp=1")
+        m = micro_batches(training, s)
+        if m % s.pp:
+            raise ValueError(
+                f"schedule=interleaved needs the micro-batch count ({m}) to be a multiple of"
+                f" pp={s.pp}; change micro_batch or dp, or use schedule=1f1b"
+            )

@@ -1,0 +1,66 @@
+"""Parameters and FLOPs of a GPT or Llama transformer, from its shapes.
+
+Counts are for the whole (unsplit) model; callers divide by tp and pp. FLOPs count a
+multiply-accumulate as 2 FLOP.
+
+Sources: GPT parameters and FLOPs as in Narayanan et al. 2021 (arXiv:2104.04473) Eq. 2 and the
+appendix (forward per layer ``24 b s h^2 + 4 b s^2 h``, logits ``2 b s h V``); Llama as in
+Touvron et al. 2023 (SwiGLU with three matrices, grouped-query K/V, RMSNorm, no biases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simcore.specs import Family, ModelSpec
+
+__all__ = ["LayerShape", "layer_shape"]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerShape:
+    """What one transformer layer and the model's ends hold (whole, before any split)."""
+
+    matmul_params: int
+    """Weights of the layer's matrix multiplies: Q, K, V, output projection, MLP."""
+    other_params: int
+    """Biases and norm weights of one layer."""
+    kv_fraction: float
+    """Width of K (or V) over the hidden size: kv_heads / heads."""
+    embedding_params: int
+    """Token embedding (plus learned positions for GPT), held by the first stage."""
+    head_params: int
+    """LM head and final norm, held by the last stage (a copy of the embedding when tied)."""
+    dropout: bool
+    """GPT trains with dropout (masks are stored); Llama does not."""
+
+    @property
+    def layer_params(self) -> int:
+        return self.matmul_params + self.other_params
+
+
+def layer_shape(model: ModelSpec) -> LayerShape:
+    h, f = model.hidden, model.ffn_hidden
+    kv = model.n_kv_heads * model.head_dim
+    if model.family is Family.LLAMA:
+        attention = 2 * h * h + 2 * h * kv  # Q, O and the grouped K, V; no biases
+        mlp = 3 * h * f  # gate, up and down projections (SwiGLU)
+        other = 2 * h  # two RMSNorm weights
+        embedding = model.vocab * h
+        head = model.vocab * h + h  # untied LM head + final RMSNorm
+        dropout = False
+    else:
+        attention = 2 * h * h + 2 * h * kv
+        mlp = (3 if model.activation.value == "swiglu" else 2) * h * f
+        other = (h + 2 * kv) + h + f + h + 4 * h  # QKV, proj, fc1, fc2 biases; two LayerNorms
+        embedding = model.vocab * h + model.seq_len * h  # learned positions (Narayanan Eq. 2)
+        head = model.vocab * h + 2 * h  # tied or not, the last stage holds V x h and a LayerNorm
+        dropout = True
+    return LayerShape(
+        matmul_params=attention + mlp,
+        other_params=other,
+        kv_fraction=kv / h,
+        embedding_params=embedding,
+        head_params=head,
+        dropout=dropout,
+    )

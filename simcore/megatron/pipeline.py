@@ -1,0 +1,39 @@
+"""Pipeline schedules: activations in flight per stage, and the time of one step.
+
+Narayanan et al. 2021 (arXiv:2104.04473) section 2.2: GPipe keeps all m micro-batches in
+flight, 1F1B (PipeDream-Flush) at most p, and both have a bubble of (p-1) micro-batch times;
+interleaving v model chunks per device divides the bubble by v. Megatron-LM's interleaved
+schedule warms up ``2 (p - i - 1) + (v - 1) p`` chunks on stage i
+(``megatron/core/pipeline_parallel/schedules.py``), which gives Korthikanti et al.'s memory factor
+``1 + (p-1)/(p v)`` on the first stage (arXiv:2205.05198 section 4.2.3).
+"""
+
+from __future__ import annotations
+
+from simcore.specs import Schedule
+
+__all__ = ["in_flight", "pipeline_time"]
+
+
+def in_flight(schedule: Schedule, stage: int, pp: int, m: int, v: int) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the
+    stage's whole set of layers (an interleaved chunk counts 1/v)."""
+    if schedule is Schedule.GPIPE:
+        return float(m)
+    if schedule is Schedule.ONE_F_ONE_B:
+        return float(min(pp - stage, m))
+    chunks = 2 * (pp - stage - 1) + (v - 1) * pp + 1
+    return min(chunks, m * v) / v
+
+
+def pipeline_time(stage_times: list[float], m: int, v: int) -> tuple[float, int]:
+    """Seconds for m micro-batches through stages with the given per-micro-batch times, and the
+    slowest stage.
+
+    The slowest stage runs all m micro-batches back to back; the others add the fill and drain
+    once, divided by v when interleaved: ``m * max + (sum - max) / v``. With equal stages this is
+    ``(m + (p - 1) / v) * t``, Narayanan's bubble.
+    """
+    slowest = max(range(len(stage_times)), key=stage_times.__getitem__)
+    t_max = stage_times[slowest]
+    return m * t_max + (sum(stage_times) - t_max) / v, slowest

@@ -1,0 +1,130 @@
+"""Placement of the parallel axes onto the network dimensions, and the time of their collectives.
+
+The axes are laid out in the strategy's placement order, innermost first (default tp, sp, dp, pp,
+as Megatron-LM orders its ranks: tp fastest). Each axis takes the largest factor of its degree that
+the innermost remaining network capacity offers, then moves outwards: on an 8 x 128 DGX cluster,
+tp = 8 fills the NVSwitch dimension, and dp = 64, pp = 2 share the InfiniBand dimension.
+
+An axis's collectives then run on the sub-network made of its pieces: the same topologies, links
+and algorithms, with the piece's size. A partial Mesh2D/Torus2D piece is timed as a Ring of that
+size on the same links (a sub-mesh has no single shape). Collective times come from
+:func:`simcore.collectives.collective_time`, so they follow ASTRA-sim's analytical backend.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Mapping
+from dataclasses import replace
+
+from simcore.collectives import collective_time, p2p_time
+from simcore.network import Collective, Network, NetworkDim, Topology
+from simcore.specs import Axis
+
+__all__ = ["AxisNetworks", "axis_networks"]
+
+
+def _pieces(
+    shape: tuple[int, ...], degrees: list[tuple[Axis, int]]
+) -> dict[Axis, list[tuple[int, int]]]:
+    free = list(shape)
+    pieces: dict[Axis, list[tuple[int, int]]] = {}
+    for axis, degree in degrees:
+        left = degree
+        mine: list[tuple[int, int]] = []
+        for i, capacity in enumerate(free):
+            if left == 1:
+                break
+            piece = math.gcd(capacity, left)
+            if piece > 1:
+                mine.append((i, piece))
+                free[i] //= piece
+                left //= piece
+        if left != 1:
+            raise ValueError(
+                f"cannot place {axis}={degree} onto the network dimensions"
+                f" {' x '.join(map(str, shape))} after the axes before it in the placement;"
+                " choose degrees that divide the dimensions' sizes, or another placement"
+            )
+        pieces[axis] = mine
+    return pieces
+
+
+def _sub_dim(dim: NetworkDim, size: int) -> NetworkDim:
+    if size == dim.npus:
+        return dim
+    if dim.topology in (Topology.MESH_2D, Topology.TORUS_2D):
+        return replace(dim, topology=Topology.RING, npus=size, width=None)
+    return replace(dim, npus=size)
+
+
+class AxisNetworks:
+    """The sub-network of each parallel axis, with memoised collective and p2p times."""
+
+    def __init__(
+        self, network: Network, degrees: Mapping[Axis, int], placement: tuple[Axis, ...]
+    ) -> None:
+        order = [(axis, degrees[axis]) for axis in placement]
+        pieces = _pieces(network.shape, order)
+        self.networks: dict[Axis, Network | None] = {}
+        for axis, mine in pieces.items():
+            if not mine:
+                self.networks[axis] = None
+                continue
+            dims = tuple(_sub_dim(network.dims[i], size) for i, size in mine)
+            self.networks[axis] = Network(dims=dims, scheduling=network.scheduling)
+        self._times: dict[tuple[Axis, Collective, int], float] = {}
+
+    def collective(self, axis: Axis, collective: Collective, size_bytes: float) -> float:
+        """Seconds for one collective over the axis's group (size as ASTRA-sim takes it: the
+        per-rank input for all-gather, the whole tensor otherwise); 0 for a degree of 1."""
+        network = self.networks[axis]
+        size = int(size_bytes)
+        if network is None or size <= 0:
+            return 0.0
+        key = (axis, collective, size)
+        cached = self._times.get(key)
+        if cached is None:
+            cached = collective_time(network, collective, size).time_s
+            self._times[key] = cached
+        return cached
+
+    def p2p(self, axis: Axis, size_bytes: float) -> float:
+        """Seconds to send a message to the next rank along the axis."""
+        network = self.networks[axis]
+        size = int(size_bytes)
+        if network is None or size <= 0:
+            return 0.0
+        key = (axis, Collective.ALL_TO_ALL, -size)
+        cached = self._times.get(key)
+        if cached is None:
+            cached = p2p_time(network, 0, 1, size)
+            self._times[key] = cached
+        return cached
+
+
+_CACHE: dict[int, tuple[weakref.ref[Network], dict[tuple, AxisNetworks]]] = {}
+
+
+def _per_network(network: Network) -> dict[tuple, AxisNetworks]:
+    key = id(network)
+    entry = _CACHE.get(key)
+    if entry is not None and entry[0]() is network:
+        return entry[1]
+    found: dict[tuple, AxisNetworks] = {}
+    _CACHE[key] = (weakref.ref(network, lambda _: _CACHE.pop(key, None)), found)
+    return found
+
+
+def axis_networks(
+    network: Network, degrees: Mapping[Axis, int], placement: tuple[Axis, ...]
+) -> AxisNetworks:
+    """The axis sub-networks of a placement, built once per Network object and placement."""
+    per_network = _per_network(network)
+    key = (tuple(degrees[a] for a in Axis), placement)
+    found = per_network.get(key)
+    if found is None:
+        found = AxisNetworks(network, degrees, placement)
+        per_network[key] = found
+    return found

@@ -1,0 +1,375 @@
+"""One training step as Megatron-LM runs it: time and memory per pipeline stage.
+
+Each transformer layer is computed once per plan; stages differ only in how many layers they
+hold, the embedding (first stage), the LM head and loss (last stage) and how many micro-batches
+are in flight.
+
+Time of a kernel: a roofline with the device's achievable efficiencies,
+``max(FLOP / (peak * matmul_efficiency), bytes / (HBM bandwidth * memory_efficiency))`` summed
+over the matmuls (compute-bound) and the element-wise kernels (bandwidth-bound). Element-wise
+traffic is taken as each stored activation written once and read once in forward
+(:data:`ELEMENTWISE_PASSES`), twice that in backward.
+
+Communication:
+- tp: per layer and micro-batch, 2 all-reduces forward and 2 backward of the layer's (b, s, h)
+  activation (Narayanan section 3.3); with sequence parallelism an all-gather plus a
+  reduce-scatter in their place (Korthikanti section 4.2.2). On the critical path.
+- sp (context parallelism): K and V all-gathered over the sp group in forward, gathered again and
+  their gradients reduce-scattered in backward, hidden behind the attention core when it is longer.
+- pp: the (b, s, h/t) activation to the next stage forward and its gradient back, per
+  micro-batch per chunk boundary (scatter/gather optimisation).
+- dp: gradients all-reduced over dp * sp (reduce-scattered, then parameters all-gathered, with a
+  distributed optimizer / ZeRO-1/2), in buckets during the last micro-batch's backward; the last
+  bucket is always exposed.
+- fsdp (ZeRO-3): each layer's weights all-gathered before its forward and backward, its gradients
+  reduce-scattered after backward, prefetched behind the layer's compute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
+from simcore.megatron.activations import LayerActivations, layer_activations
+from simcore.megatron.checks import check_plan, micro_batches
+from simcore.megatron.layers import LayerShape, layer_shape
+from simcore.megatron.pipeline import in_flight, pipeline_time
+from simcore.megatron.placement import AxisNetworks, axis_networks
+from simcore.network import Collective
+from simcore.specs import (
+    Axis,
+    ModelSpec,
+    Recompute,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
+
+__all__ = ["estimate_megatron", "ELEMENTWISE_PASSES", "DDP_BUCKET_PARAMS"]
+
+ELEMENTWISE_PASSES = 2
+"""Forward element-wise traffic per stored activation byte: written once, read once."""
+
+DDP_BUCKET_PARAMS = 40_000_000
+"""Megatron-LM's default gradient bucket (``ddp_bucket_size``: max(40M, 1M * dp) parameters)."""
+
+BACKWARD_ELEMENTWISE = 2
+"""Backward element-wise traffic relative to forward (fused backward kernels)."""
+
+OPTIMIZER_STATE_PASSES = 2
+"""Adam reads and writes its fp32 states once per step."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One transformer layer for one micro-batch on one device (seconds)."""
+
+    fwd_compute: float
+    bwd_compute: float
+    recompute: float
+    tp_fwd: float
+    tp_bwd: float
+    sp_fwd: float
+    sp_bwd: float
+    fsdp_fwd: float
+    fsdp_bwd: float
+
+    @property
+    def compute(self) -> float:
+        return self.fwd_compute + self.bwd_compute + self.recompute
+
+    @property
+    def total(self) -> float:
+        return (self.compute + self.tp_fwd + self.tp_bwd + self.sp_fwd + self.sp_bwd
+                + self.fsdp_fwd + self.fsdp_bwd)
+
+
+class _Plan:
+    """The quantities every part of the estimate shares."""
+
+    def __init__(self, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                 strategy: Strategy) -> None:
+        self.model, self.system, self.training, self.s = model, system, training, strategy
+        self.shape: LayerShape = layer_shape(model)
+        self.seq = training.seq_len
+        self.m = micro_batches(training, strategy)
+        self.tokens = strategy.micro_batch * self.seq / strategy.sp
+        """Tokens of one micro-batch on one device (the sequence split by sp)."""
+        device = system.device
+        self.flop_rate = device.peak_flops_per_s * device.matmul_efficiency
+        self.byte_rate = device.hbm_bandwidth_bytes_per_s * device.memory_efficiency
+        self.dp_group = strategy.dp * strategy.sp
+        """Ranks that hold the same weights and share the gradient reduction."""
+        degrees = {Axis.DP: strategy.dp, Axis.TP: strategy.tp, Axis.PP: strategy.pp,
+                   Axis.SP: strategy.sp}
+        self.nets: AxisNetworks = axis_networks(system.network, degrees, strategy.placement)
+        self.act: LayerActivations = layer_activations(
+            model, self.shape, micro_batch=strategy.micro_batch, seq_len=self.seq,
+            tp=strategy.tp, sp=strategy.sp, sequence_parallel=strategy.sequence_parallel,
+            recompute=strategy.recompute,
+        )
+
+    def kernel(self, flops: float, bytes_moved: float) -> float:
+        return flops / self.flop_rate + bytes_moved / self.byte_rate
+
+
+def _tp_layer_comm(p: _Plan) -> float:
+    """Two all-reduces (or all-gather + reduce-scatter pairs) of a (b, s, h) activation."""
+    s = p.s
+    if s.tp == 1:
+        return 0.0
+    full = p.tokens * p.model.hidden * p.training.bytes_per_activation
+    if s.sequence_parallel:
+        pair = (p.nets.collective(Axis.TP, Collective.ALL_GATHER, full / s.tp)
+                + p.nets.collective(Axis.TP, Collective.REDUCE_SCATTER, full))
+    else:
+        pair = p.nets.collective(Axis.TP, Collective.ALL_REDUCE, full)
+    return 2 * pair
+
+
+def _layer(p: _Plan) -> _Layer:
+    model, s, shape = p.model, p.s, p.shape
+    h, t = model.hidden, s.tp
+    attention_flops = 4 * p.tokens * p.seq * h / t  # QK^T and x V against all keys
+    fwd_flops = 2 * p.tokens * shape.matmul_params / t + attention_flops
+    elementwise = ELEMENTWISE_PASSES * p.act.full
+    fwd = p.kernel(fwd_flops, elementwise)
+    bwd = p.kernel(2 * fwd_flops, BACKWARD_ELEMENTWISE * elementwise)
+    tp = _tp_layer_comm(p)
+    # Backward hides its tp communication behind the weight-gradient GEMMs (Megatron-LM's
+    # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5).
+    wgrad = p.kernel(2 * p.tokens * shape.matmul_params / t, 0.0)
+    tp_bwd = max(0.0, tp - wgrad)
+
+    sp_fwd = sp_bwd = 0.0
+    if s.sp > 1:
+        kv_bytes = 2 * p.tokens * h * shape.kv_fraction * p.training.bytes_per_activation / t
+        gather = p.nets.collective(Axis.SP, Collective.ALL_GATHER, kv_bytes)
+        scatter = p.nets.collective(Axis.SP, Collective.REDUCE_SCATTER, kv_bytes * s.sp)
+        core = p.kernel(attention_flops, 0.0)
+        sp_fwd = max(0.0, gather - core)
+        sp_bwd = max(0.0, gather + scatter - 2 * core)
+
+    if s.recompute is Recompute.FULL:
+        recompute = fwd
+        tp_recompute = tp
+    elif s.recompute is Recompute.SELECTIVE:
+        recompute = p.kernel(attention_flops, ELEMENTWISE_PASSES * p.act.attention_core)
+        tp_recompute = 0.0
+    else:
+        recompute = tp_recompute = 0.0
+
+    fsdp_fwd = fsdp_bwd = 0.0
+    if s.zero is ZeroStage.PARAMETERS and p.dp_group > 1:
+        params = shape.layer_params / t
+        gather = _group_collective(p, Collective.ALL_GATHER,
+                                   params * p.training.bytes_per_param_weights / p.dp_group)
+        scatter = _group_collective(p, Collective.REDUCE_SCATTER,
+                                    params * p.training.bytes_per_param_grads)
+        fsdp_fwd = max(0.0, gather - fwd)
+        fsdp_bwd = max(0.0, gather + scatter - bwd - recompute)
+    return _Layer(fwd, bwd, recompute, tp, tp_bwd + tp_recompute, sp_fwd, sp_bwd, fsdp_fwd,
+                  fsdp_bwd)
+
+
+def _group_collective(p: _Plan, collective: Collective, size: float) -> float:
+    """A collective over the data-parallel group (dp, and sp which shares the weights)."""
+    if p.s.sp == 1:
+        return p.nets.collective(Axis.DP, collective, size)
+    if p.s.dp == 1:
+        return p.nets.collective(Axis.SP, collective, size)
+    # dp x sp: the two axes in turn, as a hierarchical collective over both would run.
+    if collective is Collective.ALL_GATHER:
+        return (p.nets.collective(Axis.SP, collective, size)
+                + p.nets.collective(Axis.DP, collective, size * p.s.sp))
+    if collective is Collective.REDUCE_SCATTER:
+        return (p.nets.collective(Axis.SP, collective, size)
+                + p.nets.collective(Axis.DP, collective, size / p.s.sp))
+    return (p.nets.collective(Axis.SP, Collective.REDUCE_SCATTER, size)
+            + p.nets.collective(Axis.DP, Collective.ALL_REDUCE, size / p.s.sp)
+            + p.nets.collective(Axis.SP, Collective.ALL_GATHER, size / p.s.sp))
+
+
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    index: int
+    layers: int
+    params: float
+    """Parameters this stage's device holds (already split by tp)."""
+    compute: float
+    tp: float
+    sp: float
+    pp: float
+    fsdp: float
+    bwd: float
+    """Backward of one micro-batch: the window the gradient reduction hides behind."""
+
+    @property
+    def time(self) -> float:
+        return self.compute + self.tp + self.sp + self.pp + self.fsdp
+
+
+def _stage(p: _Plan, layer: _Layer, i: int) -> _Stage:
+    s, model, shape = p.s, p.model, p.shape
+    h, t = model.hidden, s.tp
+    n = model.layers // s.pp
+    first, last = i == 0, i == s.pp - 1
+    params = n * shape.layer_params / t
+    compute = n * layer.compute
+    tp = n * (layer.tp_fwd + layer.tp_bwd)
+    activation = p.tokens * h * p.training.bytes_per_activation
+    if first:
+        params += shape.embedding_params / t
+        # Vocab-parallel embedding: its output all-reduced (reduce-scattered with SP).
+        if t > 1:
+            kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
+            tp += p.nets.collective(Axis.TP, kind, activation)
+    if last:
+        tied_here = model.tied_embeddings and s.pp == 1
+        params += (2 * h if tied_here else shape.head_params) / t
+        head_flops = 2 * p.tokens * h * model.vocab / t
+        logits_bytes = 4 * p.tokens * model.vocab / t  # fp32 logits for the loss
+        compute += p.kernel(3 * head_flops, 3 * logits_bytes)
+        if t > 1 and s.sequence_parallel:
+            tp += (p.nets.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
+                   + p.nets.collective(Axis.TP, Collective.REDUCE_SCATTER, activation))
+    pp = 0.0
+    if s.pp > 1:
+        message = activation / t  # scatter/gather: each tp rank sends its 1/t
+        pp = 2 * s.v * p.nets.p2p(Axis.PP, message)
+    bwd = n * (layer.bwd_compute + layer.recompute + layer.tp_bwd)
+    return _Stage(i, n, params, compute, tp, n * (layer.sp_fwd + layer.sp_bwd), pp,
+                  n * (layer.fsdp_fwd + layer.fsdp_bwd), bwd)
+
+
+def _dp_time(p: _Plan, stage: _Stage) -> tuple[float, float]:
+    """(link, exposed) seconds of the stage's gradient reduction."""
+    s, tr = p.s, p.training
+    if p.dp_group == 1 or s.zero is ZeroStage.PARAMETERS:
+        return 0.0, 0.0
+    grads = stage.params * tr.bytes_per_param_grads
+    if s.zero is ZeroStage.NONE:
+        link = _group_collective(p, Collective.ALL_REDUCE, grads)
+    else:
+        link = (_group_collective(p, Collective.REDUCE_SCATTER, grads)
+                + _group_collective(p, Collective.ALL_GATHER,
+                                    stage.params * tr.bytes_per_param_weights / p.dp_group))
+    if not tr.overlap_grad_reduce:
+        return link, link
+    buckets = max(1, math.ceil(stage.params / max(DDP_BUCKET_PARAMS, 1_000_000 * p.dp_group)))
+    return link, max(link / buckets, link - stage.bwd)
+
+
+def _optimizer_time(p: _Plan, stage: _Stage) -> float:
+    tr = p.training
+    local = stage.params / (p.dp_group if p.s.zero >= ZeroStage.OPTIMIZER else 1)
+    per_param = (OPTIMIZER_STATE_PASSES * tr.bytes_per_param_optimizer + tr.bytes_per_param_grads
+                 + tr.bytes_per_param_weights)
+    return local * per_param / p.byte_rate
+
+
+def _memory(p: _Plan, stage: _Stage) -> tuple[MemoryParts, float]:
+    s, tr, model, act = p.s, p.training, p.model, p.act
+    group = p.dp_group
+    zero = s.zero
+    weights = stage.params * tr.bytes_per_param_weights / (group if zero >= ZeroStage.PARAMETERS else 1)
+    grads = stage.params * tr.bytes_per_param_grads / (group if zero >= ZeroStage.GRADIENTS else 1)
+    optimizer = stage.params * tr.bytes_per_param_optimizer / (group if zero >= ZeroStage.OPTIMIZER else 1)
+    flight = in_flight(s.schedule, stage.index, s.pp, p.m, s.v)
+    activations = stage.layers * act.stored * flight
+    if s.recompute is Recompute.FULL:
+        activations += act.full - act.stored  # the layer being recomputed
+    elif s.recompute is Recompute.SELECTIVE:
+        activations += act.attention_core
+    h, t = model.hidden, s.tp
+    sbh = p.tokens * h
+    if stage.index == 0 and p.shape.dropout:
+        activations += sbh / t * flight  # embedding dropout output (Korthikanti section 4.3)
+    if stage.index == s.pp - 1:
+        # Final norm output, LM head input and fp32 logits: 4sbh/t (1 + V/h) (section 4.3).
+        activations += 4 * sbh / t * (1 + model.vocab / h)
+    gathered = 0.0
+    if zero is ZeroStage.PARAMETERS and group > 1:
+        layer = p.shape.layer_params / t
+        gathered = layer * (2 * tr.bytes_per_param_weights + tr.bytes_per_param_grads)
+    comm = 0.0
+    if t > 1:
+        comm += sbh * tr.bytes_per_activation  # one gathered (b, s, h) activation
+    if s.pp > 1:
+        comm += 2 * sbh * tr.bytes_per_activation / t  # send and receive buffers
+    parts = MemoryParts(weights=weights, gradients=grads, optimizer=optimizer,
+                        activations=activations, gathered_weights=gathered, comm_buffers=comm,
+                        overhead=p.system.device.memory_overhead_bytes)
+    return parts, flight
+
+
+def _model_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec) -> float:
+    """Forward + backward FLOP of one step without recompute: 3 x forward (Korthikanti Eq. 7)."""
+    seq = training.seq_len
+    per_sequence = (model.layers * (2 * seq * shape.matmul_params + 4 * seq * seq * model.hidden)
+                    + 2 * seq * model.hidden * model.vocab)
+    return 3 * per_sequence * training.global_batch
+
+
+def _recompute_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec,
+                     recompute: Recompute) -> float:
+    seq = training.seq_len
+    if recompute is Recompute.FULL:
+        per_layer = 2 * seq * shape.matmul_params + 4 * seq * seq * model.hidden
+    elif recompute is Recompute.SELECTIVE:
+        per_layer = 4 * seq * seq * model.hidden
+    else:
+        return 0.0
+    return model.layers * per_layer * training.global_batch
+
+
+def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                      strategy: Strategy) -> Estimate:
+    """Estimate one training step of ``model`` on ``system`` split by ``strategy``."""
+    check_plan(model, system, training, strategy)
+    p = _Plan(model, system, training, strategy)
+    layer = _layer(p)
+    stages = [_stage(p, layer, i) for i in range(strategy.pp)]
+    pipe, slowest = pipeline_time([st.time for st in stages], p.m, strategy.v)
+    critical = stages[slowest]
+    dp_parts = [_dp_time(p, st) for st in stages]
+    dp_exposed = max(exposed for _, exposed in dp_parts)
+    optimizer = max(_optimizer_time(p, st) for st in stages)
+    m = p.m
+    time = TimeParts(
+        compute=m * critical.compute, tp=m * critical.tp, sp=m * critical.sp,
+        dp=dp_exposed, pp=m * critical.pp, fsdp=m * critical.fsdp,
+        bubble=pipe - m * critical.time, optimizer=optimizer,
+    )
+    memories = [_memory(p, st) for st in stages]
+    stage_estimates = tuple(
+        StageEstimate(st.index, st.layers, st.time, flight, parts)
+        for st, (parts, flight) in zip(stages, memories)
+    )
+    peak_stage = max(range(len(stages)), key=lambda i: memories[i][0].total)
+    peak = memories[peak_stage][0]
+    step = time.total
+    model_flops = _model_flops(model, p.shape, training)
+    hardware_flops = model_flops + _recompute_flops(model, p.shape, training, strategy.recompute)
+    capacity = system.device.peak_flops_per_s * strategy.devices * step
+    hbm = system.device.hbm_bytes
+    fits = peak.total <= hbm
+    reason = "" if fits else _reason(peak, peak_stage, hbm)
+    return Estimate(
+        convention="megatron", step_time=step, time=time, memory=peak, peak_stage=peak_stage,
+        stages=stage_estimates, model_flops=model_flops, hardware_flops=hardware_flops,
+        mfu=model_flops / capacity, hfu=hardware_flops / capacity,
+        tokens_per_s=training.global_batch * training.seq_len / step, hbm_bytes=hbm,
+        fits=fits, reason=reason,
+    )
+
+
+def _reason(peak: MemoryParts, stage: int, hbm: float) -> str:
+    parts = {"weights": peak.weights, "gradients": peak.gradients, "optimizer": peak.optimizer,
+             "activations": peak.activations, "gathered weights": peak.gathered_weights}
+    largest = max(parts, key=parts.__getitem__)
+    gb = 1e9
+    return (f"stage {stage} needs {peak.total / gb:.1f} GB > {hbm / gb:.1f} GB of HBM"
+            f" (largest part: {largest}, {parts[largest] / gb:.1f} GB)")

@@ -28,7 +28,20 @@ __all__ = [
 ]
 
 
-class Axis(StrEnum):
+class _Named(StrEnum):
+    """A StrEnum whose unknown values raise a one-line error listing the allowed ones."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> None:
+        allowed = ", ".join(m.value for m in cls)
+        raise ValueError(f"unknown {cls._label()} {value!r}; allowed: {allowed}")
+
+    @classmethod
+    def _label(cls) -> str:
+        return cls.__name__.lower()
+
+
+class Axis(_Named):
     """A parallel axis of the device mesh ("axis", never "dim", which is a tensor dimension)."""
 
     DP = "dp"
@@ -41,7 +54,7 @@ DEFAULT_PLACEMENT = (Axis.TP, Axis.SP, Axis.DP, Axis.PP)
 """Innermost first: tensor parallel on the fastest links, pipeline parallel on the slowest."""
 
 
-class Family(StrEnum):
+class Family(_Named):
     GPT = "gpt"
     """Learned positions, GELU MLP, multi-head attention, LayerNorm."""
     LLAMA = "llama"
@@ -52,14 +65,14 @@ class Family(StrEnum):
     """A stack of matmul + ReLU layers (the DistIR study)."""
 
 
-class Activation(StrEnum):
+class Activation(_Named):
     GELU = "gelu"
     SWIGLU = "swiglu"
     RELU = "relu"
     NONE = "none"
 
 
-class Recompute(StrEnum):
+class Recompute(_Named):
     """Activation recomputation (Korthikanti et al. 2022)."""
 
     NONE = "none"
@@ -70,7 +83,7 @@ class Recompute(StrEnum):
     """Keep only each layer's input; recompute the whole forward of the layer in backward."""
 
 
-class Schedule(StrEnum):
+class Schedule(_Named):
     """Pipeline schedule."""
 
     GPIPE = "gpipe"
@@ -94,7 +107,7 @@ class ZeroStage(IntEnum):
     """Everything sharded, weights gathered before use: ZeRO-3 / FSDP."""
 
 
-class Convention(StrEnum):
+class Convention(_Named):
     """Which graph convention the step model follows."""
 
     MEGATRON = "megatron"

@@ -16,13 +16,17 @@ from simcore.specs import Axis, Recompute, Schedule, Strategy, TrainingSpec, Zer
 
 
 def _placement(text: str) -> tuple[Axis, ...]:
+    problem = PlannerUsageError(
+        f"--placement: {text!r} must list dp, tp, pp and sp once each, innermost first,"
+        " e.g. tp,sp,dp,pp"
+    )
     try:
-        return tuple(Axis(a.strip()) for a in text.split(","))
+        axes = tuple(Axis(a.strip()) for a in text.split(","))
     except ValueError:
-        raise PlannerUsageError(
-            f"--placement: {text!r} must list dp, tp, pp and sp once each, innermost first,"
-            " e.g. tp,sp,dp,pp"
-        ) from None
+        raise problem from None
+    if sorted(axes) != sorted(Axis):
+        raise problem
+    return axes
 
 
 def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:

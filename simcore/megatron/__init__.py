@@ -1,5 +1,5 @@
 """The ``megatron`` convention: a GPT or Llama transformer as Megatron-LM trains it."""
 
-from simcore.megatron.step import estimate_megatron
+from simcore.megatron.step import estimate_megatron, layer_time
 
-__all__ = ["estimate_megatron"]
+__all__ = ["estimate_megatron", "layer_time"]

@@ -36,6 +36,7 @@ from simcore.megatron.checks import check_plan, micro_batches
 from simcore.megatron.layers import LayerShape, layer_shape
 from simcore.megatron.pipeline import in_flight, pipeline_time
 from simcore.megatron.placement import AxisNetworks, axis_networks
+from simcore.megatron.states import model_state_bytes
 from simcore.network import Collective
 from simcore.specs import (
     Axis,
@@ -47,7 +48,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["estimate_megatron", "ELEMENTWISE_PASSES", "DDP_BUCKET_PARAMS"]
+__all__ = ["estimate_megatron", "layer_time", "ELEMENTWISE_PASSES", "DDP_BUCKET_PARAMS"]
 
 ELEMENTWISE_PASSES = 2
 """Forward element-wise traffic per stored activation byte: written once, read once."""
@@ -274,9 +275,7 @@ def _memory(p: _Plan, stage: _Stage) -> tuple[MemoryParts, float]:
     s, tr, model, act = p.s, p.training, p.model, p.act
     group = p.dp_group
     zero = s.zero
-    weights = stage.params * tr.bytes_per_param_weights / (group if zero >= ZeroStage.PARAMETERS else 1)
-    grads = stage.params * tr.bytes_per_param_grads / (group if zero >= ZeroStage.GRADIENTS else 1)
-    optimizer = stage.params * tr.bytes_per_param_optimizer / (group if zero >= ZeroStage.OPTIMIZER else 1)
+    weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group)
     flight = in_flight(s.schedule, stage.index, s.pp, p.m, s.v)
     activations = stage.layers * act.stored * flight
     if s.recompute is Recompute.FULL:
@@ -323,6 +322,18 @@ def _recompute_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec
     else:
         return 0.0
     return model.layers * per_layer * training.global_batch
+
+
+def layer_time(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+               strategy: Strategy) -> tuple[float, float]:
+    """(forward, backward) seconds of one transformer layer for one micro-batch, with its
+    exposed tp and sp communication; backward includes the recompute. What Korthikanti et al.
+    2022 Table 4 measures."""
+    check_plan(model, system, training, strategy)
+    layer = _layer(_Plan(model, system, training, strategy))
+    forward = layer.fwd_compute + layer.tp_fwd + layer.sp_fwd + layer.fsdp_fwd
+    backward = layer.bwd_compute + layer.recompute + layer.tp_bwd + layer.sp_bwd + layer.fsdp_bwd
+    return forward, backward
 
 
 def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSpec,

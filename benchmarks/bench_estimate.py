@@ -1,0 +1,84 @@
+"""Median time of one step estimate (issue 4: under 1 ms) and of the lab's 56-strategy space
+(under 0.2 s together).
+
+Run: python benchmarks/bench_estimate.py
+- cold: a fresh copy of the system each call, so no collective time is reused;
+- warm: the same system object, as inside a study (collective times are memoised per Network
+  object and per message size, so repeated sizes are free).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from dataclasses import replace
+
+from planner.catalog import load_catalog
+from simcore import estimate
+from simcore.network import Network
+from simcore.specs import Recompute, Schedule, Strategy, TrainingSpec
+
+CATALOG = load_catalog()
+
+
+def _fresh(system):
+    network = system.network
+    return replace(system, network=Network(dims=network.dims, scheduling=network.scheduling))
+
+
+def _median_ms(model, system, training, strategy, *, cold: bool, repeat: int = 200) -> float:
+    times = []
+    for _ in range(repeat):
+        target = _fresh(system) if cold else system
+        start = time.perf_counter()
+        estimate(model, target, training, strategy)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def lab_space() -> list[Strategy]:
+    """dp, tp, sp in {1, 2, ..., 64} with dp * tp * sp = 64, pp = 1, recompute off / full."""
+    powers = [2**i for i in range(7)]
+    return [Strategy(dp=dp, tp=tp, sp=sp, recompute=r)
+            for dp, tp, sp in itertools.product(powers, repeat=3) if dp * tp * sp == 64
+            for r in (Recompute.NONE, Recompute.FULL)]
+
+
+def main() -> None:
+    llama = CATALOG.model("llama3-70b")
+    h100 = CATALOG.system("dgx-h100-1024")
+    # pp = 8 with 64 micro-batches: global batch 1024 = dp 16 * 64 micro-batches of 1.
+    s = Strategy(dp=16, tp=8, pp=8, micro_batch=1, schedule=Schedule.ONE_F_ONE_B,
+                 recompute=Recompute.SELECTIVE)
+    training = TrainingSpec(global_batch=1024, seq_len=8192)
+    for cold in (True, False):
+        print(f"llama3-70b on dgx-h100-1024, tp8 pp8 dp16, 64 micro-batches"
+              f" ({'cold' if cold else 'warm'}): {_median_ms(llama, h100, training, s, cold=cold):.3f} ms")
+    gpt = CATALOG.model("gpt175b")
+    lab2 = CATALOG.system("lab-system2")
+    s = Strategy(dp=16, tp=4, recompute=Recompute.FULL)
+    training = TrainingSpec(global_batch=512, seq_len=1024)
+    for cold in (True, False):
+        print(f"gpt175b on lab-system2, tp4 dp16 ({'cold' if cold else 'warm'}):"
+              f" {_median_ms(gpt, lab2, training, s, cold=cold):.3f} ms")
+    for name, system_name in (("llama70b", "lab-system1"), ("gpt175b", "lab-system2")):
+        model = CATALOG.model(name)
+        system = _fresh(CATALOG.system(system_name))
+        training = TrainingSpec(global_batch=512, seq_len=1024)
+        space = lab_space()
+        start = time.perf_counter()
+        valid = 0
+        for strategy in space:
+            try:
+                estimate(model, system, training, strategy)
+                valid += 1
+            except ValueError:
+                pass
+        elapsed = time.perf_counter() - start
+        print(f"lab space, {name} on {system_name}: {len(space)} strategies ({valid} valid) in"
+              f" {elapsed:.3f} s")
+
+
+if __name__ == "__main__":
+    main()

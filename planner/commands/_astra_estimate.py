@@ -1,0 +1,108 @@
+"""``planner astra-estimate``: what STAGE recomp + ASTRA-sim would report, without running them.
+
+    planner astra-estimate --system-json S --network-yml N -- --dp 4 --tp 2 ... (STAGE's flags)
+
+The STAGE flags are ``main.py``'s own (branch recomp), so a lab script can pass its whole STAGE
+command line; ``--output_dir``, ``--output_name`` and ``--comm_group_file`` are accepted and
+ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+
+from planner.astra_io import load_astra_system
+from planner.commands._base import BaseCommand
+from planner.errors import PlannerUsageError
+from simcore.stage import StageArgs, astra_estimate
+
+_INT_FLAGS = ("dp", "tp", "pp", "sp", "din", "dout", "dmodel", "dff", "head", "seq", "batch",
+              "num_stacks")
+_BOOL_FLAGS = ("weight_sharded", "activation_recompute")
+_IGNORED_FLAGS = ("output_dir", "output_name", "comm_group_file", "chakra_schema_version")
+_TRUE = ("1", "true", "True", "TRUE")
+_FALSE = ("0", "false", "False", "FALSE")
+
+
+def parse_stage_args(tokens: Sequence[str]) -> StageArgs:
+    """STAGE ``main.py`` flags (``--flag value`` or ``--flag=value``) -> :class:`StageArgs`;
+    unset flags take main.py's defaults."""
+    known = ", ".join(f"--{f}" for f in (*_INT_FLAGS, *_BOOL_FLAGS, *_IGNORED_FLAGS))
+    values: dict[str, object] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--") or token == "--":
+            raise PlannerUsageError(
+                f"STAGE arguments: expected a flag, but got {token!r}; write e.g. --dp 4")
+        name, eq, value = token[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(tokens):
+                raise PlannerUsageError(f"--{name}: missing its value")
+            value = tokens[i + 1]
+            i += 1
+        i += 1
+        if name in _IGNORED_FLAGS:
+            continue
+        if name in _BOOL_FLAGS:
+            if value not in (*_TRUE, *_FALSE):
+                raise PlannerUsageError(f"--{name}: {value!r} is not a boolean; use 0/1 or"
+                                        " True/False")
+            values[name] = value in _TRUE
+        elif name in _INT_FLAGS:
+            try:
+                number = int(value)
+            except ValueError:
+                raise PlannerUsageError(f"--{name}: {value!r} is not a whole number; give a"
+                                        " positive integer") from None
+            if number < 1:
+                raise PlannerUsageError(f"--{name}: must be >= 1, but got {number}")
+            values[name] = number
+        else:
+            raise PlannerUsageError(f"--{name}: not a STAGE main.py flag; known: {known}")
+    try:
+        return StageArgs(**values)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise PlannerUsageError(f"STAGE arguments: {e}") from None
+
+
+class AstraEstimateCommand(BaseCommand):
+    name = "astra-estimate"
+    help = ("Report what STAGE (recomp) + ASTRA-sim (analytical) would for a STAGE command"
+            " line, from ASTRA-sim's own input files.")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--system-json", type=Path, required=True,
+                            help="ASTRA-sim system configuration (JSON, with peak-perf and"
+                            " roofline-enabled: 1)")
+        parser.add_argument("--network-yml", type=Path, required=True,
+                            help="ASTRA-sim analytical network configuration (YAML)")
+        parser.add_argument("stage_args", nargs="*", metavar="-- STAGE_FLAGS",
+                            help="STAGE main.py flags after --: " + " ".join(
+                                f"--{f.name}" for f in fields(StageArgs)))
+
+    def run(self, args: argparse.Namespace) -> int:
+        stage = parse_stage_args(args.stage_args)
+        system = load_astra_system(args.system_json, args.network_yml)
+        if system.peak_flops_per_s is None or not system.roofline_enabled:
+            raise PlannerUsageError(
+                f"{args.system_json}: peak-perf / roofline-enabled: STAGE traces are timed by"
+                " ASTRA-sim's roofline; give peak-perf and set roofline-enabled to 1")
+        npus = system.network.npus
+        if stage.npus != npus:
+            raise PlannerUsageError(
+                f"--dp * --tp * --sp * --pp must equal the {npus} NPUs of {args.network_yml},"
+                f" but got {stage.dp} * {stage.tp} * {stage.sp} * {stage.pp} = {stage.npus}")
+        try:
+            result = astra_estimate(
+                stage, system.network, peak_ops_per_s=system.peak_flops_per_s,
+                local_mem_bytes_per_s=system.local_mem_bandwidth_bytes_per_s,
+            )
+        except ValueError as e:
+            raise PlannerUsageError(f"STAGE arguments: {e}") from None
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0

@@ -1,0 +1,34 @@
+"""Model-state bytes per device: weights, gradients and optimizer state under ZeRO.
+
+Rajbhandari et al. 2020 (arXiv:1910.02054) section 5: with mixed-precision Adam (2 bytes of
+weights, 2 of gradients, K = 12 of fp32 master weights, momentum and variance per parameter),
+data-parallel degree N_d keeps ``16 P`` (none), ``4 P + 12 P / N_d`` (ZeRO-1),
+``2 P + 14 P / N_d`` (ZeRO-2) or ``16 P / N_d`` (ZeRO-3) bytes per device. Bytes per parameter
+come from the TrainingSpec, so Megatron-LM's fp32 main gradients (``6 + 12 / d`` with its
+distributed optimizer) are the same formula with 4-byte gradients.
+
+Gradient accumulation: gradients accumulate across micro-batches in their own dtype in the one
+gradient buffer counted here (bf16 by default); no second copy is kept.
+"""
+
+from __future__ import annotations
+
+from simcore.specs import TrainingSpec, ZeroStage
+
+__all__ = ["model_state_bytes"]
+
+
+def model_state_bytes(params: float, training: TrainingSpec, zero: ZeroStage,
+                      group: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes of ``params`` parameters on one device of a
+    data-parallel group of ``group`` ranks."""
+    weights = params * training.bytes_per_param_weights
+    grads = params * training.bytes_per_param_grads
+    optimizer = params * training.bytes_per_param_optimizer
+    if zero >= ZeroStage.OPTIMIZER:
+        optimizer /= group
+    if zero >= ZeroStage.GRADIENTS:
+        grads /= group
+    if zero >= ZeroStage.PARAMETERS:
+        weights /= group
+    return weights, grads, optimizer

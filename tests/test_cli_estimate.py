@@ -1,0 +1,108 @@
+"""`planner estimate`: catalog names or YAML paths in, the breakdown out; bad input is one line
+on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+
+ISSUE_EXAMPLE = ["estimate", "--model", "llama3-70b", "--system", "dgx-h100-1024", "--dp", "8",
+                 "--tp", "8", "--pp", "16", "--micro-batch", "1", "--global-batch", "1024",
+                 "--schedule", "interleaved", "--v", "5", "--recompute", "selective"]
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_issue_example_prints_every_part(capsys) -> None:
+    code, out, _ = run(capsys, *ISSUE_EXAMPLE)
+    assert code == 0
+    for word in ("step time", "compute", "tp", "bubble", "peak memory", "activations",
+                 "optimizer", "stage 15"):
+        assert word in out
+
+
+def test_json_has_the_parts_and_they_add_up(capsys) -> None:
+    code, out, _ = run(capsys, *ISSUE_EXAMPLE, "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["strategy"] == {"dp": 8, "tp": 8, "pp": 16, "sp": 1, "sequence_parallel": True,
+                                "zero": 0, "recompute": "selective", "micro_batch": 1,
+                                "schedule": "interleaved", "v": 5,
+                                "placement": ["tp", "sp", "dp", "pp"]}
+    parts = ("compute", "tp", "sp", "dp", "pp", "fsdp", "bubble", "optimizer")
+    assert sum(data["time"][p] for p in parts) == pytest.approx(data["step_time"])
+    assert data["memory"]["total"] == pytest.approx(data["peak_memory"])
+    assert len(data["stages"]) == 16
+    # tokens/s = global batch * sequence / step time (8,192 tokens per Llama-3 sequence)
+    assert data["tokens_per_s"] == pytest.approx(1024 * 8192 / data["step_time"])
+    assert data["fits"] is True and data["reason"] == ""
+
+
+def test_dp_defaults_to_what_the_other_degrees_leave(capsys) -> None:
+    code, out, _ = run(capsys, "estimate", "--model", "gpt175b", "--system", "lab-system2",
+                       "--tp", "4", "--global-batch", "512", "--json")
+    assert code == 0
+    assert json.loads(out)["strategy"]["dp"] == 16  # 64 NPUs / tp 4
+
+
+def test_model_and_system_by_yaml_path(capsys, tmp_path: Path) -> None:
+    model = tmp_path / "tiny.yaml"
+    model.write_text("tiny: {family: gpt, layers: 4, hidden: 256, ffn_hidden: 1024, heads: 4,"
+                     " vocab: 1000, seq_len: 128}\n")
+    code, out, _ = run(capsys, "estimate", "--model", str(model), "--system", "dgx-a100-8",
+                       "--tp", "2", "--global-batch", "8", "--json")
+    assert code == 0
+    assert json.loads(out)["model"] == "tiny"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "nope", "--system", "dgx-a100-8", "--global-batch", "8"],
+         "unknown model 'nope'"),
+        (["--model", "gpt3-175b", "--system", "nope", "--global-batch", "8"],
+         "unknown system 'nope'"),
+        (["--model", "gpt3-175b", "--system", "dgx-a100-8", "--tp", "3", "--global-batch", "8"],
+         "must divide the system's 8 devices"),
+        (["--model", "gpt3-175b", "--system", "dgx-a100-8", "--tp", "16", "--dp", "1",
+          "--global-batch", "8"], "device count"),
+        (["--model", "gpt3-175b", "--system", "dgx-a100-64", "--tp", "8", "--pp", "8",
+          "--global-batch", "8", "--schedule", "interleaved", "--v", "5"], "must divide layers"),
+        (["--model", "gpt3-175b", "--system", "dgx-a100-8", "--tp", "8", "--global-batch", "8",
+          "--placement", "tp,dp"], "--placement"),
+        (["--model", "gpt3-175b", "--system", "dgx-a100-8", "--tp", "8", "--global-batch", "8",
+          "--hbm-gb", "0"], "--hbm-gb"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, args, message) -> None:
+    code, out, err = run(capsys, "estimate", *args)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert out == ""
+
+
+def test_unknown_recompute_is_an_argparse_error(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["estimate", "--model", "gpt3-175b", "--system", "dgx-a100-8", "--global-batch",
+              "8", "--recompute", "partial"])
+    assert info.value.code == 2
+    assert "invalid choice: 'partial'" in capsys.readouterr().err
+
+
+def test_bad_catalog_yaml_names_file_and_field(capsys, tmp_path: Path) -> None:
+    model = tmp_path / "bad.yaml"
+    model.write_text("bad: {family: gpt, layers: -4, hidden: 256, ffn_hidden: 1024, heads: 4,"
+                     " vocab: 1000, seq_len: 128}\n")
+    code, _, err = run(capsys, "estimate", "--model", str(model), "--system", "dgx-a100-8",
+                       "--global-batch", "8")
+    assert code == 2
+    assert f"{model}: bad.layers: must be >= 1" in err

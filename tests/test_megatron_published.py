@@ -1,0 +1,77 @@
+"""The megatron convention against measured runs (tests/data/published_runs.csv, README there).
+
+Targets (issue 4): iteration time median error <= 10% and every run within 20%; per-GPU memory
+of the BLOOM rows median error <= 10%; the out-of-memory rows predicted not to fit.
+The A100's efficiencies were fit on Table 4's layer times only; iteration times are held out.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+import pytest
+
+from simcore import estimate
+from simcore.megatron import layer_time
+from tests.megatron_rows import runs
+
+GB = 1e9
+RUNS = runs()
+ITERATION = [r for r in RUNS if r.metric == "iteration_time"]
+LAYER = [r for r in RUNS if r.metric.startswith("layer_fwd_plus_bwd")]
+MEMORY = [r for r in RUNS if r.metric == "peak_memory_nvidia_smi_max_node"]
+OOM = [r for r in RUNS if r.metric == "fits_in_80GB"]
+
+
+def _errors(pairs: list[tuple[float, float]]) -> list[float]:
+    return [abs(est / measured - 1) for est, measured in pairs]
+
+
+def test_the_data_holds_the_rows_the_readme_lists() -> None:
+    # Korthikanti Table 3/5 (8) + section 6.3 (1); Table 4 (5); BLOOM memory (28) + OOM (3).
+    assert (len(ITERATION), len(LAYER), len(MEMORY), len(OOM)) == (9, 5, 28, 3)
+
+
+def test_iteration_time_korthikanti_tables_3_and_5() -> None:
+    pairs = [(estimate(r.model, r.system, r.training, r.strategy).step_time, float(r.value))
+             for r in ITERATION]
+    errors = _errors(pairs)
+    assert statistics.median(errors) <= 0.10, errors
+    assert max(errors) <= 0.20, errors
+
+
+@pytest.mark.parametrize("run", LAYER, ids=lambda r: r.label)
+def test_layer_forward_and_backward_korthikanti_table_4(run) -> None:
+    # The notes hold the paper's split, e.g. "Forward 7.7 ms, backward 11.9 ms, combined 19.6 ms".
+    measured = re.search(r"Forward ([\d.]+) ms, backward ([\d.]+) ms", run.notes)
+    assert measured is not None
+    forward, backward = layer_time(run.model, run.system, run.training, run.strategy)
+    assert forward * 1e3 == pytest.approx(float(measured[1]), rel=0.10)
+    assert backward * 1e3 == pytest.approx(float(measured[2]), rel=0.10)
+
+
+def test_bloom_memory_median_within_10_percent() -> None:
+    pairs = []
+    for r in MEMORY:
+        est = estimate(r.model, r.system, r.training, r.strategy)
+        # nvidia-smi of the first node, which holds the embedding: stage 0.
+        pairs.append((est.stages[0].memory.total / GB, float(r.value)))
+    errors = _errors(pairs)
+    assert statistics.median(errors) <= 0.10, sorted(errors)
+
+
+@pytest.mark.parametrize("run", OOM, ids=lambda r: r.label)
+def test_bloom_out_of_memory_rows_do_not_fit(run) -> None:
+    est = estimate(run.model, run.system, run.training, run.strategy)
+    assert not est.fits
+    assert "HBM" in est.reason
+
+
+def test_zero_1_halves_bloom_memory_as_measured() -> None:
+    # Rows 69 / 70: the same 181B config with ZeRO-1 and ZeRO-0 measured 37 GB and 72 GB.
+    by_row = {r.row: r for r in MEMORY}
+    one, zero = (estimate(by_row[i].model, by_row[i].system, by_row[i].training,
+                          by_row[i].strategy).stages[0].memory.total / GB for i in (69, 70))
+    assert one < zero
+    assert abs((zero - one) / (72 - 37) - 1) <= 0.25

@@ -27,6 +27,7 @@ from simcore.collectives import (
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
 from simcore.megatron import estimate_megatron
 from simcore.mlp import estimate_mlp
+from simcore.stage_adapter import estimate_stage
 from simcore.network import (
     AlgorithmChoice,
     Collective,
@@ -71,8 +72,6 @@ def estimate(
     if convention is Convention.MLP:
         return estimate_mlp(model, system, training, strategy)
     if convention is Convention.STAGE:
-        from simcore.stage_adapter import estimate_stage
-
         return estimate_stage(model, system, training, strategy)
     return estimate_megatron(model, system, training, strategy)
 

@@ -33,6 +33,9 @@ class TimeParts:
     """Pipeline fill and drain."""
     optimizer: float = 0.0
     """The optimizer step."""
+    comm: float = 0.0
+    """Exposed communication not split by kind: the ``stage`` convention replays a trace and,
+    as ASTRA-sim, reports its exposure as one figure."""
 
     @property
     def total(self) -> float:
@@ -52,6 +55,9 @@ class MemoryParts:
     comm_buffers: float = 0.0
     overhead: float = 0.0
     """The stated allowance for framework, CUDA context and allocator."""
+    tracked: float = 0.0
+    """The ``stage`` convention's peak of live tensors by ASTRA-sim's memory tracker (weights,
+    gradients and activations together, one byte per element as STAGE counts)."""
 
     @property
     def total(self) -> float:

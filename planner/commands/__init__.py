@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from planner.commands._astra_estimate import AstraEstimateCommand
 from planner.commands._base import BaseCommand
 from planner.commands._collective import CollectiveCommand
 from planner.commands._estimate import EstimateCommand
 
-COMMANDS: list[BaseCommand] = [EstimateCommand(), CollectiveCommand()]
+COMMANDS: list[BaseCommand] = [EstimateCommand(), AstraEstimateCommand(), CollectiveCommand()]
 
 __all__ = ["BaseCommand", "COMMANDS"]

@@ -1,0 +1,31 @@
+"""The ``stage`` convention: a transformer step exactly as STAGE (branch ``recomp``) writes it
+for ASTRA-sim, replayed as ASTRA-sim's analytical backend runs it.
+
+``astra_estimate(args, network, peak_ops_per_s=..., local_mem_bytes_per_s=...)`` reproduces the
+lab's STAGE -> Chakra -> ASTRA-sim pipeline without running either tool: the per-rank graph
+(:mod:`._graph`, from the block tables in :mod:`._templates`), then ASTRA-sim's scheduling,
+roofline, statistics and local-memory tracker (:mod:`._replay`). Units are STAGE's: one
+multiply-accumulate is one op, one element is one byte (shared reference NOTES.md sections 4-5).
+"""
+
+from __future__ import annotations
+
+from simcore.stage._args import StageArgs
+from simcore.stage._estimate import Inventory, StageResult, astra_estimate, inventory
+from simcore.stage._graph import Node, NodeKind, RankGraph, StageModel, build_model
+from simcore.stage._replay import RankTimes, roofline_ns
+
+__all__ = [
+    "Inventory",
+    "Node",
+    "NodeKind",
+    "RankGraph",
+    "RankTimes",
+    "StageArgs",
+    "StageModel",
+    "StageResult",
+    "astra_estimate",
+    "build_model",
+    "inventory",
+    "roofline_ns",
+]

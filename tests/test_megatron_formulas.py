@@ -123,3 +123,15 @@ def test_in_flight_micro_batches_per_schedule() -> None:
     assert in_flight(Schedule.ONE_F_ONE_B, 3, 4, 16, 1) == 1
     assert in_flight(Schedule.ONE_F_ONE_B, 0, 4, 2, 1) == 2
     assert in_flight(Schedule.INTERLEAVED, 0, 8, 64, 3) == pytest.approx(8 + 7 / 3)
+
+
+def test_llama2_70b_parameters_match_the_released_checkpoint() -> None:
+    # Llama-2-70b (config.json: hidden 8192, 80 layers, 64 heads, 8 KV heads, FFN 28672,
+    # vocab 32000, untied) has 68,976,648,192 parameters (the Hugging Face checkpoint's count):
+    # per layer 2 h^2 (Q, O) + 2 h * 1024 (K, V) + 3 h * 28672 (SwiGLU) + 2 h (RMSNorms),
+    # plus the embedding and the LM head (V h each) and the final RMSNorm (h).
+    model = ModelSpec(name="llama2-70b", family=Family.LLAMA, layers=80, hidden=8192,
+                      ffn_hidden=28672, heads=64, kv_heads=8, vocab=32000, seq_len=4096)
+    shape = layer_shape(model)
+    total = model.layers * shape.layer_params + shape.embedding_params + shape.head_params
+    assert total == 68_976_648_192

@@ -4,11 +4,11 @@ Each transformer layer is computed once per plan; stages differ only in how many
 hold, the embedding (first stage), the LM head and loss (last stage) and how many micro-batches
 are in flight.
 
-Time of a kernel: a roofline with the device's achievable efficiencies,
-``max(FLOP / (peak * matmul_efficiency), bytes / (HBM bandwidth * memory_efficiency))`` summed
-over the matmuls (compute-bound) and the element-wise kernels (bandwidth-bound). Element-wise
-traffic is taken as each stored activation written once and read once in forward
-(:data:`ELEMENTWISE_PASSES`), twice that in backward.
+Time of a layer: its matmuls at the device's achievable FLOP/s (peak * matmul_efficiency,
+compute-bound) plus its element-wise kernels at the achievable HBM bandwidth (bandwidth *
+memory_efficiency, bandwidth-bound). Element-wise traffic is taken as each stored activation
+written once and read once in forward (:data:`ELEMENTWISE_PASSES`), twice that in backward
+(:data:`BACKWARD_ELEMENTWISE`).
 
 Communication:
 - tp: per layer and micro-batch, 2 all-reduces forward and 2 backward of the layer's (b, s, h)

@@ -7,15 +7,11 @@ the analytical backend's ``NetworkParser``) and the lab writes. Every problem is
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from planner.errors import PlannerUsageError
 from planner.fields import choice as _choice
 from planner.fields import fail as _fail
 from planner.fields import integer as _integer

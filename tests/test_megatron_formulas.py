@@ -40,22 +40,19 @@ def _first_stage_activations(model, t, p, b, v, *, sequence_parallel, recompute)
 
 
 @pytest.mark.parametrize("case", KORTHIKANTI, ids=["22B", "175B", "530B", "1T"])
-def test_korthikanti_tp_baseline_activations(case) -> None:
-    # sbh (10 + 24/t + 5as/(ht)) per layer, times L layers on the first stage, times the
-    # interleaving factor 1 + (p-1)/(p v) (Korthikanti Eq. 5 and section 4.2.3).
-    model, t, p, b, v, baseline, _, _ = case
-    got = _first_stage_activations(model, t, p, b, v, sequence_parallel=False,
-                                   recompute=Recompute.NONE)
-    assert got / GIB == pytest.approx(baseline, rel=1e-9)
-
-
-@pytest.mark.parametrize("case", KORTHIKANTI, ids=["22B", "175B", "530B", "1T"])
-def test_korthikanti_sequence_parallel_selective_activations(case) -> None:
-    # sbh (34 / t) per layer (Table 2), same layer and interleaving factors.
-    model, t, p, b, v, _, selective, _ = case
-    got = _first_stage_activations(model, t, p, b, v, sequence_parallel=True,
-                                   recompute=Recompute.SELECTIVE)
-    assert got / GIB == pytest.approx(selective, rel=1e-9)
+@pytest.mark.parametrize(
+    ("sequence_parallel", "recompute", "column"),
+    # TP baseline: sbh (10 + 24/t + 5as/(ht)) per layer; SP + selective: sbh (34/t) (Table 2);
+    # times L layers on the first stage and the interleaving factor 1 + (p-1)/(p v) (Eq. 5,
+    # section 4.2.3).
+    [(False, Recompute.NONE, 5), (True, Recompute.SELECTIVE, 6)],
+    ids=["tp-baseline", "sp-selective"],
+)
+def test_korthikanti_activations(case, sequence_parallel, recompute, column) -> None:
+    model, t, p, b, v = case[:5]
+    got = _first_stage_activations(model, t, p, b, v, sequence_parallel=sequence_parallel,
+                                   recompute=recompute)
+    assert got / GIB == pytest.approx(case[column], rel=1e-9)
 
 
 @pytest.mark.parametrize("case", KORTHIKANTI, ids=["22B", "175B", "530B", "1T"])

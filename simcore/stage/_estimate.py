@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import gc
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from simcore.collectives import Congestion, collective_time, p2p_time
 from simcore.network import Collective, Network
 from simcore.stage._args import StageArgs
+from simcore.stage._fast import add_scaled, repeated_rank
 from simcore.stage._graph import Node, NodeKind, RankGraph, build_model
-from simcore.stage._replay import RankTimes, replay, roofline_ns
+from simcore.stage._replay import RankTimes, replay, replay_flat, roofline_ns
 
 __all__ = ["Inventory", "StageResult", "astra_estimate", "inventory"]
 
@@ -104,39 +106,75 @@ def astra_estimate(
         )
     if not (peak_ops_per_s > 0 and local_mem_bytes_per_s > 0):
         raise ValueError("the roofline needs peak_ops_per_s > 0 and local_mem_bytes_per_s > 0")
-    model = build_model(args)
-    comp_cache: dict[tuple[int, int], int] = {}
-    coll_cache: dict[tuple[Collective, int, tuple[int, ...]], int] = {}
-    p2p_cache: dict[tuple[int, int, int], int] = {}
+    durations = _Durations(network, peak_ops_per_s, local_mem_bytes_per_s)
+    paused = gc.isenabled()
+    if paused:  # tens of thousands of small objects that all live until we return
+        gc.disable()
+    try:
+        times, inv = _replayed(args, durations)
+    finally:
+        if paused:
+            gc.enable()
+    return _result(times, inv)
 
-    def comp_ns(node: Node) -> int:
+
+class _Durations:
+    """Compute, collective and point-to-point times, each evaluated once per distinct key."""
+
+    def __init__(self, network: Network, peak_ops_per_s: float,
+                 local_mem_bytes_per_s: float) -> None:
+        self.network = network
+        self.peak = peak_ops_per_s
+        self.mem = local_mem_bytes_per_s
+        self.comp_cache: dict[tuple[int, int], int] = {}
+        self.coll_cache: dict[tuple[Collective, int, tuple[int, ...]], int] = {}
+        self.p2p_cache: dict[tuple[int, int, int], int] = {}
+
+    def comp_ns(self, node: Node) -> int:
         key = (node.num_ops, node.tensor_size)
-        t = comp_cache.get(key)
+        t = self.comp_cache.get(key)
         if t is None:
-            t = comp_cache[key] = roofline_ns(node.num_ops, node.tensor_size, peak_ops_per_s,
-                                              local_mem_bytes_per_s)
+            t = self.comp_cache[key] = roofline_ns(node.num_ops, node.tensor_size, self.peak,
+                                                   self.mem)
         return t
 
-    def coll_ns(graph: RankGraph, node: Node) -> int:
+    def coll_ns(self, graph: RankGraph, node: Node) -> int:
         assert node.collective is not None and node.axis is not None
         group = graph.groups[node.axis]
         key = (node.collective, node.size, group)
-        t = coll_cache.get(key)
+        t = self.coll_cache.get(key)
         if t is None:
-            t = coll_cache[key] = collective_time(
-                network, node.collective, node.size, group=list(group),
+            t = self.coll_cache[key] = collective_time(
+                self.network, node.collective, node.size, group=list(group),
                 congestion=Congestion.UNAWARE,
             ).time_ns
         return t
 
-    def p2p_ns(src: int, dst: int, size: int) -> int:
+    def p2p_ns(self, src: int, dst: int, size: int) -> int:
         key = (src, dst, size)
-        t = p2p_cache.get(key)
+        t = self.p2p_cache.get(key)
         if t is None:
-            t = p2p_cache[key] = round(p2p_time(network, src, dst, size) * 1e9)
+            t = self.p2p_cache[key] = round(p2p_time(self.network, src, dst, size) * 1e9)
         return t
 
-    times: list[RankTimes] = replay(model.ranks, comp_ns, coll_ns, p2p_ns)
+
+def _replayed(args: StageArgs, durations: _Durations, *, repeat: bool = True
+              ) -> tuple[list[RankTimes], Inventory]:
+    """Build every rank's graph and replay them all; with ``repeat`` a long single-stage model
+    comes from a short one (:mod:`._fast`, the same trace) when that is justified."""
+    if repeat:
+        fast = repeated_rank(args, durations.comp_ns, durations.coll_ns, durations.p2p_ns)
+        if fast is not None:
+            flat, short, middle, extra = fast
+            inv = add_scaled(inventory(short), inventory(replace(short, nodes=tuple(middle))),
+                             extra)
+            return replay_flat([flat]), inv  # type: ignore[return-value]
+    model = build_model(args)
+    times = replay(model.ranks, durations.comp_ns, durations.coll_ns, durations.p2p_ns)
+    return times, inventory(model.ranks[0])
+
+
+def _result(times: list[RankTimes], inv: Inventory) -> StageResult:
     first = times[0]
     return StageResult(
         wall_time=first.wall_time,
@@ -146,5 +184,5 @@ def astra_estimate(
         peak_memory_usage=first.peak_memory_usage,
         max_wall_time_all_ranks=max(t.wall_time for t in times),
         max_peak_memory_all_ranks=max(t.peak_memory_usage for t in times),
-        et0=inventory(model.ranks[0]),
+        et0=inv,
     )

@@ -15,6 +15,10 @@ posted); exposed = wall - sum of compute runtimes.
 Memory (``LocalMemUsageTracker.cc``, NOTES.md section 5.4): a tensor is live from the start of
 the node that writes it to the end of the last node that reads it; read but never written means
 written at t = 0; written but never read means live to the end. Units are elements.
+
+:func:`replay_reference` states these rules plainly on node objects; :func:`replay` (and
+:func:`replay_flat`, for traces already laid out as lists, see :mod:`._fast`) applies the same
+rules with the same tie-breaks on flat lists and is tested against it (tests/test_stage_fast.py).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from dataclasses import dataclass
 
 from simcore.stage._graph import Node, NodeKind, RankGraph
 
-__all__ = ["RankTimes", "replay", "roofline_ns"]
+__all__ = ["FlatRank", "RankTimes", "flatten", "replay", "replay_flat", "replay_reference",
+           "roofline_ns"]
 
 
 def roofline_ns(num_ops: int, tensor_size: int, peak_ops_per_s: float,
@@ -94,13 +99,14 @@ class _Rank:
         heapq.heappush(queue, i)
 
 
-def replay(
+def replay_reference(
     graphs: Sequence[RankGraph],
     comp_ns: Callable[[Node], int],
     coll_ns: Callable[[RankGraph, Node], int],
     p2p_ns: Callable[[int, int, int], int],
 ) -> list[RankTimes]:
-    """Run all representative ranks together (pipeline stages talk through sends/receives)."""
+    """:func:`replay` written plainly (node objects, one method per rule): the reference the
+    faster :func:`replay` is tested against."""
     ranks = [_Rank(g) for g in graphs]
     events: list[tuple[int, int, int, int]] = []  # (tick, seq, rank, node index)
     seq = 0
@@ -188,6 +194,192 @@ def replay(
     return results
 
 
+_COMP, _COLL, _SEND, _RECV = (int(k) for k in (NodeKind.COMP, NodeKind.COLL, NodeKind.SEND,
+                                               NodeKind.RECV))
+
+
+@dataclass(slots=True)
+class FlatRank:
+    """One rank's trace as parallel per-node lists (index order = id order)."""
+
+    rank: int
+    kind: list[int]
+    dur: list[int]
+    """Compute time, collective time or send time (receives: 0)."""
+    link: list[int]
+    deps: list[list[int]]
+    """Indices (not ids) of each node's dependencies."""
+    inputs: list[tuple[tuple[object, int], ...]]
+    outputs: list[tuple[tuple[object, int], ...]]
+    names: Callable[[int], str]
+    """Node index -> name (only for the error of a node that never finishes)."""
+
+
+def flatten(
+    graph: RankGraph,
+    comp_ns: Callable[[Node], int],
+    coll_ns: Callable[[RankGraph, Node], int],
+    p2p_ns: Callable[[int, int, int], int],
+) -> FlatRank:
+    nodes = graph.nodes
+    index = {node.id: i for i, node in enumerate(nodes)}
+    kind = [int(node.kind) for node in nodes]
+    dur = [0] * len(nodes)
+    for i, node in enumerate(nodes):
+        k = kind[i]
+        if k == _COMP:
+            dur[i] = comp_ns(node)
+        elif k == _COLL:
+            dur[i] = coll_ns(graph, node)
+        elif k == _SEND:
+            dur[i] = p2p_ns(graph.rank, graph.peers[node.link], node.size)
+    return FlatRank(
+        rank=graph.rank, kind=kind, dur=dur, link=[node.link for node in nodes],
+        deps=[[index[d] for d in node.deps] for node in nodes],
+        inputs=[node.inputs for node in nodes], outputs=[node.outputs for node in nodes],
+        names=lambda i: nodes[i].name,
+    )
+
+
+def replay(
+    graphs: Sequence[RankGraph],
+    comp_ns: Callable[[Node], int],
+    coll_ns: Callable[[RankGraph, Node], int],
+    p2p_ns: Callable[[int, int, int], int],
+) -> list[RankTimes]:
+    """Run all representative ranks together (pipeline stages talk through sends/receives).
+
+    The same rules and tie-breaks as :func:`replay_reference` (events ordered by tick, then by
+    the order they were scheduled in; ready nodes by id), on flat per-node lists: durations are
+    looked up once per node before the run instead of at issue (they are pure functions of the
+    node), which is all that differs."""
+    return replay_flat([flatten(g, comp_ns, coll_ns, p2p_ns) for g in graphs])
+
+
+def replay_flat(flats: Sequence[FlatRank]) -> list[RankTimes]:
+    """:func:`replay` on already flattened ranks."""
+    if len(flats) == 1 and _SEND not in flats[0].kind and _RECV not in flats[0].kind:
+        return [_replay_single(flats[0])]
+    heappush, heappop = heapq.heappush, heapq.heappop
+    nr = len(flats)
+    kinds = [f.kind for f in flats]
+    durs = [f.dur for f in flats]
+    links = [f.link for f in flats]
+    childs: list[list[list[int]]] = []
+    pendings: list[list[int]] = []
+    starts: list[list[int]] = []
+    ends: list[list[int]] = []
+    ready_comp: list[list[int]] = []
+    ready_comm: list[list[int]] = []
+    ready_recv: list[list[int]] = []
+    for f in flats:
+        n = len(f.kind)
+        kind = f.kind
+        children: list[list[int]] = [[] for _ in range(n)]
+        pending = [len(d) for d in f.deps]
+        for i, deps in enumerate(f.deps):
+            for d in deps:
+                children[d].append(i)
+        childs.append(children)
+        pendings.append(pending)
+        starts.append([0] * n)
+        ends.append([-1] * n)
+        rc: list[int] = []
+        rm: list[int] = []
+        rv: list[int] = []
+        for i in range(n):  # ascending, so already heaps
+            if pending[i] == 0:
+                k = kind[i]
+                (rc if k == _COMP else rv if k == _RECV else rm).append(i)
+        ready_comp.append(rc)
+        ready_comm.append(rm)
+        ready_recv.append(rv)
+    comp_busy = [False] * nr
+    comm_busy = [False] * nr
+    comp_total = [0] * nr
+    events: list[tuple[int, int, int, int]] = []  # (tick, seq, rank, node index)
+    seq = 0
+    arrived: dict[int, int] = {}  # link -> arrival tick of a send whose receive is not posted
+    waiting: dict[int, tuple[int, int]] = {}  # link -> (rank, node index) of a posted receive
+
+    def issue_ready(r: int, now: int) -> None:
+        nonlocal seq
+        start = starts[r]
+        rc = ready_comp[r]
+        if rc and not comp_busy[r]:
+            i = heappop(rc)
+            comp_busy[r] = True
+            d = durs[r][i]
+            comp_total[r] += d
+            start[i] = now
+            heappush(events, (now + d, seq, r, i))
+            seq += 1
+        rm = ready_comm[r]
+        if rm and not comm_busy[r]:
+            i = heappop(rm)
+            comm_busy[r] = True
+            start[i] = now
+            t = now + durs[r][i]
+            heappush(events, (t, seq, r, i))
+            seq += 1
+            if kinds[r][i] == _SEND:
+                link = links[r][i]
+                if link in waiting:
+                    rr, ii = waiting.pop(link)
+                    heappush(events, (t, seq, rr, ii))
+                    seq += 1
+                else:
+                    arrived[link] = t
+        rv = ready_recv[r]
+        while rv:
+            i = heappop(rv)
+            link = links[r][i]
+            start[i] = now
+            if link in arrived:
+                heappush(events, (max(now, arrived.pop(link)), seq, r, i))
+                seq += 1
+            else:
+                waiting[link] = (r, i)
+
+    for r in range(nr):
+        issue_ready(r, 0)
+    while events:
+        now, _, r, i = heappop(events)
+        ends[r][i] = now
+        k = kinds[r][i]
+        if k == _COMP:
+            comp_busy[r] = False
+        elif k != _RECV:
+            comm_busy[r] = False
+        pending = pendings[r]
+        kind = kinds[r]
+        for c in childs[r][i]:
+            pending[c] -= 1
+            if pending[c] == 0:
+                kc = kind[c]
+                heappush(ready_comp[r] if kc == _COMP else ready_recv[r] if kc == _RECV
+                         else ready_comm[r], c)
+        issue_ready(r, now)
+
+    results = []
+    for r, f in enumerate(flats):
+        start, end, kind = starts[r], ends[r], kinds[r]
+        if min(end) < 0:
+            stuck = f.names(next(i for i, e in enumerate(end) if e < 0))
+            raise RuntimeError(f"rank {f.rank} never finishes node {stuck}")
+        comp = [(s, e) for s, e, k in zip(start, end, kind) if k == _COMP]
+        comm = [(s, e) for s, e, k in zip(start, end, kind) if k != _COMP]
+        wall = max(end)
+        results.append(RankTimes(
+            wall_time=wall,
+            gpu_time=_union(comp),
+            comm_time=_union(comm),
+            exposed_comm=wall - comp_total[r],
+            peak_memory_usage=_peak_memory_direct(f.inputs, f.outputs, start, end),
+        ))
+    return results
+
+
 def _peak_memory(nodes: Sequence[Node], start: list[int], end: list[int]) -> int:
     """Peak of the summed sizes of live tensors (``LocalMemUsageTracker::buildMemoryTimeline``)."""
     written: dict[str, tuple[int, int]] = {}  # tensor -> (write tick, size)
@@ -216,3 +408,119 @@ def _peak_memory(nodes: Sequence[Node], start: list[int], end: list[int]) -> int
         live += delta[tick]
         peak = max(peak, live)
     return peak
+
+
+def _replay_single(f: FlatRank) -> RankTimes:
+    """:func:`replay_flat` for one rank without pipeline transfers (compute and collectives
+    only): the same steps with the rank and link bookkeeping left out."""
+    heappush, heappop = heapq.heappush, heapq.heappop
+    kind, dur = f.kind, f.dur
+    n = len(kind)
+    children: list[list[int]] = [[] for _ in range(n)]
+    pending = [len(d) for d in f.deps]
+    for i, deps in enumerate(f.deps):
+        for d in deps:
+            children[d].append(i)
+    rc = [i for i in range(n) if pending[i] == 0 and kind[i] == _COMP]  # ascending: heaps
+    rm = [i for i in range(n) if pending[i] == 0 and kind[i] != _COMP]
+    start = [0] * n
+    end = [-1] * n
+    events: list[tuple[int, int, int]] = []  # (tick, seq, node index)
+    seq = 0
+    comp_total = 0
+    comp_busy = comm_busy = False
+    now = 0
+    while True:
+        if rc and not comp_busy:
+            i = heappop(rc)
+            comp_busy = True
+            d = dur[i]
+            comp_total += d
+            start[i] = now
+            heappush(events, (now + d, seq, i))
+            seq += 1
+        if rm and not comm_busy:
+            i = heappop(rm)
+            comm_busy = True
+            start[i] = now
+            heappush(events, (now + dur[i], seq, i))
+            seq += 1
+        if not events:
+            break
+        now, _, i = heappop(events)
+        end[i] = now
+        if kind[i] == _COMP:
+            comp_busy = False
+        else:
+            comm_busy = False
+        for c in children[i]:
+            p = pending[c] - 1
+            pending[c] = p
+            if p == 0:
+                heappush(rc if kind[c] == _COMP else rm, c)
+    if min(end) < 0:
+        stuck = f.names(next(i for i, e in enumerate(end) if e < 0))
+        raise RuntimeError(f"rank {f.rank} never finishes node {stuck}")
+    comp = [(s, e) for s, e, k in zip(start, end, kind) if k == _COMP]
+    comm = [(s, e) for s, e, k in zip(start, end, kind) if k != _COMP]
+    wall = max(end)
+    return RankTimes(
+        wall_time=wall,
+        gpu_time=_union(comp),
+        comm_time=_union(comm),
+        exposed_comm=wall - comp_total,
+        peak_memory_usage=_peak_memory_direct(f.inputs, f.outputs, start, end),
+    )
+
+
+def _peak_memory_direct(inputs: Sequence[tuple[tuple[object, int], ...]],
+                        outputs: Sequence[tuple[tuple[object, int], ...]],
+                        start: list[int], end: list[int]) -> int:
+    """:func:`_peak_memory` without walking the nodes in end order: a tensor's write tick is
+    its writer's start and its last read the latest end of its readers. The walk fails when a
+    reader comes before the tensor's writer in (end, index) order; so does this."""
+    write: dict[object, int] = {}  # tensor -> writer index
+    last_read: dict[object, int] = {}
+    first_read: dict[object, int] = {}  # tensor -> its first reader in (end, index) order
+    for i, ins in enumerate(inputs):
+        e = end[i]
+        for name, size in ins:
+            if size:
+                last = last_read.get(name)
+                if last is None:
+                    last_read[name] = e
+                    first_read[name] = i
+                elif e > last:
+                    last_read[name] = e
+                elif e < end[first_read[name]]:  # an equal end comes later in index order
+                    first_read[name] = i
+        for name, size in outputs[i]:
+            if size:
+                if name in write:
+                    raise AssertionError(f"tensor {name} written twice")
+                write[name] = i
+    delta: dict[int, int] = {}
+    for name, i in write.items():
+        size = _size_in(outputs[i], name)
+        r = first_read.get(name)
+        if r is not None and (end[r], r) <= (end[i], i):  # (a node reading its own output too)
+            raise AssertionError(f"tensor {name} written twice")
+        tick = start[i]
+        delta[tick] = delta.get(tick, 0) + size
+    for name, r in first_read.items():
+        w = write.get(name)
+        size = _size_in(inputs[r], name) if w is None else _size_in(outputs[w], name)
+        if w is None:
+            delta[0] = delta.get(0, 0) + size
+        tick = last_read[name]
+        delta[tick] = delta.get(tick, 0) - size
+    peak = live = 0
+    for tick in sorted(delta):
+        live += delta[tick]
+        peak = max(peak, live)
+    return peak
+
+
+def _size_in(side: tuple[tuple[object, int], ...], name: object) -> int:
+    """The (first nonzero) size ``side`` gives tensor ``name``."""
+    return next(size for n, size in side if n == name and size)

@@ -258,8 +258,10 @@ def _entries(path: Path) -> dict[str, Any]:
     return {str(k): v for k, v in data.items() if not str(k).startswith(".")}
 
 
-def _read_kind(kind: str, path: Path, devices: Mapping[str, DeviceSpec]) -> dict[str, Any]:
-    entries = _entries(path)
+def _read_kind(kind: str, path: Path, devices: Mapping[str, DeviceSpec],
+               entries: dict[str, Any] | None = None) -> dict[str, Any]:
+    if entries is None:
+        entries = _entries(path)
     if kind == "model":
         return {n: model_from_entry(path, n, e) for n, e in entries.items()}
     if kind == "device":
@@ -278,8 +280,8 @@ def _load_catalog(root: Path) -> Catalog:
     tables = {"device": catalog.devices, "model": catalog.models, "system": catalog.systems}
     for kind in ("device", "model", "system"):
         for path in sorted((root / f"{kind}s").glob("*.y*ml")):
-            found = _read_kind(kind, path, catalog.devices)
             raw = _entries(path)
+            found = _read_kind(kind, path, catalog.devices, raw)
             for name, spec in found.items():
                 if name in tables[kind]:
                     first = catalog.sources[(kind, name)]

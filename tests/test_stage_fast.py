@@ -12,7 +12,8 @@ from simcore.stage import StageArgs, astra_estimate, build_model
 from simcore.stage import _estimate as estimate_module
 from simcore.stage._estimate import _Durations
 from simcore.stage._fast import K, repeated_rank
-from simcore.stage._replay import flatten, replay_reference
+from simcore.stage._replay import flatten
+from tests.stage_reference import replay_reference
 
 CATALOG = load_catalog()
 SYSTEMS = {"R4S2": (312e12, 2039e9), "lab-system1": (450e12, 3000e9)}

@@ -75,6 +75,7 @@ class AxisNetworks:
             dims = tuple(_sub_dim(network.dims[i], size) for i, size in mine)
             self.networks[axis] = Network(dims=dims, scheduling=network.scheduling)
         self._times: dict[tuple[Axis, Collective, int], float] = {}
+        self._p2p: dict[tuple[Axis, int], float] = {}
 
     def collective(self, axis: Axis, collective: Collective, size_bytes: float) -> float:
         """Seconds for one collective over the axis's group (size as ASTRA-sim takes it: the
@@ -96,11 +97,9 @@ class AxisNetworks:
         size = int(size_bytes)
         if network is None or size <= 0:
             return 0.0
-        key = (axis, Collective.ALL_TO_ALL, -size)
-        cached = self._times.get(key)
+        cached = self._p2p.get((axis, size))
         if cached is None:
-            cached = p2p_time(network, 0, 1, size)
-            self._times[key] = cached
+            cached = self._p2p[(axis, size)] = p2p_time(network, 0, 1, size)
         return cached
 
 

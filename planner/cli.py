@@ -43,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"planner {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `planner ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return EXIT_OK
     except KeyboardInterrupt:
         print(f"planner {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

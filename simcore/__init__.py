@@ -26,8 +26,9 @@ from simcore.collectives import (
 )
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
 from simcore.megatron import estimate_megatron
-from simcore.mlp import estimate_mlp
-from simcore.stage_adapter import estimate_stage
+from simcore.megatron.checks import check_plan
+from simcore.mlp import check_mlp, estimate_mlp
+from simcore.stage_adapter import check_stage, estimate_stage
 from simcore.network import (
     AlgorithmChoice,
     Collective,
@@ -60,23 +61,51 @@ def convention_of(model: ModelSpec) -> Convention:
 
 
 def estimate(
-    model: ModelSpec, system: SystemSpec, training: TrainingSpec, strategy: Strategy
+    model: ModelSpec,
+    system: SystemSpec,
+    training: TrainingSpec,
+    strategy: Strategy,
+    convention: Convention | None = None,
 ) -> Estimate:
     """Step time and peak memory of one training step: the objective of every study.
 
     ``gpt`` and ``llama`` models follow the ``megatron`` convention, ``mlp`` the DistIR MLP,
-    ``stage`` STAGE's recomp graph on ASTRA-sim. Raises ValueError when the plan's shapes do not
-    divide; a plan that does not fit in HBM is an estimate with ``fits=False``.
+    ``stage`` STAGE's recomp graph on ASTRA-sim; ``convention`` overrides the family's (a GPT
+    or Llama shape run as STAGE builds it, as the ASTRA-sim lab does). Raises ValueError when
+    the plan's shapes do not divide; a plan that does not fit in HBM is an estimate with
+    ``fits=False``.
     """
-    convention = convention_of(model)
+    convention = convention or convention_of(model)
     if convention is Convention.MLP:
         return estimate_mlp(model, system, training, strategy)
     if convention is Convention.STAGE:
         return estimate_stage(model, system, training, strategy)
     return estimate_megatron(model, system, training, strategy)
 
+
+def check(
+    model: ModelSpec,
+    system: SystemSpec,
+    training: TrainingSpec,
+    strategy: Strategy,
+    convention: Convention | None = None,
+) -> None:
+    """Raise ValueError, naming the field and what is allowed, if ``estimate`` could not run
+    this plan; much cheaper than estimating it (search spaces filter with it)."""
+    convention = convention or convention_of(model)
+    if convention is Convention.MLP:
+        check_mlp(model, system, training, strategy)
+    elif convention is Convention.STAGE:
+        check_stage(model, system, training, strategy)
+    else:
+        check_plan(model, system, training, strategy)
+
+
 __all__ = [
     "estimate",
+    "check",
+    "convention_of",
+    "Convention",
     "Estimate",
     "MemoryParts",
     "StageEstimate",

@@ -17,13 +17,13 @@ from simcore.megatron.placement import axis_networks
 from simcore.network import Collective
 from simcore.specs import Axis, ModelSpec, Strategy, SystemSpec, TrainingSpec
 
-__all__ = ["estimate_mlp", "BYTES"]
+__all__ = ["estimate_mlp", "check_mlp", "BYTES"]
 
 BYTES = 4
 """fp32 weights, activations and gradients."""
 
 
-def _check(model: ModelSpec, system: SystemSpec, training: TrainingSpec, s: Strategy) -> None:
+def check_mlp(model: ModelSpec, system: SystemSpec, training: TrainingSpec, s: Strategy) -> None:
     if s.devices != system.devices:
         raise ValueError(
             f"dp*tp*pp*sp must equal the device count, but got {s.devices} for"
@@ -46,7 +46,7 @@ def estimate_mlp(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                  strategy: Strategy) -> Estimate:
     """Throughput and memory of the DistIR MLP under (dp, hp = tp, pp, micro-batches)."""
     s = strategy
-    _check(model, system, training, s)
+    check_mlp(model, system, training, s)
     device = system.device
     w, b = model.hidden, s.micro_batch
     n = model.layers // s.pp

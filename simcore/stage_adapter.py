@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
 from simcore.specs import ModelSpec, Recompute, Strategy, SystemSpec, TrainingSpec, ZeroStage
-from simcore.stage import StageArgs, astra_estimate
+from simcore.stage import StageArgs, astra_estimate, check_args
 
-__all__ = ["estimate_stage", "stage_args"]
+__all__ = ["estimate_stage", "stage_args", "check_stage"]
 
 NS = 1e-9
 
@@ -29,15 +29,24 @@ def stage_args(model: ModelSpec, training: TrainingSpec, strategy: Strategy) -> 
     )
 
 
-def estimate_stage(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
-                   strategy: Strategy) -> Estimate:
+def check_stage(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                strategy: Strategy) -> StageArgs:
+    """STAGE's arguments for this plan; ValueError if STAGE could not build it."""
     if strategy.devices != system.devices:
         raise ValueError(
             f"dp*tp*pp*sp must equal the device count, but got {strategy.devices} for"
             f" {system.devices} devices"
         )
+    args = stage_args(model, training, strategy)
+    check_args(args)
+    return args
+
+
+def estimate_stage(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                   strategy: Strategy) -> Estimate:
+    args = check_stage(model, system, training, strategy)
     device = system.device
-    result = astra_estimate(stage_args(model, training, strategy), system.network,
+    result = astra_estimate(args, system.network,
                             peak_ops_per_s=device.peak_flops_per_s,
                             local_mem_bytes_per_s=device.hbm_bandwidth_bytes_per_s)
     step = result.max_wall_time_all_ranks * NS

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from planner.commands._astra_estimate import AstraEstimateCommand
 from planner.commands._base import BaseCommand
+from planner.commands._catalog import CatalogCommand
 from planner.commands._collective import CollectiveCommand
 from planner.commands._estimate import EstimateCommand
+from planner.commands._results import BestCommand, StudiesCommand, TrialsCommand
+from planner.commands._run import RunCommand
 
-COMMANDS: list[BaseCommand] = [EstimateCommand(), AstraEstimateCommand(), CollectiveCommand()]
+COMMANDS: list[BaseCommand] = [
+    RunCommand(), BestCommand(), TrialsCommand(), StudiesCommand(), CatalogCommand(),
+    EstimateCommand(), AstraEstimateCommand(), CollectiveCommand(),
+]
 
 __all__ = ["BaseCommand", "COMMANDS"]

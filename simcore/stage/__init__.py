@@ -11,6 +11,7 @@ multiply-accumulate is one op, one element is one byte (shared reference NOTES.m
 from __future__ import annotations
 
 from simcore.stage._args import StageArgs
+from simcore.stage._check import check_args
 from simcore.stage._estimate import Inventory, StageResult, astra_estimate, inventory
 from simcore.stage._graph import Node, NodeKind, RankGraph, StageModel, build_model
 from simcore.stage._replay import RankTimes, roofline_ns
@@ -26,6 +27,7 @@ __all__ = [
     "StageResult",
     "astra_estimate",
     "build_model",
+    "check_args",
     "inventory",
     "roofline_ns",
 ]

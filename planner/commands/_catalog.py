@@ -1,0 +1,57 @@
+"""``planner catalog models|systems|devices``: what the catalogs name, with key figures."""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from planner.catalog import CATALOG_DIR, load_catalog
+from planner.commands._base import BaseCommand
+from planner.units import GB
+from simcore.megatron.layers import layer_shape
+from simcore.specs import Family, ModelSpec
+
+
+def _params_b(m: ModelSpec) -> str:
+    if m.family not in (Family.GPT, Family.LLAMA):
+        return "-"
+    shape = layer_shape(m)
+    head = 0 if m.tied_embeddings else shape.head_params
+    return f"{(m.layers * shape.layer_params + shape.embedding_params + head) / 1e9:.1f}"
+
+
+def _where(catalog, kind: str, name: str) -> str:
+    path = catalog.sources[(kind, name)]
+    try:
+        return str(path.relative_to(CATALOG_DIR.parent.parent))
+    except ValueError:
+        return str(path)
+
+
+class CatalogCommand(BaseCommand):
+    name = "catalog"
+    help = "List the catalog's models, systems or devices (studies/catalog/)."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("kind", choices=["models", "systems", "devices"])
+
+    def run(self, args: argparse.Namespace) -> int:
+        c = load_catalog()
+        if args.kind == "models":
+            rows = [{"name": n, "family": m.family.value, "params B": _params_b(m),
+                     "layers": m.layers, "hidden": m.hidden, "ffn": m.ffn_hidden,
+                     "heads": m.heads, "kv heads": m.n_kv_heads, "vocab": m.vocab,
+                     "seq": m.seq_len, "file": _where(c, "model", n)}
+                    for n, m in c.models.items()]
+        elif args.kind == "systems":
+            rows = [{"name": n, "devices": s.devices, "device": s.device.name,
+                     "network (inner -> outer)": " x ".join(
+                         f"{d.topology.value} {d.npus}" for d in s.network.dims),
+                     "file": _where(c, "system", n)} for n, s in c.systems.items()]
+        else:
+            rows = [{"name": n, "peak TFLOP/s": d.peak_flops_per_s / 1e12,
+                     "HBM GB": d.hbm_bytes / GB, "HBM GB/s": d.hbm_bandwidth_bytes_per_s / GB,
+                     "file": _where(c, "device", n)} for n, d in c.devices.items()]
+        print(pd.DataFrame(rows).to_string(index=False))
+        return 0

@@ -1,0 +1,100 @@
+"""``planner best / trials / studies``: read stored studies; nothing is re-simulated."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import optuna
+import pandas as pd
+
+from planner.commands._base import BaseCommand
+from planner.commands._run import _positive_int, add_storage_argument
+from planner.errors import PlannerUsageError
+from planner.storage import load_existing, open_storage, storage_label
+from planner.tables import best_frame, format_best, trials_frame
+
+
+def _study(args: argparse.Namespace) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(args.storage, create=False)
+    return load_existing(storage, args.name, storage_label(args.storage))
+
+
+class BestCommand(BaseCommand):
+    name = "best"
+    help = "The best feasible plans of a stored study (the Pareto front with two objectives)."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("name", help="the study's name (`planner studies` lists them)")
+        parser.add_argument("--top", type=_positive_int, default=5, help="how many (default 5)")
+        add_storage_argument(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        study = _study(args)
+        print(format_best(best_frame(study, args.top)))
+        return 0
+
+
+def _write(df: pd.DataFrame, path: Path, kind: str) -> None:
+    try:
+        if kind == "csv":
+            df.to_csv(path, index=False)
+        else:
+            df.to_parquet(path, index=False)
+    except ImportError as e:
+        raise PlannerUsageError(f"--parquet: {e}; install pyarrow") from None
+    except OSError as e:
+        raise PlannerUsageError(f"--{kind} {path}: cannot write: {e.strerror}") from None
+    print(f"wrote {len(df):,} trials to {path}")
+
+
+class TrialsCommand(BaseCommand):
+    name = "trials"
+    help = "Every trial of a stored study: strategy, estimate parts, feasibility; CSV / Parquet."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("name", help="the study's name")
+        parser.add_argument("--csv", type=Path, help="write the table as CSV")
+        parser.add_argument("--parquet", type=Path, help="write the table as Parquet")
+        add_storage_argument(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        df = trials_frame(_study(args))
+        if args.csv:
+            _write(df, args.csv, "csv")
+        if args.parquet:
+            _write(df, args.parquet, "parquet")
+        if not (args.csv or args.parquet):
+            cols = [c for c in ("number", "state", "plan", "step_time_s", "peak_memory_gb",
+                                "feasible") if c in df.columns]
+            with pd.option_context("display.max_rows", 60, "display.width", 200):
+                print(df[cols].to_string(index=False, max_rows=60))
+        return 0
+
+
+class StudiesCommand(BaseCommand):
+    name = "studies"
+    help = "The studies in the storage: model, system, sampler, trials, best step time."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_storage_argument(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = open_storage(args.storage, create=False)
+        rows = []
+        for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False):
+            cfg = s.user_attrs.get("config", {})
+            study = optuna.load_study(study_name=s.study_name, storage=storage)
+            best = best_frame(study, 1)
+            rows.append({"study": s.study_name, "model": cfg.get("model", "?"),
+                         "system": cfg.get("system", "?"), "sampler": cfg.get("sampler", "?"),
+                         "hbm_gb": cfg.get("hbm_gb") or "unlimited", "trials": s.n_trials,
+                         "best step s": (f"{best['step_time_s'].iloc[0]:.4g}"
+                                         if not best.empty else "-")})
+        if not rows:
+            print(f"no studies in {storage_label(args.storage)}")
+        else:
+            print(pd.DataFrame(rows).to_string(index=False))
+        return 0

@@ -1,0 +1,92 @@
+"""``planner run STUDY.yaml``: run a study into the storage, then print its best plans."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import optuna
+
+from planner.commands._base import BaseCommand
+from planner.errors import PlannerUsageError
+from planner.runner import run_study
+from planner.storage import open_storage, storage_label
+from planner.study_config import load_study_config
+from planner.tables import best_frame, format_best
+
+
+def add_storage_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage", metavar="PATH|URL",
+                        help="a journal file or an Optuna RDB URL (default: $PLANNER_STORAGE or"
+                        " planner-results/studies.journal)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
+    return value
+
+
+class RunCommand(BaseCommand):
+    name = "run"
+    help = "Run a study (YAML) into the storage, then print its best plans."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("study", type=Path, help="the study YAML (see studies/)")
+        parser.add_argument("--hbm-gb", type=float,
+                            help="HBM limit per device in GB; a study of its own, named"
+                            " NAME-hbmXgb (default: the YAML's)")
+        add_storage_argument(parser)
+        parser.add_argument("--resume", action="store_true",
+                            help="continue the stored study of this name")
+        parser.add_argument("--jobs", type=_positive_int, default=1,
+                            help="worker processes sharing the storage (default 1)")
+        parser.add_argument("--top", type=_positive_int, default=5,
+                            help="best plans to print (default 5)")
+        parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    def run(self, args: argparse.Namespace) -> int:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        config = load_study_config(args.study, hbm_gb=args.hbm_gb)
+        space = config.space
+        valid = len(space.valid)
+        if valid == 0:
+            raise PlannerUsageError(f"{args.study}: space: no valid strategy among"
+                                    f" {space.size} candidates ({space.first_reason()});"
+                                    " widen the lists")
+        label = storage_label(args.storage)
+        limit = "unlimited HBM" if config.hbm_gb is None else f"HBM {config.hbm_gb:g} GB"
+        print(f"study {config.name}: {config.model.name} on {config.system.name}"
+              f" ({config.system.devices} x {config.system.device.name}), {config.convention}"
+              f" convention, {limit}")
+        how = ("every one" if config.sampler == "exhaustive"
+               else f"{config.n_trials} trials of {config.sampler}")
+        print(f"{valid:,} valid strategies (of {space.size:,} candidates); {how}")
+        storage = open_storage(args.storage, create=True)
+        start = time.perf_counter()
+        try:
+            report = run_study(config, storage, label, resume=args.resume, jobs=args.jobs,
+                               progress=not args.quiet)
+        except KeyboardInterrupt:
+            print(f"interrupted: finished trials are kept in {label}; `planner run"
+                  f" {args.study} --resume` continues", file=sys.stderr)
+            raise
+        elapsed = time.perf_counter() - start
+        if report.requeued:
+            print(f"resumed: {report.requeued} trial(s) left RUNNING by a stopped process were"
+                  " failed and re-queued")
+        total = len(report.study.trials)
+        print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {label}")
+        best = best_frame(report.study, args.top)
+        title = "Pareto front" if len(config.objectives) > 1 else "best plans"
+        print(f"{title} ({limit}):")
+        print(format_best(best))
+        print(f"more: planner best {config.name} --top 20; planner trials {config.name} --csv"
+              " trials.csv")
+        return 0

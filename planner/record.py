@@ -1,0 +1,96 @@
+"""One strategy's estimate as what an Optuna trial stores: objective values, the HBM constraint
+and every part of the estimate as user attributes, so tables and plots never re-simulate.
+
+User attributes (all JSON scalars): the strategy that ran (``dp`` ... ``sequence_parallel``),
+``step_time_s`` and its parts ``time_<part>_s``, ``peak_memory_gb`` and its parts
+``memory_<part>_gb`` (on the peak stage), ``mfu``, ``hfu``, ``tokens_per_s``, ``model_flops``,
+``peak_stage``, ``convention``, ``feasible`` and ``reason`` (why not, in one line).
+The constraint ``hbm_gb`` is peak memory minus the limit (<= 0 is feasible; none when unlimited).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import optuna
+
+import simcore
+from planner.units import GB
+from search_spaces import strategy_label
+from simcore.estimate import Estimate
+from simcore.specs import Convention, ModelSpec, Strategy, SystemSpec, TrainingSpec
+
+__all__ = ["Evaluator", "Record", "frozen_trial", "strategy_attrs", "CONSTRAINT"]
+
+CONSTRAINT = "hbm_gb"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    values: list[float]
+    user_attrs: dict[str, Any]
+    constraints: dict[str, float]
+
+
+def strategy_attrs(s: Strategy) -> dict[str, Any]:
+    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp, "zero": int(s.zero),
+            "recompute": s.recompute.value, "micro_batch": s.micro_batch,
+            "schedule": s.schedule.value, "v": s.v,
+            "placement": ",".join(a.value for a in s.placement),
+            "sequence_parallel": s.sequence_parallel, "plan": strategy_label(s)}
+
+
+def estimate_attrs(est: Estimate) -> dict[str, Any]:
+    out: dict[str, Any] = {"step_time_s": est.step_time}
+    for f in fields(est.time):
+        out[f"time_{f.name}_s"] = getattr(est.time, f.name)
+    out["peak_memory_gb"] = est.memory.total / GB
+    for f in fields(est.memory):
+        out[f"memory_{f.name}_gb"] = getattr(est.memory, f.name) / GB
+    out.update(mfu=est.mfu, hfu=est.hfu, tokens_per_s=est.tokens_per_s,
+               model_flops=est.model_flops, peak_stage=est.peak_stage,
+               convention=est.convention)
+    return out
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    """What a study asks of each strategy: simcore's estimate under the study's HBM limit."""
+
+    model: ModelSpec
+    system: SystemSpec
+    training: TrainingSpec
+    convention: Convention
+    hbm_gb: float | None
+    """None: unlimited, every plan feasible."""
+    with_memory: bool
+    """Peak memory is a second objective."""
+
+    def __call__(self, strategy: Strategy) -> Record:
+        """Estimate one strategy; ValueError if its shapes do not divide."""
+        est = simcore.estimate(self.model, self.system, self.training, strategy,
+                               self.convention)
+        attrs = strategy_attrs(strategy) | estimate_attrs(est)
+        peak = attrs["peak_memory_gb"]
+        constraints: dict[str, float] = {}
+        if self.hbm_gb is None:
+            feasible, reason = True, ""
+        else:
+            constraints[CONSTRAINT] = peak - self.hbm_gb
+            feasible = peak <= self.hbm_gb
+            reason = "" if feasible else (est.reason or f"needs {peak:.1f} GB of HBM, over the"
+                                          f" {self.hbm_gb:g} GB limit")
+        attrs.update(feasible=feasible, reason=reason)
+        values = [est.step_time] + ([peak] if self.with_memory else [])
+        return Record(values, attrs, constraints)
+
+
+def frozen_trial(record: Record, params: dict[str, Any],
+                 distributions: dict[str, optuna.distributions.BaseDistribution]
+                 ) -> optuna.trial.FrozenTrial:
+    """A finished trial to add to a study without sampling (the exhaustive path)."""
+    return optuna.trial.create_trial(values=record.values, params=params,
+                                     distributions=distributions,
+                                     user_attrs=record.user_attrs,
+                                     constraints=record.constraints or None)

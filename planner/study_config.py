@@ -1,0 +1,306 @@
+"""A study YAML file, checked field by field and turned into typed specs and a search space.
+
+::
+
+    name: lab4b-llama70b-system1     # default: the file's name without .yaml
+    model: llama70b                  # a catalog name or a YAML path
+    system: lab-system1
+    convention: stage                # default: the model family's (megatron for gpt / llama)
+    training: {global_batch: 512}    # seq_len defaults to the model's
+    hbm_gb: unlimited                # default: the device's HBM
+    objectives: [step_time]          # or [step_time, peak_memory]
+    sampler: exhaustive              # tpe, nsga2, gp, random, exhaustive
+    n_trials: 200                    # for the samplers
+    seed: 0
+    space:
+      tp: powers_of_two              # or a list; dp defaults to what the others leave
+      sp: powers_of_two
+      recompute: [none, full]
+
+Every problem is one line naming the file, the field and the fix (PlannerUsageError).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from planner.catalog import Catalog, load_catalog
+from planner.errors import PlannerUsageError
+from planner.fields import choice, fail, integer, load, number
+from planner.record import Evaluator
+from planner.units import GB
+from search_spaces import StrategySpace, powers_of_two
+from simcore import convention_of
+from simcore.specs import (
+    Axis,
+    Convention,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
+
+__all__ = ["StudyConfig", "load_study_config", "SAMPLERS", "OBJECTIVES"]
+
+SAMPLERS = ("exhaustive", "tpe", "nsga2", "gp", "random")
+OBJECTIVES = ("step_time", "peak_memory")
+METRIC_NAMES = {"step_time": "step_time_s", "peak_memory": "peak_memory_gb"}
+
+_FIELDS = {"model", "system", "training", "space"}
+_OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
+             "seed", "vocab_multiple"}
+_TRAINING = {"global_batch"}
+_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce"}
+_SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
+                "v", "placement", "sequence_parallel"}
+_POWERS = ("powers_of_two", "powers of two")
+DEFAULT_N_TRIALS = 200
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything a study needs, resolved: specs, the space, objectives and sampler."""
+
+    name: str
+    path: Path
+    model: ModelSpec
+    system: SystemSpec
+    training: TrainingSpec
+    convention: Convention
+    hbm_gb: float | None
+    """The HBM limit per device in GB (decimal); None is unlimited."""
+    objectives: tuple[str, ...]
+    sampler: str
+    n_trials: int
+    seed: int
+    space: StrategySpace
+    description: str = ""
+
+    def evaluator(self) -> Evaluator:
+        return Evaluator(self.model, self.system, self.training, self.convention, self.hbm_gb,
+                         len(self.objectives) == 2)
+
+    @property
+    def metric_names(self) -> list[str]:
+        return [METRIC_NAMES[o] for o in self.objectives]
+
+    def summary(self) -> dict[str, Any]:
+        """What the study was made from, stored on it (JSON-safe)."""
+        sp = self.space
+        return {
+            "file": str(self.path), "model": self.model.name, "system": self.system.name,
+            "devices": self.system.devices, "convention": self.convention.value,
+            "global_batch": self.training.global_batch, "seq_len": self.training.seq_len,
+            "hbm_gb": self.hbm_gb, "objectives": list(self.objectives), "sampler": self.sampler,
+            "n_trials": self.n_trials, "seed": self.seed, "vocab": self.model.vocab,
+            "space": {
+                "dp": list(sp.dp) if sp.dp is not None else "auto", "tp": list(sp.tp),
+                "pp": list(sp.pp), "sp": list(sp.sp), "zero": [int(z) for z in sp.zero],
+                "recompute": [r.value for r in sp.recompute],
+                "micro_batch": list(sp.micro_batch), "schedule": [s.value for s in sp.schedule],
+                "v": list(sp.v), "placement": [",".join(p) for p in sp.placement],
+                "sequence_parallel": list(sp.sequence_parallel),
+            },
+        }
+
+    def fingerprint(self) -> str:
+        """A hash of what decides the trials' results (not the sampler's budget)."""
+        keep = {k: v for k, v in self.summary().items() if k not in ("file", "n_trials")}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _keys(path: Path, where: str, entry: Any, required: set[str], optional: set[str]) -> dict:
+    label = where or "top level"
+    if not isinstance(entry, Mapping):
+        raise fail(path, label, f"must be a mapping of fields, but got {type(entry).__name__}")
+    prefix = f"{where}." if where else ""
+    missing = sorted(required - set(map(str, entry)))
+    if missing:
+        raise fail(path, f"{prefix}{missing[0]}", "missing; add it")
+    unknown = sorted(set(map(str, entry)) - required - optional)
+    if unknown:
+        allowed = ", ".join(sorted(required | optional))
+        raise fail(path, f"{prefix}{unknown[0]}", f"unknown field; allowed: {allowed}")
+    return {str(k): v for k, v in entry.items()}
+
+
+def _ref(path: Path, field: str, value: Any, table: Mapping[str, Any], kind: str,
+         catalog: Catalog) -> Any:
+    if not isinstance(value, str) or not value:
+        raise fail(path, field, f"must be a {kind} name from the catalog or a YAML path")
+    if value in table:
+        return table[value]
+    if value.endswith((".yaml", ".yml")):
+        target = Path(value)
+        if not target.is_absolute():
+            target = path.parent / target
+        return getattr(catalog, kind)(str(target))
+    known = ", ".join(sorted(table))
+    raise fail(path, field, f"unknown {kind} {value!r}; use one of {known}, or the path of a"
+               " YAML file (`planner catalog " + kind + "s` lists them)")
+
+
+def _list(path: Path, field: str, value: Any) -> list:
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise fail(path, field, "is empty; list at least one value")
+    return items
+
+
+def _degrees(path: Path, field: str, value: Any, limit: int) -> tuple[int, ...]:
+    if isinstance(value, str) and value.strip().lower() in _POWERS:
+        return powers_of_two(limit)
+    out = []
+    for i, item in enumerate(_list(path, field, value)):
+        out.append(integer(path, f"{field}[{i}]" if isinstance(value, list) else field, item,
+                           minimum=1))
+    return tuple(dict.fromkeys(out))
+
+
+def _enums(path: Path, field: str, value: Any, enum: type) -> tuple:
+    return tuple(dict.fromkeys(choice(path, field, item, enum)
+                               for item in _list(path, field, value)))
+
+
+def _bools(path: Path, field: str, value: Any) -> tuple[bool, ...]:
+    out = []
+    for item in _list(path, field, value):
+        if not isinstance(item, bool):
+            raise fail(path, field, f"must be true or false (or a list of them), but got {item!r}")
+        out.append(item)
+    return tuple(dict.fromkeys(out))
+
+
+def _placements(path: Path, field: str, value: Any) -> tuple[tuple[Axis, ...], ...]:
+    items = _list(path, field, value)
+    if all(isinstance(i, str) and "," not in i for i in items) and len(items) == 4:
+        items = [items]  # one placement written as a list of axes
+    out = []
+    for item in items:
+        axes_text = item.split(",") if isinstance(item, str) else item
+        if not isinstance(axes_text, list):
+            raise fail(path, field, f"{item!r} must list dp, tp, pp and sp, innermost first")
+        try:
+            axes = tuple(Axis(str(a).strip()) for a in axes_text)
+        except ValueError:
+            axes = ()
+        if sorted(axes) != sorted(Axis):
+            raise fail(path, field, f"{item!r} must name dp, tp, pp and sp once each, innermost"
+                       " first, e.g. tp,sp,dp,pp")
+        out.append(axes)
+    return tuple(dict.fromkeys(out))
+
+
+def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+           convention: Convention) -> StrategySpace:
+    e = _keys(path, "space", raw, set(), _SPACE_KNOBS)
+    n = system.devices
+    if "zero" in e and "fsdp" in e:
+        raise fail(path, "space.fsdp", "give zero or fsdp, not both (fsdp: true is zero: 3)")
+    kw: dict[str, Any] = {}
+    dp = e.get("dp", "auto")
+    kw["dp"] = None if dp == "auto" else _degrees(path, "space.dp", dp, n)
+    for knob in ("tp", "pp", "sp"):
+        if knob in e:
+            kw[knob] = _degrees(path, f"space.{knob}", e[knob], n)
+    if "zero" in e:
+        kw["zero"] = tuple(ZeroStage(integer(path, "space.zero", z, minimum=0)) if
+                           isinstance(z, int) and 0 <= z <= 3 else
+                           _bad_zero(path, z) for z in _list(path, "space.zero", e["zero"]))
+    if "fsdp" in e:
+        kw["zero"] = tuple(ZeroStage.PARAMETERS if f else ZeroStage.NONE
+                           for f in _bools(path, "space.fsdp", e["fsdp"]))
+    if "recompute" in e:
+        kw["recompute"] = _enums(path, "space.recompute", e["recompute"], Recompute)
+    if "micro_batch" in e:
+        kw["micro_batch"] = _degrees(path, "space.micro_batch", e["micro_batch"],
+                                     training.global_batch)
+    if "schedule" in e:
+        kw["schedule"] = _enums(path, "space.schedule", e["schedule"], Schedule)
+    if "v" in e:
+        kw["v"] = _degrees(path, "space.v", e["v"], model.layers)
+    if "placement" in e:
+        kw["placement"] = _placements(path, "space.placement", e["placement"])
+    if "sequence_parallel" in e:
+        kw["sequence_parallel"] = _bools(path, "space.sequence_parallel", e["sequence_parallel"])
+    space = StrategySpace(model=model, system=system, training=training, convention=convention,
+                          **kw)
+    if Schedule.INTERLEAVED in space.schedule and not any(v > 1 for v in space.v):
+        raise fail(path, "space.v", "the interleaved schedule needs model chunks v > 1; add"
+                   " e.g. v: [2, 4]")
+    return space
+
+
+def _bad_zero(path: Path, z: Any) -> ZeroStage:
+    raise fail(path, "space.zero", f"unknown ZeRO stage {z!r}; use 0, 1, 2 or 3 (3 is FSDP)")
+
+
+def load_study_config(path: Path, *, hbm_gb: float | None = None,
+                      catalog: Catalog | None = None) -> StudyConfig:
+    """Read and check a study YAML; ``hbm_gb`` (the command line's --hbm-gb) overrides its
+    limit."""
+    catalog = catalog or load_catalog()
+    raw = load(path, "study YAML")
+    e = _keys(path, "", raw, _FIELDS, _OPTIONAL)
+    name = e.get("name", path.stem)
+    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
+        raise fail(path, "name", f"must be a name without spaces, but got {name!r}")
+    model = _ref(path, "model", e["model"], catalog.models, "model", catalog)
+    system = _ref(path, "system", e["system"], catalog.systems, "system", catalog)
+    if "vocab_multiple" in e:
+        k = integer(path, "vocab_multiple", e["vocab_multiple"], minimum=1)
+        model = replace(model, vocab=math.ceil(model.vocab / k) * k)
+    convention = (choice(path, "convention", e["convention"], Convention)
+                  if "convention" in e else convention_of(model))
+    t = _keys(path, "training", e["training"], _TRAINING, _TRAINING_OPTIONAL)
+    overlap = t.get("overlap_grad_reduce", True)
+    if not isinstance(overlap, bool):
+        raise fail(path, "training.overlap_grad_reduce", f"must be true or false, got {overlap!r}")
+    training = TrainingSpec(
+        global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
+        seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1),
+        bytes_per_param_grads=integer(path, "training.grad_bytes", t.get("grad_bytes", 2),
+                                      minimum=1),
+        overlap_grad_reduce=overlap,
+    )
+    limit = _hbm(path, e.get("hbm_gb"), system)
+    if hbm_gb is not None:  # --hbm-gb: the same question under another limit, a study of its own
+        if not (hbm_gb > 0 and math.isfinite(hbm_gb)):
+            raise PlannerUsageError(f"--hbm-gb must be a number > 0, but got {hbm_gb:g}")
+        if hbm_gb != limit:
+            name = f"{name}-hbm{hbm_gb:g}gb"
+        limit = hbm_gb
+    if limit is not None:
+        system = replace(system, device=replace(system.device, hbm_bytes=limit * GB))
+    objectives = tuple(_list(path, "objectives", e.get("objectives", ["step_time"])))
+    if objectives not in (("step_time",), ("step_time", "peak_memory")):
+        raise fail(path, "objectives", f"must be [step_time] or [step_time, peak_memory], but"
+                   f" got {list(objectives)!r}")
+    sampler = e.get("sampler", "exhaustive")
+    if sampler not in SAMPLERS:
+        raise fail(path, "sampler", f"unknown sampler {sampler!r}; use one of"
+                   f" {', '.join(SAMPLERS)}")
+    n_trials = integer(path, "n_trials", e.get("n_trials", DEFAULT_N_TRIALS), minimum=1)
+    seed = integer(path, "seed", e.get("seed", 0), minimum=0)
+    space = _space(path, e["space"], model, system, training, convention)
+    description = e.get("description", "")
+    return StudyConfig(name=name, path=path, model=model, system=system, training=training,
+                       convention=convention, hbm_gb=limit, objectives=objectives,
+                       sampler=sampler, n_trials=n_trials, seed=seed, space=space,
+                       description=str(description))
+
+
+def _hbm(path: Path, value: Any, system: SystemSpec) -> float | None:
+    if value is None:
+        return system.device.hbm_bytes / GB
+    if isinstance(value, str) and value.strip().lower() == "unlimited":
+        return None
+    return number(path, "hbm_gb", value, minimum=0, strict=True)

@@ -1,0 +1,56 @@
+"""A study as a pandas table: one row per trial with every strategy knob, every part of the
+estimate and feasibility, read from what the trials stored (nothing is re-simulated)."""
+
+from __future__ import annotations
+
+import optuna
+import pandas as pd
+
+__all__ = ["trials_frame", "best_frame", "format_best", "KNOBS"]
+
+KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
+         "placement", "sequence_parallel"]
+_FIRST = ["number", "state", "plan", *KNOBS, "feasible", "step_time_s", "peak_memory_gb"]
+_LAST = ["reason"]
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """Every trial: Optuna's own table, with the user attributes as plain columns."""
+    df = study.trials_dataframe(attrs=("number", "state", "user_attrs"), multi_index=False)
+    if df.empty:
+        return pd.DataFrame(columns=_FIRST + _LAST)
+    df = df.rename(columns=lambda c: c.removeprefix("user_attrs_"))
+    first = [c for c in _FIRST if c in df.columns]
+    last = [c for c in _LAST if c in df.columns]
+    rest = [c for c in df.columns if c not in first and c not in last]
+    middle = sorted(rest, key=lambda c: (not c.startswith("time_"), not c.startswith("memory_")))
+    return df[first + middle + last].reset_index(drop=True)
+
+
+def best_frame(study: optuna.Study, top: int | None = None) -> pd.DataFrame:
+    """Finished feasible trials, fastest first. With two objectives, only the Pareto front
+    (Optuna's ``best_trials``, which counts feasible trials only)."""
+    df = trials_frame(study)
+    if df.empty or "feasible" not in df.columns:
+        return df.iloc[0:0]
+    df = df[(df["state"] == "COMPLETE") & df["feasible"].astype(bool)]
+    if len(study.directions) > 1:
+        front = {t.number for t in study.best_trials}
+        df = df[df["number"].isin(front)]
+    df = df.sort_values(["step_time_s", "peak_memory_gb", "number"], kind="stable")
+    return df.head(top) if top else df
+
+
+def format_best(df: pd.DataFrame) -> str:
+    """The best plans as a short text table."""
+    if df.empty:
+        return "no feasible plan"
+    show = pd.DataFrame({
+        "trial": df["number"].to_numpy(),
+        "plan": df["plan"].to_numpy(),
+        "step s": df["step_time_s"].map(lambda v: f"{v:.4g}").to_numpy(),
+        "tokens/s": df["tokens_per_s"].map(lambda v: f"{v:,.0f}").to_numpy(),
+        "MFU": df["mfu"].map(lambda v: f"{v:.1%}").to_numpy(),
+        "peak GB": df["peak_memory_gb"].map(lambda v: f"{v:.1f}").to_numpy(),
+    }, index=range(1, len(df) + 1))
+    return show.to_string()

@@ -1,0 +1,125 @@
+"""A strategy as Optuna parameters, and back.
+
+The degrees are one categorical parameter, ``layout``, over the (dp, tp, pp, sp) layouts that
+have at least one valid strategy: every sampled layout multiplies to the device count and
+divides the shapes, so no trial is spent on an impossible product (``../shared/optuna-notes.md``
+section 3 found this encoding best on 64 devices and, with multivariate TPE, close to fixed
+per-degree ranges on 1,024). The other knobs are one categorical each, with fixed choices (Optuna
+needs the same choices on every trial). A combination that breaks a rule tying a knob to the
+layout (micro-batches that do not tile the batch, an interleaved schedule whose micro-batch
+count is not a multiple of pp) is mapped to the valid strategy of the same layout that changes
+the fewest knobs, so every trial runs a valid plan; the trial keeps what was sampled in its
+parameters and what ran in its attributes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+
+from search_spaces.space import Layout, PipelineChoice, StrategySpace
+from simcore.specs import Axis, Recompute, Schedule, Strategy, ZeroStage
+
+__all__ = ["LayoutEncoding", "strategy_label"]
+
+
+def _placement_label(p: tuple[Axis, ...]) -> str:
+    return ",".join(a.value for a in p)
+
+
+def _pipeline_label(s: Strategy) -> str:
+    return PipelineChoice(s.schedule, s.v).label
+
+
+def _layout_label(s: Strategy) -> str:
+    return Layout(s.dp, s.tp, s.pp, s.sp).label
+
+
+def strategy_label(s: Strategy) -> str:
+    """One line naming every knob, e.g. ``dp8-tp8-pp16-sp1 mb1 interleaved-v5 selective zero1``."""
+    parts = [_layout_label(s), f"mb{s.micro_batch}", _pipeline_label(s), s.recompute.value,
+             f"zero{int(s.zero)}"]
+    if not s.sequence_parallel:
+        parts.append("no-seqpar")
+    if s.placement != Strategy().placement:
+        parts.append("placement=" + _placement_label(s.placement))
+    return " ".join(parts)
+
+
+class LayoutEncoding:
+    """The parameters of a :class:`StrategySpace` as Optuna categoricals."""
+
+    def __init__(self, space: StrategySpace) -> None:
+        self.space = space
+
+    @cached_property
+    def _by_layout(self) -> dict[str, list[Strategy]]:
+        groups: dict[str, list[Strategy]] = defaultdict(list)
+        for s in self.space.valid:
+            groups[_layout_label(s)].append(s)
+        return dict(groups)
+
+    @cached_property
+    def _choices(self) -> dict[str, list[Any]]:
+        """Each parameter's choices; knobs with one allowed value are not parameters."""
+        sp = self.space
+        knobs: dict[str, list[Any]] = {
+            "layout": list(self._by_layout),
+            "zero": [int(z) for z in sp.zero],
+            "recompute": [r.value for r in sp.recompute],
+            "micro_batch": list(sp.micro_batch),
+            "pipeline": [p.label for p in sp.pipelines()],
+            "placement": [_placement_label(p) for p in sp.placement],
+            "sequence_parallel": list(sp.sequence_parallel),
+        }
+        return {k: v for k, v in knobs.items() if len(v) > 1}
+
+    @cached_property
+    def distributions(self) -> dict[str, BaseDistribution]:
+        return {k: CategoricalDistribution(v) for k, v in self._choices.items()}
+
+    def params(self, s: Strategy) -> dict[str, Any]:
+        """The parameters that name ``s`` (for trials recorded without sampling)."""
+        full = {"layout": _layout_label(s), "zero": int(s.zero), "recompute": s.recompute.value,
+                "micro_batch": s.micro_batch, "pipeline": _pipeline_label(s),
+                "placement": _placement_label(s.placement),
+                "sequence_parallel": s.sequence_parallel}
+        return {k: full[k] for k in self._choices}
+
+    def suggest(self, trial: optuna.Trial) -> Strategy:
+        """Sample a valid strategy: one categorical per knob, then the nearest valid plan."""
+        if not self._by_layout:
+            raise ValueError("the space has no valid strategy")
+        picked = {k: trial.suggest_categorical(k, v) for k, v in self._choices.items()}
+        return self.nearest(picked)
+
+    def nearest(self, params: Mapping[str, Any]) -> Strategy:
+        """The valid strategy of ``params['layout']`` that differs from ``params`` in the fewest
+        knobs (ties: the earlier in the space's order)."""
+        layout = params.get("layout", next(iter(self._by_layout)))
+        group = self._by_layout[layout]
+        best, best_diff = group[0], None
+        for s in group:
+            mine = self.params(s)
+            diff = sum(mine[k] != v for k, v in params.items())
+            if best_diff is None or diff < best_diff:
+                best, best_diff = s, diff
+                if diff == 0:
+                    break
+        return best
+
+
+def strategy_from_attrs(attrs: Mapping[str, Any]) -> Strategy:
+    """The strategy a trial ran, from its user attributes (see ``planner.trials``)."""
+    return Strategy(
+        dp=int(attrs["dp"]), tp=int(attrs["tp"]), pp=int(attrs["pp"]), sp=int(attrs["sp"]),
+        zero=ZeroStage(int(attrs["zero"])), recompute=Recompute(attrs["recompute"]),
+        micro_batch=int(attrs["micro_batch"]), schedule=Schedule(attrs["schedule"]),
+        v=int(attrs["v"]), placement=tuple(Axis(a) for a in str(attrs["placement"]).split(",")),
+        sequence_parallel=bool(attrs["sequence_parallel"]),
+    )

@@ -1,0 +1,162 @@
+"""What a study may choose, and which choices make a plan simcore can run.
+
+A :class:`StrategySpace` holds the allowed values of every knob. The degrees' constraints
+(dp * tp * pp * sp = devices; tp divides the heads, kv heads and FFN width; pp * v divides the
+layers; sp divides the sequence; micro-batches tile the global batch; the interleaved
+schedule's rules; for the ``stage`` convention, every split STAGE makes is whole) are simcore's
+own (:func:`simcore.check`), so the space and the simulator can never disagree.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
+import simcore
+from simcore.specs import (
+    DEFAULT_PLACEMENT,
+    Axis,
+    Convention,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
+
+__all__ = ["StrategySpace", "Layout", "PipelineChoice", "divisors", "powers_of_two"]
+
+DEGREES = ("dp", "tp", "pp", "sp")
+
+
+def powers_of_two(limit: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``limit``."""
+    return tuple(2**i for i in range(limit.bit_length()) if 2**i <= limit)
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The four degrees of one plan."""
+
+    dp: int
+    tp: int
+    pp: int
+    sp: int
+
+    @property
+    def label(self) -> str:
+        return f"dp{self.dp}-tp{self.tp}-pp{self.pp}-sp{self.sp}"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineChoice:
+    """A schedule with its model chunks per device (v > 1 only for interleaved)."""
+
+    schedule: Schedule
+    v: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.schedule.value + (f"-v{self.v}" if self.v > 1 else "")
+
+
+@dataclass(frozen=True)
+class StrategySpace:
+    """Allowed values of every knob for one model, system and training step.
+
+    ``dp`` may be None: data parallelism takes whatever the other degrees leave.
+    """
+
+    model: ModelSpec
+    system: SystemSpec
+    training: TrainingSpec
+    convention: Convention
+    dp: tuple[int, ...] | None = None
+    tp: tuple[int, ...] = (1,)
+    pp: tuple[int, ...] = (1,)
+    sp: tuple[int, ...] = (1,)
+    zero: tuple[ZeroStage, ...] = (ZeroStage.NONE,)
+    recompute: tuple[Recompute, ...] = (Recompute.NONE,)
+    micro_batch: tuple[int, ...] = (1,)
+    schedule: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B,)
+    v: tuple[int, ...] = (1,)
+    """Model chunks per device for the interleaved schedule (other schedules use 1)."""
+    placement: tuple[tuple[Axis, ...], ...] = (DEFAULT_PLACEMENT,)
+    sequence_parallel: tuple[bool, ...] = (True,)
+
+    @property
+    def devices(self) -> int:
+        return self.system.devices
+
+    # -- the knobs, as the encodings see them --------------------------------------------------
+    def layouts(self) -> tuple[Layout, ...]:
+        """Every (dp, tp, pp, sp) from the allowed lists whose product is the device count."""
+        n = self.devices
+        found = []
+        for tp, pp, sp in itertools.product(self.tp, self.pp, self.sp):
+            rest, r = divmod(n, tp * pp * sp)
+            if r == 0 and rest >= 1 and (self.dp is None or rest in self.dp):
+                found.append(Layout(rest, tp, pp, sp))
+        return tuple(found)
+
+    def pipelines(self) -> tuple[PipelineChoice, ...]:
+        out = []
+        for s in self.schedule:
+            if s is Schedule.INTERLEAVED:
+                out.extend(PipelineChoice(s, v) for v in self.v if v > 1)
+            else:
+                out.append(PipelineChoice(s))
+        return tuple(out)
+
+    def candidates(self) -> Iterator[Strategy]:
+        """Every combination of the allowed values with the right product, valid or not."""
+        for layout, zero, rc, mb, pipe, place, seqpar in itertools.product(
+            self.layouts(), self.zero, self.recompute, self.micro_batch, self.pipelines(),
+            self.placement, self.sequence_parallel,
+        ):
+            yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=zero,
+                           recompute=rc, micro_batch=mb, schedule=pipe.schedule, v=pipe.v,
+                           placement=place, sequence_parallel=seqpar)
+
+    @property
+    def size(self) -> int:
+        """How many candidates the lists make (before the shape rules)."""
+        return (len(self.layouts()) * len(self.zero) * len(self.recompute)
+                * len(self.micro_batch) * len(self.pipelines()) * len(self.placement)
+                * len(self.sequence_parallel))
+
+    # -- validity ------------------------------------------------------------------------------
+    def reason_invalid(self, strategy: Strategy) -> str | None:
+        """Why simcore cannot run this strategy, or None if it can."""
+        try:
+            simcore.check(self.model, self.system, self.training, strategy, self.convention)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    @cached_property
+    def valid(self) -> tuple[Strategy, ...]:
+        """Every valid strategy, in a fixed order (the lists' order)."""
+        return tuple(s for s in self.candidates() if self.reason_invalid(s) is None)
+
+    def enumerate(self) -> tuple[Strategy, ...]:
+        """Every valid strategy exactly once."""
+        return self.valid
+
+    def first_reason(self) -> str:
+        """Why the space is empty: the reason the first candidate fails (for error messages)."""
+        for s in self.candidates():
+            why = self.reason_invalid(s)
+            if why is not None:
+                return why
+        return (f"no dp, tp, pp, sp from the lists multiplies to {self.devices} devices"
+                if not self.layouts() else "")
+

@@ -20,6 +20,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import joblib
@@ -189,7 +190,7 @@ def _optimize(study: optuna.Study, config: StudyConfig, label: str, jobs: int,
     size = max(1, min(25, n // (jobs * 4)))
     tasks = [min(size, n - i) for i in range(0, n, size)]
     runs = joblib.Parallel(n_jobs=jobs, return_as="generator_unordered")(
-        joblib.delayed(_worker)(config, label, config.seed + 1 + i, k)
+        joblib.delayed(_worker)(config.path, config.hbm_override, label, config.seed + 1 + i, k)
         for i, k in enumerate(tasks))
     done = 0
     with _bar(n, progress, f"{config.sampler} x{jobs}") as bar:
@@ -199,19 +200,23 @@ def _optimize(study: optuna.Study, config: StudyConfig, label: str, jobs: int,
     return done
 
 
-_WORKER_STUDIES: dict[tuple[str, str], tuple[optuna.Study, Callable]] = {}
+_WORKER_STUDIES: dict[tuple, tuple[StudyConfig, optuna.Study, Callable]] = {}
 
 
-def _worker(config: StudyConfig, label: str, seed: int, n: int) -> int:
-    """One task in a worker process: ``n`` trials with a sampler of its own seed."""
+def _worker(path: Path, hbm_override: float | None, label: str, seed: int, n: int) -> int:
+    """One task in a worker process: ``n`` trials with a sampler of its own seed. The study is
+    read from its file once per process (cheaper than shipping the space with every task)."""
     from planner.storage import open_storage
+    from planner.study_config import load_study_config
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    key = (label, config.name)
+    key = (str(path), hbm_override, label)
     if key not in _WORKER_STUDIES:
-        study = optuna.load_study(study_name=config.name, storage=open_storage(label, create=False))
-        _WORKER_STUDIES[key] = (study, _objective(config))
-    study, objective = _WORKER_STUDIES[key]
+        config = load_study_config(path, hbm_gb=hbm_override)
+        study = optuna.load_study(study_name=config.name,
+                                  storage=open_storage(label, create=False))
+        _WORKER_STUDIES[key] = (config, study, _objective(config))
+    config, study, objective = _WORKER_STUDIES[key]
     study.sampler = make_sampler(config.sampler, seed)
     study.optimize(objective, n_trials=n)
     return n

@@ -83,6 +83,8 @@ class StudyConfig:
     seed: int
     space: StrategySpace
     description: str = ""
+    hbm_override: float | None = None
+    """The command line's --hbm-gb, if given (workers re-read the file with it)."""
 
     def evaluator(self) -> Evaluator:
         return Evaluator(self.model, self.system, self.training, self.convention, self.hbm_gb,
@@ -295,7 +297,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None,
     return StudyConfig(name=name, path=path, model=model, system=system, training=training,
                        convention=convention, hbm_gb=limit, objectives=objectives,
                        sampler=sampler, n_trials=n_trials, seed=seed, space=space,
-                       description=str(description))
+                       description=str(description), hbm_override=hbm_gb)
 
 
 def _hbm(path: Path, value: Any, system: SystemSpec) -> float | None:

@@ -38,6 +38,7 @@ def best_frame(study: optuna.Study, top: int | None = None) -> pd.DataFrame:
         front = {t.number for t in study.best_trials}
         df = df[df["number"].isin(front)]
     df = df.sort_values(["step_time_s", "peak_memory_gb", "number"], kind="stable")
+    df = df.drop_duplicates(subset="plan")  # a sampler may run one plan more than once
     return df.head(top) if top else df
 
 

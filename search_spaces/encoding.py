@@ -106,7 +106,7 @@ class LayoutEncoding:
         best, best_diff = group[0], None
         for s in group:
             mine = self.params(s)
-            diff = sum(mine[k] != v for k, v in params.items())
+            diff = sum(mine[k] != v for k, v in params.items() if k in mine)
             if best_diff is None or diff < best_diff:
                 best, best_diff = s, diff
                 if diff == 0:

@@ -1,0 +1,106 @@
+"""`planner run / best / trials / studies / catalog` as a user runs them."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from planner.cli import main
+from tests.study_files import lab_study
+
+
+@pytest.fixture
+def storage(tmp_path, monkeypatch):
+    path = tmp_path / "results" / "studies.journal"
+    monkeypatch.setenv("PLANNER_STORAGE", str(path))
+    return path
+
+
+def test_run_prints_the_space_and_the_best_plans(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path)), "--quiet", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "56 valid strategies (of 56 candidates)" in out
+    assert "best plans (HBM 80 GB)" in out
+    assert out.count("dp") >= 3 and storage.exists()
+    assert main(["best", "lab", "--top", "2"]) == 0
+    best = capsys.readouterr().out.splitlines()
+    assert len(best) == 3  # header and two plans
+
+
+def test_run_again_needs_resume(tmp_path, storage, capsys):
+    path = lab_study(tmp_path)
+    assert main(["run", str(path), "--quiet"]) == 0
+    size = storage.stat().st_size
+    capsys.readouterr()
+    assert main(["run", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--resume" in err and "Traceback" not in err
+    assert storage.stat().st_size == size  # nothing written
+    assert main(["run", str(path), "--quiet", "--resume"]) == 0
+    assert "0 trials" in capsys.readouterr().out
+
+
+def test_hbm_override_makes_its_own_study(tmp_path, storage, capsys):
+    path = lab_study(tmp_path, hbm="unlimited")
+    assert main(["run", str(path), "--quiet", "--hbm-gb", "80"]) == 0
+    assert "study lab-hbm80gb" in capsys.readouterr().out
+    assert main(["studies"]) == 0
+    assert "lab-hbm80gb" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, field", [
+    ("model: llama70b\nsystem: lab-system1\ntraining: {global_batch: 512}\nspace: {tp: [3]}\n",
+     "space"),
+    ("model: gpt-5\nsystem: lab-system1\ntraining: {global_batch: 512}\nspace: {}\n", "model"),
+    ("model: llama70b\nsystem: lab-system1\ntraining: {global_batch: 512}\nspace: {}\n"
+     "hbm_gb: 0\n", "hbm_gb"),
+    ("model: llama70b\nsystem: lab-system1\ntraining: {global_batch: 512}\n", "space"),
+])
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(tmp_path, storage, capsys, text, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and field in err
+    assert not storage.exists()
+
+
+def test_bad_hbm_flag(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path)), "--hbm-gb", "-1"]) == 2
+    assert "--hbm-gb" in capsys.readouterr().err and not storage.exists()
+
+
+def test_trials_csv_and_parquet(tmp_path, storage, capsys):
+    main(["run", str(lab_study(tmp_path)), "--quiet"])
+    csv = tmp_path / "t.csv"
+    assert main(["trials", "lab", "--csv", str(csv)]) == 0
+    df = pd.read_csv(csv)
+    assert len(df) == 56 and {"plan", "tp", "step_time_s", "time_compute_s",
+                              "memory_activations_gb", "feasible", "reason"} <= set(df.columns)
+    pytest.importorskip("pyarrow")
+    pq = tmp_path / "t.parquet"
+    assert main(["trials", "lab", "--parquet", str(pq)]) == 0
+    assert len(pd.read_parquet(pq)) == 56
+
+
+def test_unknown_study_and_empty_storage(tmp_path, storage, capsys):
+    assert main(["best", "lab"]) == 2
+    assert "no studies there yet" in capsys.readouterr().err
+    main(["run", str(lab_study(tmp_path)), "--quiet"])
+    capsys.readouterr()
+    assert main(["best", "other"]) == 2
+    assert "stored: lab" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind, name", [("models", "llama3-405b"), ("systems", "dgx-h100-16384"),
+                                        ("devices", "h100-sxm")])
+def test_catalog(capsys, kind, name):
+    assert main(["catalog", kind]) == 0
+    assert name in capsys.readouterr().out
+
+
+def test_catalog_counts_llama2_70b_parameters(capsys):
+    # Llama-2-70B: 68,976,648,192 parameters (the Hugging Face checkpoint) -> "69.0" billion.
+    main(["catalog", "models"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.split()[0] == "llama2-70b")
+    assert "69.0" in line.split()

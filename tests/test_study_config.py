@@ -1,0 +1,90 @@
+"""Study YAMLs: every problem is one line naming the file, the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.errors import PlannerUsageError
+from planner.study_config import load_study_config
+from simcore.specs import Convention, Recompute, ZeroStage
+from tests.study_files import lab_study
+
+STUDIES = Path(__file__).resolve().parent.parent / "studies"
+
+
+def test_reads_the_lab_study(tmp_path):
+    c = load_study_config(lab_study(tmp_path))
+    assert (c.name, c.model.name, c.system.name) == ("lab", "llama70b", "lab-system1")
+    assert c.convention is Convention.MEGATRON and c.hbm_gb == 80
+    assert c.space.recompute == (Recompute.NONE, Recompute.FULL)
+    assert c.metric_names == ["step_time_s"]
+
+
+def test_hbm_override_is_a_study_of_its_own(tmp_path):
+    c = load_study_config(lab_study(tmp_path, hbm="unlimited"), hbm_gb=80)
+    assert c.hbm_gb == 80 and c.name == "lab-hbm80gb"
+    assert c.system.device.hbm_bytes == 80e9
+    assert load_study_config(lab_study(tmp_path, hbm="unlimited")).hbm_gb is None
+
+
+@pytest.mark.parametrize("path", sorted(STUDIES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_study_loads_and_has_valid_strategies(path):
+    c = load_study_config(path)
+    assert c.space.enumerate(), path
+
+
+def test_shipped_lab_studies_are_the_labs_question():
+    # shared design.md: dp, tp, sp in {1..64}, pp 1, no FSDP, recompute on/off: 56 strategies.
+    for name in ("lab4b-llama70b-system1", "lab4b-gpt175b-system2"):
+        c = load_study_config(STUDIES / f"{name}.yaml")
+        assert c.convention is Convention.STAGE and c.hbm_gb is None
+        assert c.space.size == 56 and c.space.zero == (ZeroStage.NONE,)
+
+
+def _error(tmp_path: Path, text: str, **kw) -> str:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(PlannerUsageError) as e:
+        load_study_config(path, **kw)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+GOOD = "model: llama70b\nsystem: lab-system1\ntraining: {global_batch: 512}\nspace: {tp: [1]}\n"
+
+
+@pytest.mark.parametrize("text, where, hint", [
+    ("system: lab-system1\ntraining: {global_batch: 512}\nspace: {}\n", "model", "missing"),
+    (GOOD + "colour: red\n", "colour", "unknown field"),
+    (GOOD.replace("llama70b", "llama-99b"), "model", "unknown model 'llama-99b'"),
+    (GOOD.replace("lab-system1", "nowhere"), "system", "unknown system"),
+    (GOOD + "hbm_gb: 0\n", "hbm_gb", "must be > 0"),
+    (GOOD + "hbm_gb: -5\n", "hbm_gb", "must be > 0"),
+    (GOOD + "sampler: annealing\n", "sampler", "use one of exhaustive"),
+    (GOOD + "objectives: [memory]\n", "objectives", "[step_time, peak_memory]"),
+    (GOOD.replace("space: {tp: [1]}", "space: {tp: [1], recompute: [some]}"),
+     "space.recompute", "unknown value 'some'"),
+    (GOOD.replace("space: {tp: [1]}", "space: {tpp: [1]}"), "space.tpp", "unknown field"),
+    (GOOD.replace("space: {tp: [1]}", "space: {tp: [0]}"), "space.tp", ">= 1"),
+    (GOOD.replace("{global_batch: 512}", "{}"), "training.global_batch", "missing"),
+    (GOOD.replace("space: {tp: [1]}", "space: {schedule: [interleaved]}"), "space.v", "v > 1"),
+    ("model: [unclosed\n", "line 2", "not valid YAML"),
+])
+def test_bad_fields(tmp_path, text, where, hint):
+    message = _error(tmp_path, text)
+    assert message.startswith(str(tmp_path / "bad.yaml"))
+    assert where in message and hint in message
+
+
+def test_bad_hbm_override(tmp_path):
+    path = lab_study(tmp_path)
+    with pytest.raises(PlannerUsageError, match="--hbm-gb must be a number > 0"):
+        load_study_config(path, hbm_gb=0)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(PlannerUsageError, match="no such file"):
+        load_study_config(tmp_path / "nope.yaml")

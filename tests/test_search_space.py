@@ -6,7 +6,6 @@ import itertools
 from math import comb
 
 import optuna
-import pytest
 
 import simcore
 from planner.catalog import load_catalog

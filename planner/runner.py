@@ -58,7 +58,8 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "gp":
         try:
-            import torch  # noqa: F401 - GPSampler's own dependency
+            import scipy  # noqa: F401 - GPSampler's own dependencies
+            import torch  # noqa: F401
         except ImportError:
             raise PlannerUsageError("sampler gp needs PyTorch: pip install"
                                     " 'parallel-planner[gp]' (or choose tpe)") from None
@@ -111,7 +112,7 @@ def run_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label: 
     if config.sampler == "exhaustive":
         added = _exhaustive(study, storage, config, jobs, progress)
     else:
-        added = _optimize(study, config, label, jobs, progress)
+        added = _optimize(study, storage, config, label, jobs, progress)
     return RunReport(study, added, requeued)
 
 
@@ -133,7 +134,8 @@ def _exhaustive(study: optuna.Study, storage: optuna.storages.BaseStorage, confi
     todo = [s for s in config.space.valid if strategy_label(s) not in done]
     evaluator = config.evaluator()
     distributions = encoding.distributions
-    chunks = list(_chunks(todo, BATCH))
+    size = BATCH if jobs <= 1 else max(1, min(BATCH, -(-len(todo) // (4 * jobs))))
+    chunks = list(_chunks(todo, size))
     results: Iterable[list[Record]]
     if jobs > 1 and len(chunks) > 1:
         results = joblib.Parallel(n_jobs=jobs, return_as="generator")(
@@ -153,7 +155,8 @@ def _exhaustive(study: optuna.Study, storage: optuna.storages.BaseStorage, confi
 
 
 # -- samplers ----------------------------------------------------------------------------------
-def _objective(config: StudyConfig) -> Callable[[optuna.Trial], Any]:
+def _objective(config: StudyConfig, storage: optuna.storages.BaseStorage | None = None
+               ) -> Callable[[optuna.Trial], Any]:
     encoding = LayoutEncoding(config.space)
     evaluator = config.evaluator()
     seen: dict[Strategy, Record] = {}
@@ -163,10 +166,11 @@ def _objective(config: StudyConfig) -> Callable[[optuna.Trial], Any]:
         record = seen.get(strategy)
         if record is None:
             record = seen[strategy] = evaluator(strategy)
-        for key, value in record.user_attrs.items():
-            trial.set_user_attr(key, value)
-        for key, value in record.constraints.items():
-            trial.set_constraint(key, value)
+        with batched(storage):  # some 40 attributes: one journal write instead of 40
+            for key, value in record.user_attrs.items():
+                trial.set_user_attr(key, value)
+            for key, value in record.constraints.items():
+                trial.set_constraint(key, value)
         return record.values if len(record.values) > 1 else record.values[0]
 
     return objective
@@ -177,14 +181,14 @@ def _remaining(study: optuna.Study, config: StudyConfig) -> int:
     return max(0, config.n_trials - finished)
 
 
-def _optimize(study: optuna.Study, config: StudyConfig, label: str, jobs: int,
-              progress: bool) -> int:
+def _optimize(study: optuna.Study, storage: optuna.storages.BaseStorage, config: StudyConfig,
+              label: str, jobs: int, progress: bool) -> int:
     n = _remaining(study, config)
     if n == 0:
         return 0
     if jobs <= 1:
         with _bar(n, progress, config.sampler) as bar:
-            study.optimize(_objective(config), n_trials=n,
+            study.optimize(_objective(config, storage), n_trials=n,
                            callbacks=[lambda _s, _t: bar.update(1)])
         return n
     size = max(1, min(25, n // (jobs * 4)))
@@ -213,9 +217,9 @@ def _worker(path: Path, hbm_override: float | None, label: str, seed: int, n: in
     key = (str(path), hbm_override, label)
     if key not in _WORKER_STUDIES:
         config = load_study_config(path, hbm_gb=hbm_override)
-        study = optuna.load_study(study_name=config.name,
-                                  storage=open_storage(label, create=False))
-        _WORKER_STUDIES[key] = (config, study, _objective(config))
+        storage = open_storage(label, create=False)
+        study = optuna.load_study(study_name=config.name, storage=storage)
+        _WORKER_STUDIES[key] = (config, study, _objective(config, storage))
     config, study, objective = _WORKER_STUDIES[key]
     study.sampler = make_sampler(config.sampler, seed)
     study.optimize(objective, n_trials=n)

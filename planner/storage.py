@@ -138,7 +138,7 @@ class BatchedJournalFileBackend(BaseJournalBackend):
             os.fsync(f.fileno())
 
 
-def batched(storage: BaseStorage) -> contextlib.AbstractContextManager[None]:
+def batched(storage: BaseStorage | None) -> contextlib.AbstractContextManager[None]:
     """One batch of writes on a batched journal file; any other storage writes as it goes."""
     if isinstance(storage, BatchedJournalStorage):
         return storage.file_backend.batch()

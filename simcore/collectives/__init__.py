@@ -12,7 +12,7 @@ check; like that backend it covers one-dimensional networks).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -20,14 +20,14 @@ from typing import Any
 from simcore.network import AlgorithmChoice, Collective, CollectiveAlgorithm, Network
 
 from ._base import NS_PER_S, BaseCollective, Costs, Link
+from ._contention import aware_time_ns
 from ._direct import DirectCollective
 from ._double_binary_tree import DoubleBinaryTreeCollective
-from ._contention import aware_time_ns
 from ._flat import FlatLink
 from ._group import GROUP_HANDOFF_NS, group_ring_ns, p2p_ns
 from ._halving_doubling import HalvingDoublingCollective
 from ._ring import RingCollective
-from ._schedule import PhasePlan, chunking, phase_ops, schedule_chunks, waves
+from ._schedule import PhasePlan, Scheduler, chunking, phase_ops, scheduler, waves
 
 __all__ = [
     "BaseCollective",
@@ -179,15 +179,15 @@ def collective_time(
         return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
                                 congestion)
     scheduling = network.scheduling
-    chunk, chunks = chunking(
-        collective, size_bytes, scheduling.preferred_dataset_splits, network.npus
-    )
     compiled = _compiled(network)
+    chunk, chunks = chunking(
+        collective, size_bytes, scheduling.preferred_dataset_splits, compiled.npus
+    )
     if group is not None:
         n_waves = waves(chunks, scheduling.active_chunks_per_dim)
         return _group_timing(network, compiled.links, collective, size_bytes, group, chunk,
                              chunks, n_waves)
-    plans, queues = compiled.plan(collective)
+    plans, phases, schedule = compiled.plan(collective)
     if not plans:  # a one-NPU system: nothing to send
         return CollectiveTiming(collective, size_bytes, 0.0, chunk, chunks, congestion)
     costs = compiled.costs
@@ -197,31 +197,49 @@ def collective_time(
     sizes = []
     durations = []
     data = chunk
-    for p in plans:
+    for phase_ns, output_bytes in phases:
         sizes.append(data)
-        durations.append(p.algorithm.phase_ns(p.op, p.npus, data, p.link, costs))
-        data = p.algorithm.output_bytes(p.op, p.npus, data)
-    total_ns = schedule_chunks(chunks, durations, queues, scheduling.active_chunks_per_dim)
+        durations.append(phase_ns(data))
+        data = output_bytes(data)
+    total_ns = schedule(chunks, durations, scheduling.active_chunks_per_dim)
     return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
                             congestion, plans, tuple(sizes), tuple(durations))
 
 
+_CompiledPlan = tuple[
+    tuple[PhasePlan, ...], tuple[tuple[Callable[[int], int], Callable[[int], int]], ...], Scheduler
+]
+"""A collective's phases; per phase ``(duration_ns(bytes in), bytes out(bytes in))``; the
+chunk schedule for the phases' queues."""
+
+
 class _CompiledNetwork:
     """What a network's collectives need that does not depend on the message: its links,
-    its per-NPU costs and, per collective, the phases of a chunk. Built once per Network
+    its per-NPU costs and, per collective, the phases of a chunk with their duration functions
+    (per-offset hop latencies fixed) and the schedule for their queues. Built once per Network
     object (see :func:`_compiled`); every estimate still computes its own times."""
 
     def __init__(self, network: Network) -> None:
         self.network = weakref.proxy(network)
         self.links = [Link(d) for d in network.dims]
         self.costs = Costs.of(network.scheduling)
-        self._plans: dict[Collective, tuple[tuple[PhasePlan, ...], list[int]]] = {}
+        self.npus = network.npus
+        self._plans: dict[Collective, _CompiledPlan] = {}
 
-    def plan(self, collective: Collective) -> tuple[tuple[PhasePlan, ...], list[int]]:
+    def plan(self, collective: Collective) -> _CompiledPlan:
+        """The phases of one chunk; per phase its duration and output size as functions of its
+        input size; and how chunks through the phases are scheduled (by their queues, one per
+        dimension)."""
         entry = self._plans.get(collective)
         if entry is None:
             plans = tuple(_plan(self.network, self.links, collective))
-            entry = self._plans[collective] = (plans, [p.dim or 0 for p in plans])
+            phases = tuple(
+                (p.algorithm.phase_fn(p.op, p.npus, p.link, self.costs),
+                 p.algorithm.output_fn(p.op, p.npus))
+                for p in plans
+            )
+            schedule = scheduler([p.dim or 0 for p in plans])
+            entry = self._plans[collective] = (plans, phases, schedule)
         return entry
 
 

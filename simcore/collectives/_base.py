@@ -7,6 +7,7 @@ the simulator is reproduced exactly; :mod:`simcore.collectives` converts to seco
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from simcore.network import Collective, CollectiveScheduling, NetworkDim, Topology
@@ -57,19 +58,30 @@ class Link:
         self.latency_ns = to_ns(dim.latency_s)
         self.bytes_per_ns = dim.bandwidth_bytes_per_s / NS_PER_S
         self.topology: BaseTopology = build_topology(dim)
+        self.uniform = dim.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED)
+        """Every offset has the same hop count (Switch, FullyConnected)."""
+        self._hop_latency: dict[int, float] = {}
 
     def hops(self, offset: int) -> int:
         """Hops to the NPU ``offset`` places further on the dimension's ring (the worst NPU's)."""
         return self.topology.offset_hops(offset)
 
-    @property
-    def uniform(self) -> bool:
-        """Every offset has the same hop count (Switch, FullyConnected)."""
-        return self.dim.topology in (Topology.SWITCH, Topology.FULLY_CONNECTED)
+    def hop_latency_ns(self, offset: int) -> float:
+        """``hops(offset) * latency``, the latency term of a message to ``offset`` (a property
+        of the dimension, kept per offset)."""
+        latency = self._hop_latency.get(offset)
+        if latency is None:
+            latency = self._hop_latency[offset] = self.hops(offset) * self.latency_ns
+        return latency
+
+    def message_terms(self, offset: int) -> tuple[float, float]:
+        """``(hops(offset) * latency, bytes per ns)``: a message of ``b`` bytes to ``offset``
+        takes ``int(latency + b / bytes_per_ns)`` ns (:meth:`send_ns`)."""
+        return self.hop_latency_ns(offset), self.bytes_per_ns
 
     def send_ns(self, offset: int, message_bytes: int) -> int:
         """One message to the NPU ``offset`` places further on this dimension's ring."""
-        return self.message_ns(self.hops(offset), message_bytes)
+        return int(self.hop_latency_ns(offset) + message_bytes / self.bytes_per_ns)
 
     def message_ns(self, hops: int, message_bytes: int) -> int:
         return int(hops * self.latency_ns + message_bytes / self.bytes_per_ns)
@@ -98,6 +110,12 @@ class BaseCollective(abc.ABC):
     def phase_ns(self, op: Collective, n: int, data_bytes: int, link: Link, costs: Costs) -> int:
         """Duration of one phase of one chunk, in ns."""
 
+    def phase_fn(self, op: Collective, n: int, link: Link, costs: Costs) -> Callable[[int], int]:
+        """:meth:`phase_ns` as a function of ``data_bytes`` alone: what a compiled network keeps
+        per phase. This default wraps :meth:`phase_ns`; an algorithm may return a faster
+        equivalent (and define :meth:`phase_ns` through it)."""
+        return lambda data_bytes: self.phase_ns(op, n, data_bytes, link, costs)
+
     def output_bytes(self, op: Collective, n: int, data_bytes: int) -> int:
         """Bytes per NPU after the phase (ASTRA-sim's ``final_data_size``)."""
         if op is Collective.REDUCE_SCATTER:
@@ -105,3 +123,13 @@ class BaseCollective(abc.ABC):
         if op is Collective.ALL_GATHER:
             return data_bytes * n
         return data_bytes
+
+    def output_fn(self, op: Collective, n: int) -> Callable[[int], int]:
+        """:meth:`output_bytes` as a function of ``data_bytes`` alone (for a compiled network)."""
+        if type(self).output_bytes is not BaseCollective.output_bytes:
+            return lambda data_bytes: self.output_bytes(op, n, data_bytes)
+        if op is Collective.REDUCE_SCATTER:
+            return lambda data_bytes: data_bytes // n
+        if op is Collective.ALL_GATHER:
+            return lambda data_bytes: data_bytes * n
+        return lambda data_bytes: data_bytes

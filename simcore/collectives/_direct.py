@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from simcore.network import Collective
 
 from ._base import BaseCollective, Costs, Link
@@ -36,27 +38,37 @@ class DirectCollective(BaseCollective):
             )
 
     def phase_ns(self, op: Collective, n: int, data_bytes: int, link: Link, costs: Costs) -> int:
-        e = costs.endpoint_ns
-        if op is Collective.ALL_GATHER:
-            return 2 * e + self._slowest(n, data_bytes, link)
-        m = data_bytes // n
-        if op is Collective.ALL_TO_ALL:
-            return 2 * e + self._slowest(n, m, link)
-        r = costs.reduce_ns(m)
-        if op is Collective.REDUCE_SCATTER:
-            return 2 * e + self._slowest(n, m, link) + r
-        if link.uniform:
-            return 3 * e + 2 * link.send_ns(1, m) + r
-        sends = [link.send_ns(j, m) for j in range(1, n)]
-        arrivals = [e + s for s in sends]
-        last_arrival = max(arrivals)
-        done = sorted(a + e + r for a in arrivals)
-        release = next(g for g in done if g >= last_arrival)
-        return e + max(max(g, release) + s for g, s in zip(done, sends))
+        return self.phase_fn(op, n, link, costs)(data_bytes)
 
-    @staticmethod
-    def _slowest(n: int, message_bytes: int, link: Link) -> int:
+    def phase_fn(self, op: Collective, n: int, link: Link, costs: Costs) -> Callable[[int], int]:
+        e, reduce = costs.endpoint_ns, costs.reduce_ns
+        # the slowest message: to offset 1 on a uniform dimension, else the first offset with
+        # the most hops; int(latency + bytes / bytes_per_ns)
+        farthest = 1 if link.uniform or n < 3 else max(range(1, n), key=link.hops)
+        latency, bytes_per_ns = link.message_terms(farthest)
+        if op is Collective.ALL_GATHER:
+            return lambda d: 2 * e + int(latency + d / bytes_per_ns)
+        if op is Collective.ALL_TO_ALL:
+            return lambda d: 2 * e + int(latency + d // n / bytes_per_ns)
+        if op is Collective.REDUCE_SCATTER:
+            def reduce_scatter(d: int) -> int:
+                m = d // n
+                return 2 * e + int(latency + m / bytes_per_ns) + reduce(m)
+            return reduce_scatter
         if link.uniform:
-            return link.send_ns(1, message_bytes)
-        farthest = max(link.hops(j) for j in range(1, n))
-        return link.message_ns(farthest, message_bytes)
+            def all_reduce(d: int) -> int:
+                m = d // n
+                return 3 * e + 2 * int(latency + m / bytes_per_ns) + reduce(m)
+            return all_reduce
+        terms = [link.message_terms(j) for j in range(1, n)]
+
+        def all_reduce_mixed_hops(d: int) -> int:
+            m = d // n
+            r = reduce(m)
+            sends = [int(hop_latency + m / bw) for hop_latency, bw in terms]
+            arrivals = [e + s for s in sends]
+            last_arrival = max(arrivals)
+            done = sorted(a + e + r for a in arrivals)
+            release = next(g for g in done if g >= last_arrival)
+            return e + max(max(g, release) + s for g, s in zip(done, sends))
+        return all_reduce_mixed_hops

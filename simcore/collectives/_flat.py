@@ -23,10 +23,18 @@ class FlatLink:
         self.links = links
         self.npus = network.npus
 
-    def send_ns(self, offset: int, message_bytes: int) -> int:
+    def _local(self, offset: int) -> tuple[Link, int]:
         stride = 1
         for link in self.links:
             if offset < stride * link.npus:
-                return link.send_ns(offset // stride, message_bytes)
+                return link, offset // stride
             stride *= link.npus
         raise ValueError(f"offset {offset} is outside the {self.npus}-NPU ring")
+
+    def message_terms(self, offset: int) -> tuple[float, float]:
+        link, local = self._local(offset)
+        return link.message_terms(local)
+
+    def send_ns(self, offset: int, message_bytes: int) -> int:
+        link, local = self._local(offset)
+        return link.send_ns(local, message_bytes)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from simcore.network import Collective
 
 from ._base import BaseCollective, Costs, Link
@@ -35,15 +37,33 @@ class HalvingDoublingCollective(BaseCollective):
         _log2(n)
 
     def phase_ns(self, op: Collective, n: int, data_bytes: int, link: Link, costs: Costs) -> int:
-        e, steps = costs.endpoint_ns, _log2(n)
+        return self.phase_fn(op, n, link, costs)(data_bytes)
+
+    def phase_fn(self, op: Collective, n: int, link: Link, costs: Costs) -> Callable[[int], int]:
+        e, reduce, steps = costs.endpoint_ns, costs.reduce_ns, _log2(n)
+        # (latency, bytes per ns) of step k's message: int(latency + bytes / bytes_per_ns)
+        halving = [link.message_terms(1 << k) for k in range(steps)]
+        doubling = [link.message_terms(n >> (k + 1)) for k in range(steps)]
         if op is Collective.ALL_GATHER:
-            return e + sum(
-                link.send_ns(n >> (k + 1), data_bytes << k) + e for k in range(steps)
-            )
-        sizes = [data_bytes >> k for k in range(1, steps + 1)]
-        t = e + sum(link.send_ns(1 << k, m) + e for k, m in enumerate(sizes))
-        t += sum(costs.reduce_ns(m) for m in sizes[1:])
-        if op is Collective.ALL_REDUCE:
-            base = 2 * (sizes[-1] // 2)
-            t += sum(link.send_ns(n >> (k + 1), base << k) + e for k in range(steps))
-        return t
+            def all_gather(d: int) -> int:
+                t = e
+                for k, (latency, bytes_per_ns) in enumerate(doubling):
+                    t += int(latency + (d << k) / bytes_per_ns) + e
+                return t
+            return all_gather
+        all_reduce = op is Collective.ALL_REDUCE
+
+        def reduce_first(d: int) -> int:
+            t = e
+            m = d
+            for k, (latency, bytes_per_ns) in enumerate(halving):
+                m >>= 1  # m_(k+1) = trunc(D / 2^(k+1)), to the partner at distance 2^k
+                t += int(latency + m / bytes_per_ns) + e
+                if k:
+                    t += reduce(m)
+            if all_reduce:
+                base = 2 * (m // 2)
+                for k, (latency, bytes_per_ns) in enumerate(doubling):
+                    t += int(latency + (base << k) / bytes_per_ns) + e
+            return t
+        return reduce_first

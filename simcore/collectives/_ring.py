@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from simcore.network import Collective
 
 from ._base import BaseCollective, Costs, Link
@@ -31,13 +33,22 @@ class RingCollective(BaseCollective):
     name = "ring"
 
     def phase_ns(self, op: Collective, n: int, data_bytes: int, link: Link, costs: Costs) -> int:
-        e = costs.endpoint_ns
+        return self.phase_fn(op, n, link, costs)(data_bytes)
+
+    def phase_fn(self, op: Collective, n: int, link: Link, costs: Costs) -> Callable[[int], int]:
+        e, reduce = costs.endpoint_ns, costs.reduce_ns
+        latency, bytes_per_ns = link.message_terms(1)  # S(b) = int(latency + b / bytes_per_ns)
         if op is Collective.ALL_GATHER:
-            return e + (n - 1) * (link.send_ns(1, data_bytes) + e)
-        m = data_bytes // n
-        step = link.send_ns(1, m) + e
+            return lambda d: e + (n - 1) * (int(latency + d / bytes_per_ns) + e)
         if op is Collective.ALL_REDUCE:
-            return e + 2 * (n - 1) * step + (n - 1) * costs.reduce_ns(m)
+            def all_reduce(d: int) -> int:
+                m = d // n
+                return e + 2 * (n - 1) * (int(latency + m / bytes_per_ns) + e) + (n - 1) * reduce(m)
+            return all_reduce
         if op is Collective.REDUCE_SCATTER:
-            return e + (n - 1) * (step + costs.reduce_ns(m))
-        return e + n * (n - 1) // 2 * step
+            def reduce_scatter(d: int) -> int:
+                m = d // n
+                return e + (n - 1) * (int(latency + m / bytes_per_ns) + e + reduce(m))
+            return reduce_scatter
+        steps = n * (n - 1) // 2
+        return lambda d: e + steps * (int(latency + d // n / bytes_per_ns) + e)

@@ -114,3 +114,17 @@ def test_full_size_lab_models(degrees) -> None:
                      dout=32000, num_stacks=80, **degrees)
     roofline = {"peak_ops_per_s": 450e12, "local_mem_bytes_per_s": 3000e9}
     assert astra_estimate(args, network, **roofline) == _reference(args, network, **roofline)
+
+
+@pytest.mark.parametrize("degrees", [{"dp": 4, "tp": 4, "sp": 4},
+                                     {"tp": 8, "sp": 8, "activation_recompute": True}])
+def test_full_size_gpt175b_lab_system2(degrees) -> None:
+    # The lab's GPT-175B (96 blocks, vocabulary padded to 50,304 as studies/lab4b-gpt175b-
+    # system2.yaml does): the block-skipping replay equals the plain reference replay.
+    system = CATALOG.system("lab-system2")
+    args = StageArgs(dmodel=12288, dff=49152, head=96, seq=1024, batch=512, din=50304,
+                     dout=50304, num_stacks=96, **degrees)
+    roofline = {"peak_ops_per_s": system.device.peak_flops_per_s,
+                "local_mem_bytes_per_s": system.device.hbm_bandwidth_bytes_per_s}
+    assert astra_estimate(args, system.network, **roofline) == _reference(
+        args, system.network, **roofline)

@@ -3,69 +3,19 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict, dataclass, replace
+import weakref
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from simcore.collectives import Congestion, collective_time, p2p_time
 from simcore.network import Collective, Network
 from simcore.stage._args import StageArgs
-from simcore.stage._fast import add_scaled, repeated_rank
-from simcore.stage._graph import Node, NodeKind, RankGraph, build_model
+from simcore.stage._fast import repeated_rank
+from simcore.stage._graph import Node, RankGraph, build_model
+from simcore.stage._inventory import Inventory, inventory
 from simcore.stage._replay import RankTimes, replay, replay_flat, roofline_ns
 
 __all__ = ["Inventory", "StageResult", "astra_estimate", "inventory"]
-
-
-@dataclass(frozen=True, slots=True)
-class Inventory:
-    """Counts and summed sizes of one rank's trace (elements; MACs for ``sum_num_ops``)."""
-
-    n_comp: int
-    sum_num_ops: int
-    sum_tensor_size: int
-    n_AR: int
-    AR_size: int
-    n_AG: int
-    AG_size: int
-    n_RS: int
-    RS_size: int
-    n_A2A: int
-    A2A_size: int
-    n_send: int
-    send_size: int
-    n_recv: int
-    recv_size: int
-
-
-_SHORT = {
-    Collective.ALL_REDUCE: "AR",
-    Collective.ALL_GATHER: "AG",
-    Collective.REDUCE_SCATTER: "RS",
-    Collective.ALL_TO_ALL: "A2A",
-}
-
-
-def inventory(graph: RankGraph) -> Inventory:
-    counts: dict[str, int] = {}
-
-    def add(key: str, size: int) -> None:
-        counts[f"n_{key}"] = counts.get(f"n_{key}", 0) + 1
-        counts[f"{key}_size"] = counts.get(f"{key}_size", 0) + size
-
-    ops = tensor = comps = 0
-    for n in graph.nodes:
-        if n.kind is NodeKind.COMP:
-            comps += 1
-            ops += n.num_ops
-            tensor += n.tensor_size
-        elif n.kind is NodeKind.COLL:
-            assert n.collective is not None
-            add(_SHORT[n.collective], n.size)
-        else:
-            add("send" if n.kind is NodeKind.SEND else "recv", n.size)
-    fields = {k: counts.get(k, 0) for k in Inventory.__slots__}  # type: ignore[attr-defined]
-    fields.update(n_comp=comps, sum_num_ops=ops, sum_tensor_size=tensor)
-    return Inventory(**fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +68,25 @@ def astra_estimate(
     return _result(times, inv)
 
 
+_CollectiveTimes = dict[tuple[Collective, int, tuple[int, ...]], int]
+_COLLECTIVE_TIMES: dict[int, tuple[weakref.ref[Network], _CollectiveTimes]] = {}
+
+
+def _collective_times(network: Network) -> _CollectiveTimes:
+    """The collective times known for ``network`` from earlier estimates: a time is a pure
+    function of the network (an immutable value) and the key, so they are kept for as long as
+    the network lives. Kept by identity (a Network holds dicts, so it does not hash); the entry
+    goes when the network does, before its id can be reused."""
+    key = id(network)
+    entry = _COLLECTIVE_TIMES.get(key)
+    if entry is None or entry[0]() is not network:
+        ref = weakref.ref(network, lambda _: _COLLECTIVE_TIMES.pop(key, None))
+        entry = _COLLECTIVE_TIMES[key] = (ref, {})
+    if len(entry[1]) > 1 << 16:  # a bound, not expected to be reached
+        entry[1].clear()
+    return entry[1]
+
+
 class _Durations:
     """Compute, collective and point-to-point times, each evaluated once per distinct key."""
 
@@ -127,7 +96,7 @@ class _Durations:
         self.peak = peak_ops_per_s
         self.mem = local_mem_bytes_per_s
         self.comp_cache: dict[tuple[int, int], int] = {}
-        self.coll_cache: dict[tuple[Collective, int, tuple[int, ...]], int] = {}
+        self.coll_cache = _collective_times(network)
         self.p2p_cache: dict[tuple[int, int, int], int] = {}
 
     def comp_ns(self, node: Node) -> int:
@@ -165,10 +134,8 @@ def _replayed(args: StageArgs, durations: _Durations, *, repeat: bool = True
     if repeat:
         fast = repeated_rank(args, durations.comp_ns, durations.coll_ns, durations.p2p_ns)
         if fast is not None:
-            flat, short, middle, extra = fast
-            inv = add_scaled(inventory(short), inventory(replace(short, nodes=tuple(middle))),
-                             extra)
-            return replay_flat([flat]), inv  # type: ignore[return-value]
+            flat, inv = fast
+            return replay_flat([flat]), inv
     model = build_model(args)
     times = replay(model.ranks, durations.comp_ns, durations.coll_ns, durations.p2p_ns)
     return times, inventory(model.ranks[0])

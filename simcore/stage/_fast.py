@@ -12,24 +12,38 @@ pattern (same kinds, durations, sizes, and dependencies and tensors at the same 
 offsets), which is what a longer model repeats. Anything else (other stage counts, short
 models, a pattern that does not repeat) returns ``None`` and the caller builds the model.
 
-The replay itself still runs over every node. Extrapolating the *results* instead (replay a few
-short models, continue each figure linearly in the number of blocks) is not exact: llama70b
-shapes at tp=64 with recompute on 64 NPUs have a peak memory that grows by ~10.5 M elements per
-block up to ~26 blocks and by ~145 M beyond (the peak moves to another point of the step), while
-every time figure stays affine. A shortcut of the replay has to prove a periodic schedule state.
+The layout of the long trace (kinds, dependencies, tensors, where the repeated blocks are) does
+not depend on the sizes: the short model comes from one symbolic graph per layout
+(:mod:`._symbolic`), so the layout is worked out once per (layout, number of blocks) and cached
+(:class:`_Plan`); a strategy only brings its durations and tensor sizes, which are checked to
+repeat as well. The replay (:mod:`._periodic`) skips the blocks whose schedule provably repeats.
+
+Extrapolating the *results* instead (replay a few short models, continue each figure linearly
+in the number of blocks) is not exact: llama70b shapes at tp=64 with recompute on 64 NPUs have a
+peak memory that grows by ~10.5 M elements per block up to ~26 blocks and by ~145 M beyond (the
+peak moves to another point of the step), while every time figure stays affine.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections.abc import Callable
-from dataclasses import fields, replace
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields, replace
+from itertools import pairwise
+
+import numpy as np
 
 from simcore.stage._args import StageArgs
-from simcore.stage._graph import Node, RankGraph, build_model
-from simcore.stage._replay import FlatRank, flatten
+from simcore.stage._graph import Node, NodeKind, RankGraph
+from simcore.stage._inventory import Inventory, inventory_of
+from simcore.stage._memory import MemoryPlan, memory_plan
+from simcore.stage._periodic import Geometry
+from simcore.stage._replay import FlatRank, Repeated
+from simcore.stage._symbolic import Rank0, layout_key, rank0, rank0_graph
 
-__all__ = ["K", "repeated_rank"]
+__all__ = ["K", "add_scaled", "repeated_rank"]
 
 K = 4
 """Blocks of the short model: block 0, two middle blocks to compare, the last block."""
@@ -38,6 +52,11 @@ _STACK = re.compile(r"stack_(\d+)_")
 
 # segments, in trace order
 _E1, _B, _E2, _W = range(4)
+_COMP = int(NodeKind.COMP)
+
+_PLANS: OrderedDict[tuple, _Plan | None] = OrderedDict()
+_MAX_PLANS = 32  # ~2 MB each; a study of one model uses about 14
+_PATTERNS: dict[tuple, _Pattern | None] = {}  # one per layout: a few dozen at most
 
 
 def _block_of(name: str) -> int:
@@ -45,22 +64,242 @@ def _block_of(name: str) -> int:
     return -1 if m is None else int(m.group(1))
 
 
+_TENSORS: dict[str, tuple[int, str]] = {}
+
+
+def _tensor(name: str) -> tuple[int, str]:
+    """A tensor name as (block or -1, name without the block prefix)."""
+    found = _TENSORS.get(name)
+    if found is None:
+        m = _STACK.match(name)
+        found = (-1, name) if m is None else (int(m.group(1)), name[m.end():])
+        if len(_TENSORS) < 1 << 16:  # the short models' names: a few hundred per layout
+            _TENSORS[name] = found
+    return found
+
+
 def repeated_rank(
     args: StageArgs,
     comp_ns: Callable[[Node], int],
     coll_ns: Callable[[RankGraph, Node], int],
     p2p_ns: Callable[[int, int, int], int],
-) -> tuple[FlatRank, RankGraph, list[Node], int] | None:
-    """Rank 0 of ``args`` flattened, the short model's rank graph, the nodes of one middle block
-    (block and weight updates) and how many middle blocks the long model adds; or ``None``."""
+) -> tuple[FlatRank, Inventory] | None:
+    """Rank 0 of ``args`` flattened, and its inventory; or ``None``."""
     n = args.num_stacks
     if args.pp != 1 or n <= K:
         return None
-    graph = build_model(replace(args, num_stacks=K)).ranks[0]
-    if len(graph.nodes) == 0:
+    short = replace(args, num_stacks=K)
+    rank = rank0(short)
+    if rank is None:  # a split that is not whole: the builder raises its error
+        rank0_graph(short)
         return None
-    flat = flatten(graph, comp_ns, coll_ns, p2p_ns)
+    if not rank.names:
+        return None
+    plan = _plan(short, rank, n)
+    if plan is None:
+        return None
+    dur = rank.durations(comp_ns, coll_ns)
+    in_sizes, out_sizes = rank.entry_sizes()
+    if not plan.numbers_repeat(dur, in_sizes, out_sizes):
+        return None
+    inv = add_scaled(inventory_of(rank.inventory_rows()),
+                     inventory_of(rank.inventory_rows(plan.middle)), n - K)
+    return plan.long_rank(rank.names, dur, in_sizes, out_sizes), inv  # type: ignore[return-value]
+
+
+def _plan(short: StageArgs, rank: Rank0, n: int) -> _Plan | None:
+    """The cached layout of ``n`` blocks for ``short``'s layout (module docstring)."""
+    key = (layout_key(short), n)
+    if key in _PLANS:
+        _PLANS.move_to_end(key)
+        plan = _PLANS[key]
+    else:
+        pattern = _pattern(short, rank)
+        plan = _PLANS[key] = None if pattern is None else _layout(pattern, n)
+        if len(_PLANS) > _MAX_PLANS:
+            _PLANS.popitem(last=False)
+    if plan is not None and plan.short_names != rank.names:
+        raise AssertionError("one layout gave two short graphs")  # rank0's contract
+    return plan
+
+
+def _pattern(short: StageArgs, rank: Rank0) -> _Pattern | None:
+    """The short model's verified block pattern for ``short``'s layout (any number of blocks
+    uses it), or ``None`` if it does not repeat."""
+    key = layout_key(short)
+    if key not in _PATTERNS:
+        _PATTERNS[key] = _build_pattern(rank.graph())
+    return _PATTERNS[key]
+
+
+class _Lists:
+    """CSR arrays kept as numpy (compact), as lists once something reads them (only tests and
+    the plain fallbacks do: the replay uses the dependants and :mod:`._memory`)."""
+
+    __slots__ = ("_arrays", "_lists")
+
+    def __init__(self, *arrays: np.ndarray) -> None:
+        self._arrays: tuple[np.ndarray, ...] | None = arrays
+        self._lists: tuple[list[int], ...] = ()
+
+    def lists(self) -> tuple[list[int], ...]:
+        if self._arrays is not None:
+            self._lists = tuple(a.tolist() for a in self._arrays)
+            self._arrays = None
+        return self._lists
+
+
+class _Rows(Sequence[list[int]]):
+    """Each node's dependencies in a long trace: (values, pointers) sliced on demand."""
+
+    __slots__ = ("_csr",)
+
+    def __init__(self, csr: _Lists) -> None:
+        self._csr = csr
+
+    def __len__(self) -> int:
+        return len(self._csr.lists()[1]) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        values, ptr = self._csr.lists()
+        if i < 0:
+            i += len(ptr) - 1
+        if not 0 <= i < len(ptr) - 1:
+            raise IndexError(i)
+        return values[ptr[i]:ptr[i + 1]]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        values, ptr = self._csr.lists()
+        return (values[p:q] for p, q in pairwise(ptr))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Sides(Sequence[tuple[tuple[int, int], ...]]):
+    """The inputs (or outputs) of every node of a long trace, made on demand from the plan's
+    (tensor keys, size slots, pointers) and a strategy's sizes."""
+
+    __slots__ = ("_entries", "_sizes")
+
+    def __init__(self, entries: _Lists, sizes: list[int]) -> None:
+        self._entries, self._sizes = entries, sizes
+
+    def __len__(self) -> int:
+        return len(self._entries.lists()[2]) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        keys, slots, ptr = self._entries.lists()
+        if i < 0:
+            i += len(ptr) - 1
+        if not 0 <= i < len(ptr) - 1:
+            raise IndexError(i)
+        p, q = ptr[i], ptr[i + 1]
+        sizes = self._sizes
+        return tuple([(k, sizes[s]) for k, s in zip(keys[p:q], slots[p:q])])
+
+    def __iter__(self) -> Iterator[tuple[tuple[int, int], ...]]:
+        return (self[i] for i in range(len(self)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The size-independent layout of one long trace (module docstring)."""
+
+    short_names: tuple[str, ...]
+    runs: tuple[tuple[int, int, int], ...]
+    """(first short node, short nodes, copies) in long-trace order."""
+    repeats: tuple[tuple[int, int, int], ...]
+    """(first of block 1, first of block 2, length) of nodes, input slots and output slots
+    whose numbers must repeat."""
+    kind: list[int]
+    link: list[int]
+    deps: _Rows
+    in_entries: _Lists
+    """Tensor keys, size slots and per-node pointers of the inputs (likewise outputs)."""
+    out_entries: _Lists
+    origin: list[tuple[int, int, int]]
+    """Per long segment: (its first index, the short segment's first index, its block)."""
+    firsts: list[int]
+    """The first indices of ``origin``, for bisection."""
+    middle: list[int]
+    geometry: Geometry
+    children: list[list[int]]
+    pending: list[int]
+    memory: MemoryPlan | None
+
+    def numbers_repeat(self, dur: list[int], in_sizes: list[int], out_sizes: list[int]) -> bool:
+        """Whether a strategy's durations and sizes repeat from block 1 to block 2."""
+        return all(values[a:a + n] == values[b:b + n]
+                   for values, (a, b, n) in zip((dur, dur, in_sizes, in_sizes, out_sizes,
+                                                 out_sizes), self.repeats))
+
+    def long_rank(self, names: tuple[str, ...], short: list[int], in_sizes: list[int],
+                  out_sizes: list[int]) -> FlatRank:
+        """Rank 0's long trace from the short trace's node names and durations and one
+        strategy's entry sizes."""
+        dur: list[int] = []
+        for start, count, copies in self.runs:
+            dur += short[start:start + count] * copies
+        origin, firsts = self.origin, self.firsts
+
+        def name_of(i: int) -> str:
+            first, start, b = origin[bisect.bisect_right(firsts, i) - 1]
+            name = names[start + i - first]
+            return name if b < 0 else _STACK.sub(f"stack_{b}_", name, count=1)
+
+        return FlatRank(
+            rank=0, kind=self.kind, dur=dur, link=self.link, deps=self.deps,
+            inputs=_Sides(self.in_entries, in_sizes), outputs=_Sides(self.out_entries, out_sizes),
+            names=name_of,
+            repeat=Repeated(self.geometry, self.children, self.pending, self.memory, in_sizes,
+                            out_sizes))
+
+
+@dataclass(frozen=True, slots=True)
+class _Short:
+    """The short trace's structure as arrays: per node its segment, block and position in the
+    segment; dependencies and tensor entries as CSR (pointer, values) lists."""
+
+    seg: np.ndarray
+    block: np.ndarray
+    local: np.ndarray
+    dep_ptr: np.ndarray
+    dep: np.ndarray
+    in_ptr: np.ndarray
+    in_block: np.ndarray
+    in_rest: np.ndarray
+    out_ptr: np.ndarray
+    out_block: np.ndarray
+    out_rest: np.ndarray
+    rests: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Pattern:
+    """The short model's structure: its nodes and kinds, where its segments start and how long
+    they are (by (segment, block)), and the same as arrays (:class:`_Short`)."""
+
+    nodes: Sequence[Node]
+    kind: list[int]
+    starts: dict[tuple[int, int], int]
+    lens: dict[tuple[int, int], int]
+    short: _Short
+
+
+def _build_pattern(graph: RankGraph) -> _Pattern | None:
     nodes = graph.nodes
+    index = {node.id: i for i, node in enumerate(nodes)}
+    kind = [int(node.kind) for node in nodes]
+    deps = [[index[d] for d in node.deps] for node in nodes]
 
     # segment of every node: (segment, block); they must come in trace order
     seg: list[tuple[int, int]] = []
@@ -81,159 +320,247 @@ def repeated_rank(
     wanted = {(_E1, -1), (_E2, -1), *((s, j) for s in (_B, _W) for j in range(K))}
     if not set(lens) <= wanted or any((s, j) not in lens for s in (_B, _W) for j in (1, 2)):
         return None
+    if not _blocks_repeat(nodes, kind, deps, seg, starts, lens):
+        return None
+    if not _ends_stay_at_ends(nodes, deps, seg, starts, lens):
+        return None
+    return _Pattern(nodes, kind, starts, lens, _short_arrays(nodes, deps, seg, starts))
 
-    # tensor keys: (block or -1, name without the block prefix)
-    def tensor(name: str) -> tuple[int, str]:
-        m = _STACK.match(name)
-        return (-1, name) if m is None else (int(m.group(1)), name[m.end():])
+
+def _blocks_repeat(nodes: Sequence[Node], kind: list[int], deps: list[list[int]],
+                   seg: list[tuple[int, int]], starts: dict, lens: dict) -> bool:
+    """Blocks 1 and 2 are the same pattern: kinds, links, collectives and dependencies and
+    tensors at the same offsets relative to the block (numbers are checked per strategy)."""
 
     def relative(i: int, j: int) -> tuple:
-        """Node ``i`` of block ``j`` with every reference relative to block ``j``."""
-        deps = []
-        for d in flat.deps[i]:
+        node = nodes[i]
+        rel = []
+        for d in deps[i]:
             s, b = seg[d]
-            deps.append((s, b - j if b >= 0 else None, d - starts[seg[d]]))
+            rel.append((s, b - j if b >= 0 else None, d - starts[seg[d]]))
         ios = tuple(
-            tuple((b - j if b >= 0 else None, rest, size)
-                  for (b, rest), size in ((tensor(name), size) for name, size in side))
-            for side in (flat.inputs[i], flat.outputs[i]))
-        return (flat.kind[i], flat.dur[i], flat.link[i], tuple(deps), ios)
+            tuple((b - j if b >= 0 else None, rest)
+                  for b, rest in (_tensor(name) for name, _ in side))
+            for side in (node.inputs, node.outputs))
+        return (kind[i], node.link, node.collective, node.axis, tuple(rel), ios)
 
     for s in (_B, _W):
         a, b = (s, 1), (s, 2)
         if lens[a] != lens[b] or any(
             relative(starts[a] + k, 1) != relative(starts[b] + k, 2) for k in range(lens[a])
         ):
-            return None
+            return False
+    return True
 
-    # the ends may only reach the first and the last block (which is where the model puts them)
+
+def _ends_stay_at_ends(nodes: Sequence[Node], deps: list[list[int]],
+                       seg: list[tuple[int, int]], starts: dict, lens: dict) -> bool:
+    """The ends only reach the first and the last block (which is where the model puts them)."""
     for s in (_E1, _E2):
         for i in range(starts.get((s, -1), 0), starts.get((s, -1), 0) + lens.get((s, -1), 0)):
-            reached = [seg[d][1] for d in flat.deps[i]]
-            reached += [tensor(name)[0] for side in (flat.inputs[i], flat.outputs[i])
+            reached = [seg[d][1] for d in deps[i]]
+            reached += [_tensor(name)[0] for side in (nodes[i].inputs, nodes[i].outputs)
                         for name, _ in side]
             if any(j not in (-1, 0, K - 1) for j in reached):
-                return None
+                return False
+    return True
 
-    # the long model: E1 | B0 | B1 x (n - 2) | B_last | E2 | W0 | W1 x (n - 2) | W_last
+
+def _short_arrays(nodes: Sequence[Node], deps: list[list[int]], seg: list[tuple[int, int]],
+                  starts: dict) -> _Short:
+    rests: dict[str, int] = {}
+
+    def entries(side_of: Callable[[Node], tuple]) -> tuple[np.ndarray, ...]:
+        ptr, blocks, ids = [0], [], []
+        for node in nodes:
+            for name, _ in side_of(node):
+                b, rest = _tensor(name)
+                blocks.append(b)
+                ids.append(rests.setdefault(rest, len(rests)))
+            ptr.append(len(blocks))
+        return tuple(np.array(x, dtype=np.int64) for x in (ptr, blocks, ids))
+
+    ins = entries(lambda node: node.inputs)
+    outs = entries(lambda node: node.outputs)
+    dep_ptr = np.cumsum([0] + [len(d) for d in deps])
+    return _Short(
+        seg=np.array([s for s, _ in seg]), block=np.array([b for _, b in seg]),
+        local=np.array([i - starts[key] for i, key in enumerate(seg)]),
+        dep_ptr=dep_ptr, dep=np.array([d for ds in deps for d in ds], dtype=np.int64),
+        in_ptr=ins[0], in_block=ins[1], in_rest=ins[2],
+        out_ptr=outs[0], out_block=outs[1], out_rest=outs[2], rests=len(rests))
+
+
+_Run = tuple[int, int, np.ndarray]
+"""Long segments copied from one short segment: (segment, its short block, the long blocks)."""
+
+
+def _layout(pattern: _Pattern, n: int) -> _Plan:
+    """The long model: E1 | B0 | B1 x (n - 2) | B_last | E2 | W0 | W1 x (n - 2) | W_last, every
+    reference of a copied node moved with it (an end's references to short blocks K-2, K-1 move
+    to the model's last two)."""
+    starts, lens, short = pattern.starts, pattern.lens, pattern.short
+    runs, seg_start, total = _segments(lens, n)
+    arrays, origin = _copies(pattern, runs, seg_start, n)
+    counts = arrays["dep_count"]
+    assert len(counts) == total
+    return _Plan(
+        short_names=tuple(node.name for node in pattern.nodes),
+        runs=tuple((starts[(s, bs)], lens[(s, bs)], len(blocks)) for s, bs, blocks in runs),
+        repeats=_repeats(short, starts, lens),
+        kind=_copied(pattern.kind, runs, starts, lens),
+        link=_copied([node.link for node in pattern.nodes], runs, starts, lens),
+        deps=_Rows(_Lists(arrays["dep"], np.concatenate([[0], np.cumsum(counts)]))),
+        in_entries=_entries(arrays["in_key"], arrays["in_node"], arrays["in_slot"], total),
+        out_entries=_entries(arrays["out_key"], arrays["out_node"], arrays["out_slot"], total),
+        origin=origin,
+        firsts=[o[0] for o in origin],
+        middle=[i for s in (_B, _W) for i in range(starts[(s, 1)], starts[(s, 1)] + lens[(s, 1)])],
+        geometry=_geometry(pattern.kind, starts, lens, n, total, seg_start, arrays["dep"],
+                           arrays["dep_owner"]),
+        children=_children(arrays["dep"], arrays["dep_owner"], total),
+        pending=counts.tolist(),
+        memory=memory_plan(arrays["out_key"], arrays["out_node"], arrays["out_slot"],
+                           arrays["in_key"], arrays["in_node"], arrays["in_slot"]),
+    )
+
+
+def _segments(lens: dict, n: int) -> tuple[list[_Run], np.ndarray, int]:
+    """The runs of the long model, where each (segment, block) starts (``[segment, block + 1]``,
+    the ends at column 0) and the number of nodes."""
+
     def source(b: int) -> int:
         return 0 if b == 0 else K - 1 if b == n - 1 else 1
 
-    def length(s: int, b: int) -> int:
-        return lens.get((s, source(b)), 0) if s in (_B, _W) else lens.get((s, -1), 0)
-
-    new_start: dict[tuple[int, int], int] = {}
+    runs: list[_Run] = []
+    for s in range(4):
+        if s in (_B, _W):
+            for bs, blocks in ((0, [0]), (1, list(range(1, n - 1))), (K - 1, [n - 1])):
+                if (s, bs) in lens:
+                    runs.append((s, bs, np.array(blocks)))
+        elif (s, -1) in lens:
+            runs.append((s, -1, np.array([-1])))
+    seg_start = np.zeros((4, n + 1), dtype=np.int64)
     pos = 0
     for s in range(4):
         for b in (range(n) if s in (_B, _W) else (-1,)):
-            new_start[(s, b)] = pos
-            pos += length(s, b)
-    total = pos
-
-    def target(j: int, b_src: int, b_new: int) -> int:
-        """Block ``j`` as seen from template block ``b_src`` -> its block seen from ``b_new``."""
-        if b_src < 0:  # an end: blocks 0, 1 stay, blocks K-2, K-1 are the model's last two
-            return j if j < K // 2 else n - K + j
-        return b_new + (j - b_src)
-
-    # tensor keys as ints: block b's tensor ``rest`` is b * M + id(rest), an end's -1 - id
-    rests: dict[str, int] = {}
-    for side in (*flat.inputs, *flat.outputs):
-        for name, _ in side:
-            rests.setdefault(tensor(name)[1], len(rests))
-    m = len(rests)
-
-    def spec(i: int, b_src: int) -> tuple:
-        """Node ``i`` of template segment block ``b_src`` as offsets: deps as (base slot,
-        local), tensors as (key offset, size); the slots are (segment, block - b_src)."""
-        dep = []
-        for d in flat.deps[i]:
-            ds, db = seg[d]
-            dep.append(((ds, None if db < 0 else db - b_src), d - starts[seg[d]]))
-        ios = []
-        for side in (flat.inputs[i], flat.outputs[i]):
-            one = []
-            for name, size in side:
-                tb, rest = tensor(name)
-                r = rests[rest]
-                one.append((None, -1 - r, size) if tb < 0 else (tb - b_src, r, size))
-            ios.append(one)
-        return dep, ios[0], ios[1]
-
-    kind: list[int] = []
-    dur: list[int] = []
-    link: list[int] = []
-    deps: list[list[int]] = []
-    inputs: list[tuple] = []
-    outputs: list[tuple] = []
-    origin: list[tuple[int, int, int]] = []  # (first index, template start, block)
-    specs: dict[tuple[int, int], tuple] = {}
-    for s in range(4):
-        for b in (range(n) if s in (_B, _W) else (-1,)):
-            b_src = source(b) if b >= 0 else -1
-            start = starts.get((s, b_src))
-            if start is None:
-                continue
-            stop = start + lens[(s, b_src)]
-            origin.append((len(kind), start, b))
-            kind += flat.kind[start:stop]
-            dur += flat.dur[start:stop]
-            link += flat.link[start:stop]
-            if b < 0:  # an end: references to blocks K-2, K-1 move to the model's last two
-                for i in range(start, stop):
-                    deps.append([new_start[(seg[d][0], target(seg[d][1], -1, 0)
-                                            if seg[d][1] >= 0 else -1)] + d - starts[seg[d]]
-                                 for d in flat.deps[i]])
-                    for side, into in ((flat.inputs[i], inputs), (flat.outputs[i], outputs)):
-                        one = []
-                        for name, size in side:
-                            tb, rest = tensor(name)
-                            r = rests[rest]
-                            one.append((-1 - r if tb < 0 else target(tb, -1, 0) * m + r, size))
-                        into.append(tuple(one))
-                continue
-            tmpl = specs.get((s, b_src))
-            if tmpl is None:
-                tmpl = specs[(s, b_src)] = _segment(
-                    [spec(i, b_src) for i in range(start, stop)], m)
-            slots, dep_rows, in_rows, out_rows = tmpl
-            bases = [new_start[(ds, -1 if r is None else b + r)] for ds, r in slots]
-            bm = b * m
-            deps += [[bases[si] + loc for si, loc in row] for row in dep_rows]
-            inputs += [tuple([(bm * f + c, size) for f, c, size in row]) for row in in_rows]
-            outputs += [tuple([(bm * f + c, size) for f, c, size in row]) for row in out_rows]
-    assert len(kind) == total
-
-    def name_of(i: int) -> str:
-        first, start, b = max(o for o in origin if o[0] <= i)
-        name = nodes[start + i - first].name
-        return name if b < 0 else _STACK.sub(f"stack_{b}_", name, count=1)
-
-    long_flat = FlatRank(rank=flat.rank, kind=kind, dur=dur, link=link, deps=deps,
-                         inputs=inputs, outputs=outputs, names=name_of)
-    middle = [nodes[i] for s in (_B, _W)
-              for i in range(starts[(s, 1)], starts[(s, 1)] + lens[(s, 1)])]
-    return long_flat, graph, middle, n - K
+            seg_start[s, b + 1] = pos
+            pos += lens.get((s, source(b) if b >= 0 else -1), 0)
+    return runs, seg_start, pos
 
 
-def _segment(rows: list[tuple], m: int) -> tuple:
-    """A template segment's rows with every block-relative reference as an offset: the slots
-    (segment, relative block) the dependencies index into, and tensor keys as ``b * m * f + c``
-    (``f`` = 1 for a block's tensor, 0 for an end's)."""
-    slots: list[tuple[int, int | None]] = []
-    dep_rows = []
-    for dep, _, _ in rows:
-        row = []
-        for slot, loc in dep:
-            if slot not in slots:
-                slots.append(slot)
-            row.append((slots.index(slot), loc))
-        dep_rows.append(row)
-    in_rows, out_rows = (
-        [[(0, k, size) if r is None else (1, r * m + k, size) for r, k, size in side]
-         for side in sides]
-        for sides in (([row[1] for row in rows]), ([row[2] for row in rows])))
-    return slots, dep_rows, in_rows, out_rows
+def _copies(pattern: _Pattern, runs: list[_Run], seg_start: np.ndarray, n: int
+            ) -> tuple[dict[str, np.ndarray], list[tuple[int, int, int]]]:
+    """Every dependency and tensor entry of the long model, in node order: dependency targets,
+    their owners and each node's count; tensor keys (block ``b``'s tensor ``r`` is ``b * R +
+    r``, an end's ``-1 - r``), owners and size slots; and where each copied segment starts."""
+    short, starts, lens = pattern.short, pattern.starts, pattern.lens
+
+    def moved(bs: int, blocks: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        """Short block ``ref`` (per entry) as seen from long ``blocks`` copied from ``bs``."""
+        if bs >= 0:
+            out = blocks[:, None] + (ref - bs)[None, :]
+        else:
+            out = np.where(ref < K // 2, ref, n - K + ref)[None, :]
+        return np.where(ref[None, :] < 0, -1, out)
+
+    parts: dict[str, list[np.ndarray]] = {}
+
+    def add(name: str, values: np.ndarray) -> None:
+        parts.setdefault(name, []).append(values.ravel())
+
+    origin: list[tuple[int, int, int]] = []
+    for s, bs, blocks in runs:
+        a, length = starts[(s, bs)], lens[(s, bs)]
+        first = seg_start[s, blocks + 1]  # long start of each copy
+        origin += [(f, a, b) for f, b in zip(first.tolist(), blocks.tolist())]
+        per_node = np.diff(short.dep_ptr[a:a + length + 1])
+        d = short.dep[short.dep_ptr[a]:short.dep_ptr[a + length]]
+        target = seg_start[short.seg[d][None, :], moved(bs, blocks, short.block[d]) + 1]
+        add("dep", target + short.local[d][None, :])
+        add("dep_owner", first[:, None] + np.repeat(np.arange(length), per_node)[None, :])
+        add("dep_count", np.tile(per_node, len(blocks)))
+        for side, ptr, tb, rest in (("in", short.in_ptr, short.in_block, short.in_rest),
+                                    ("out", short.out_ptr, short.out_block, short.out_rest)):
+            p, q = ptr[a], ptr[a + length]
+            t = moved(bs, blocks, tb[p:q])
+            add(f"{side}_key", np.where(t < 0, -1 - rest[p:q], t * short.rests + rest[p:q]))
+            owner = np.repeat(np.arange(length), np.diff(ptr[a:a + length + 1]))
+            add(f"{side}_node", first[:, None] + owner[None, :])
+            add(f"{side}_slot", np.tile(np.arange(p, q), len(blocks)))
+    return {k: np.concatenate(v) for k, v in parts.items()}, origin
+
+
+def _copied(values: list[int], runs: list[_Run], starts: dict, lens: dict) -> list[int]:
+    """A per-node list of the short model copied out to the long model."""
+    out: list[int] = []
+    for s, bs, blocks in runs:
+        a = starts[(s, bs)]
+        out += values[a:a + lens[(s, bs)]] * len(blocks)
+    return out
+
+
+def _rows(values: np.ndarray, counts: np.ndarray) -> list[list[int]]:
+    """CSR values with per-row counts as a list of lists."""
+    flat = values.tolist()
+    ptr = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    return [flat[p:q] for p, q in pairwise(ptr)]
+
+
+def _children(dep: np.ndarray, owner: np.ndarray, total: int) -> list[list[int]]:
+    """Per node, the nodes depending on it (order is irrelevant: the ready queues are heaps)."""
+    order = np.argsort(dep, kind="stable")
+    return _rows(owner[order], np.bincount(dep, minlength=total))
+
+
+def _entries(key: np.ndarray, node: np.ndarray, slot: np.ndarray, total: int) -> _Lists:
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(node, minlength=total))])
+    return _Lists(key, slot, ptr)
+
+
+def _repeats(short: _Short, starts: dict, lens: dict) -> tuple[tuple[int, int, int], ...]:
+    """Nodes, then input slots, then output slots of blocks 1 and 2 (B then W each)."""
+    out = []
+    for ptr in (None, short.in_ptr, short.out_ptr):
+        for s in (_B, _W):
+            a, b, length = starts[(s, 1)], starts[(s, 2)], lens[(s, 1)]
+            if ptr is None:
+                out.append((a, b, length))
+            else:
+                out.append((int(ptr[a]), int(ptr[b]), int(ptr[a + length] - ptr[a])))
+    return tuple(out)
+
+
+def _geometry(kind: list[int], starts: dict, lens: dict, n: int, total: int,
+              seg_start: np.ndarray, dep: np.ndarray, dep_owner: np.ndarray) -> Geometry:
+    """Where the middle blocks 1 .. n-2 are, and the checkpoints: the first and the last
+    compute node of the block pattern and of the weight-update pattern.
+
+    The replay's proof needs every dependant of a node of blocks 2 .. n-3 to be a middle-block
+    node (whose dependencies are the pattern's, so that the dependants repeat too); the middle
+    blocks are laid out so, and if an end depended on such a node there are no checkpoints
+    (and the replay never skips)."""
+    block = np.full(total, -1, dtype=np.int64)
+    step = np.zeros(total, dtype=np.int64)
+    marker = np.full(total, -1, dtype=np.int64)
+    for s in (_B, _W):
+        first, length = int(seg_start[s, 2]), lens[(s, 1)]
+        stop = first + (n - 2) * length
+        block[first:stop] = np.repeat(np.arange(1, n - 1), length)
+        step[first:stop] = length
+    reached = block[dep]
+    ends_reach_in = ((block[dep_owner] < 0) & (reached >= 2) & (reached <= n - 3)).any()
+    key = 0
+    for s in (_B, _W) if not ends_reach_in else ():
+        first, length = int(seg_start[s, 2]), lens[(s, 1)]
+        stop = first + (n - 2) * length
+        comps = [k for k in range(length) if kind[starts[(s, 1)] + k] == _COMP]
+        for k in dict.fromkeys(comps[:1] + comps[-1:]):
+            marker[first + k:stop:length] = key
+            key += 1
+    return Geometry(n=n, b1=int(seg_start[_B, 2]), lb=lens[(_B, 1)], w1=int(seg_start[_W, 2]),
+                    lw=lens[(_W, 1)], block=block.tolist(), step=step.tolist(),
+                    marker=marker.tolist())
 
 
 def add_scaled(a: object, b: object, times: int) -> object:

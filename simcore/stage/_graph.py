@@ -260,17 +260,10 @@ class _Builder:
                         shadows[s][id(x)] = sh
                         links.append((x, s))
 
-        def rank_of(pos: int, dp: int = 0, tp: int = 0, sp: int = 0) -> int:
-            return dp + a.dp * (tp + a.tp * (sp + a.sp * pos))
-
-        reps = {s: rank_of(order.index(s)) for s in order}
+        reps = {s: rank_of(a, order.index(s)) for s in order}
         graphs = []
         for pos, s in enumerate(order):
-            groups = {
-                "dp": tuple(rank_of(pos, dp=i) for i in range(a.dp)),
-                "tp": tuple(rank_of(pos, tp=i) for i in range(a.tp)),
-                "sp": tuple(rank_of(pos, sp=i) for i in range(a.sp)),
-            }
+            groups = stage_groups(a, pos)
             peers = {}
             for k, (x, dst) in enumerate(links):
                 if x.stage == s:
@@ -378,6 +371,20 @@ class _Builder:
             for prev, n in pairwise(free):
                 n.deps.append(prev.id)
         return tuple(kept)
+
+
+def rank_of(a: StageArgs, pos: int, dp: int = 0, tp: int = 0, sp: int = 0) -> int:
+    """STAGE's rank of (dp, tp, sp) coordinates on the ``pos``-th pipeline stage."""
+    return dp + a.dp * (tp + a.tp * (sp + a.sp * pos))
+
+
+def stage_groups(a: StageArgs, pos: int) -> dict[str, tuple[int, ...]]:
+    """The communicator groups of the ``pos``-th stage's representative rank, per axis."""
+    return {
+        "dp": tuple(rank_of(a, pos, dp=i) for i in range(a.dp)),
+        "tp": tuple(rank_of(a, pos, tp=i) for i in range(a.tp)),
+        "sp": tuple(rank_of(a, pos, sp=i) for i in range(a.sp)),
+    }
 
 
 def _link(source: _Tensor, leaf: _Tensor) -> None:

@@ -18,7 +18,9 @@ written at t = 0; written but never read means live to the end. Units are elemen
 
 :func:`replay` (and :func:`replay_flat`, for traces already laid out as lists, see
 :mod:`._fast`) applies these rules on flat lists; tests/stage_reference.py states them plainly on
-node objects, and tests/test_stage_fast.py checks the two agree.
+node objects, and tests/test_stage_fast.py checks the two agree. A long repeated trace
+(:class:`Repeated`) is replayed by :mod:`._periodic`, which skips the blocks whose schedule
+provably repeats, with the peak memory from :mod:`._memory`.
 """
 
 from __future__ import annotations
@@ -27,9 +29,14 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from simcore.stage._graph import Node, NodeKind, RankGraph
+import numpy as np
 
-__all__ = ["FlatRank", "RankTimes", "flatten", "replay", "replay_flat", "roofline_ns"]
+from simcore.stage._graph import Node, NodeKind, RankGraph
+from simcore.stage._memory import MemoryPlan, peak_memory
+from simcore.stage._periodic import Geometry, filled_ticks, replay_periodic
+
+__all__ = ["FlatRank", "RankTimes", "Repeated", "flatten", "replay", "replay_flat",
+           "roofline_ns"]
 
 
 def roofline_ns(num_ops: int, tensor_size: int, peak_ops_per_s: float,
@@ -71,6 +78,20 @@ _COMP, _COLL, _SEND, _RECV = (int(k) for k in (NodeKind.COMP, NodeKind.COLL, Nod
                                                NodeKind.RECV))
 
 
+@dataclass(frozen=True, slots=True)
+class Repeated:
+    """What the replay of a long repeated trace (:mod:`._fast`) needs besides its lists: where
+    the repeated blocks are, each node's dependants and dependency count, the tensors' layout,
+    and the sizes of the input and output entries (in that layout's slots)."""
+
+    geometry: Geometry
+    children: list[list[int]]
+    pending: list[int]
+    memory: MemoryPlan | None
+    in_sizes: list[int]
+    out_sizes: list[int]
+
+
 @dataclass(slots=True)
 class FlatRank:
     """One rank's trace as parallel per-node lists (index order = id order)."""
@@ -80,12 +101,14 @@ class FlatRank:
     dur: list[int]
     """Compute time, collective time or send time (receives: 0)."""
     link: list[int]
-    deps: list[list[int]]
+    deps: Sequence[list[int]]
     """Indices (not ids) of each node's dependencies."""
-    inputs: list[tuple[tuple[object, int], ...]]
-    outputs: list[tuple[tuple[object, int], ...]]
+    inputs: Sequence[tuple[tuple[object, int], ...]]
+    outputs: Sequence[tuple[tuple[object, int], ...]]
     names: Callable[[int], str]
     """Node index -> name (only for the error of a node that never finishes)."""
+    repeat: Repeated | None = None
+    """Set for a long single-stage trace laid out from repeated blocks."""
 
 
 def flatten(
@@ -132,7 +155,8 @@ def replay(
 def replay_flat(flats: Sequence[FlatRank]) -> list[RankTimes]:
     """:func:`replay` on already flattened ranks."""
     if len(flats) == 1 and _SEND not in flats[0].kind and _RECV not in flats[0].kind:
-        return [_replay_single(flats[0])]
+        f = flats[0]
+        return [_replay_single(f) if f.repeat is None else _replay_repeated(f, f.repeat)]
     heappush, heappop = heapq.heappush, heapq.heappop
     nr = len(flats)
     kinds = [f.kind for f in flats]
@@ -313,6 +337,33 @@ def _replay_single(f: FlatRank) -> RankTimes:
         comm_time=_union(comm),
         exposed_comm=wall - comp_total,
         peak_memory_usage=_peak_memory_direct(f.inputs, f.outputs, start, end),
+    )
+
+
+def _replay_repeated(f: FlatRank, rep: Repeated) -> RankTimes:
+    """:func:`_replay_single` for a long repeated trace, with the same results.
+
+    One compute node and one communication node run at a time, so the compute intervals do
+    not overlap and their union is the sum of the compute durations (``comp_total``), and
+    likewise the collectives' union is the sum of theirs (all the other durations: a single
+    rank's trace here has no sends or receives)."""
+    run = replay_periodic(f.kind, f.dur, rep.children, rep.pending, rep.geometry)
+    start, end = filled_ticks(run)
+    if len(end) and int(end.min()) < 0:
+        stuck = f.names(int(np.argmax(end < 0)))
+        raise RuntimeError(f"rank {f.rank} never finishes node {stuck}")
+    wall = int(end.max()) if len(end) else -1
+    peak = None if rep.memory is None else peak_memory(
+        rep.memory, start, end, np.array(rep.in_sizes, dtype=np.int64),
+        np.array(rep.out_sizes, dtype=np.int64))
+    if peak is None:  # what the arrays cannot decide (see _memory): the walk over the nodes
+        peak = _peak_memory_direct(f.inputs, f.outputs, start.tolist(), end.tolist())
+    return RankTimes(
+        wall_time=wall,
+        gpu_time=run.comp_total,
+        comm_time=sum(f.dur) - run.comp_total,
+        exposed_comm=wall - run.comp_total,
+        peak_memory_usage=peak,
     )
 
 

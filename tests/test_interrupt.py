@@ -24,11 +24,14 @@ training: {global_batch: 512, seq_len: 1024}
 sampler: exhaustive
 space:
   tp: powers_of_two
-  pp: [1, 2, 4]
+  pp: [1, 2, 4, 8, 16]
   sp: powers_of_two
-  zero: [0, 3]
+  zero: [0, 1, 3]
   recompute: [none, selective, full]
   micro_batch: [1, 2, 4, 8]
+  schedule: [1f1b, interleaved]
+  v: [2, 5]
+  placement: ["tp,sp,dp,pp", "tp,sp,pp,dp"]
 """
 
 
@@ -39,6 +42,7 @@ def _complete(storage: Path, name: str) -> int:
 
 
 def test_ctrl_c_keeps_finished_trials_and_resume_finishes(tmp_path, capsys):
+    # 12,816 strategies in batches of 512: interrupted after the first batch is stored.
     study = tmp_path / "big.yaml"
     study.write_text(BIG)
     storage = tmp_path / "s.journal"
@@ -49,6 +53,7 @@ def test_ctrl_c_keeps_finished_trials_and_resume_finishes(tmp_path, capsys):
     # wait until the first batch is stored (the file holds more than the study's creation)
     while time.monotonic() < deadline and (not storage.exists() or storage.stat().st_size < 50_000):
         time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerUsageError
-from planner.fields import choice, fail, integer, load, number
+from planner.fields import choice, fail, fields, integer, load, number
 from planner.units import GB, astra_link_gbps_to_bytes_per_s
 from simcore.network import (
     AlgorithmChoice,
@@ -44,19 +44,6 @@ CATALOG_DIR = Path(__file__).resolve().parent.parent / "studies" / "catalog"
 _TOPOLOGY_NAMES = {t.value.lower(): t for t in Topology} | {"torus": Topology.TORUS_2D}
 
 
-def _keys(path: Path, where: str, entry: Any, required: set[str], optional: set[str]) -> dict:
-    if not isinstance(entry, Mapping):
-        raise fail(path, where, f"must be a mapping of fields, but got {type(entry).__name__}")
-    missing = sorted(required - entry.keys())
-    if missing:
-        raise fail(path, f"{where}.{missing[0]}", "missing; add it")
-    unknown = sorted(set(map(str, entry)) - required - optional)
-    if unknown:
-        allowed = ", ".join(sorted(required | optional))
-        raise fail(path, f"{where}.{unknown[0]}", f"unknown field; allowed: {allowed}")
-    return dict(entry)
-
-
 def _spec(path: Path, where: str, build: Any) -> Any:
     try:
         return build()
@@ -69,7 +56,7 @@ _MODEL_OPTIONAL = {"kv_heads", "activation", "tied_embeddings", "source", "notes
 
 
 def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
-    e = _keys(path, name, entry, _MODEL_FIELDS, _MODEL_OPTIONAL)
+    e = fields(path, name, entry, _MODEL_FIELDS, _MODEL_OPTIONAL)
     family = choice(path, f"{name}.family", e["family"], Family)
     ints = {k: integer(path, f"{name}.{k}", e[k], minimum=1)
             for k in ("layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len")}
@@ -94,7 +81,7 @@ _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_g
 
 
 def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
-    e = _keys(path, name, entry, _DEVICE_FIELDS, _DEVICE_OPTIONAL)
+    e = fields(path, name, entry, _DEVICE_FIELDS, _DEVICE_OPTIONAL)
 
     def num(key: str, default: float | None = None, *, strict: bool = True) -> float:
         value = e.get(key, default)
@@ -137,7 +124,7 @@ def _algorithms(path: Path, where: str, e: dict) -> dict[Collective, AlgorithmCh
 
 
 def _dim(path: Path, where: str, entry: Any) -> NetworkDim:
-    e = _keys(path, where, entry, _DIM_FIELDS, _DIM_OPTIONAL)
+    e = fields(path, where, entry, _DIM_FIELDS, _DIM_OPTIONAL)
     topology_name = e["topology"]
     topology = _TOPOLOGY_NAMES.get(str(topology_name).lower())
     if topology is None:
@@ -173,7 +160,7 @@ _SCHED_OPTIONAL = {"preferred_dataset_splits", "active_chunks_per_dim", "endpoin
 
 
 def _scheduling(path: Path, where: str, entry: Any, device: DeviceSpec) -> CollectiveScheduling:
-    e = _keys(path, where, entry if entry is not None else {}, set(), _SCHED_OPTIONAL)
+    e = fields(path, where, entry if entry is not None else {}, set(), _SCHED_OPTIONAL)
     local_bw = e.get("local_reduction_bandwidth_gbps")
     return _spec(path, where, lambda: CollectiveScheduling(
         preferred_dataset_splits=integer(path, f"{where}.preferred_dataset_splits",
@@ -198,7 +185,7 @@ _SYSTEM_OPTIONAL = {"scheduling", "source", "notes"}
 
 def system_from_entry(path: Path, name: str, entry: Any,
                       devices: Mapping[str, DeviceSpec]) -> SystemSpec:
-    e = _keys(path, name, entry, _SYSTEM_FIELDS, _SYSTEM_OPTIONAL)
+    e = fields(path, name, entry, _SYSTEM_FIELDS, _SYSTEM_OPTIONAL)
     raw_device = e["device"]
     if isinstance(raw_device, str):
         device = devices.get(raw_device)
@@ -227,23 +214,30 @@ class Catalog:
     entries: dict[tuple[str, str], dict] = field(default_factory=dict)
     """The raw YAML entry of each (kind, name), for listings and exports."""
 
-    def model(self, ref: str) -> ModelSpec:
-        return self._find("model", self.models, ref)
+    def model(self, ref: str, *, where: tuple[Path, str] | None = None) -> ModelSpec:
+        return self._find("model", self.models, ref, where)
 
-    def system(self, ref: str) -> SystemSpec:
-        return self._find("system", self.systems, ref)
+    def system(self, ref: str, *, where: tuple[Path, str] | None = None) -> SystemSpec:
+        return self._find("system", self.systems, ref, where)
 
-    def _find(self, kind: str, table: dict, ref: str) -> Any:
+    def _find(self, kind: str, table: dict, ref: str, where: tuple[Path, str] | None) -> Any:
+        """A catalog name or a YAML path. ``where`` (a file and field naming ``ref``) resolves
+        relative paths against that file's folder and names it in the error."""
         if ref in table:
             return table[ref]
         path = Path(ref)
         if path.suffix in (".yaml", ".yml"):
+            if where is not None and not path.is_absolute():
+                path = where[0].parent / path
             found = _read_kind(kind, path, self.devices)
             if len(found) != 1:
                 raise PlannerUsageError(f"{path}: holds {len(found)} {kind}s; name one of"
                                         f" {', '.join(found)} or keep one per file")
             return next(iter(found.values()))
         known = ", ".join(sorted(table))
+        if where is not None:
+            raise fail(*where, f"unknown {kind} {ref!r}; use one of {known}, or the path of a"
+                       f" YAML file (`planner catalog {kind}s` lists them)")
         raise PlannerUsageError(f"--{kind}: unknown {kind} {ref!r}; use a catalog name ({known})"
                                 " or the path of a YAML file")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import yaml
 
 from planner.errors import PlannerUsageError
 
-__all__ = ["fail", "load", "number", "integer", "choice"]
+__all__ = ["fail", "load", "fields", "number", "integer", "choice"]
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's safe loader when built in: the catalogs load several times faster."""
@@ -46,6 +47,24 @@ def load(path: Path, kind: str) -> Any:
         raise PlannerUsageError(f"{path}: {where}not valid YAML: {problem}") from None
     except RecursionError:
         raise PlannerUsageError(f"{path}: nested too deeply to read") from None
+
+
+def fields(path: Path, where: str, entry: Any, required: set[str], optional: set[str]) -> dict:
+    """``entry`` as a dict after checking it is a mapping with every required field and no
+    unknown one; ``where`` is its place in the file ("" for the top level)."""
+    if not isinstance(entry, Mapping):
+        raise fail(path, where or "top level",
+                   f"must be a mapping of fields, but got {type(entry).__name__}")
+    prefix = f"{where}." if where else ""
+    keys = set(map(str, entry))
+    missing = sorted(required - keys)
+    if missing:
+        raise fail(path, f"{prefix}{missing[0]}", "missing; add it")
+    unknown = sorted(keys - required - optional)
+    if unknown:
+        allowed = ", ".join(sorted(required | optional))
+        raise fail(path, f"{prefix}{unknown[0]}", f"unknown field; allowed: {allowed}")
+    return {str(k): v for k, v in entry.items()}
 
 
 def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool) -> float:

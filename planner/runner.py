@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from planner.errors import PlannerUsageError
 from planner.record import Evaluator, Record, frozen_trial
-from planner.storage import batched
+from planner.storage import batched, study_names
 from planner.study_config import StudyConfig
 from search_spaces import LayoutEncoding, strategy_label
 from simcore.specs import Strategy
@@ -70,8 +70,7 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
 def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label: str, *,
                resume: bool) -> tuple[optuna.Study, int]:
     """Create the study, or load it to resume; returns it and how many trials were re-queued."""
-    names = optuna.get_all_study_names(storage=storage)
-    exists = config.name in names
+    exists = config.name in study_names(storage)
     if exists and not resume:
         raise PlannerUsageError(
             f"{config.path}: name: a study {config.name!r} already exists in {label}; add"

@@ -25,14 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from planner.catalog import Catalog, load_catalog
 from planner.errors import PlannerUsageError
-from planner.fields import choice, fail, integer, load, number
+from planner.fields import choice, fail, fields, integer, load, number
 from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
@@ -119,35 +118,10 @@ class StudyConfig:
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _keys(path: Path, where: str, entry: Any, required: set[str], optional: set[str]) -> dict:
-    label = where or "top level"
-    if not isinstance(entry, Mapping):
-        raise fail(path, label, f"must be a mapping of fields, but got {type(entry).__name__}")
-    prefix = f"{where}." if where else ""
-    missing = sorted(required - set(map(str, entry)))
-    if missing:
-        raise fail(path, f"{prefix}{missing[0]}", "missing; add it")
-    unknown = sorted(set(map(str, entry)) - required - optional)
-    if unknown:
-        allowed = ", ".join(sorted(required | optional))
-        raise fail(path, f"{prefix}{unknown[0]}", f"unknown field; allowed: {allowed}")
-    return {str(k): v for k, v in entry.items()}
-
-
-def _ref(path: Path, field: str, value: Any, table: Mapping[str, Any], kind: str,
-         catalog: Catalog) -> Any:
+def _ref(path: Path, field: str, value: Any, kind: str, catalog: Catalog) -> Any:
     if not isinstance(value, str) or not value:
         raise fail(path, field, f"must be a {kind} name from the catalog or a YAML path")
-    if value in table:
-        return table[value]
-    if value.endswith((".yaml", ".yml")):
-        target = Path(value)
-        if not target.is_absolute():
-            target = path.parent / target
-        return getattr(catalog, kind)(str(target))
-    known = ", ".join(sorted(table))
-    raise fail(path, field, f"unknown {kind} {value!r}; use one of {known}, or the path of a"
-               " YAML file (`planner catalog " + kind + "s` lists them)")
+    return getattr(catalog, kind)(value, where=(path, field))
 
 
 def _list(path: Path, field: str, value: Any) -> list:
@@ -203,7 +177,7 @@ def _placements(path: Path, field: str, value: Any) -> tuple[tuple[Axis, ...], .
 
 def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
            convention: Convention) -> StrategySpace:
-    e = _keys(path, "space", raw, set(), _SPACE_KNOBS)
+    e = fields(path, "space", raw, set(), _SPACE_KNOBS)
     n = system.devices
     if "zero" in e and "fsdp" in e:
         raise fail(path, "space.fsdp", "give zero or fsdp, not both (fsdp: true is zero: 3)")
@@ -251,18 +225,18 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None,
     limit."""
     catalog = catalog or load_catalog()
     raw = load(path, "study YAML")
-    e = _keys(path, "", raw, _FIELDS, _OPTIONAL)
+    e = fields(path, "", raw, _FIELDS, _OPTIONAL)
     name = e.get("name", path.stem)
     if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
         raise fail(path, "name", f"must be a name without spaces, but got {name!r}")
-    model = _ref(path, "model", e["model"], catalog.models, "model", catalog)
-    system = _ref(path, "system", e["system"], catalog.systems, "system", catalog)
+    model = _ref(path, "model", e["model"], "model", catalog)
+    system = _ref(path, "system", e["system"], "system", catalog)
     if "vocab_multiple" in e:
         k = integer(path, "vocab_multiple", e["vocab_multiple"], minimum=1)
         model = replace(model, vocab=math.ceil(model.vocab / k) * k)
     convention = (choice(path, "convention", e["convention"], Convention)
                   if "convention" in e else convention_of(model))
-    t = _keys(path, "training", e["training"], _TRAINING, _TRAINING_OPTIONAL)
+    t = fields(path, "training", e["training"], _TRAINING, _TRAINING_OPTIONAL)
     overlap = t.get("overlap_grad_reduce", True)
     if not isinstance(overlap, bool):
         raise fail(path, "training.overlap_grad_reduce", f"must be true or false, got {overlap!r}")

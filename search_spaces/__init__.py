@@ -4,7 +4,7 @@ valid strategy (exhaustive search) and a valid strategy sampled from an Optuna t
 Knows simcore's specs and Optuna's trial interface; nothing of files or plots.
 """
 
-from search_spaces.encoding import LayoutEncoding, strategy_from_attrs, strategy_label
+from search_spaces.encoding import LayoutEncoding, strategy_label
 from search_spaces.space import Layout, PipelineChoice, StrategySpace, divisors, powers_of_two
 
 __all__ = [
@@ -14,6 +14,5 @@ __all__ = [
     "StrategySpace",
     "divisors",
     "powers_of_two",
-    "strategy_from_attrs",
     "strategy_label",
 ]

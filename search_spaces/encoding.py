@@ -23,7 +23,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from search_spaces.space import Layout, PipelineChoice, StrategySpace
-from simcore.specs import Axis, Recompute, Schedule, Strategy, ZeroStage
+from simcore.specs import Axis, Strategy
 
 __all__ = ["LayoutEncoding", "strategy_label"]
 
@@ -113,13 +113,3 @@ class LayoutEncoding:
                     break
         return best
 
-
-def strategy_from_attrs(attrs: Mapping[str, Any]) -> Strategy:
-    """The strategy a trial ran, from its user attributes (see ``planner.trials``)."""
-    return Strategy(
-        dp=int(attrs["dp"]), tp=int(attrs["tp"]), pp=int(attrs["pp"]), sp=int(attrs["sp"]),
-        zero=ZeroStage(int(attrs["zero"])), recompute=Recompute(attrs["recompute"]),
-        micro_batch=int(attrs["micro_batch"]), schedule=Schedule(attrs["schedule"]),
-        v=int(attrs["v"]), placement=tuple(Axis(a) for a in str(attrs["placement"]).split(",")),
-        sequence_parallel=bool(attrs["sequence_parallel"]),
-    )

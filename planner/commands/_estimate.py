@@ -9,6 +9,7 @@ from dataclasses import fields, replace
 from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand
 from planner.errors import PlannerUsageError
+from planner.record import strategy_attrs
 from planner.units import GB
 from simcore import estimate
 from simcore.estimate import Estimate
@@ -136,11 +137,11 @@ class EstimateCommand(BaseCommand):
 
 
 def _strategy_dict(s: Strategy) -> dict:
-    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp,
-            "sequence_parallel": s.sequence_parallel, "zero": int(s.zero),
-            "recompute": s.recompute.value, "micro_batch": s.micro_batch,
-            "schedule": s.schedule.value, "v": s.v,
-            "placement": [a.value for a in s.placement]}
+    """The strategy as JSON: what a study's trial stores, with the placement as a list."""
+    out = strategy_attrs(s)
+    del out["plan"]
+    out["placement"] = [a.value for a in s.placement]
+    return out
 
 
 def _describe(s: Strategy) -> str:

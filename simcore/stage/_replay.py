@@ -261,20 +261,26 @@ def replay_flat(flats: Sequence[FlatRank]) -> list[RankTimes]:
     results = []
     for r, f in enumerate(flats):
         start, end, kind = starts[r], ends[r], kinds[r]
-        if min(end) < 0:
-            stuck = f.names(next(i for i, e in enumerate(end) if e < 0))
-            raise RuntimeError(f"rank {f.rank} never finishes node {stuck}")
         comp = [(s, e) for s, e, k in zip(start, end, kind) if k == _COMP]
-        comm = [(s, e) for s, e, k in zip(start, end, kind) if k != _COMP]
-        wall = max(end)
-        results.append(RankTimes(
-            wall_time=wall,
-            gpu_time=_union(comp),
-            comm_time=_union(comm),
-            exposed_comm=wall - comp_total[r],
-            peak_memory_usage=_peak_memory_direct(f.inputs, f.outputs, start, end),
-        ))
+        comm = [(s, e) for s, e, k in zip(start, end, kind) if k != _COMP]  # may overlap: recvs
+        results.append(_rank_times(f, start, end, _union(comp), _union(comm), comp_total[r]))
     return results
+
+
+def _rank_times(f: FlatRank, start: list[int], end: list[int], gpu_time: int, comm_time: int,
+                comp_total: int) -> RankTimes:
+    """One rank's statistics once every node has run (an error naming a node that never did)."""
+    if min(end) < 0:
+        stuck = f.names(next(i for i, e in enumerate(end) if e < 0))
+        raise RuntimeError(f"rank {f.rank} never finishes node {stuck}")
+    wall = max(end)
+    return RankTimes(
+        wall_time=wall,
+        gpu_time=gpu_time,
+        comm_time=comm_time,
+        exposed_comm=wall - comp_total,
+        peak_memory_usage=_peak_memory_direct(f.inputs, f.outputs, start, end),
+    )
 
 
 def _replay_single(f: FlatRank) -> RankTimes:
@@ -325,19 +331,9 @@ def _replay_single(f: FlatRank) -> RankTimes:
             pending[c] = p
             if p == 0:
                 heappush(rc if kind[c] == _COMP else rm, c)
-    if min(end) < 0:
-        stuck = f.names(next(i for i, e in enumerate(end) if e < 0))
-        raise RuntimeError(f"rank {f.rank} never finishes node {stuck}")
-    comp = [(s, e) for s, e, k in zip(start, end, kind) if k == _COMP]
-    comm = [(s, e) for s, e, k in zip(start, end, kind) if k != _COMP]
-    wall = max(end)
-    return RankTimes(
-        wall_time=wall,
-        gpu_time=_union(comp),
-        comm_time=_union(comm),
-        exposed_comm=wall - comp_total,
-        peak_memory_usage=_peak_memory_direct(f.inputs, f.outputs, start, end),
-    )
+    # One compute and one collective at a time: each kind's intervals do not overlap, so their
+    # unions are the sums of their durations (as in _replay_repeated).
+    return _rank_times(f, start, end, comp_total, sum(dur) - comp_total, comp_total)
 
 
 def _replay_repeated(f: FlatRank, rep: Repeated) -> RankTimes:

@@ -9,10 +9,14 @@ meaning 2**30 B/s, local-mem-bw meaning 10**9 B/s, ns) live in :mod:`planner.uni
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Generic, TypeVar
 
 __all__ = [
+    "PerNetwork",
     "Collective",
     "CollectiveAlgorithm",
     "AlgorithmChoice",
@@ -249,3 +253,25 @@ class Network:
                 f"`0 <= rank < {self.npus}` must hold, but got rank={rank} (the network has"
                 f" {self.npus} NPUs: {' x '.join(map(str, self.shape))})"
             )
+
+
+_T = TypeVar("_T")
+
+
+class PerNetwork(Generic[_T]):
+    """A value derived from a :class:`Network` (``factory(network)``), made once and kept for as
+    long as that network object lives. Kept by identity, since a Network holds dicts and does
+    not hash; the entry goes when the network does, before its id can be reused."""
+
+    def __init__(self, factory: Callable[[Network], _T]) -> None:
+        self._factory = factory
+        self._entries: dict[int, tuple[weakref.ref[Network], _T]] = {}
+
+    def __call__(self, network: Network) -> _T:
+        key = id(network)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is network:
+            return entry[1]
+        value = self._factory(network)
+        self._entries[key] = (weakref.ref(network, lambda _: self._entries.pop(key, None)), value)
+        return value

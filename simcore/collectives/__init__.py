@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from simcore.network import AlgorithmChoice, Collective, CollectiveAlgorithm, Network
+from simcore.network import (
+    AlgorithmChoice,
+    Collective,
+    CollectiveAlgorithm,
+    Network,
+    PerNetwork,
+)
 
 from ._base import NS_PER_S, BaseCollective, Costs, Link
 from ._contention import aware_time_ns
@@ -243,17 +249,8 @@ class _CompiledNetwork:
         return entry
 
 
-_COMPILED: dict[int, tuple[weakref.ref[Network], _CompiledNetwork]] = {}
-
-
-def _compiled(network: Network) -> _CompiledNetwork:
-    key = id(network)
-    entry = _COMPILED.get(key)
-    if entry is not None and entry[0]() is network:
-        return entry[1]
-    compiled = _CompiledNetwork(network)
-    _COMPILED[key] = (weakref.ref(network, lambda _: _COMPILED.pop(key, None)), compiled)
-    return compiled
+_compiled: PerNetwork[_CompiledNetwork] = PerNetwork(_CompiledNetwork)
+"""Each network's links and plans, prepared once."""
 
 
 def _plan(network: Network, links: list[Link], collective: Collective) -> list[PhasePlan]:

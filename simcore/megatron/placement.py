@@ -14,12 +14,11 @@ size on the same links (a sub-mesh has no single shape). Collective times come f
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Mapping
 from dataclasses import replace
 
 from simcore.collectives import collective_time, p2p_time
-from simcore.network import Collective, Network, NetworkDim, Topology
+from simcore.network import Collective, Network, NetworkDim, PerNetwork, Topology
 from simcore.specs import Axis
 
 __all__ = ["AxisNetworks", "axis_networks"]
@@ -103,17 +102,8 @@ class AxisNetworks:
         return cached
 
 
-_CACHE: dict[int, tuple[weakref.ref[Network], dict[tuple, AxisNetworks]]] = {}
-
-
-def _per_network(network: Network) -> dict[tuple, AxisNetworks]:
-    key = id(network)
-    entry = _CACHE.get(key)
-    if entry is not None and entry[0]() is network:
-        return entry[1]
-    found: dict[tuple, AxisNetworks] = {}
-    _CACHE[key] = (weakref.ref(network, lambda _: _CACHE.pop(key, None)), found)
-    return found
+_per_network: PerNetwork[dict[tuple, AxisNetworks]] = PerNetwork(lambda _: {})
+"""Each network's axis sub-networks, by degrees and placement."""
 
 
 def axis_networks(

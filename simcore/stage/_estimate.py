@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import gc
-import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from simcore.collectives import Congestion, collective_time, p2p_time
-from simcore.network import Collective, Network
+from simcore.network import Collective, Network, PerNetwork
 from simcore.stage._args import StageArgs
 from simcore.stage._fast import repeated_rank
 from simcore.stage._graph import Node, RankGraph, build_model
@@ -69,22 +68,17 @@ def astra_estimate(
 
 
 _CollectiveTimes = dict[tuple[Collective, int, tuple[int, ...]], int]
-_COLLECTIVE_TIMES: dict[int, tuple[weakref.ref[Network], _CollectiveTimes]] = {}
+_COLLECTIVE_TIMES: PerNetwork[_CollectiveTimes] = PerNetwork(lambda _: {})
 
 
 def _collective_times(network: Network) -> _CollectiveTimes:
     """The collective times known for ``network`` from earlier estimates: a time is a pure
     function of the network (an immutable value) and the key, so they are kept for as long as
-    the network lives. Kept by identity (a Network holds dicts, so it does not hash); the entry
-    goes when the network does, before its id can be reused."""
-    key = id(network)
-    entry = _COLLECTIVE_TIMES.get(key)
-    if entry is None or entry[0]() is not network:
-        ref = weakref.ref(network, lambda _: _COLLECTIVE_TIMES.pop(key, None))
-        entry = _COLLECTIVE_TIMES[key] = (ref, {})
-    if len(entry[1]) > 1 << 16:  # a bound, not expected to be reached
-        entry[1].clear()
-    return entry[1]
+    the network lives."""
+    times = _COLLECTIVE_TIMES(network)
+    if len(times) > 1 << 16:  # a bound, not expected to be reached
+        times.clear()
+    return times
 
 
 class _Durations:

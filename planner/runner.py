@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
 from planner.errors import PlannerUsageError
+from planner.plan import specs_dict
 from planner.record import Evaluator, Record, frozen_trial
 from planner.storage import batched, study_names
 from planner.study_config import StudyConfig
@@ -92,6 +93,8 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label:
         study.set_metric_names(config.metric_names)
     study.set_user_attr("config", config.summary())
     study.set_user_attr("fingerprint", config.fingerprint())
+    study.set_user_attr("specs", specs_dict(config.model, config.system, config.training,
+                                            config.convention))
     return study, 0
 
 

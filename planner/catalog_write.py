@@ -1,0 +1,100 @@
+"""Specs back into catalog entries: the inverse of :mod:`planner.catalog`'s readers.
+
+``model_entry``, ``device_entry`` and ``system_entry`` give the mapping that
+``model_from_entry`` / ``device_from_entry`` / ``system_from_entry`` read back into an equal
+spec. Numbers are written in the catalog's units (TFLOP/s, decimal GB and GB/s, microseconds,
+ASTRA-sim's 2^30 "GB/s" for links that are whole in it) with the fewest digits that still read
+back to the same float, so a written file is short and exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from planner.units import GB, GIB
+from simcore.network import Collective, CollectiveScheduling, NetworkDim
+from simcore.specs import DeviceSpec, ModelSpec, SystemSpec
+
+__all__ = ["model_entry", "device_entry", "system_entry", "short_float"]
+
+
+def short_float(value: float, back: Callable[[float], float], target: float) -> float | int:
+    """The shortest decimal ``x`` with ``back(x) == target`` (``value`` itself if none is)."""
+    for digits in (6, 9, 12, 15, 17):
+        x = float(f"{value:.{digits}g}")
+        if back(x) == target:
+            return int(x) if x.is_integer() and abs(x) < 2**53 else x
+    return value
+
+
+def _scaled(target: float, unit: float) -> float | int:
+    """``target`` in ``unit`` s, as the catalog reader multiplies it back."""
+    return short_float(target / unit, lambda x: x * unit, target)
+
+
+def model_entry(model: ModelSpec) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "family": model.family.value, "layers": model.layers, "hidden": model.hidden,
+        "ffn_hidden": model.ffn_hidden, "heads": model.heads, "vocab": model.vocab,
+        "seq_len": model.seq_len,
+    }
+    if model.kv_heads is not None:
+        entry["kv_heads"] = model.kv_heads
+    entry["activation"] = model.activation.value
+    entry["tied_embeddings"] = model.tied_embeddings
+    return entry
+
+
+def device_entry(device: DeviceSpec) -> dict[str, Any]:
+    return {
+        "peak_tflops": _scaled(device.peak_flops_per_s, 1e12),
+        "hbm_gb": _scaled(device.hbm_bytes, GB),
+        "hbm_bandwidth_gbps": _scaled(device.hbm_bandwidth_bytes_per_s, GB),
+        "matmul_efficiency": device.matmul_efficiency,
+        "memory_efficiency": device.memory_efficiency,
+        "memory_overhead_gb": _scaled(device.memory_overhead_bytes, GB),
+    }
+
+
+def _bandwidth(bytes_per_s: float) -> dict[str, float | int]:
+    """ASTRA-sim's 2^30 unit when the figure is short in it (the lab's systems), else decimal."""
+    astra = _scaled(bytes_per_s, GIB)
+    decimal = _scaled(bytes_per_s, GB)
+    if len(repr(astra)) <= len(repr(decimal)):
+        return {"bandwidth_astra_gbps": astra}
+    return {"bandwidth_gbps": decimal}
+
+
+def _dim_entry(dim: NetworkDim) -> dict[str, Any]:
+    entry: dict[str, Any] = {"topology": dim.topology.value, "npus": dim.npus}
+    if dim.width is not None:
+        entry["width"] = dim.width
+    entry.update(_bandwidth(dim.bandwidth_bytes_per_s))
+    entry["latency_us"] = _scaled(dim.latency_s, 1e-6)
+    common = dim.algorithms[Collective.ALL_REDUCE]
+    entry["algorithm"] = str(common)
+    others = {c.value: str(a) for c, a in dim.algorithms.items() if a != common}
+    if others:
+        entry["algorithms"] = others
+    return entry
+
+
+def _scheduling_entry(s: CollectiveScheduling) -> dict[str, Any]:
+    return {
+        "policy": s.policy.value, "optimization": s.optimization.value,
+        "endpoint_delay_ns": _scaled(s.endpoint_delay_s, 1e-9),
+        "active_chunks_per_dim": s.active_chunks_per_dim,
+        "preferred_dataset_splits": s.preferred_dataset_splits,
+        "local_reduction_bandwidth_gbps": _scaled(s.local_reduction_bandwidth_bytes_per_s, GB),
+    }
+
+
+def system_entry(system: SystemSpec, *, device: str | None = None) -> dict[str, Any]:
+    """The system with its device inline, or named (``device``) when the catalog holds it."""
+    return {
+        "device": device if device is not None else device_entry(system.device),
+        "network": [_dim_entry(d) for d in system.network.dims],
+        "scheduling": _scheduling_entry(system.network.scheduling),
+    }
+

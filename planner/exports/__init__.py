@@ -1,0 +1,47 @@
+"""Exports of a plan: the plan file, and the launch settings of the frameworks that run it.
+
+Each exporter takes a :class:`planner.plan.Plan` and returns the files to write, as
+``{relative file name: text}``; ``planner export`` writes them under one folder per plan.
+
+- ``plan``: the plan as YAML and JSON (:mod:`planner.plan`); ``planner estimate --plan FILE``
+  reads either back.
+- ``megatron``: Megatron-LM's ``pretrain_gpt.py`` arguments.
+- ``deepspeed``: a DeepSpeed config JSON.
+- ``torchtitan``: torchtitan's TOML job file (v0.2.2 and earlier) and its Python
+  ``Trainer.Config`` form.
+- ``astra-sim``: the STAGE command line and ASTRA-sim's ``system.json``, ``network.yml`` and
+  ``remote_memory.json``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from planner.errors import PlannerUsageError
+from planner.plan import Plan
+
+__all__ = ["EXPORTERS", "exporter", "export_files"]
+
+Exporter = Callable[[Plan], dict[str, str]]
+
+EXPORTERS: dict[str, str] = {
+    "plan": "planner.exports._plan:export_plan",
+    "megatron": "planner.exports._megatron:export_megatron",
+    "deepspeed": "planner.exports._deepspeed:export_deepspeed",
+    "torchtitan": "planner.exports._torchtitan:export_torchtitan",
+    "astra-sim": "planner.exports._astra:export_astra",
+}
+"""Format name -> ``module:function``, imported when used."""
+
+
+def exporter(fmt: str) -> Exporter:
+    if fmt not in EXPORTERS:
+        raise PlannerUsageError(f"--format {fmt}: unknown format; use one of"
+                                f" {', '.join(EXPORTERS)}")
+    module, function = EXPORTERS[fmt].split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def export_files(plan: Plan, fmt: str) -> dict[str, str]:
+    return exporter(fmt)(plan)

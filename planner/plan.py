@@ -1,0 +1,249 @@
+"""A plan: one strategy with the model, system and training it was made for, and its estimate.
+
+What the exports start from. A plan comes from a stored study (:func:`plans_from_study`: its
+best trials, the specs the study stored when it was created) or from a plan file
+(:func:`read_plan`), which :func:`write_plan` writes as YAML or JSON::
+
+    format: parallel-planner-plan/1
+    study: lab4b-llama70b-system1      # where it came from (optional)
+    trial: 3
+    convention: stage
+    model: {name: llama70b, family: stage, layers: 80, ...}      # catalog fields
+    system: {name: lab-system1, device: {name: ..., peak_tflops: ...}, network: [...], ...}
+    training: {global_batch: 512, seq_len: 1024, ...}
+    strategy: {dp: 64, tp: 1, ..., placement: [tp, sp, dp, pp]}
+    estimate: {step_time: ..., time: {...}, memory: {...}, ...}    # what simcore returned
+
+Reading a plan file estimates the strategy again: ``planner estimate --plan FILE`` gives the
+numbers the file holds (a test checks it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+import simcore
+from planner.catalog import device_from_entry, model_from_entry, system_from_entry
+from planner.catalog_write import device_entry, model_entry, system_entry
+from planner.errors import PlannerUsageError
+from planner.fields import choice, fail, integer, load
+from planner.fields import fields as check_fields
+from planner.tables import best_frame
+from simcore.estimate import Estimate
+from simcore.specs import (
+    Axis,
+    Convention,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
+
+__all__ = ["Plan", "FORMAT", "make_plan", "plan_dict", "write_plan", "read_plan",
+           "plans_from_study", "specs_dict", "strategy_from_attrs", "strategy_dict"]
+
+FORMAT = "parallel-planner-plan/1"
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelSpec
+    system: SystemSpec
+    training: TrainingSpec
+    strategy: Strategy
+    convention: Convention
+    estimate: Estimate
+    study: str | None = None
+    trial: int | None = None
+
+    @property
+    def label(self) -> str:
+        from search_spaces import strategy_label
+        return strategy_label(self.strategy)
+
+
+def make_plan(model: ModelSpec, system: SystemSpec, training: TrainingSpec, strategy: Strategy,
+              convention: Convention, *, study: str | None = None,
+              trial: int | None = None) -> Plan:
+    est = simcore.estimate(model, system, training, strategy, convention)
+    return Plan(model, system, training, strategy, convention, est, study, trial)
+
+
+# -- to and from plain data -------------------------------------------------------------------
+def strategy_dict(s: Strategy) -> dict[str, Any]:
+    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp, "zero": int(s.zero),
+            "recompute": s.recompute.value, "micro_batch": s.micro_batch,
+            "schedule": s.schedule.value, "v": s.v,
+            "placement": [a.value for a in s.placement],
+            "sequence_parallel": s.sequence_parallel}
+
+
+def training_dict(t: TrainingSpec) -> dict[str, Any]:
+    return {f.name: getattr(t, f.name) for f in fields(t)}
+
+
+def specs_dict(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+               convention: Convention) -> dict[str, Any]:
+    """The specs as plain data (what a study stores, and the head of a plan file)."""
+    return {
+        "convention": convention.value,
+        "model": {"name": model.name, **model_entry(model)},
+        "system": {"name": system.name,
+                   "device": {"name": system.device.name, **device_entry(system.device)},
+                   **{k: v for k, v in system_entry(system).items() if k != "device"}},
+        "training": training_dict(training),
+    }
+
+
+def plan_dict(plan: Plan) -> dict[str, Any]:
+    out: dict[str, Any] = {"format": FORMAT}
+    if plan.study is not None:
+        out["study"] = plan.study
+    if plan.trial is not None:
+        out["trial"] = plan.trial
+    out |= specs_dict(plan.model, plan.system, plan.training, plan.convention)
+    out["strategy"] = strategy_dict(plan.strategy)
+    out["estimate"] = plan.estimate.to_dict()
+    return out
+
+
+def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
+    """The strategy a trial stored (``planner.record.strategy_attrs``) or a plan file holds."""
+    placement = a["placement"]
+    if isinstance(placement, str):
+        placement = placement.split(",")
+    return Strategy(dp=int(a["dp"]), tp=int(a["tp"]), pp=int(a["pp"]), sp=int(a["sp"]),
+                    zero=ZeroStage(int(a["zero"])), recompute=Recompute(a["recompute"]),
+                    micro_batch=int(a["micro_batch"]), schedule=Schedule(a["schedule"]),
+                    v=int(a["v"]), placement=tuple(Axis(p) for p in placement),
+                    sequence_parallel=bool(a["sequence_parallel"]))
+
+
+def specs_from_dict(path: Path, data: dict[str, Any]
+                    ) -> tuple[ModelSpec, SystemSpec, TrainingSpec, Convention]:
+    """Read back :func:`specs_dict` (errors name ``path`` and the field)."""
+    convention = choice(path, "convention", data.get("convention"), Convention)
+    raw_model = dict(_mapping(path, "model", data.get("model")))
+    name = _name(path, "model", raw_model.pop("name", None))
+    model = model_from_entry(path, "model", raw_model)
+    model = replace(model, name=name)
+    raw_system = dict(_mapping(path, "system", data.get("system")))
+    system_name = _name(path, "system", raw_system.pop("name", None))
+    raw_device = dict(_mapping(path, "system.device", raw_system.get("device")))
+    device_name = _name(path, "system.device", raw_device.pop("name", None))
+    device = replace(device_from_entry(path, "system.device", raw_device), name=device_name)
+    raw_system["device"] = device_name
+    system = system_from_entry(path, "system", raw_system, {device_name: device})
+    system = replace(system, name=system_name)
+    t = check_fields(path, "training", data.get("training"), {"global_batch", "seq_len"},
+                     {f.name for f in fields(TrainingSpec)})
+    if not isinstance(t.get("overlap_grad_reduce", True), bool):
+        raise fail(path, "training.overlap_grad_reduce", "must be true or false")
+    ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
+            if k != "overlap_grad_reduce"}
+    training = TrainingSpec(**ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True))
+    return model, system, training, convention
+
+
+def _mapping(path: Path, field: str, value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise fail(path, field, f"must be a mapping, but got {type(value).__name__}")
+    return value
+
+
+def _name(path: Path, field: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise fail(path, f"{field}.name", "missing; give the name")
+    return value
+
+
+_STRATEGY_FIELDS = set(strategy_dict(Strategy()))
+
+
+def _strategy(path: Path, data: Any) -> Strategy:
+    e = check_fields(path, "strategy", data, _STRATEGY_FIELDS, set())
+    if not isinstance(e["placement"], list):
+        raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
+    try:
+        return strategy_from_attrs(e)
+    except (ValueError, TypeError) as err:
+        raise fail(path, "strategy", str(err)) from None
+
+
+def read_plan(path: Path) -> Plan:
+    """A plan file (YAML or JSON), its strategy estimated again."""
+    data = _mapping(path, "top level", load(path, "plan file"))
+    if data.get("format") != FORMAT:
+        raise fail(path, "format", f"must be {FORMAT!r}; write plan files with `planner export"
+                   " --format plan`")
+    model, system, training, convention = specs_from_dict(path, data)
+    strategy = _strategy(path, data.get("strategy"))
+    try:
+        return make_plan(model, system, training, strategy, convention,
+                         study=data.get("study"), trial=data.get("trial"))
+    except ValueError as e:
+        raise fail(path, "strategy", str(e)) from None
+
+
+def plan_text(plan: Plan, suffix: str) -> str:
+    data = plan_dict(plan)
+    if suffix == ".json":
+        return json.dumps(data, indent=2) + "\n"
+    return ("# Parallel Planner plan: `planner estimate --plan THIS_FILE` estimates it again\n"
+            + yaml.safe_dump(data, sort_keys=False, width=100))
+
+
+def write_plan(plan: Plan, path: Path) -> None:
+    path.write_text(plan_text(plan, path.suffix))
+
+
+# -- from a stored study ----------------------------------------------------------------------
+def study_specs(study: optuna.Study
+                ) -> tuple[ModelSpec, SystemSpec, TrainingSpec, Convention]:
+    """The specs a study was made from: stored on it at creation, else its YAML file again."""
+    stored = study.user_attrs.get("specs")
+    where = Path(f"study {study.study_name!r}")
+    if isinstance(stored, dict):
+        return specs_from_dict(where, stored)
+    from planner.study_config import load_study_config  # studies made before specs were stored
+    summary = study.user_attrs.get("config") or {}
+    file = summary.get("file")
+    if not file or not Path(file).is_file():
+        raise PlannerUsageError(f"{where}: stores no specs and its file {file!r} is gone; run"
+                                " the study again")
+    hbm = summary.get("hbm_gb")
+    config = load_study_config(Path(file), hbm_gb=hbm)
+    return config.model, config.system, config.training, config.convention
+
+
+def plans_from_study(study: optuna.Study, top: int) -> list[Plan]:
+    """The study's ``top`` best feasible plans (``planner best``'s order), estimated again."""
+    model, system, training, convention = study_specs(study)
+    best = best_frame(study, top)
+    plans = []
+    for _, row in best.iterrows():
+        strategy = strategy_from_attrs(row.to_dict())
+        plans.append(make_plan(model, system, training, strategy, convention,
+                               study=study.study_name, trial=int(row["number"])))
+    return plans
+
+
+def plan_at(study: optuna.Study, rank: int) -> Plan:
+    """The ``rank``-th best plan (1 is the best), or a one-line error if there are fewer."""
+    if rank < 1:
+        raise PlannerUsageError(f"--plan must be >= 1 (1 is the best plan), but got {rank}")
+    plans = plans_from_study(study, rank)
+    if len(plans) < rank:
+        raise PlannerUsageError(f"--plan {rank}: study {study.study_name!r} has only"
+                                f" {len(plans)} feasible plan(s); `planner best"
+                                f" {study.study_name}` lists them")
+    return plans[rank - 1]

@@ -1,0 +1,77 @@
+"""Saving figures: HTML by default, PNG when a browser for kaleido is there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from planner.errors import PlannerUsageError
+
+__all__ = ["FORMATS", "figure_html", "write_figure", "atomic_write"]
+
+FORMATS = ("html", "png")
+
+
+def figure_html(fig: go.Figure, *, full_html: bool = True, include_plotlyjs: bool | str = True
+                ) -> str:
+    """The figure as HTML; plotly.js inlined unless told otherwise (the page works offline)."""
+    return fig.to_html(full_html=full_html, include_plotlyjs=include_plotlyjs,
+                       config={"displaylogo": False})
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, then a rename.
+    An unwritable folder is a one-line error."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise PlannerUsageError(f"{path}: the folder {folder} does not exist; create it or"
+                                " choose another output path")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part")
+    except OSError as e:
+        raise PlannerUsageError(f"{path}: cannot write in {folder}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _chrome() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def write_figure(fig: go.Figure, path: Path, fmt: str | None = None) -> Path:
+    """Save ``fig`` to ``path`` as ``fmt`` (default: from the suffix, else HTML)."""
+    fmt = fmt or (path.suffix.lstrip(".").lower() if path.suffix else "html")
+    if fmt not in FORMATS:
+        raise PlannerUsageError(f"--format {fmt}: unknown figure format; use html or png")
+    if fmt == "html":
+        atomic_write(path, figure_html(fig))
+        return path
+    chrome = _chrome()
+    if chrome is None:
+        raise PlannerUsageError("PNG needs a Chrome for kaleido: install Debian's chromium"
+                                " (apt-get install chromium) or use HTML (the default)")
+    try:
+        import kaleido  # noqa: F401 - plotly's image engine
+    except ImportError:
+        raise PlannerUsageError("PNG needs kaleido: pip install 'parallel-planner[png]'"
+                                " (or use HTML, the default)") from None
+    os.environ.setdefault("BROWSER_PATH", chrome)  # where kaleido (choreographer) finds it
+    try:
+        png = fig.to_image(format="png", width=1100, height=650)
+    except Exception as e:  # noqa: BLE001 - kaleido's browser failures come in many types
+        raise PlannerUsageError(f"PNG export failed ({type(e).__name__}: {e}); use HTML") from None
+    atomic_write(path, png)
+    return path

@@ -11,6 +11,7 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from planner.commands import COMMANDS
 from planner.errors import PlannerUsageError
@@ -18,8 +19,15 @@ from planner.errors import PlannerUsageError
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (exit code 2), as every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="planner",
         description="Parallel Planner: find the fastest parallelization strategy that fits.",
     )

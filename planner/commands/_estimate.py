@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from dataclasses import fields, replace
 
 from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand
 from planner.errors import PlannerUsageError
-from planner.record import strategy_attrs
+from planner.plan import read_plan, strategy_dict
 from planner.units import GB
 from simcore import estimate
 from simcore.estimate import Estimate
-from simcore.specs import Axis, Recompute, Schedule, Strategy, TrainingSpec, ZeroStage
+from simcore.specs import (
+    Axis,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
 
 
 def _placement(text: str) -> tuple[Axis, ...]:
@@ -48,7 +58,7 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--placement", default="tp,sp,dp,pp",
                    help="axes onto network dimensions, innermost first (default tp,sp,dp,pp)")
     t = parser.add_argument_group("training")
-    t.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    t.add_argument("--global-batch", type=int, help="sequences per step (required)")
     t.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
@@ -103,13 +113,25 @@ class EstimateCommand(BaseCommand):
     help = "Step time and peak memory of one plan, with every part."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model", required=True, help="catalog name or YAML path")
-        parser.add_argument("--system", required=True, help="catalog name or YAML path")
+        parser.add_argument("--plan", type=Path, metavar="FILE",
+                            help="a plan file (`planner export --format plan`): estimate it"
+                            " again; the other options are then not used")
+        parser.add_argument("--model", help="catalog name or YAML path (required without --plan)")
+        parser.add_argument("--system", help="catalog name or YAML path (required without"
+                            " --plan)")
         parser.add_argument("--hbm-gb", type=float, help="HBM per device (default: the device's)")
         add_strategy_arguments(parser)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.plan is not None:
+            plan = read_plan(args.plan)
+            self._print(args, plan.model, plan.system, plan.strategy, plan.estimate)
+            return 0
+        for flag in ("model", "system", "global_batch"):
+            if getattr(args, flag) is None:
+                raise PlannerUsageError(f"--{flag.replace('_', '-')} is required (or give"
+                                        " --plan FILE)")
         catalog = load_catalog()
         model = catalog.model(args.model)
         system = catalog.system(args.system)
@@ -125,23 +147,20 @@ class EstimateCommand(BaseCommand):
             est = estimate(model, system, training, strategy)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None
+        self._print(args, model, system, strategy, est)
+        return 0
+
+    @staticmethod
+    def _print(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
+               strategy: Strategy, est: Estimate) -> None:
         if args.json:
             out = {"model": model.name, "system": system.name,
-                   "strategy": _strategy_dict(strategy), **est.to_dict()}
+                   "strategy": strategy_dict(strategy), **est.to_dict()}
             print(json.dumps(out, indent=2))
         else:
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}):"
                   f" {_describe(strategy)}")
             print(_table(est))
-        return 0
-
-
-def _strategy_dict(s: Strategy) -> dict:
-    """The strategy as JSON: what a study's trial stores, with the placement as a list."""
-    out = strategy_attrs(s)
-    del out["plan"]
-    out["placement"] = [a.value for a in s.placement]
-    return out
 
 
 def _describe(s: Strategy) -> str:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import plotly.graph_objects as go
 
 from planner.errors import PlannerUsageError
+from planner.outputs import atomic_write
 
-__all__ = ["FORMATS", "figure_html", "write_figure", "atomic_write"]
+__all__ = ["FORMATS", "figure_html", "write_figure"]
 
 FORMATS = ("html", "png")
 
@@ -21,26 +21,6 @@ def figure_html(fig: go.Figure, *, full_html: bool = True, include_plotlyjs: boo
     """The figure as HTML; plotly.js inlined unless told otherwise (the page works offline)."""
     return fig.to_html(full_html=full_html, include_plotlyjs=include_plotlyjs,
                        config={"displaylogo": False})
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``path`` whole or not at all: a temporary file beside it, then a rename.
-    An unwritable folder is a one-line error."""
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise PlannerUsageError(f"{path}: the folder {folder} does not exist; create it or"
-                                " choose another output path")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part")
-    except OSError as e:
-        raise PlannerUsageError(f"{path}: cannot write in {folder}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _chrome() -> str | None:

@@ -1,0 +1,66 @@
+"""``planner export NAME --top K --format F``: the best plans of a study, ready to run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.commands._base import BaseCommand
+from planner.commands._results import _study
+from planner.commands._run import _positive_int, add_storage_argument
+from planner.errors import PlannerUsageError
+from planner.exports import EXPORTERS, export_files
+from planner.outputs import RESULTS_DIR, slug, write_folders
+from planner.plan import plans_from_study
+
+ALL = "all"
+
+
+def _formats(text: str) -> list[str]:
+    names = [f.strip() for f in text.split(",") if f.strip()]
+    if names == [ALL]:
+        return list(EXPORTERS)
+    for name in names:
+        if name not in EXPORTERS:
+            raise PlannerUsageError(f"--format {name}: unknown format; use one of"
+                                    f" {', '.join(EXPORTERS)} (several with commas) or {ALL}")
+    if not names:
+        raise PlannerUsageError(f"--format: give one of {', '.join(EXPORTERS)} or {ALL}")
+    return names
+
+
+class ExportCommand(BaseCommand):
+    name = "export"
+    help = ("The best plans of a study as plan files, Megatron-LM arguments, a DeepSpeed config,"
+            " torchtitan configs or ASTRA-sim + STAGE inputs.")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("name", help="the study's name (`planner studies` lists them)")
+        parser.add_argument("--top", type=_positive_int, default=1,
+                            help="how many of the best plans (default 1)")
+        parser.add_argument("--format", default="plan", metavar="F",
+                            help=f"{', '.join(EXPORTERS)}, several with commas, or {ALL}"
+                            " (default plan)")
+        parser.add_argument("--out", type=Path,
+                            help="folder (default planner-results/exports/NAME); one sub-folder"
+                            " per plan, RANK-PLAN")
+        add_storage_argument(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        formats = _formats(args.format)
+        study = _study(args)
+        plans = plans_from_study(study, args.top)
+        if not plans:
+            raise PlannerUsageError(f"study {args.name!r} has no feasible plan to export")
+        folders: dict[str, dict[str, str]] = {}
+        for rank, plan in enumerate(plans, start=1):
+            files: dict[str, str] = {}
+            for fmt in formats:
+                files.update(export_files(plan, fmt))
+            folders[f"{rank}-{slug(plan.label)}"] = files
+        out = args.out or RESULTS_DIR / "exports" / slug(args.name)
+        for folder in write_folders(out, folders):
+            print(f"{folder}/: {', '.join(sorted(folders[folder.name]))}")
+        if len(plans) < args.top:
+            print(f"(the study has {len(plans)} feasible plan(s), fewer than --top {args.top})")
+        return 0

@@ -1,0 +1,37 @@
+"""``planner report NAME``: one HTML page with the study's inputs, best plans and figures."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.commands._base import BaseCommand
+from planner.commands._results import _study
+from planner.commands._run import _positive_int, add_storage_argument
+from planner.outputs import atomic_write, default_path
+
+
+class ReportCommand(BaseCommand):
+    name = "report"
+    help = ("One HTML page of a study: inputs, best plans, Pareto front, step-time breakdown and"
+            " the best plan's timeline.")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("name", help="the study's name (`planner studies` lists them)")
+        parser.add_argument("--top", type=_positive_int, default=10,
+                            help="best plans in the table and the breakdown (default 10)")
+        parser.add_argument("--out", type=Path,
+                            help="where to write (default planner-results/NAME-report.html)")
+        add_storage_argument(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from planner.report import build_report, report_html  # plotly only when used
+
+        study = _study(args)
+        page = report_html(build_report(study, args.top))
+        path = args.out or default_path(args.name, "report", "html")
+        if args.out is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, page)
+        print(f"wrote {path}")
+        return 0

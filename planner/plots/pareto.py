@@ -1,0 +1,121 @@
+"""Step time against peak memory per device: every trial a point, the Pareto front drawn.
+
+Built on ``optuna.visualization.plot_pareto_front``, which shades the trials that break the HBM
+constraint by itself (Optuna 5 reads ``trial.constraints``). A study with one objective is
+plotted through ``targets=`` (its step time and the peak memory each trial stored), so both
+kinds of study give the same picture. On top of Optuna's figure: the front as a line, the HBM
+limit as a line, and a hover that shows the strategy with its time and memory parts.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+import plotly.graph_objects as go
+from optuna.trial import FrozenTrial, TrialState
+
+from planner.errors import PlannerUsageError
+
+__all__ = ["pareto_figure", "hover_text"]
+
+_NUMBER = re.compile(r'"number": (\d+)')
+
+
+def _targets(trial: FrozenTrial) -> tuple[float, float]:
+    return trial.user_attrs["step_time_s"], trial.user_attrs["peak_memory_gb"]
+
+
+def _parts(attrs: Mapping[str, Any], prefix: str, suffix: str, unit: str, scale: float
+           ) -> list[str]:
+    out = []
+    for key, value in attrs.items():
+        if key.startswith(prefix) and key.endswith(suffix) and value:
+            name = key[len(prefix):-len(suffix)]
+            out.append(f"  {name}: {value * scale:.4g} {unit}")
+    return out
+
+
+def hover_text(trial: FrozenTrial) -> str:
+    """The strategy, then the step time and peak memory with their non-zero parts."""
+    a = trial.user_attrs
+    lines = [f"<b>trial {trial.number}: {a.get('plan', '?')}</b>",
+             f"step time {a['step_time_s']:.4g} s (MFU {a.get('mfu', 0):.1%})",
+             *_parts(a, "time_", "_s", "s", 1.0),
+             f"peak memory {a['peak_memory_gb']:.4g} GB (stage {a.get('peak_stage', 0)})",
+             *_parts(a, "memory_", "_gb", "GB", 1.0)]
+    if a.get("reason"):
+        lines.append(f"<i>{a['reason']}</i>")
+    return "<br>".join(lines)
+
+
+def _plottable(study: optuna.Study) -> dict[int, FrozenTrial]:
+    trials = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if "step_time_s" in t.user_attrs and "peak_memory_gb" in t.user_attrs}
+    if not trials:
+        raise PlannerUsageError(f"study {study.study_name!r} has no finished trial to plot; run"
+                                " it first (`planner run FILE`)")
+    return trials
+
+
+def pareto_figure(study: optuna.Study, hbm_gb: float | None = None) -> go.Figure:
+    """The study's trials in the (step time, peak memory) plane; ``hbm_gb`` draws the limit
+    (default: the limit the study was run with, none when it was unlimited)."""
+    trials = _plottable(study)
+    if hbm_gb is None:
+        hbm_gb = (study.user_attrs.get("config") or {}).get("hbm_gb")
+    with warnings.catch_warnings():  # plot_pareto_front is marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        fig = optuna.visualization.plot_pareto_front(
+            study, targets=_targets, target_names=["step time (s)", "peak memory per device (GB)"])
+    front: list[tuple[float, float]] = []
+    for trace in fig.data:
+        texts = trace.text or ()
+        numbers = [int(m.group(1)) if (m := _NUMBER.search(t)) else -1 for t in texts]
+        trace.name = _trace_name(trace)
+        trace.text = [hover_text(trials[n]) if n in trials else "" for n in numbers]
+        trace.hovertemplate = "%{text}<extra></extra>"
+        trace.showlegend = True
+        _restyle(trace)
+        if trace.name == "Pareto front":
+            front = sorted(zip(trace.x, trace.y))
+    if front:
+        fig.add_trace(go.Scatter(x=[x for x, _ in front], y=[y for _, y in front],
+                                 mode="lines", line={"color": "#d62728", "shape": "hv"},
+                                 name="front", hoverinfo="skip"))
+    if hbm_gb is not None:  # a trace, not add_hline: its annotation misplaces on log axes
+        times = [t.user_attrs["step_time_s"] for t in trials.values()]
+        fig.add_trace(go.Scatter(x=[min(times), max(times)], y=[hbm_gb, hbm_gb], mode="lines",
+                                 line={"color": "#444", "dash": "dash"},
+                                 name=f"HBM limit {hbm_gb:g} GB", hoverinfo="name"))
+    fig.update_layout(title=f"{study.study_name}: step time against peak memory per device"
+                      f" ({len(trials):,} trials)", hoverlabel={"align": "left"},
+                      legend={"orientation": "h", "y": -0.15})
+    # Times and memories span decades (a bad plan is 100x slower): log axes keep the front apart.
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return fig
+
+
+_COLORS = {"Pareto front": ("#d62728", 9), "feasible": ("#1f77b4", 6)}
+
+
+def _restyle(trace: Any) -> None:
+    """One colour per kind instead of Optuna's trial-number colour scales (and their bars)."""
+    if trace.name in _COLORS:
+        color, size = _COLORS[trace.name]
+        trace.marker = {"color": color, "size": size, "opacity": 0.75,
+                        "line": {"width": 0.5, "color": "#333"}}
+
+
+def _trace_name(trace: Any) -> str:
+    kind = str(trace.hovertemplate or "")
+    marker_color = getattr(trace.marker, "color", None)
+    if marker_color == "#cccccc" or "Infeasible" in kind:
+        return "infeasible (over the HBM limit)"
+    if "Best" in kind:
+        return "Pareto front"
+    return "feasible"

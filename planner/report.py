@@ -1,0 +1,105 @@
+"""One HTML page for a study: its inputs, the best plans, the Pareto front, the step-time
+breakdown of the best plans and the timeline of the best one.
+
+The page is self-contained: plotly.js is inlined once (the first figure) and every other figure
+refers to it, so it opens offline and weighs about 5 MB plus the points.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import optuna
+import pandas as pd
+import plotly.graph_objects as go
+
+from planner.errors import PlannerUsageError
+from planner.plan import plans_from_study
+from planner.plots import figure_html
+from planner.plots.breakdown import breakdown_figure
+from planner.plots.pareto import pareto_figure
+from planner.plots.timeline import timeline_figure
+from planner.tables import best_frame, format_best, trials_frame
+
+__all__ = ["Report", "build_report", "report_html"]
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; }
+td, th { padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: right; }
+th { background: #f5f5f5; } td:first-child, th:first-child { text-align: left; }
+pre { background: #f7f7f7; padding: 1em; overflow-x: auto; }
+.figure { margin: 1em 0 2em; }
+"""
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the page shows, each figure already built."""
+
+    study: str
+    summary: dict
+    counts: dict[str, int]
+    best: pd.DataFrame
+    figures: list[tuple[str, go.Figure]]
+
+
+def _counts(study: optuna.Study) -> dict[str, int]:
+    df = trials_frame(study)
+    complete = df[df["state"] == "COMPLETE"] if not df.empty else df
+    feasible = int(complete["feasible"].astype(bool).sum()) if "feasible" in complete else 0
+    return {"trials": len(df), "finished": len(complete), "feasible": feasible,
+            "infeasible": len(complete) - feasible}
+
+
+def build_report(study: optuna.Study, top: int = 10) -> Report:
+    """Gather the page's parts; a study with no feasible plan is a one-line error."""
+    best = best_frame(study, top)
+    if best.empty:
+        raise PlannerUsageError(f"study {study.study_name!r} has no feasible plan to report;"
+                                " run it (or raise its HBM limit)")
+    plans = plans_from_study(study, 1)
+    figures = [
+        ("Pareto front: step time against peak memory", pareto_figure(study)),
+        (f"Step time of the {len(best)} best plans, by part", breakdown_figure(best, "plan")),
+        (f"One step of the best plan ({plans[0].label}), as a timeline",
+         timeline_figure(plans[0])),
+    ]
+    return Report(study.study_name, dict(study.user_attrs.get("config") or {}), _counts(study),
+                  best, figures)
+
+
+def _inputs(report: Report) -> str:
+    s = report.summary
+    rows = [("model", s.get("model")), ("system", f"{s.get('system')} ({s.get('devices')}"
+                                                   " devices)"),
+            ("convention", s.get("convention")), ("global batch", s.get("global_batch")),
+            ("sequence length", s.get("seq_len")),
+            ("HBM limit", f"{s['hbm_gb']:g} GB" if s.get("hbm_gb") else "unlimited"),
+            ("objectives", ", ".join(s.get("objectives", []))),
+            ("sampler", f"{s.get('sampler')} (seed {s.get('seed')})"),
+            ("study file", s.get("file"))]
+    rows += [(k, f"{v:,}") for k, v in report.counts.items()]
+    body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in rows)
+    space = html.escape(json.dumps(s.get("space", {}), indent=1))
+    return f"<table>{body}</table><h3>Search space</h3><pre>{space}</pre>"
+
+
+def report_html(report: Report) -> str:
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
+             f"<title>{html.escape(report.study)}: Parallel Planner report</title>"
+             f"<style>{_STYLE}</style></head><body>",
+             f"<h1>Study {html.escape(report.study)}</h1>",
+             f"<p>Made by Parallel Planner on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC."
+             "</p>", "<h2>Inputs</h2>", _inputs(report),
+             "<h2>Best plans</h2>", f"<pre>{html.escape(format_best(report.best))}</pre>"]
+    for i, (title, fig) in enumerate(report.figures):
+        div = figure_html(fig, full_html=False, include_plotlyjs=(i == 0))
+        parts += [f"<h2>{html.escape(title)}</h2>", f"<div class='figure'>{div}</div>"]
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,168 @@
+"""Plan files, `planner export --format plan`, `planner estimate --plan` and `planner pareto`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+import simcore
+from planner.catalog import load_catalog, model_from_entry, system_from_entry
+from planner.catalog_write import model_entry, system_entry
+from planner.cli import main
+from planner.plan import FORMAT, make_plan, read_plan, write_plan
+from planner.plots.pareto import pareto_figure
+from planner.storage import open_storage
+from simcore.specs import Convention, Recompute, Schedule, Strategy, TrainingSpec, ZeroStage
+from tests.study_files import lab_study
+
+
+@pytest.fixture
+def storage(tmp_path, monkeypatch):
+    path = tmp_path / "results" / "studies.journal"
+    monkeypatch.setenv("PLANNER_STORAGE", str(path))
+    return path
+
+
+def test_catalog_entries_read_back_to_the_same_specs():
+    # Writing a spec as a catalog entry and reading it back must give the very same floats:
+    # a plan file or an imported system that drifted by one ulp would change its estimate.
+    catalog = load_catalog()
+    for name, model in catalog.models.items():
+        assert model_from_entry(Path("x.yaml"), name, model_entry(model)) == model
+    for name, system in catalog.systems.items():
+        back = system_from_entry(Path("x.yaml"), name, system_entry(system), {})
+        assert back.network == system.network
+        assert back.device.peak_flops_per_s == system.device.peak_flops_per_s
+        assert back.device.hbm_bandwidth_bytes_per_s == system.device.hbm_bandwidth_bytes_per_s
+
+
+def test_lab_links_are_written_in_astra_units():
+    # design.md, "Catalogs to ship": lab-system1 links are 100 ASTRA-sim GB/s (2^30 B/s), 50 ns.
+    dim = system_entry(load_catalog().system("lab-system1"))["network"][0]
+    assert dim["bandwidth_astra_gbps"] == 100 and dim["latency_us"] == 0.05
+
+
+def _megatron_plan():
+    c = load_catalog()
+    strategy = Strategy(dp=8, tp=8, pp=4, sp=4, zero=ZeroStage.OPTIMIZER,
+                        recompute=Recompute.SELECTIVE, schedule=Schedule.INTERLEAVED, v=5)
+    return make_plan(c.model("llama3-70b"), c.system("dgx-h100-1024"),
+                     TrainingSpec(global_batch=2048, seq_len=8192), strategy, Convention.MEGATRON)
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_plan_file_reads_back_to_the_same_plan(tmp_path, suffix):
+    plan = _megatron_plan()
+    path = tmp_path / f"plan{suffix}"
+    write_plan(plan, path)
+    back = read_plan(path)
+    assert back.strategy == plan.strategy and back.training == plan.training
+    assert back.model == plan.model and back.system == plan.system
+    assert back.estimate == plan.estimate
+    data = yaml.safe_load(path.read_text())  # JSON is YAML too
+    assert data["format"] == FORMAT
+    assert data["strategy"]["placement"] == ["tp", "sp", "dp", "pp"]
+    # 2048 sequences of 8192 tokens per step: tokens/s = 2048 * 8192 / step time.
+    assert data["estimate"]["tokens_per_s"] == pytest.approx(
+        2048 * 8192 / data["estimate"]["step_time"])
+
+
+def test_estimate_plan_gives_the_numbers_the_plan_file_holds(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
+    out = tmp_path / "exports"
+    assert main(["export", "lab", "--top", "3", "--format", "plan", "--out", str(out)]) == 0
+    folders = sorted(p for p in out.iterdir())
+    assert [p.name[:2] for p in folders] == ["1-", "2-", "3-"]
+    capsys.readouterr()
+    for folder in folders:
+        for name in ("plan.yaml", "plan.json"):
+            stored = yaml.safe_load((folder / name).read_text())
+            assert main(["estimate", "--plan", str(folder / name), "--json"]) == 0
+            again = json.loads(capsys.readouterr().out)
+            for key in ("step_time", "time", "memory", "mfu", "tokens_per_s", "fits"):
+                assert again[key] == stored["estimate"][key], (folder.name, name, key)
+    # The exported best plan is the study's best: the fastest of the 56 lab strategies under
+    # 80 GB, found here by a plain loop over the space (not through the study).
+    best = read_plan(folders[0] / "plan.yaml")
+    from planner.study_config import load_study_config
+    config = load_study_config(tmp_path / "lab.yaml")
+    fits = [simcore.estimate(config.model, config.system, config.training, s)
+            for s in config.space.enumerate()]
+    fastest = min(e.step_time for e in fits if e.peak_memory <= 80e9)
+    assert best.estimate.step_time == fastest
+
+
+def test_export_bad_input_is_one_line_and_writes_nothing(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "exports"
+    cases = [
+        (["export", "nope", "--out", str(out)], "no study named 'nope'"),
+        (["export", "lab", "--format", "word", "--out", str(out)], "unknown format"),
+        (["export", "lab", "--top", "0", "--out", str(out)], "--top"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["export", "lab", "--out", str(blocker)]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    assert blocker.read_text() == "x"
+
+
+def test_estimate_plan_rejects_a_file_that_is_not_a_plan(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text("format: something-else\n")
+    assert main(["estimate", "--plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: format:" in err and len(err.strip().splitlines()) == 1
+    plan = _megatron_plan()
+    write_plan(plan, path)
+    data = yaml.safe_load(path.read_text())
+    data["strategy"]["tp"] = 7  # 7 divides neither 64 heads nor the 1024 devices
+    path.write_text(yaml.safe_dump(data))
+    assert main(["estimate", "--plan", str(path)]) == 2
+    assert f"{path}: strategy" in capsys.readouterr().err
+
+
+def _dominated(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return b[0] <= a[0] and b[1] <= a[1] and b != a
+
+
+def test_pareto_page_draws_the_front_of_feasible_trials(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path, hbm="40")), "--quiet"]) == 0
+    page = tmp_path / "pareto.html"
+    assert main(["pareto", "lab", "--out", str(page)]) == 0
+    text = page.read_text()
+    assert "plotly" in text and "HBM limit 40 GB" in text
+    study = optuna.load_study(study_name="lab", storage=open_storage(str(storage), create=False))
+    fig = pareto_figure(study)
+    traces = {t.name: t for t in fig.data}
+    # The front, by brute force over the stored trials: feasible points no other feasible point
+    # dominates in (step time, peak memory).
+    points = [(t.user_attrs["step_time_s"], t.user_attrs["peak_memory_gb"])
+              for t in study.trials if t.user_attrs["feasible"]]
+    front = {p for p in points if not any(_dominated(p, q) for q in points)}
+    drawn = set(zip(traces["Pareto front"].x, traces["Pareto front"].y))
+    assert drawn == front
+    infeasible = [t for t in study.trials if not t.user_attrs["feasible"]]
+    assert len(traces["infeasible (over the HBM limit)"].x) == len(infeasible) > 0
+    assert all(y > 40 for y in traces["infeasible (over the HBM limit)"].y)
+    assert "dp=" not in traces["Pareto front"].text[0] and "trial" in traces["Pareto front"].text[0]
+
+
+def test_pareto_errors(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["pareto", "lab", "--out", str(tmp_path / "nowhere" / "p.html")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["pareto", "lab", "--out", str(tmp_path / "p.pdf")]) == 2
+    assert "unknown figure format" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.pdf"))

@@ -1,0 +1,56 @@
+"""`planner report`: one page with the inputs, best plans, Pareto front, breakdown, timeline,
+opened in a real headless browser to check that the plots rendered."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cli import main
+from tests.browser import chromium, plots, rendered_dom
+from tests.study_files import lab_study
+
+
+@pytest.fixture
+def storage(tmp_path, monkeypatch):
+    path = tmp_path / "results" / "studies.journal"
+    monkeypatch.setenv("PLANNER_STORAGE", str(path))
+    return path
+
+
+@pytest.fixture
+def report(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path, hbm="40")), "--quiet"]) == 0
+    page = tmp_path / "report.html"
+    assert main(["report", "lab", "--out", str(page), "--top", "5"]) == 0
+    assert str(page) in capsys.readouterr().out
+    return page
+
+
+def test_report_holds_inputs_best_plans_and_three_figures(report):
+    text = report.read_text()
+    for part in ("llama70b", "lab-system1", "HBM limit", "40 GB", "Best plans", "Pareto front",
+                 "timeline", "Search space"):
+        assert part in text, part
+    # plotly.js inlined once (the page opens offline), three figures use it.
+    assert text.count("plotly.js v") <= 2 and len(plots(text)) == 3
+
+
+@pytest.mark.skipif(chromium() is None, reason="Debian's chromium is not installed (.ci/run"
+                    " installs it where apt-get works)")
+def test_report_plots_render_in_headless_chromium(report):
+    dom = rendered_dom(report)
+    assert dom, "chromium printed no DOM"
+    figures = plots(dom)
+    assert len(figures) == 3
+    for figure in figures:
+        # plotly draws each figure into <svg class="main-svg"> once its script ran.
+        assert 'class="main-svg"' in figure
+    # The Pareto figure draws a marker per trial: the 56 lab strategies (design.md).
+    assert figures[0].count('class="point"') >= 56
+
+
+def test_report_of_an_unknown_study_is_one_line(tmp_path, storage, capsys):
+    assert main(["report", "nope", "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "no study named 'nope'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,9 @@ def load(path: Path, kind: str) -> Any:
         raise PlannerUsageError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     try:
         if kind == "system JSON":
-            return json.loads(text)
-        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+            data = json.loads(text)
+        else:
+            data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
     except json.JSONDecodeError as e:
         raise PlannerUsageError(f"{path}: line {e.lineno}: not valid JSON: {e.msg}") from None
     except yaml.YAMLError as e:
@@ -47,6 +49,38 @@ def load(path: Path, kind: str) -> Any:
         raise PlannerUsageError(f"{path}: {where}not valid YAML: {problem}") from None
     except RecursionError:
         raise PlannerUsageError(f"{path}: nested too deeply to read") from None
+    _check_shape(path, data)
+    return data
+
+
+MAX_DEPTH = 32
+"""Deeper than any file of ours needs; a deeper document is refused before anything reads it."""
+MAX_NODES = 200_000
+"""More values than any catalog, study or ASTRA-sim file of ours holds, anchors expanded."""
+
+
+def _check_shape(path: Path, data: Any) -> None:
+    """Refuse documents nested deeper than :data:`MAX_DEPTH` or holding themselves (a YAML
+    anchor used inside its own value), which later code could not print or walk."""
+    stack: list[tuple[Any, int, frozenset[int]]] = [(data, 0, frozenset())]
+    visited = 0
+    while stack:
+        node, depth, inside = stack.pop()
+        visited += 1
+        if visited > MAX_NODES:  # aliases that expand exponentially ("billion laughs")
+            raise PlannerUsageError(f"{path}: holds over {MAX_NODES:,} values once its anchors"
+                                    " are expanded; write it out plainly")
+        if not isinstance(node, (dict, list)):
+            continue
+        if id(node) in inside:
+            raise PlannerUsageError(f"{path}: a YAML anchor is used inside its own value; write"
+                                    " the value out instead")
+        if depth >= MAX_DEPTH:
+            raise PlannerUsageError(f"{path}: nested more than {MAX_DEPTH} levels deep; no field"
+                                    " needs that, check the brackets")
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            stack.append((child, depth + 1, inside | {id(node)}))
 
 
 def fields(path: Path, where: str, entry: Any, required: set[str], optional: set[str]) -> dict:
@@ -67,21 +101,40 @@ def fields(path: Path, where: str, entry: Any, required: set[str], optional: set
     return {str(k): v for k, v in entry.items()}
 
 
-def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool) -> float:
+MAX_NUMBER = 1e12
+"""No figure in our files' units (TFLOP/s, GB, GB/s, ns, us) comes near this; a larger one is a
+typo, and would overflow once converted to bytes/s or FLOP/s."""
+MAX_INTEGER = 10**9
+"""No count (layers, heads, batch, devices, splits, trials) comes near this; larger ones would
+make the simulator loop for hours."""
+
+
+def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool,
+           maximum: float = MAX_NUMBER) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise fail(path, field, f"must be a number, but got {value!r}")
+        raise fail(path, field, f"must be a number, but got {_short(value)}")
     if value < minimum or (strict and value == minimum):
         op = ">" if strict else ">="
         raise fail(path, field, f"must be {op} {minimum:g}, but got {value!r}")
+    if value > maximum:
+        raise fail(path, field, f"must be <= {maximum:g}, but got {value:g}; check the unit")
     return float(value)
 
 
-def integer(path: Path, field: str, value: Any, *, minimum: int) -> int:
+def integer(path: Path, field: str, value: Any, *, minimum: int,
+            maximum: int = MAX_INTEGER) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise fail(path, field, f"must be a whole number, but got {value!r}")
+        raise fail(path, field, f"must be a whole number, but got {_short(value)}")
     if value < minimum:
         raise fail(path, field, f"must be >= {minimum}, but got {value!r}")
+    if value > maximum:
+        raise fail(path, field, f"must be <= {maximum:,}, but got {value:,}")
     return value
+
+
+def _short(value: Any) -> str:
+    """A value for an error message: at most a line, whatever the user wrote."""
+    return reprlib.repr(value)
 
 
 def choice(path: Path, field: str, value: Any, enum: type) -> Any:

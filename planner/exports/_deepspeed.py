@@ -1,0 +1,174 @@
+"""``--format deepspeed``: a DeepSpeed config JSON and a README for what lives outside it.
+
+Key names were checked in deepspeedai/DeepSpeed at commit edaa7221 (2026-08-22):
+
+- ``docs/_pages/config-json.md`` and ``deepspeed/runtime/constants.py``: ``train_batch_size``,
+  ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``bf16.enabled``,
+  ``gradient_clipping``, ``steps_per_print``, ``activation_checkpointing`` and its keys
+  (``deepspeed/runtime/activation_checkpointing/config.py``).
+- ``deepspeed/runtime/zero/config.py``: ``zero_optimization`` keys ``stage``, ``overlap_comm``
+  (default: on for stage 3 only), ``contiguous_gradients``, ``reduce_scatter``,
+  ``allgather_partitions``.
+- ``deepspeed/runtime/config.py`` ``_batch_assertion``: ``train_batch_size ==
+  train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size``, where
+  ``world_size`` is ``mpu.get_data_parallel_world_size()`` when a model-parallel unit is given
+  (Megatron-DeepSpeed gives one: data parallel = world / (tp * pp * sp), the plan's dp).
+- ``deepspeed/runtime/pipe/engine.py``: ZeRO-2 and ZeRO-3 are incompatible with DeepSpeed's
+  pipeline engine; ``deepspeed/runtime/engine.py``: it turns ``overlap_comm`` off under pipeline
+  parallelism for stages 1 and 2.
+
+Launcher options (``README.txt``) were checked in deepspeedai/Megatron-DeepSpeed at commit
+4efb479d (2025-07-16), ``megatron/arguments.py``: ``--tensor-model-parallel-size``,
+``--pipeline-model-parallel-size``, ``--no-pipeline-parallel``, ``--sequence-parallel``,
+``--ds-sequence-parallel-size`` (DeepSpeed-Ulysses, "cannot be combined with
+--sequence-parallel"), ``--zero-stage``, ``--recompute-granularity``,
+``--deepspeed-activation-checkpointing``; and
+DeepSpeed's ``--deepspeed --deepspeed_config`` (``deepspeed/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from planner.exports._megatron import header_lines, micro_batches
+from planner.plan import Plan
+from simcore.specs import Recompute, Schedule, ZeroStage
+
+__all__ = ["ds_config", "export_deepspeed"]
+
+SOURCE = "deepspeedai/DeepSpeed edaa7221 (2026-08-22), docs/_pages/config-json.md"
+LAUNCHER_SOURCE = "deepspeedai/Megatron-DeepSpeed 4efb479d (2025-07-16), megatron/arguments.py"
+
+
+def export_deepspeed(plan: Plan) -> dict[str, str]:
+    """``ds_config.json`` (the JSON DeepSpeed reads) and ``README.txt`` (the rest)."""
+    config = ds_config(plan)
+    return {"ds_config.json": json.dumps(config, indent=2) + "\n",
+            "README.txt": _readme(plan, config)}
+
+
+def ds_config(plan: Plan) -> dict[str, Any]:
+    """The DeepSpeed config as data; raises ValueError if the batch identity would not hold."""
+    s = plan.strategy
+    gas = micro_batches(plan)
+    config: dict[str, Any] = {
+        "train_batch_size": plan.training.global_batch,
+        "train_micro_batch_size_per_gpu": s.micro_batch,
+        "gradient_accumulation_steps": gas,
+        "bf16": {"enabled": True},
+        "zero_optimization": _zero(plan),
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10,
+    }
+    if s.recompute is not Recompute.NONE:
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+            "number_checkpoints": None,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    _check_batch(config, s.dp)
+    return config
+
+
+def _zero(plan: Plan) -> dict[str, Any]:
+    s = plan.strategy
+    if s.zero is ZeroStage.NONE:
+        return {"stage": 0}
+    # DeepSpeed turns overlap_comm off itself for stages 1-2 under its pipeline engine.
+    overlap = plan.training.overlap_grad_reduce and (s.pp == 1 or s.zero is ZeroStage.PARAMETERS)
+    return {"stage": int(s.zero), "overlap_comm": overlap, "contiguous_gradients": True,
+            "reduce_scatter": True, "allgather_partitions": True}
+
+
+def _check_batch(config: dict[str, Any], dp: int) -> None:
+    """DeepSpeed's ``_batch_assertion``: train_batch == micro * gas * data-parallel size."""
+    batch = config["train_batch_size"]
+    micro = config["train_micro_batch_size_per_gpu"]
+    gas = config["gradient_accumulation_steps"]
+    if batch != micro * gas * dp:
+        raise ValueError(f"train_batch_size {batch} != micro {micro} * gas {gas} * dp {dp}")
+
+
+# -- README.txt -------------------------------------------------------------------------------
+def _readme(plan: Plan, config: dict[str, Any]) -> str:
+    s = plan.strategy
+    lines = [*header_lines(plan), "",
+             "ds_config.json: the DeepSpeed config; key names from",
+             f"  {SOURCE}.",
+             (f"train_batch_size {config['train_batch_size']}"
+             f" = train_micro_batch_size_per_gpu {s.micro_batch}"
+             f" * gradient_accumulation_steps {config['gradient_accumulation_steps']}"),
+             f"  * data-parallel size {s.dp},",
+             "where the data-parallel size is the model-parallel unit's data-parallel world size,",
+             f"world / (tp * pp * sp) = {s.devices} / ({s.tp} * {s.pp} * {s.sp}) = {s.dp}.", "",
+             "What the JSON cannot say (JSON has no comments) goes to the launcher:",
+             "Megatron-DeepSpeed pretrain_gpt.py arguments, option names from",
+             f"  {LAUNCHER_SOURCE}:", ""]
+    lines += [f"  {a}" for a in launcher_args(plan)]
+    lines += ["", *_notes(plan)]
+    return "\n".join(lines) + "\n"
+
+
+def launcher_args(plan: Plan) -> list[str]:
+    """The Megatron-DeepSpeed arguments that go with ``ds_config.json``."""
+    s = plan.strategy
+    args = ["--deepspeed", "--deepspeed_config ds_config.json", f"--zero-stage {int(s.zero)}",
+            f"--tensor-model-parallel-size {s.tp}", f"--pipeline-model-parallel-size {s.pp}"]
+    if s.pp == 1:
+        args.append("--no-pipeline-parallel")
+    if s.sp > 1:
+        args.append(f"--ds-sequence-parallel-size {s.sp}")
+    elif s.tp > 1 and s.sequence_parallel:
+        args.append("--sequence-parallel")  # Megatron-DeepSpeed refuses it with Ulysses
+    args += [f"--micro-batch-size {s.micro_batch}",
+             f"--global-batch-size {plan.training.global_batch}"]
+    if s.recompute is not Recompute.NONE:
+        args.append(f"--recompute-granularity {s.recompute.value}")
+        if s.recompute is Recompute.FULL:
+            args += ["--recompute-method uniform", "--recompute-num-layers 1"]
+        args.append("--deepspeed-activation-checkpointing")
+    args.append("--bf16")
+    return args
+
+
+def _notes(plan: Plan) -> list[str]:
+    s = plan.strategy
+    notes = ["Notes:"]
+    if s.sp > 1:
+        notes += [f"- Sequence (context) parallelism sp={s.sp} is DeepSpeed-Ulysses, set by the",
+                  "  launcher (--ds-sequence-parallel-size), not the JSON. (Without Megatron, the",
+                  "  HF/ALST path reads \"sequence_parallel_size\" from the JSON instead.)",
+                  "  DeepSpeed's tutorial (docs/_tutorials/ds-sequence.md) says Ulysses does not",
+                  "  work with Megatron's tensor or pipeline parallelism."]
+        if s.tp > 1 and s.sequence_parallel:
+            notes += ["- The plan's Megatron sequence parallelism inside tp is left out:",
+                      "  Megatron-DeepSpeed raises if --sequence-parallel comes with",
+                      "  --ds-sequence-parallel-size > 1 (megatron/initialize.py)."]
+    if s.pp > 1:
+        notes += [f"- Pipeline parallelism pp={s.pp}: each step runs gradient_accumulation_steps",
+                  "  micro-batches through the pipeline. DeepSpeed's pipeline engine reads an",
+                  "  optional \"pipeline\" section (stages, partition,",
+                  "  activation_checkpoint_interval); Megatron-DeepSpeed sets the stages from",
+                  "  --pipeline-model-parallel-size."]
+        if s.zero >= ZeroStage.GRADIENTS:
+            notes += [f"- ZeRO {int(s.zero)} is incompatible with DeepSpeed's pipeline engine",
+                      "  (only ZeRO 0-1 with pp > 1, deepspeed/runtime/pipe/engine.py)."]
+        if s.schedule is Schedule.GPIPE:
+            notes += ["- DeepSpeed's pipeline engine has no GPipe schedule: its TrainSchedule",
+                      "  is 1F1B (same bubble, fewer micro-batches in flight)."]
+        if s.schedule is Schedule.INTERLEAVED:
+            notes += ["- DeepSpeed's pipeline engine has no interleaved schedule: it runs 1F1B",
+                      f"  with one stage per rank (the plan has v={s.v} chunks per rank)."]
+    if s.zero is ZeroStage.PARAMETERS:
+        notes += ["- ZeRO 3 (stage 3) is DeepSpeed's FSDP: parameters, gradients and optimizer",
+                  "  state sharded over the data-parallel ranks."]
+    if s.recompute is not Recompute.NONE:
+        notes += ["- The activation_checkpointing section configures DeepSpeed's checkpointing",
+                  "  API; --recompute-granularity chooses what the model recomputes."]
+    if len(notes) == 1:
+        notes.append("- none")
+    return notes

@@ -1,0 +1,196 @@
+"""``--format megatron``: a bash script that launches Megatron-LM's ``pretrain_gpt.py`` on a plan.
+
+Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
+
+- ``megatron/training/arguments.py``: ``--seq-length``, ``--max-position-embeddings``,
+  ``--group-query-attention``, ``--swiglu``, ``--untie-embeddings-and-output-weights``,
+  ``--position-embedding-type``, ``--num-layers-per-virtual-pipeline-stage`` (and
+  ``--num-virtual-stages-per-pipeline-rank``; ``virtual_pipeline_model_parallel_size`` is on its
+  list of fields with no command-line option), ``--use-distributed-optimizer``,
+  ``--overlap-grad-reduce``, ``--data-parallel-sharding-strategy``; its checks that tensor or
+  context parallelism needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (before Blackwell) and that
+  Megatron-FSDP needs it unset and ``--ckpt-format fsdp_dtensor``.
+- Options generated from dataclass fields by ``megatron/training/argument_utils.py``
+  (``field_name`` -> ``--field-name``): ``megatron/core/model_parallel_config.py``
+  (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+  ``--context-parallel-size``, ``--sequence-parallel``, ``--bf16``),
+  ``megatron/core/transformer/transformer_config.py`` (``--num-layers``, ``--hidden-size``,
+  ``--ffn-hidden-size``, ``--num-attention-heads``, ``--num-query-groups``, ``--normalization``,
+  ``--disable-bias-linear``, ``--recompute-granularity``, ``--recompute-method``,
+  ``--recompute-num-layers``), ``megatron/training/config/training_config.py``
+  (``--micro-batch-size``, ``--global-batch-size``) and
+  ``megatron/training/config/common_config.py`` (``--use-megatron-fsdp``, ``--use-torch-fsdp2``).
+- ``docs/user-guide/features/megatron_fsdp.md``: Megatron-FSDP is ``--use-megatron-fsdp`` with
+  ``--data-parallel-sharding-strategy optim_grads_params`` (ZeRO-3) and sets the distributed
+  optimizer itself.
+"""
+
+from __future__ import annotations
+
+from planner.plan import Plan
+from simcore.specs import Activation, Family, Recompute, Schedule, ZeroStage
+
+__all__ = ["export_megatron", "header_lines", "micro_batches"]
+
+GIB = 2**30
+SOURCE = "NVIDIA/Megatron-LM d98e8a64 (2026-08-22), megatron/training/arguments.py"
+
+
+# -- shared with the other framework exporters ------------------------------------------------
+def micro_batches(plan: Plan) -> int:
+    """Micro-batches per step on each data-parallel replica: global / (micro_batch * dp)."""
+    s, batch = plan.strategy, plan.training.global_batch
+    if batch % (s.micro_batch * s.dp):
+        raise ValueError(f"global_batch={batch} is not a multiple of micro_batch * dp ="
+                         f" {s.micro_batch} * {s.dp}")
+    return batch // (s.micro_batch * s.dp)
+
+
+def header_lines(plan: Plan) -> list[str]:
+    """What the plan is and what it was estimated to cost (no comment markers)."""
+    est, s = plan.estimate, plan.strategy
+    lines = [f"Parallel Planner plan: {plan.label}",
+             (f"model {plan.model.name} on {plan.system.name} ({plan.system.devices} devices),"
+             f" global batch {plan.training.global_batch} x seq {plan.training.seq_len}")]
+    if plan.study is not None:
+        lines.append(f"from study {plan.study}, trial {plan.trial}")
+    reason = " ".join(est.reason.split())  # one line, whatever the reason holds
+    fits = "fits" if est.fits else f"does NOT fit: {reason}"
+    lines.append(f"estimate: step time {est.step_time:.3f} s,"
+                 f" peak memory {est.peak_memory / GIB:.1f} GiB ({fits})")
+    lines.append(f"world size = dp * tp * pp * sp = {s.dp} * {s.tp} * {s.pp} * {s.sp}"
+                 f" = {s.devices}")
+    return lines
+
+
+# -- the script -------------------------------------------------------------------------------
+def export_megatron(plan: Plan) -> dict[str, str]:
+    """``megatron.sh``: torchrun + ``pretrain_gpt.py`` with the plan's arguments."""
+    return {"megatron.sh": _script(plan)}
+
+
+def _script(plan: Plan) -> str:
+    lines = ["#!/usr/bin/env bash", *(f"# {h}" for h in header_lines(plan)),
+             f"# Option names: {SOURCE}.",
+             "# Add data, tokenizer and optimizer arguments after the script's name, e.g.",
+             "#   ./megatron.sh --data-path ... --tokenizer-type ... --train-iters ... --lr ...",
+             "set -euo pipefail", ""]
+    lines += _launcher(plan)
+    lines += ["", "ARGS=("]
+    for section in (_parallel_args(plan), _batch_args(plan), _recompute_args(plan),
+                    _data_parallel_args(plan), _model_args(plan)):
+        lines += [f"  {a}" for a in section] + [""]
+    lines[-1] = ")"
+    lines += ["", 'torchrun "${TORCHRUN_ARGS[@]}" pretrain_gpt.py "${ARGS[@]}" "$@"']
+    return "\n".join(lines) + "\n"
+
+
+def _launcher(plan: Plan) -> list[str]:
+    s = plan.strategy
+    per_node = 8 if s.devices % 8 == 0 else s.devices
+    lines = [f"WORLD_SIZE={s.devices}  # dp*tp*pp*sp",
+             f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{per_node}}}",
+             "NNODES=$(( WORLD_SIZE / GPUS_PER_NODE ))"]
+    if s.zero is ZeroStage.PARAMETERS:
+        lines += ["# Megatron-FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset (or > 1).",
+                  "unset CUDA_DEVICE_MAX_CONNECTIONS"]
+    elif s.tp > 1 or s.sp > 1:
+        lines += ["# Tensor or context parallelism needs this before Blackwell.",
+                  "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+    lines += ["TORCHRUN_ARGS=(",
+              ('  --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NNODES"'
+              ' --node_rank "${NODE_RANK:-0}"'),
+              '  --master_addr "${MASTER_ADDR:-localhost}" --master_port "${MASTER_PORT:-6000}"',
+              ")"]
+    return lines
+
+
+def _parallel_args(plan: Plan) -> list[str]:
+    s, layers = plan.strategy, plan.model.layers
+    args = [("# parallelism (data parallel = world / (tp * pp * cp), here "
+            f"{s.devices} / ({s.tp} * {s.pp} * {s.sp}) = {s.dp})"),
+            f"--tensor-model-parallel-size {s.tp}",
+            f"--pipeline-model-parallel-size {s.pp}",
+            f"--context-parallel-size {s.sp}"]
+    if s.tp > 1 and s.sequence_parallel:
+        args.append("--sequence-parallel")
+    if s.pp > 1 and s.schedule is Schedule.GPIPE:
+        args += ["# Megatron-LM has no GPipe schedule: it runs the 1F1B equivalent",
+                 "# (PipeDream-Flush) over the same micro-batches, with the same bubble and",
+                 "# at most pp micro-batches of activations in flight (<= GPipe's memory)."]
+    elif s.pp > 1 and s.schedule is Schedule.ONE_F_ONE_B:
+        args.append("# 1F1B is Megatron's default schedule when pp > 1")
+    if s.schedule is Schedule.INTERLEAVED:
+        per_chunk = layers // (s.pp * s.v)
+        args += [(f"# interleaved 1F1B, v={s.v} model chunks per rank: layers / (pp * v) ="
+                 f" {layers} / ({s.pp} * {s.v})"),
+                 ("# (same as --num-virtual-stages-per-pipeline-rank "
+                 f"{s.v}; give only one of them)"),
+                 f"--num-layers-per-virtual-pipeline-stage {per_chunk}"]
+    return args
+
+
+def _batch_args(plan: Plan) -> list[str]:
+    s = plan.strategy
+    return [(f"# batch: {micro_batches(plan)} micro-batches per step per replica"
+            f" = {plan.training.global_batch} / ({s.micro_batch} * {s.dp})"),
+            f"--micro-batch-size {s.micro_batch}",
+            f"--global-batch-size {plan.training.global_batch}"]
+
+
+def _recompute_args(plan: Plan) -> list[str]:
+    r = plan.strategy.recompute
+    if r is Recompute.SELECTIVE:
+        return ["# selective recompute: the attention core (Megatron's default recompute module)",
+                "--recompute-granularity selective"]
+    if r is Recompute.FULL:
+        return ["# full recompute: keep each layer's input, recompute the layer in backward",
+                "--recompute-granularity full",
+                "--recompute-method uniform",
+                "--recompute-num-layers 1"]
+    return ["# no activation recompute"]
+
+
+def _data_parallel_args(plan: Plan) -> list[str]:
+    zero = plan.strategy.zero
+    if zero is ZeroStage.NONE:
+        args = ["# ZeRO 0: plain data parallel, every rank holds the optimizer state"]
+    elif zero is ZeroStage.PARAMETERS:
+        args = ["# ZeRO 3: Megatron-FSDP shards parameters, gradients and optimizer state and",
+                "# turns on the distributed optimizer itself (--use-torch-fsdp2 is the PyTorch",
+                "# FSDP2 alternative; it needs pp=1)",
+                "--use-megatron-fsdp",
+                "--data-parallel-sharding-strategy optim_grads_params",
+                "--ckpt-format fsdp_dtensor"]
+    else:
+        args = [f"# ZeRO {int(zero)}: Megatron's distributed optimizer shards the optimizer state",
+                "# (fp32 master weights, Adam moments) over data-parallel ranks: ZeRO-1-like"]
+        if zero is ZeroStage.GRADIENTS:
+            args += ["# (gradients are reduce-scattered, but the full gradient buffer stays;",
+                     "# Megatron-FSDP with --data-parallel-sharding-strategy optim_grads shards",
+                     "# it too)"]
+        args.append("--use-distributed-optimizer")
+    if plan.training.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    return args
+
+
+def _model_args(plan: Plan) -> list[str]:
+    m, seq = plan.model, plan.training.seq_len
+    args = [f"# model {m.name} (vocab {m.vocab} comes from the tokenizer)",
+            f"--num-layers {m.layers}",
+            f"--hidden-size {m.hidden}",
+            f"--ffn-hidden-size {m.ffn_hidden}",
+            f"--num-attention-heads {m.heads}"]
+    if m.kv_heads is not None and m.kv_heads != m.heads:
+        args += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
+    args += [f"--seq-length {seq}", f"--max-position-embeddings {seq}"]
+    if m.activation is Activation.SWIGLU:
+        args.append("--swiglu")
+    if m.family is Family.LLAMA:
+        args += ["--normalization RMSNorm", "--position-embedding-type rope",
+                 "--disable-bias-linear"]
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args.append("--bf16")
+    return args

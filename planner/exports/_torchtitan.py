@@ -1,0 +1,294 @@
+"""``--format torchtitan``: the plan in both of torchtitan's config forms.
+
+``torchtitan.toml``: the TOML job file of torchtitan v0.2.2 and earlier. Field names from
+pytorch/torchtitan tag v0.2.2 (commit 73a0e697, 2026-02-20):
+
+- ``torchtitan/config/job_config.py``: ``[training]`` ``local_batch_size`` (per data-parallel
+  rank), ``global_batch_size``, ``seq_len``, ``mixed_precision_param``,
+  ``mixed_precision_reduce``; ``[parallelism]`` ``data_parallel_replicate_degree``,
+  ``data_parallel_shard_degree``, ``fsdp_reshard_after_forward`` (default/always/never),
+  ``tensor_parallel_degree``, ``enable_async_tensor_parallel``, ``pipeline_parallel_degree``,
+  ``pipeline_parallel_schedule``, ``pipeline_parallel_microbatch_size`` (a size: micro-batches =
+  local_batch_size / it), ``pipeline_parallel_layers_per_stage``,
+  ``pipeline_parallel_first_stage_less_layers``, ``pipeline_parallel_last_stage_less_layers``,
+  ``context_parallel_degree``; ``[activation_checkpoint]`` ``mode`` (selective/full/none),
+  ``selective_ac_option`` ("op" for per-op selective AC).
+- ``torchtitan/train.py``: gradient accumulation = global_batch_size / (local_batch_size * dp).
+- ``torchtitan/distributed/pipeline_parallel.py``: stages = ceil((layers + first_less + last_less)
+  / layers_per_stage), stages per rank = stages / pp.
+- ``torchtitan/models/llama3/infra/parallelize.py``: ``fsdp_reshard_after_forward = "default"``
+  reshards only without pipeline parallelism.
+
+``torchtitan_config.py``: the Python ``Trainer.Config`` form that replaced the TOML in
+commit 9810191b (2026-02-23, #2386). Field names from pytorch/torchtitan main at commit b5bcd76c
+(2026-08-22):
+
+- ``torchtitan/trainer.py``: ``Trainer.Config`` fields ``training``, ``parallelism``,
+  ``activation_checkpoint`` (``SelectiveAC.Config()``, ``FullAC.Config()`` or ``None``); its check
+  that CUDA graphs (on unless ``training.disable_cuda_graphs``) do not support pipeline
+  parallelism; gradient accumulation = num_tokens_per_train_step /
+  (num_tokens_per_microbatch_per_dp_rank * num_pp_microbatches * dp).
+- ``torchtitan/config/configs.py``: ``TrainingConfig`` (``num_tokens_per_microbatch_per_dp_rank``,
+  ``num_tokens_per_train_step``, ``max_context_length``, ``disable_cuda_graphs``,
+  ``mixed_precision_*``), ``ParallelismConfig`` (as in v0.2.2 plus ``enable_sequence_parallel``,
+  with ``num_pp_microbatches``, a count, instead of ``pipeline_parallel_microbatch_size``);
+  ``enable_async_tensor_parallel`` moved to ``CompileConfig``. The renames are listed in commit
+  73aed7f6 (2026-08-20, "fold batch dim", #4121): local_batch_size ->
+  num_tokens_per_microbatch_per_dp_rank, global_batch_size -> num_tokens_per_train_step,
+  seq_len -> max_context_length, pipeline_parallel_microbatch_size -> num_pp_microbatches.
+- ``torchtitan/distributed/activation_checkpoint.py``: ``SelectiveAC``, ``FullAC``.
+- ``torchtitan/models/llama3/config_registry.py``: ``llama3_8b``, ``llama3_70b``, ``llama3_405b``.
+
+Schedule names: ``get_schedule_class`` in pytorch/pytorch (commit 00722e64)
+``torch/distributed/pipelining/schedules.py`` maps "GPipe", "1F1B" and "Interleaved1F1B".
+"""
+
+from __future__ import annotations
+
+import json
+
+from planner.exports._megatron import header_lines, micro_batches
+from planner.plan import Plan
+from simcore.specs import Family, Recompute, Schedule, ZeroStage
+
+__all__ = ["SCHEDULES", "export_torchtitan", "llama3_flavor"]
+
+TOML_SOURCE = "pytorch/torchtitan v0.2.2 (73a0e697), torchtitan/config/job_config.py"
+PY_SOURCE = ("pytorch/torchtitan main b5bcd76c (2026-08-22), torchtitan/trainer.py and\n"
+             "torchtitan/config/configs.py")
+
+SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
+             Schedule.INTERLEAVED: "Interleaved1F1B"}
+"""The plan's schedule -> torch.distributed.pipelining's schedule name."""
+
+_LLAMA3 = {(32, 4096, 14336, 32, 8): "8B", (80, 8192, 28672, 64, 8): "70B",
+           (126, 16384, 53248, 128, 8): "405B"}
+"""torchtitan's llama3 flavors by (layers, dim, ffn, heads, kv_heads); vocab 128256."""
+
+_RESHARD = {ZeroStage.OPTIMIZER: "never", ZeroStage.GRADIENTS: "never",
+            ZeroStage.PARAMETERS: "always"}
+
+
+def export_torchtitan(plan: Plan) -> dict[str, str]:
+    """``torchtitan.toml`` (v0.2.2 and earlier) and ``torchtitan_config.py`` (main, 2026)."""
+    return {"torchtitan.toml": _toml(plan), "torchtitan_config.py": _python(plan)}
+
+
+def llama3_flavor(plan: Plan) -> str | None:
+    """torchtitan's llama3 flavor with exactly the plan's model shape, if there is one."""
+    m = plan.model
+    if m.family is not Family.LLAMA or m.vocab != 128256:
+        return None
+    return _LLAMA3.get((m.layers, m.hidden, m.ffn_hidden, m.heads, m.n_kv_heads))
+
+
+# -- values shared by both forms --------------------------------------------------------------
+def _data_parallel(plan: Plan) -> dict[str, int | str]:
+    """Replicate/shard degrees and the FSDP reshard policy for the plan's ZeRO stage."""
+    s = plan.strategy
+    if s.zero is ZeroStage.NONE or s.dp == 1:
+        return {"data_parallel_replicate_degree": s.dp, "data_parallel_shard_degree": 1}
+    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": s.dp,
+            "fsdp_reshard_after_forward": _RESHARD[s.zero]}
+
+
+def _zero_comment(plan: Plan) -> list[str]:
+    s = plan.strategy
+    if s.dp == 1:
+        lines = ["dp=1: no data parallelism"]
+    elif s.zero is ZeroStage.NONE:
+        lines = ["ZeRO 0: data parallel by replication (DDP)"]
+    elif s.zero is ZeroStage.PARAMETERS:
+        lines = ["ZeRO 3: FSDP over the dp ranks, parameters resharded after forward"]
+    else:
+        lines = [f"ZeRO {int(s.zero)}: torchtitan has no ZeRO-1/2; FSDP that keeps the",
+                 "parameters gathered from forward to backward (reshard never) shards",
+                 "gradients and optimizer state: ZeRO-2-like"]
+    if s.sp > 1:
+        lines.append(f"torchtitan's FSDP also shards weights over the cp={s.sp} ranks")
+    return lines
+
+
+def _pipeline(plan: Plan) -> dict[str, int | str]:
+    """Pipeline fields both forms share (empty without pipeline parallelism)."""
+    s = plan.strategy
+    if s.pp == 1:
+        return {}
+    chunks = s.v if s.schedule is Schedule.INTERLEAVED else 1
+    return {"pipeline_parallel_schedule": SCHEDULES[s.schedule],
+            "pipeline_parallel_layers_per_stage": plan.model.layers // (s.pp * chunks),
+            "pipeline_parallel_first_stage_less_layers": 0,
+            "pipeline_parallel_last_stage_less_layers": 0}
+
+
+def _pipeline_comment(plan: Plan) -> list[str]:
+    s = plan.strategy
+    if s.pp == 1:
+        return []
+    chunks = s.v if s.schedule is Schedule.INTERLEAVED else 1
+    return [(f"{chunks} stage(s) per rank: layers per stage = layers / (pp * v)"
+            f" = {plan.model.layers} / ({s.pp} * {chunks});"),
+            "embedding and output count as no layers, as in the plan's estimate"]
+
+
+# -- torchtitan.toml (v0.2.2) -----------------------------------------------------------------
+def _toml(plan: Plan) -> str:
+    lines = ["# torchtitan job file (TOML form, torchtitan v0.2.2 and earlier)",
+             *(f"# {h}" for h in header_lines(plan)),
+             f"# Field names: {TOML_SOURCE}.",
+             (f"# Run with NGPU={plan.strategy.devices} in total, e.g. CONFIG_FILE=torchtitan.toml"
+             " ./run_train.sh on each node."), ""]
+    lines += ["[job]", _kv("description", f"Parallel Planner: {plan.label}"), ""]
+    lines += _toml_model(plan) + [""]
+    lines += _toml_training(plan) + [""]
+    lines += _toml_parallelism(plan) + [""]
+    lines += _toml_activation_checkpoint(plan)
+    return "\n".join(lines) + "\n"
+
+
+def _kv(key: str, value: float | str | bool) -> str:
+    if isinstance(value, bool):
+        return f"{key} = {'true' if value else 'false'}"
+    if isinstance(value, str):
+        return f"{key} = {json.dumps(value)}"
+    return f"{key} = {value}"
+
+
+def _toml_model(plan: Plan) -> list[str]:
+    flavor = llama3_flavor(plan)
+    if flavor is None:
+        return ["[model]", (f"# no torchtitan flavor has model {plan.model.name}'s shape;"
+                " set name and flavor to yours")]
+    return ["[model]", _kv("name", "llama3"), _kv("flavor", flavor)]
+
+
+def _toml_training(plan: Plan) -> list[str]:
+    s, t = plan.strategy, plan.training
+    m = micro_batches(plan)
+    local = s.micro_batch * m if s.pp > 1 else s.micro_batch
+    accumulation = t.global_batch // (local * s.dp)
+    return ["[training]",
+            "# local_batch_size: per data-parallel rank per gradient-accumulation step;",
+            (f"# gradient accumulation = global / (local * dp)"
+            f" = {t.global_batch} / ({local} * {s.dp}) = {accumulation}"),
+            _kv("local_batch_size", local),
+            _kv("global_batch_size", t.global_batch),
+            _kv("seq_len", t.seq_len),
+            _kv("mixed_precision_param", "bfloat16"),
+            _kv("mixed_precision_reduce", "float32")]
+
+
+def _toml_parallelism(plan: Plan) -> list[str]:
+    s = plan.strategy
+    lines = ["[parallelism]", *(f"# {c}" for c in _zero_comment(plan))]
+    lines += [_kv(k, v) for k, v in _data_parallel(plan).items()]
+    lines.append(_kv("tensor_parallel_degree", s.tp))
+    if s.tp > 1:
+        if not s.sequence_parallel:
+            lines.append("# v0.2.2 always applies sequence parallelism with tensor parallelism")
+        lines.append(_kv("enable_async_tensor_parallel", False))
+    lines.append(_kv("pipeline_parallel_degree", s.pp))
+    if s.pp > 1:
+        lines += [f"# {c}" for c in _pipeline_comment(plan)]
+        lines += [_kv(k, v) for k, v in _pipeline(plan).items()]
+        lines.append(f"# {micro_batches(plan)} micro-batches = local_batch_size /"
+                     " pipeline_parallel_microbatch_size")
+        lines.append(_kv("pipeline_parallel_microbatch_size", s.micro_batch))
+    lines.append(_kv("context_parallel_degree", s.sp))
+    return lines
+
+
+def _toml_activation_checkpoint(plan: Plan) -> list[str]:
+    r = plan.strategy.recompute
+    lines = ["[activation_checkpoint]", _kv("mode", r.value)]
+    if r is Recompute.SELECTIVE:
+        lines += ["# per-op selective checkpointing", _kv("selective_ac_option", "op")]
+    return lines
+
+
+# -- torchtitan_config.py (Trainer.Config, main) ----------------------------------------------
+def _python(plan: Plan) -> str:
+    docstring = ["torchtitan Trainer.Config (Python form, torchtitan main since 2026)", "",
+                 *header_lines(plan), "", "Field names:", f"{PY_SOURCE}.",
+                 (f"Run with NGPU={plan.strategy.devices} in total, this file's folder on"
+                 " PYTHONPATH:"),
+                 "MODULE=torchtitan_config CONFIG=plan_config ./run_train.sh"]
+    lines = ['"""' + "\n".join(docstring) + '\n"""', "", "import dataclasses", ""]
+    lines += _python_imports(plan) + ["", ""]
+    lines += _python_apply(plan) + ["", ""]
+    lines += _python_entry(plan)
+    return "\n".join(lines) + "\n"
+
+
+def _py(value: int | str) -> str:
+    """A Python literal, strings in double quotes."""
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def _ac_class(plan: Plan) -> str | None:
+    return {Recompute.SELECTIVE: "SelectiveAC", Recompute.FULL: "FullAC"}.get(
+        plan.strategy.recompute)
+
+
+def _python_imports(plan: Plan) -> list[str]:
+    lines = ["from torchtitan.config import ParallelismConfig"]
+    ac = _ac_class(plan)
+    if ac is not None:
+        lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac}")
+    lines.append("from torchtitan.trainer import Trainer")
+    return lines
+
+
+def _python_apply(plan: Plan) -> list[str]:
+    s, t = plan.strategy, plan.training
+    lines = ["def apply_plan(config: Trainer.Config) -> Trainer.Config:",
+             ('    """``config`` with the plan\'s parallelism, batch and activation'
+             ' checkpointing."""'),
+             "    parallelism = ParallelismConfig(",
+             *(f"        # {c}" for c in _zero_comment(plan))]
+    lines += [f"        {k}={_py(v)}," for k, v in _data_parallel(plan).items()]
+    lines += [f"        tensor_parallel_degree={s.tp},",
+              f"        enable_sequence_parallel={s.tp > 1 and s.sequence_parallel},",
+              f"        pipeline_parallel_degree={s.pp},"]
+    if s.pp > 1:
+        lines += [f"        # {c}" for c in _pipeline_comment(plan)]
+        lines += [f"        {k}={_py(v)}," for k, v in _pipeline(plan).items()]
+    pp_micro = micro_batches(plan) if s.pp > 1 else 1
+    lines += [f"        num_pp_microbatches={pp_micro},",
+              f"        context_parallel_degree={s.sp},",
+              "    )"]
+    lines += ["    training = dataclasses.replace(",
+              "        config.training,",
+              f"        # micro_batch {s.micro_batch} * seq {t.seq_len}",
+              f"        num_tokens_per_microbatch_per_dp_rank={s.micro_batch * t.seq_len},",
+              f"        # global_batch {t.global_batch} * seq {t.seq_len}",
+              f"        num_tokens_per_train_step={t.global_batch * t.seq_len},",
+              f"        max_context_length={t.seq_len},",
+              '        mixed_precision_param="bfloat16",',
+              '        mixed_precision_reduce="float32",']
+    if s.pp > 1:
+        lines += ["        # CUDA graphs do not support pipeline parallelism yet",
+                  "        disable_cuda_graphs=True,"]
+    ac = _ac_class(plan)
+    lines += ["    )",
+              "    return dataclasses.replace(",
+              "        config,",
+              "        parallelism=parallelism,",
+              "        training=training,",
+              f"        activation_checkpoint={'None' if ac is None else ac + '.Config()'},",
+              "    )"]
+    return lines
+
+
+def _python_entry(plan: Plan) -> list[str]:
+    flavor = llama3_flavor(plan)
+    lines = ["def plan_config() -> Trainer.Config:"]
+    if flavor is None:
+        return lines + [(f'    """No torchtitan configuration has model {plan.model.name}\'s'
+                        ' shape: call apply_plan on yours."""'),
+                        f"    raise NotImplementedError({plan.model.name!r})"]
+    name = f"llama3_{flavor.lower()}"
+    return lines + [f'    """The plan on torchtitan\'s llama3 {flavor} configuration."""',
+                    f"    from torchtitan.models.llama3.config_registry import {name}",
+                    "",
+                    f"    return apply_plan({name}())"]

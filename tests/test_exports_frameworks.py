@@ -1,0 +1,271 @@
+"""The Megatron-LM, DeepSpeed and torchtitan exporters against hand-written expected files.
+
+The expected files in ``tests/data/exports/frameworks/`` were written by hand from the frameworks'
+own sources (see that folder's README.md), each number derived from the plan:
+Llama-3-70B on 1,024 H100 (``dgx-h100-1024``), global batch 2048 x seq 8192, dp=8 tp=8 pp=4
+sp=4, interleaved 1F1B with v=2, selective recompute, ZeRO-1, micro-batch 1. So:
+micro-batches per step = 2048 / (1 * 8) = 256, layers per virtual stage = 80 / (4 * 2) = 10.
+
+Option and field names checked in:
+- Megatron-LM d98e8a64 ``megatron/training/arguments.py`` (and the dataclass fields it turns into
+  options: ``megatron/core/model_parallel_config.py``,
+  ``megatron/core/transformer/transformer_config.py``, ``megatron/training/config/*.py``);
+- DeepSpeed edaa7221 ``docs/_pages/config-json.md``, ``deepspeed/runtime/config.py``
+  (``_batch_assertion``), ``deepspeed/runtime/zero/config.py``; Megatron-DeepSpeed 4efb479d
+  ``megatron/arguments.py``;
+- torchtitan v0.2.2 ``torchtitan/config/job_config.py`` (TOML) and main b5bcd76c
+  ``torchtitan/trainer.py``, ``torchtitan/config/configs.py`` (Python ``Trainer.Config``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import load_catalog
+from planner.exports import export_files
+from planner.exports._deepspeed import ds_config, launcher_args
+from planner.plan import Plan, make_plan
+from simcore.specs import (
+    Convention,
+    Recompute,
+    Schedule,
+    Strategy,
+    TrainingSpec,
+    ZeroStage,
+)
+
+DATA = Path(__file__).parent / "data" / "exports" / "frameworks"
+STEM = "llama3-70b-dp8-tp8-pp4-sp4"
+GIB = 2**30
+
+
+# -- plans ------------------------------------------------------------------------------------
+def _plan(model: str = "llama3-70b", system: str = "dgx-h100-1024", global_batch: int = 2048,
+          seq_len: int = 8192, **strategy: object) -> Plan:
+    c = load_catalog()
+    knobs: dict[str, object] = {"dp": 8, "tp": 8, "pp": 4, "sp": 4,
+                                "zero": ZeroStage.OPTIMIZER, "recompute": Recompute.SELECTIVE,
+                                "micro_batch": 1, "schedule": Schedule.INTERLEAVED, "v": 2}
+    knobs.update(strategy)
+    return make_plan(c.model(model), c.system(system),
+                     TrainingSpec(global_batch=global_batch, seq_len=seq_len),
+                     Strategy(**knobs), Convention.MEGATRON)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    return _plan()
+
+
+@pytest.fixture(scope="module")
+def zero3_plan() -> Plan:
+    """ZeRO-3 / FSDP, no pipeline, no tensor parallelism: dp=128 tp=1 pp=1 sp=8."""
+    return _plan(dp=128, tp=1, pp=1, sp=8, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL,
+                 schedule=Schedule.ONE_F_ONE_B, v=1)
+
+
+@pytest.fixture(scope="module")
+def gpipe_plan() -> Plan:
+    """GPipe on GPT-3 175B (multi-head attention, tied embeddings): 8 x 128 = 1024 devices."""
+    return _plan(model="gpt3-175b", global_batch=1536, seq_len=2048, dp=8, tp=8, pp=16, sp=1,
+                 zero=ZeroStage.NONE, recompute=Recompute.NONE, schedule=Schedule.GPIPE, v=1)
+
+
+def _args(script: str) -> list[str]:
+    """The script's lines that are not comments or blank (what bash runs)."""
+    return [ln.strip() for ln in script.splitlines()
+            if ln.strip() and not ln.strip().startswith("#")]
+
+
+# -- Megatron-LM ------------------------------------------------------------------------------
+def test_megatron_matches_hand_written_script(plan: Plan) -> None:
+    expected = (DATA / f"{STEM}.megatron.sh").read_text()
+    expected = expected.replace("<STEP_TIME>", f"{plan.estimate.step_time:.3f}")
+    expected = expected.replace("<PEAK_MEMORY>", f"{plan.estimate.peak_memory / GIB:.1f}")
+    assert export_files(plan, "megatron") == {"megatron.sh": expected}
+
+
+def test_megatron_zero3_uses_megatron_fsdp(zero3_plan: Plan) -> None:
+    script = export_files(zero3_plan, "megatron")["megatron.sh"]
+    args = _args(script)
+    assert "--use-megatron-fsdp" in args
+    assert "--data-parallel-sharding-strategy optim_grads_params" in args
+    assert "--ckpt-format fsdp_dtensor" in args
+    assert "--use-distributed-optimizer" not in args  # Megatron-FSDP sets it itself
+    assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in args
+    assert not any(a.startswith("export CUDA_DEVICE_MAX_CONNECTIONS") for a in args)
+    assert "--context-parallel-size 8" in args
+    assert ["--recompute-granularity full", "--recompute-method uniform",
+            "--recompute-num-layers 1"] == [a for a in args if a.startswith("--recompute")]
+
+
+def test_megatron_no_sequence_parallel_flag_when_tp_is_1(zero3_plan: Plan) -> None:
+    assert zero3_plan.strategy.sequence_parallel  # asked for, but tp=1
+    assert "--sequence-parallel" not in _args(export_files(zero3_plan, "megatron")["megatron.sh"])
+
+
+def test_megatron_no_sequence_parallel_flag_when_not_asked(plan: Plan) -> None:
+    p = _plan(sequence_parallel=False)
+    assert "--sequence-parallel" not in _args(export_files(p, "megatron")["megatron.sh"])
+    assert "--sequence-parallel" in _args(export_files(plan, "megatron")["megatron.sh"])
+
+
+def test_megatron_gpipe_runs_1f1b_with_a_comment(gpipe_plan: Plan) -> None:
+    script = export_files(gpipe_plan, "megatron")["megatron.sh"]
+    assert "# Megatron-LM has no GPipe schedule: it runs the 1F1B equivalent" in script
+    args = _args(script)
+    assert not any("virtual" in a for a in args)
+    assert "--pipeline-model-parallel-size 16" in args
+    # 1536 / (1 * 8) = 192 micro-batches
+    assert "# batch: 192 micro-batches per step per replica = 1536 / (1 * 8)" in script
+
+
+def test_megatron_gqa_flags_only_with_kv_heads(plan: Plan, gpipe_plan: Plan) -> None:
+    gqa = _args(export_files(plan, "megatron")["megatron.sh"])
+    assert "--group-query-attention" in gqa and "--num-query-groups 8" in gqa
+    mha = _args(export_files(gpipe_plan, "megatron")["megatron.sh"])
+    assert "--group-query-attention" not in mha
+    assert not any(a.startswith("--num-query-groups") for a in mha)
+    # GPT-3: GELU, tied embeddings, learned positions
+    assert "--swiglu" not in mha and "--untie-embeddings-and-output-weights" not in mha
+    assert "--use-distributed-optimizer" not in mha  # ZeRO 0
+
+
+# -- DeepSpeed --------------------------------------------------------------------------------
+def test_deepspeed_matches_hand_written_json(plan: Plan) -> None:
+    files = export_files(plan, "deepspeed")
+    assert set(files) == {"ds_config.json", "README.txt"}
+    expected = json.loads((DATA / f"{STEM}.ds_config.json").read_text())
+    assert json.loads(files["ds_config.json"]) == expected
+
+
+def test_deepspeed_batch_identity(plan: Plan, zero3_plan: Plan, gpipe_plan: Plan) -> None:
+    # deepspeed/runtime/config.py _batch_assertion: train_batch_size ==
+    # train_micro_batch_size_per_gpu * gradient_accumulation_steps * data-parallel world size
+    for p in (plan, zero3_plan, gpipe_plan):
+        c = ds_config(p)
+        assert c["train_batch_size"] == (c["train_micro_batch_size_per_gpu"]
+                                         * c["gradient_accumulation_steps"] * p.strategy.dp)
+    assert ds_config(zero3_plan)["gradient_accumulation_steps"] == 2048 // (1 * 128)
+
+
+def test_deepspeed_readme_has_launcher_args(plan: Plan) -> None:
+    readme = export_files(plan, "deepspeed")["README.txt"]
+    # Megatron-DeepSpeed's megatron/initialize.py raises if --sequence-parallel (Megatron's, in
+    # tp) comes with --ds-sequence-parallel-size > 1 (Ulysses), so sp=4 leaves the former out.
+    expected = ["--deepspeed", "--deepspeed_config ds_config.json", "--zero-stage 1",
+                "--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 4",
+                "--ds-sequence-parallel-size 4",
+                "--micro-batch-size 1", "--global-batch-size 2048",
+                "--recompute-granularity selective", "--deepspeed-activation-checkpointing",
+                "--bf16"]
+    assert launcher_args(plan) == expected
+    for a in expected:
+        assert f"  {a}\n" in readme
+    assert "DeepSpeed-Ulysses" in readme
+    assert "sequence parallelism inside tp is left out" in readme
+    no_ulysses = _plan(dp=32, tp=8, pp=4, sp=1)
+    assert "--sequence-parallel" in launcher_args(no_ulysses)
+    assert not any(a.startswith("--ds-sequence") for a in launcher_args(no_ulysses))
+    assert "train_batch_size 2048 = train_micro_batch_size_per_gpu 1" in readme
+
+
+def test_deepspeed_zero3_and_no_recompute(zero3_plan: Plan, gpipe_plan: Plan) -> None:
+    z3 = ds_config(zero3_plan)
+    assert z3["zero_optimization"] == {"stage": 3, "overlap_comm": True,
+                                       "contiguous_gradients": True, "reduce_scatter": True,
+                                       "allgather_partitions": True}
+    assert "activation_checkpointing" in z3
+    assert "--no-pipeline-parallel" in launcher_args(zero3_plan)
+    assert "--sequence-parallel" not in launcher_args(zero3_plan)  # tp=1
+    z0 = ds_config(gpipe_plan)
+    assert z0["zero_optimization"] == {"stage": 0}
+    assert "activation_checkpointing" not in z0
+    assert "no GPipe schedule" in export_files(gpipe_plan, "deepspeed")["README.txt"]
+
+
+def test_deepspeed_rejects_a_broken_batch(plan: Plan) -> None:
+    broken = replace(plan, training=replace(plan.training, global_batch=2047))
+    with pytest.raises(ValueError, match="micro_batch"):
+        ds_config(broken)
+
+
+# -- torchtitan -------------------------------------------------------------------------------
+def _drop_docstrings(tree: ast.Module) -> ast.Module:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:]  # type: ignore[attr-defined]
+    return tree
+
+
+def _python_ast(text: str) -> str:
+    compile(text, "torchtitan_config.py", "exec")  # well-formed Python
+    return ast.dump(_drop_docstrings(ast.parse(text)))
+
+
+def test_torchtitan_toml_matches_hand_written(plan: Plan) -> None:
+    files = export_files(plan, "torchtitan")
+    assert set(files) == {"torchtitan.toml", "torchtitan_config.py"}
+    expected = tomllib.loads((DATA / f"{STEM}.torchtitan.toml").read_text())
+    assert tomllib.loads(files["torchtitan.toml"]) == expected
+
+
+def test_torchtitan_python_matches_hand_written(plan: Plan) -> None:
+    text = export_files(plan, "torchtitan")["torchtitan_config.py"]
+    expected = (DATA / f"{STEM}.torchtitan_config.py").read_text()
+    assert _python_ast(text) == _python_ast(expected)
+    assert f"step time {plan.estimate.step_time:.3f} s" in ast.get_docstring(ast.parse(text))
+
+
+def test_torchtitan_zero3_is_fsdp_resharding_after_forward(zero3_plan: Plan) -> None:
+    files = export_files(zero3_plan, "torchtitan")
+    par = tomllib.loads(files["torchtitan.toml"])["parallelism"]
+    assert par == {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 128,
+                   "fsdp_reshard_after_forward": "always", "tensor_parallel_degree": 1,
+                   "pipeline_parallel_degree": 1, "context_parallel_degree": 8}
+    training = tomllib.loads(files["torchtitan.toml"])["training"]
+    # pp=1: local batch = micro_batch 1, gradient accumulation 2048 / (1 * 128) = 16
+    assert training["local_batch_size"] == 1 and training["global_batch_size"] == 2048
+    text = files["torchtitan_config.py"]
+    assert 'fsdp_reshard_after_forward="always"' in text.replace("'", '"')
+    assert "num_pp_microbatches=1," in text
+    assert "activation_checkpoint=FullAC.Config()" in text
+    assert "disable_cuda_graphs" not in text
+    assert tomllib.loads(files["torchtitan.toml"])["activation_checkpoint"] == {"mode": "full"}
+    compile(text, "torchtitan_config.py", "exec")
+
+
+def test_torchtitan_zero0_replicates_and_gpipe(gpipe_plan: Plan) -> None:
+    files = export_files(gpipe_plan, "torchtitan")
+    doc = tomllib.loads(files["torchtitan.toml"])
+    par = doc["parallelism"]
+    assert par["data_parallel_replicate_degree"] == 8
+    assert par["data_parallel_shard_degree"] == 1
+    assert "fsdp_reshard_after_forward" not in par
+    assert par["pipeline_parallel_schedule"] == "GPipe"
+    assert par["pipeline_parallel_layers_per_stage"] == 96 // 16
+    # pp > 1: local_batch_size = micro_batch * micro-batches = 1 * 1536 / (1 * 8) = 192
+    assert doc["training"]["local_batch_size"] == 192
+    assert doc["activation_checkpoint"] == {"mode": "none"}
+    assert "model" not in doc or "flavor" not in doc.get("model", {})  # no GPT flavor
+    text = files["torchtitan_config.py"]
+    assert "activation_checkpoint=None" in text
+    assert "num_pp_microbatches=192," in text
+    assert "raise NotImplementedError('gpt3-175b')" in text
+    compile(text, "torchtitan_config.py", "exec")
+
+
+def test_torchtitan_schedule_names() -> None:
+    from planner.exports._torchtitan import SCHEDULES
+    # torch/distributed/pipelining/schedules.py get_schedule_class accepts these names
+    assert SCHEDULES == {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
+                         Schedule.INTERLEAVED: "Interleaved1F1B"}

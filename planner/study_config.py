@@ -219,10 +219,11 @@ def _bad_zero(path: Path, z: Any) -> ZeroStage:
     raise fail(path, "space.zero", f"unknown ZeRO stage {z!r}; use 0, 1, 2 or 3 (3 is FSDP)")
 
 
-def load_study_config(path: Path, *, hbm_gb: float | None = None,
+def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | None = None,
                       catalog: Catalog | None = None) -> StudyConfig:
     """Read and check a study YAML; ``hbm_gb`` (the command line's --hbm-gb) overrides its
-    limit."""
+    limit, ``system`` (a catalog name or a YAML path) its system: either makes a study of its
+    own, the name suffixed ``-<system>`` and ``-hbm<X>gb``."""
     catalog = catalog or load_catalog()
     raw = load(path, "study YAML")
     e = fields(path, "", raw, _FIELDS, _OPTIONAL)
@@ -230,7 +231,12 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None,
     if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
         raise fail(path, "name", f"must be a name without spaces, but got {name!r}")
     model = _ref(path, "model", e["model"], "model", catalog)
-    system = _ref(path, "system", e["system"], "system", catalog)
+    override, system = system, _ref(path, "system", e["system"], "system", catalog)
+    if override is not None:  # the same question on another system, a study of its own
+        other = catalog.system(override)
+        if other.name != system.name:
+            name = f"{name}-{other.name}"
+        system = other
     if "vocab_multiple" in e:
         k = integer(path, "vocab_multiple", e["vocab_multiple"], minimum=1)
         model = replace(model, vocab=math.ceil(model.vocab / k) * k)

@@ -80,13 +80,17 @@ def _xy(horizontal: bool, labels: list, values: list) -> dict:
 
 
 def breakdown_figure(df: pd.DataFrame, label: str, *, title: str | None = None,
-                     orientation: str = "h") -> go.Figure:
+                     orientation: str = "h", detail: str | None = None) -> go.Figure:
     """Stacked bars of ``df``'s ``time_<part>_s`` columns, one bar per row, labelled by the
     ``label`` column (e.g. ``plan``), first row on top (``orientation="h"``) or left
     (``"v"``). Each bar ends at the row's step time, written beside it; a row without figures
-    (NaN) is marked "no feasible plan". Hover shows each part in seconds and as a share."""
+    (NaN) is marked "no feasible plan". Hover shows each part in seconds and as a share of the
+    step, and the ``detail`` column's text if given (e.g. ``plan`` when bars are labelled by
+    cell)."""
     if label not in df.columns:
         raise ValueError(f"breakdown_figure: no column {label!r}; columns: {list(df.columns)}")
+    if detail is not None and detail not in df.columns:
+        raise ValueError(f"breakdown_figure: no column {detail!r}; columns: {list(df.columns)}")
     if orientation not in ("h", "v"):
         raise ValueError(f"breakdown_figure: orientation must be 'h' or 'v', not {orientation!r}")
     horizontal = orientation == "h"
@@ -94,6 +98,7 @@ def breakdown_figure(df: pd.DataFrame, label: str, *, title: str | None = None,
     parts = part_columns(df)
     totals = _totals(df, [c for c, _ in parts])
     value_axis = "x" if horizontal else "y"
+    extra = [""] * len(df) if detail is None else [f"<br>{v}" for v in df[detail].astype(str)]
     fig = go.Figure()
     for column, part in parts:
         values = pd.to_numeric(df[column], errors="coerce").tolist()
@@ -103,17 +108,17 @@ def breakdown_figure(df: pd.DataFrame, label: str, *, title: str | None = None,
         name = PART_NAMES.get(part, part)
         fig.add_trace(go.Bar(
             **_xy(horizontal, labels, values), name=name, orientation=orientation,
-            marker_color=_COLORS.get(part), customdata=share,
-            hovertemplate=(f"<b>%{{{'y' if horizontal else 'x'}}}</b><br>{name}:"
-                           f" %{{{value_axis}:.4g}} s (%{{customdata:.1%}} of the step)"
-                           "<extra></extra>")))
+            marker_color=_COLORS.get(part), customdata=list(zip(share, extra)),
+            hovertemplate=(f"<b>%{{{'y' if horizontal else 'x'}}}</b>%{{customdata[1]}}<br>"
+                           f"{name}: %{{{value_axis}:.4g}} s (%{{customdata[0]:.1%}} of the"
+                           " step)<extra></extra>")))
     _add_totals(fig, labels, totals, horizontal)
     n = len(labels)
     fig.update_layout(
         barmode="stack", title=title, template="plotly_white",
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
-        height=max(320, 140 + 36 * n) if horizontal else 520,
-        margin={"l": 10, "r": 80, "t": 90 if title else 60, "b": 10})
+        legend={"traceorder": "normal", "title_text": "step time parts"},
+        height=max(360, 120 + 48 * n) if horizontal else 520,
+        margin={"l": 10, "r": 10, "t": 70 if title else 30, "b": 10})
     if horizontal:
         fig.update_xaxes(title_text="step time (s)", rangemode="tozero")
         fig.update_yaxes(autorange="reversed", automargin=True)
@@ -127,7 +132,7 @@ def _add_totals(fig: go.Figure, labels: list[str], totals: list[float], horizont
                 ) -> None:
     """The step time at each bar's end, and "no feasible plan" where there is no bar."""
     at = [0.0 if math.isnan(t) else t for t in totals]
-    text = [NO_PLAN if math.isnan(t) else f"{t:.4g} s" for t in totals]
+    text = [f" {NO_PLAN}" if math.isnan(t) else f" {t:.4g} s" for t in totals]
     fig.add_trace(go.Scatter(
         **_xy(horizontal, labels, at), mode="text", text=text, showlegend=False,
         textposition="middle right" if horizontal else "top center", hoverinfo="skip",

@@ -202,6 +202,41 @@ def test_fuzzed_astra_files(data, tmp_path_factory, capsys):
                   "--network-yml", str(network)], "astra")
 
 
+COMPARISON_TEXT = """\
+name: fuzz-compare
+description: one system, one limit, the lab's 56 strategies
+study: {study}
+systems: [lab-system1]
+hbm_gb: [40]
+"""
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory) -> tuple[Path, str, list[tuple]]:
+    """A small comparison already stored (its one cell resumes instantly when fuzzed)."""
+    folder = tmp_path_factory.mktemp("compare")
+    storage = folder / "studies.journal"
+    text = COMPARISON_TEXT.format(study=ROOT / "studies" / "lab4b-llama70b-system1.yaml")
+    path = folder / "comparison.yaml"
+    path.write_text(text)
+    assert main(["compare", str(path), "--storage", str(storage), "--out", str(folder),
+                 "--quiet"]) == 0
+    cell = "fuzz-compare--lab-system1--hbm40gb"
+    return storage, text, _trials(storage, cell)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzzed_comparison_files(data, compared, tmp_path_factory, capsys):
+    storage, text, before = compared
+    folder = tmp_path_factory.mktemp("comparison")
+    path = folder / "comparison.yaml"
+    path.write_bytes(data.draw(mutations(text)))
+    _run(capsys, ["compare", str(path), "--storage", str(storage), "--out", str(folder),
+                  "--quiet"], "comparison")
+    assert _trials(storage, "fuzz-compare--lab-system1--hbm40gb") == before
+
+
 def test_fuzz_cases_ran():
     total = sum(CASES.values())
     print(f"\nfuzzed inputs run through the CLI: {total} ({CASES})")

@@ -1,17 +1,25 @@
-"""Read ASTRA-sim's own input files (system JSON, analytical network YAML) into simcore specs.
+"""Read ASTRA-sim's own input files (system JSON, analytical network YAML) into simcore specs,
+and write a system back into them.
 
 The keys are the ones ASTRA-sim 2.0 reads (``Sys::initialize_sys``, ``CollectiveImplLookup``,
 the analytical backend's ``NetworkParser``) and the lab writes. Every problem is raised as a
 :class:`PlannerUsageError` naming the file and the field.
+
+The writers (:func:`system_json_text`, :func:`network_yml_text`, :func:`remote_memory_json_text`)
+give the lab's layout: the system JSON with 4-space indents in the lab's key order, the network
+YAML with one flow list per key. Reading what they write gives back the same network and NPU.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
+from planner.catalog_write import short_float
+from planner.errors import PlannerUsageError
 from planner.fields import choice as _choice
 from planner.fields import fail as _fail
 from planner.fields import integer as _integer
@@ -19,8 +27,11 @@ from planner.fields import load as _load
 from planner.fields import number as _number
 from planner.units import (
     astra_link_gbps_to_bytes_per_s,
+    bytes_per_s_to_astra_link_gbps,
+    bytes_per_s_to_decimal_gbps,
     decimal_gbps_to_bytes_per_s,
     ns_to_s,
+    s_to_ns,
 )
 from simcore.network import (
     AlgorithmChoice,
@@ -32,8 +43,11 @@ from simcore.network import (
     SchedulingPolicy,
     Topology,
 )
+from simcore.specs import SystemSpec
 
-__all__ = ["AstraSystem", "load_astra_system", "read_system_json", "read_network_yml"]
+__all__ = ["AstraSystem", "load_astra_system", "read_system_json", "read_network_yml",
+           "system_json_text", "network_yml_text", "remote_memory_json_text", "ASTRA_TOPOLOGIES",
+           "WRITTEN_SWITCHES"]
 
 IMPLEMENTATION_KEYS = {
     Collective.ALL_REDUCE: "all-reduce-implementation",
@@ -52,6 +66,10 @@ REQUIRED_SYSTEM_KEYS = (
 )
 NETWORK_KEYS = ("topology", "npus_count", "bandwidth", "latency")
 ASTRA_TOPOLOGIES = ("Ring", "FullyConnected", "Switch")
+WRITTEN_SWITCHES = {"roofline-enabled": 1, "trace-enabled": 1, "track-local-mem": 1,
+                    "boost-mode": 0}
+"""The switches the lab's system files set (shared reference NOTES.md section 6.1): STAGE traces
+are timed by the roofline, and peak memory is reported only with track-local-mem."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +120,8 @@ def read_system_json(path: Path) -> tuple[dict[str, Any], CollectiveScheduling]:
     return data, scheduling
 
 
-def _algorithms(path: Path, data: dict[str, Any], dims: int) -> list[dict[Collective, AlgorithmChoice]]:
+def _algorithms(path: Path, data: dict[str, Any], dims: int
+                ) -> list[dict[Collective, AlgorithmChoice]]:
     per_dim: list[dict[Collective, AlgorithmChoice]] = [{} for _ in range(dims)]
     for collective, key in IMPLEMENTATION_KEYS.items():
         names = data[key]
@@ -200,3 +219,87 @@ def load_astra_system(system_json: Path, network_yml: Path) -> AstraSystem:
         local_mem_bandwidth_bytes_per_s=scheduling.local_reduction_bandwidth_bytes_per_s,
         roofline_enabled=bool(data.get("roofline-enabled", 0)),
     )
+
+
+# -- writers ----------------------------------------------------------------------------------
+def _short(target: float, to_unit: Callable[[float], float],
+           from_unit: Callable[[float], float]) -> float | int:
+    """``target`` (SI units) in a file's unit, with the fewest digits that read back exactly."""
+    return short_float(to_unit(target), from_unit, target)
+
+
+def _tflops(flops_per_s: float) -> float | int:
+    return _short(flops_per_s, lambda x: x / 1e12, lambda x: x * 1e12)
+
+
+def _astra_dims(system: SystemSpec) -> tuple[NetworkDim, ...]:
+    """The network's dimensions, or a usage error naming one ASTRA-sim cannot run."""
+    for i, dim in enumerate(system.network.dims):
+        if dim.topology.value not in ASTRA_TOPOLOGIES:
+            known = ", ".join(ASTRA_TOPOLOGIES)
+            raise PlannerUsageError(
+                f"system {system.name}: network[{i}].topology: {dim.topology.value} is not an"
+                f" ASTRA-sim topology (its analytical backend builds {known}); pick a system"
+                " whose dimensions are those")
+    return system.network.dims
+
+
+def system_json_text(system: SystemSpec) -> str:
+    """ASTRA-sim's system JSON for ``system``: its collective scheduling, the algorithms per
+    dimension, the NPU's ``local-mem-bw`` (decimal GB/s, its HBM bandwidth) and ``peak-perf``
+    (decimal TFLOP/s), and :data:`WRITTEN_SWITCHES`, in the lab's key order."""
+    dims = _astra_dims(system)
+    s = system.network.scheduling
+    data: dict[str, Any] = {
+        "scheduling-policy": s.policy.value,
+        "endpoint-delay": _short(s.endpoint_delay_s, s_to_ns, ns_to_s),
+        "active-chunks-per-dimension": s.active_chunks_per_dim,
+        "preferred-dataset-splits": s.preferred_dataset_splits,
+    }
+    for collective, key in IMPLEMENTATION_KEYS.items():
+        data[key] = [str(d.algorithm(collective)) for d in dims]
+    data["collective-optimization"] = s.optimization.value
+    data["local-mem-bw"] = _short(system.device.hbm_bandwidth_bytes_per_s,
+                                  bytes_per_s_to_decimal_gbps, decimal_gbps_to_bytes_per_s)
+    data["peak-perf"] = _tflops(system.device.peak_flops_per_s)
+    data.update(WRITTEN_SWITCHES)
+    return json.dumps(data, indent=4) + "\n"
+
+
+def _yaml_number(value: float | int) -> str:
+    """A float as YAML 1.1 reads it back as one (``25.0``, ``1.0e-05``), as the lab writes."""
+    text = repr(float(value))
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        if "." not in mantissa:
+            mantissa += ".0"
+        text = f"{mantissa}e{exponent}"  # repr signs the exponent, as YAML 1.1 needs
+    return text
+
+
+def _flow(values: list[str]) -> str:
+    return f"[ {', '.join(values)} ]"
+
+
+def network_yml_text(system: SystemSpec) -> str:
+    """ASTRA-sim's analytical network YAML for ``system``: topology, npus_count, bandwidth in
+    ASTRA-sim's "GB/s" (2^30 bytes/s) and latency in ns, one entry per dimension."""
+    dims = _astra_dims(system)
+    shape = " x ".join(f"{d.topology.value}({d.npus})" for d in dims)
+    bandwidth = [_short(d.bandwidth_bytes_per_s, bytes_per_s_to_astra_link_gbps,
+                        astra_link_gbps_to_bytes_per_s) for d in dims]
+    latency = [_short(d.latency_s, s_to_ns, ns_to_s) for d in dims]
+    return "\n".join([
+        f"# {system.name}: {shape} (planner export --format astra-sim).",
+        f"topology: {_flow([d.topology.value for d in dims])}",
+        f"npus_count: {_flow([str(d.npus) for d in dims])}",
+        f"bandwidth: {_flow([_yaml_number(b) for b in bandwidth])}"
+        '  # ASTRA-sim "GB/s" = 2^30 bytes/s per link',
+        f"latency: {_flow([_yaml_number(x) for x in latency])}  # ns per hop",
+        "",
+    ])
+
+
+def remote_memory_json_text() -> str:
+    """The remote-memory configuration of the lab's runs: no memory expansion."""
+    return json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=4) + "\n"

@@ -1,7 +1,11 @@
 """Catalogs of models, devices and systems: YAML files that map names to specs.
 
-``studies/catalog/{models,devices,systems}/*.yaml`` ship with the project; a user's own files go
-beside them (or anywhere, named by path). Each file maps names to entries::
+``studies/catalog/{models,devices,systems}/*.yaml`` ship with the project. A user's own catalog
+is a folder of the same shape, read after the shipped one (:func:`user_catalog_dir`:
+``$PLANNER_CATALOG``, else ``$XDG_CONFIG_HOME/parallel-planner/catalog``, else
+``~/.config/parallel-planner/catalog``; ``planner import-astra`` writes there); a name defined
+twice is an error naming both files. A YAML file anywhere can also be named by its path. Each
+file maps names to entries::
 
     llama3-70b:            # a model
       family: llama
@@ -16,6 +20,7 @@ here and nowhere else (:mod:`planner.units`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -37,9 +42,11 @@ from simcore.network import (
 )
 from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, SystemSpec
 
-__all__ = ["Catalog", "CATALOG_DIR", "load_catalog"]
+__all__ = ["Catalog", "CATALOG_DIR", "KINDS", "load_catalog", "user_catalog_dir"]
 
 CATALOG_DIR = Path(__file__).resolve().parent.parent / "studies" / "catalog"
+KINDS = ("device", "model", "system")
+"""Read in this order (systems name devices); ``<root>/<kind>s/*.yaml`` holds each kind."""
 
 _TOPOLOGY_NAMES = {t.value.lower(): t for t in Topology} | {"torus": Topology.TORUS_2D}
 
@@ -263,17 +270,64 @@ def _read_kind(kind: str, path: Path, devices: Mapping[str, DeviceSpec],
     return {n: system_from_entry(path, n, e, devices) for n, e in entries.items()}
 
 
-def load_catalog(root: Path = CATALOG_DIR) -> Catalog:
-    """Read ``root/{devices,models,systems}/*.yaml``: devices first, as systems name them."""
-    return _load_catalog(root.resolve())
+def user_catalog_dir() -> Path:
+    """The user's catalog folder: ``$PLANNER_CATALOG`` if set, else
+    ``$XDG_CONFIG_HOME/parallel-planner/catalog`` (``~/.config`` when XDG_CONFIG_HOME is unset).
+
+    Read from the environment at each call, so a test or a shell can point it elsewhere."""
+    explicit = os.environ.get("PLANNER_CATALOG")
+    if explicit:
+        return Path(explicit).expanduser()
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config).expanduser() / "parallel-planner" / "catalog"
+
+
+def load_catalog(root: Path = CATALOG_DIR, *, user: Path | bool = True) -> Catalog:
+    """Read ``root/{devices,models,systems}/*.yaml`` (devices first, as systems name them), then
+    the same folders of the user's catalog: :func:`user_catalog_dir` when ``user`` is True, the
+    folder ``user`` names, or none when False.
+
+    Cached per folder and per state of the user's files (name, inode, size, mtime), so a file
+    written or replaced since the last call is read again."""
+    roots = [root.resolve()]
+    if user is not False:
+        folder = (user_catalog_dir() if user is True else user).resolve()
+        if folder != roots[0]:
+            roots.append(folder)
+    return _load_catalog(tuple(roots), _state(roots[1:]))
+
+
+def _catalog_files(root: Path, kind: str) -> list[Path]:
+    return sorted((root / f"{kind}s").glob("*.y*ml"))
+
+
+def _state(roots: list[Path]) -> tuple[tuple[str, int, int, int], ...]:
+    """What identifies the current content of the user's catalog files, for the cache key."""
+    state = []
+    for root in roots:
+        for kind in KINDS:
+            for path in _catalog_files(root, kind):
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                state.append((str(path), st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(state)
 
 
 @cache
-def _load_catalog(root: Path) -> Catalog:
+def _load_catalog(roots: tuple[Path, ...], state: tuple) -> Catalog:
+    """``state`` is only part of the cache key (see :func:`_state`)."""
     catalog = Catalog()
+    for root in roots:
+        _read_root(catalog, root)
+    return catalog
+
+
+def _read_root(catalog: Catalog, root: Path) -> None:
     tables = {"device": catalog.devices, "model": catalog.models, "system": catalog.systems}
-    for kind in ("device", "model", "system"):
-        for path in sorted((root / f"{kind}s").glob("*.y*ml")):
+    for kind in KINDS:
+        for path in _catalog_files(root, kind):
             raw = _entries(path)
             found = _read_kind(kind, path, catalog.devices, raw)
             for name, spec in found.items():
@@ -283,4 +337,3 @@ def _load_catalog(root: Path) -> Catalog:
                 tables[kind][name] = spec
                 catalog.sources[(kind, name)] = path
                 catalog.entries[(kind, name)] = raw[name]
-    return catalog

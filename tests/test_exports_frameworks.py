@@ -140,7 +140,7 @@ def test_megatron_gqa_flags_only_with_kv_heads(plan: Plan, gpipe_plan: Plan) -> 
 # -- DeepSpeed --------------------------------------------------------------------------------
 def test_deepspeed_matches_hand_written_json(plan: Plan) -> None:
     files = export_files(plan, "deepspeed")
-    assert set(files) == {"ds_config.json", "README.txt"}
+    assert set(files) == {"ds_config.json", "deepspeed-launch.txt"}
     expected = json.loads((DATA / f"{STEM}.ds_config.json").read_text())
     assert json.loads(files["ds_config.json"]) == expected
 
@@ -156,7 +156,7 @@ def test_deepspeed_batch_identity(plan: Plan, zero3_plan: Plan, gpipe_plan: Plan
 
 
 def test_deepspeed_readme_has_launcher_args(plan: Plan) -> None:
-    readme = export_files(plan, "deepspeed")["README.txt"]
+    readme = export_files(plan, "deepspeed")["deepspeed-launch.txt"]
     # Megatron-DeepSpeed's megatron/initialize.py raises if --sequence-parallel (Megatron's, in
     # tp) comes with --ds-sequence-parallel-size > 1 (Ulysses), so sp=4 leaves the former out.
     expected = ["--deepspeed", "--deepspeed_config ds_config.json", "--zero-stage 1",
@@ -187,7 +187,7 @@ def test_deepspeed_zero3_and_no_recompute(zero3_plan: Plan, gpipe_plan: Plan) ->
     z0 = ds_config(gpipe_plan)
     assert z0["zero_optimization"] == {"stage": 0}
     assert "activation_checkpointing" not in z0
-    assert "no GPipe schedule" in export_files(gpipe_plan, "deepspeed")["README.txt"]
+    assert "no GPipe schedule" in export_files(gpipe_plan, "deepspeed")["deepspeed-launch.txt"]
 
 
 def test_deepspeed_rejects_a_broken_batch(plan: Plan) -> None:

@@ -9,14 +9,18 @@ from planner.commands._collective import CollectiveCommand
 from planner.commands._compare import CompareCommand
 from planner.commands._estimate import EstimateCommand
 from planner.commands._export import ExportCommand
+from planner.commands._import_astra import ImportAstraCommand
 from planner.commands._pareto import ParetoCommand
 from planner.commands._results import BestCommand, StudiesCommand, TrialsCommand
 from planner.commands._run import RunCommand
+from planner.commands._show import ShowCommand
+from planner.commands._worker import WorkerCommand
 
 COMMANDS: list[BaseCommand] = [
-    RunCommand(), BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
-    CompareCommand(), ExportCommand(), CatalogCommand(),
-    EstimateCommand(), AstraEstimateCommand(), CollectiveCommand(),
+    RunCommand(), WorkerCommand(),
+    BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
+    CompareCommand(), ExportCommand(), ShowCommand(), CatalogCommand(),
+    EstimateCommand(), AstraEstimateCommand(), ImportAstraCommand(), CollectiveCommand(),
 ]
 
 __all__ = ["BaseCommand", "COMMANDS"]

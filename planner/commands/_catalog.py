@@ -31,7 +31,7 @@ def _where(catalog, kind: str, name: str) -> str:
 
 class CatalogCommand(BaseCommand):
     name = "catalog"
-    help = "List the catalog's models, systems or devices (studies/catalog/)."
+    help = "List the catalog's models, systems or devices (studies/catalog/ and your own folder)."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("kind", choices=["models", "systems", "devices"])

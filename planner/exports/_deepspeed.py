@@ -17,7 +17,7 @@ Key names were checked in deepspeedai/DeepSpeed at commit edaa7221 (2026-08-22):
   pipeline engine; ``deepspeed/runtime/engine.py``: it turns ``overlap_comm`` off under pipeline
   parallelism for stages 1 and 2.
 
-Launcher options (``README.txt``) were checked in deepspeedai/Megatron-DeepSpeed at commit
+Launcher options (``deepspeed-launch.txt``) were checked in deepspeedai/Megatron-DeepSpeed at commit
 4efb479d (2025-07-16), ``megatron/arguments.py``: ``--tensor-model-parallel-size``,
 ``--pipeline-model-parallel-size``, ``--no-pipeline-parallel``, ``--sequence-parallel``,
 ``--ds-sequence-parallel-size`` (DeepSpeed-Ulysses, "cannot be combined with
@@ -42,10 +42,10 @@ LAUNCHER_SOURCE = "deepspeedai/Megatron-DeepSpeed 4efb479d (2025-07-16), megatro
 
 
 def export_deepspeed(plan: Plan) -> dict[str, str]:
-    """``ds_config.json`` (the JSON DeepSpeed reads) and ``README.txt`` (the rest)."""
+    """``ds_config.json`` (the JSON DeepSpeed reads) and ``deepspeed-launch.txt`` (the rest)."""
     config = ds_config(plan)
     return {"ds_config.json": json.dumps(config, indent=2) + "\n",
-            "README.txt": _readme(plan, config)}
+            "deepspeed-launch.txt": _readme(plan, config)}
 
 
 def ds_config(plan: Plan) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def _check_batch(config: dict[str, Any], dp: int) -> None:
         raise ValueError(f"train_batch_size {batch} != micro {micro} * gas {gas} * dp {dp}")
 
 
-# -- README.txt -------------------------------------------------------------------------------
+# -- deepspeed-launch.txt -----------------------------------------------------------------------
 def _readme(plan: Plan, config: dict[str, Any]) -> str:
     s = plan.strategy
     lines = [*header_lines(plan), "",

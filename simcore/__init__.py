@@ -29,6 +29,7 @@ from simcore.megatron import estimate_megatron
 from simcore.megatron.checks import check_plan
 from simcore.mlp import check_mlp, estimate_mlp
 from simcore.stage_adapter import check_stage, estimate_stage
+from simcore.timeline import Timeline, step_timeline
 from simcore.network import (
     AlgorithmChoice,
     Collective,
@@ -104,6 +105,8 @@ def check(
 __all__ = [
     "estimate",
     "check",
+    "step_timeline",
+    "Timeline",
     "convention_of",
     "Convention",
     "Estimate",

@@ -49,7 +49,7 @@ def test_report_plots_render_in_headless_chromium(report):
     assert figures[0].count('class="point"') >= 56
 
 
-def test_report_of_an_unknown_study_is_one_line(tmp_path, storage, capsys):
+def test_report_of_an_unknown_study_is_one_line(report, tmp_path, capsys):
     assert main(["report", "nope", "--out", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err
     assert "no study named 'nope'" in err and len(err.strip().splitlines()) == 1

@@ -11,6 +11,7 @@ from planner.commands._estimate import EstimateCommand
 from planner.commands._export import ExportCommand
 from planner.commands._import_astra import ImportAstraCommand
 from planner.commands._pareto import ParetoCommand
+from planner.commands._report import ReportCommand
 from planner.commands._results import BestCommand, StudiesCommand, TrialsCommand
 from planner.commands._run import RunCommand
 from planner.commands._show import ShowCommand
@@ -19,7 +20,7 @@ from planner.commands._worker import WorkerCommand
 COMMANDS: list[BaseCommand] = [
     RunCommand(), WorkerCommand(),
     BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
-    CompareCommand(), ExportCommand(), ShowCommand(), CatalogCommand(),
+    CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(), CatalogCommand(),
     EstimateCommand(), AstraEstimateCommand(), ImportAstraCommand(), CollectiveCommand(),
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import optuna
@@ -166,3 +167,13 @@ def test_pareto_errors(tmp_path, storage, capsys):
     assert main(["pareto", "lab", "--out", str(tmp_path / "p.pdf")]) == 2
     assert "unknown figure format" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.pdf"))
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="PNG needs Debian's chromium for"
+                    " kaleido (.ci/run installs it where apt-get works)")
+def test_pareto_png(tmp_path, storage, capsys):
+    pytest.importorskip("kaleido")
+    assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
+    png = tmp_path / "pareto.png"
+    assert main(["pareto", "lab", "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the PNG signature (RFC 2083)

@@ -10,9 +10,12 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from planner.cli import main
+from planner.runner import StopRequest, _objective
+from planner.study_config import load_study_config
 from tests.study_files import lab_study
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +61,9 @@ def test_ctrl_c_keeps_finished_trials_and_resume_finishes(tmp_path, capsys):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    # where the results are: the storage, the study and the command that continues it
+    assert f"of study 'big' are kept in {storage}" in err
+    assert f"planner run {study} --storage {storage} --resume" in err
     kept = _complete(storage, "big")
     assert kept > 0
     os.environ["PLANNER_STORAGE"] = str(storage)
@@ -79,3 +85,74 @@ def test_an_rdb_url_works_unchanged(tmp_path, capsys):
     assert "28 valid strategies" in capsys.readouterr().out  # C(8, 2) layouts, recompute off
     assert main(["best", "lab", "--storage", url, "--top", "1"]) == 0
     assert "dp" in capsys.readouterr().out
+
+
+def _start(args: list[str], storage: Path, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PLANNER_STORAGE=str(storage), PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "planner.cli", *args, "--quiet"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _wait_for(storage: Path, name: str, n: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if _complete(storage, name) >= n:
+                return
+        except (KeyError, ValueError, FileNotFoundError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("no progress")
+
+
+def _states(storage: Path, name: str) -> list[TrialState]:
+    st = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(storage)))
+    return [t.state for t in optuna.load_study(study_name=name, storage=st).trials]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_lets_running_sampler_trials_finish(tmp_path, jobs):
+    """Ctrl-C at the terminal (SIGINT to the whole process group, joblib workers included):
+    the running trials finish, none is left RUNNING, exit 130; --resume reaches n_trials."""
+    path = lab_study(tmp_path, sampler="random", n_trials=3000)
+    storage = tmp_path / "s.journal"
+    proc = _start(["run", str(path), "--jobs", str(jobs)], storage, start_new_session=True)
+    _wait_for(storage, "lab", 10, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and f"of study 'lab' are kept in {storage}" in err
+    assert f"planner run {path} --storage {storage} --resume" in err
+    states = _states(storage, "lab")
+    assert TrialState.RUNNING not in states and TrialState.WAITING not in states
+    assert states.count(TrialState.COMPLETE) >= 10
+    path.write_text(path.read_text().replace("n_trials: 3000", f"n_trials: {len(states) + 5}"))
+    resumed = _start(["run", str(path), "--resume"], storage)
+    out, err = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, (out, err)
+    assert _states(storage, "lab").count(TrialState.COMPLETE) == len(states) + 5
+
+
+def test_ctrl_c_twice_stops_at_the_next_safe_point_three_times_at_once(tmp_path):
+    """The first Ctrl-C lets the running work finish; the second stops at the next safe point
+    (a sampler trial's start, the next strategy of a batch: Optuna marks the trial FAIL); the
+    third raises wherever the process is."""
+    hooked = []
+    with StopRequest() as stop:
+        stop.on_stop(lambda: hooked.append(1))
+        stop.check_now()
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested and not stop.now and hooked == [1]
+        with pytest.raises(KeyboardInterrupt):
+            stop.check()
+        signal.raise_signal(signal.SIGINT)
+        assert stop.now
+        config = load_study_config(lab_study(tmp_path, sampler="random"))
+        study = optuna.create_study()
+        with pytest.raises(KeyboardInterrupt):
+            study.optimize(_objective(config, None, stop), n_trials=1)
+        assert [t.state for t in study.trials] == [TrialState.FAIL]
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -171,3 +171,79 @@ def test_tables_export_csv_and_parquet(tmp_path):
     df.to_parquet(tmp_path / "t.parquet", index=False)
     assert pd.read_parquet(tmp_path / "t.parquet")["step_time_s"].tolist() == \
         df["step_time_s"].tolist()
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "nsga2"])
+def test_a_seeded_serial_run_gives_the_same_trials_every_time(tmp_path, sampler):
+    """Reproducibility: same seed, same sampler, serial run -> the same trials."""
+    runs = []
+    for store in ("a.journal", "b.journal"):
+        _, report = _run(tmp_path, lab_study(tmp_path, sampler=sampler, n_trials=25),
+                         store=store)
+        runs.append([(t.params, t.values, t.user_attrs["plan"]) for t in report.study.trials])
+    assert runs[0] == runs[1] and len(runs[0]) == 25
+
+
+def _trial_rows(study: optuna.Study) -> list[tuple]:
+    return [(t.number, t.state, t.values, t.params, t.distributions, t.user_attrs,
+             t.system_attrs, t.datetime_start, t.datetime_complete) for t in study.trials]
+
+
+def test_the_database_bulk_write_equals_optunas_add_trials(tmp_path):
+    """PlannerRDBStorage.add_trials_at_once writes what Optuna's add_trials writes."""
+    from planner.record import frozen_trial
+    from planner.storage import PlannerRDBStorage
+
+    config = load_study_config(lab_study(tmp_path, hbm="80"))
+    encoding = LayoutEncoding(config.space)
+    evaluator = config.evaluator()
+    trials = [frozen_trial(evaluator(s), encoding.params(s), encoding.distributions)
+              for s in config.space.valid]
+    storage = open_storage(f"sqlite:///{tmp_path / 'db.sqlite'}", create=True)
+    assert isinstance(storage, PlannerRDBStorage)
+    plain = optuna.create_study(study_name="plain", storage=storage)
+    plain.add_trials(trials)
+    bulk = optuna.create_study(study_name="bulk", storage=storage)
+    storage.add_trials_at_once(bulk._study_id, trials[:17])
+    storage.add_trials_at_once(bulk._study_id, trials[17:])
+    assert _trial_rows(bulk) == _trial_rows(plain)
+    assert bulk.best_trial.number == plain.best_trial.number
+    assert sorted(storage.user_attr_values(bulk._study_id, "plan", TrialState.COMPLETE)) == \
+        sorted(t.user_attrs["plan"] for t in plain.trials)
+    assert storage.get_n_trials(bulk._study_id, TrialState.COMPLETE) == len(trials)
+    assert storage.get_n_trials(bulk._study_id, TrialState.RUNNING) == 0
+
+
+def test_a_work_item_is_completed_with_its_trials_or_not_at_all(tmp_path):
+    from planner.record import frozen_trial
+
+    config = load_study_config(lab_study(tmp_path))
+    encoding = LayoutEncoding(config.space)
+    trial = frozen_trial(config.evaluator()(config.space.valid[0]), encoding.params(
+        config.space.valid[0]), encoding.distributions)
+    storage = open_storage(f"sqlite:///{tmp_path / 'db.sqlite'}", create=True)
+    study = optuna.create_study(study_name="s", storage=storage)
+    queue = optuna.create_study(study_name="q", storage=storage)
+    item = queue.ask()
+    assert storage.add_trials_at_once(study._study_id, [trial], item_id=item._trial_id,
+                                       item_value=1)
+    assert queue.trials[0].state == TrialState.COMPLETE and queue.trials[0].value == 1
+    # a second attempt on the same item writes nothing
+    assert not storage.add_trials_at_once(study._study_id, [trial], item_id=item._trial_id)
+    assert len(study.trials) == 1
+
+
+def test_a_stored_study_gives_back_its_configuration(tmp_path):
+    from planner.runner import config_from_study
+
+    for sampler in ("exhaustive", "tpe"):
+        config, report = _run(tmp_path, lab_study(tmp_path, f"lab-{sampler}", sampler=sampler,
+                                                  n_trials=3, objectives="[step_time,"
+                                                  " peak_memory]"))
+        again = config_from_study(report.study)
+        assert again.fingerprint() == config.fingerprint()
+        assert again.space.valid == config.space.valid
+        assert (again.sampler, again.n_trials, again.seed, again.objectives) == (
+            config.sampler, config.n_trials, config.seed, config.objectives)
+        s = config.space.valid[5]
+        assert again.evaluator()(s) == config.evaluator()(s)

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
 
 import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import TrialState
 
 from planner.commands._base import BaseCommand
 from planner.errors import PlannerUsageError
 from planner.runner import run_study
-from planner.storage import open_storage, storage_label
-from planner.study_config import load_study_config
+from planner.storage import DEFAULT_STORAGE, is_url, open_storage, shown, storage_label
+from planner.study_config import StudyConfig, load_study_config
 from planner.tables import best_frame, format_best
 
 
@@ -21,6 +24,30 @@ def add_storage_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", metavar="PATH|URL",
                         help="a journal file or an Optuna RDB URL (default: $PLANNER_STORAGE or"
                         " planner-results/studies.journal)")
+
+
+HEARTBEAT_S = 10
+"""Seconds between heartbeats of a running trial on a database (trials silent for 3 of them are
+failed and retried)."""
+
+
+def where_results_are(config: StudyConfig, storage: BaseStorage, label: str, command: str,
+                      study_arg: str, hbm_gb: float | None = None) -> str:
+    """One line after Ctrl-C: the trials kept, the storage, the study and the command that
+    continues it."""
+    try:
+        study = optuna.load_study(study_name=config.name, storage=storage)
+        kept = storage.get_n_trials(study._study_id, TrialState.COMPLETE)
+        count = f"{kept:,} finished trials"
+    except Exception:  # noqa: BLE001 - the message must come out whatever the storage does
+        count = "the finished trials"
+    args = [command, study_arg]
+    if hbm_gb is not None:
+        args += ["--hbm-gb", f"{hbm_gb:g}"]
+    if label != str(DEFAULT_STORAGE):
+        args += ["--storage", shown(label)]
+    return (f"interrupted: {count} of study {config.name!r} are kept in {shown(label)};"
+            f" continue with: planner {shlex.join(args)}")
 
 
 def _positive_int(text: str) -> int:
@@ -68,20 +95,21 @@ class RunCommand(BaseCommand):
         how = ("every one" if config.sampler == "exhaustive"
                else f"{config.n_trials} trials of {config.sampler}")
         print(f"{valid:,} valid strategies (of {space.size:,} candidates); {how}")
-        storage = open_storage(args.storage, create=True)
+        storage = open_storage(args.storage, create=True,
+                               heartbeat=HEARTBEAT_S if is_url(label) else None)
         start = time.perf_counter()
         try:
             report = run_study(config, storage, label, resume=args.resume, jobs=args.jobs,
                                progress=not args.quiet)
         except KeyboardInterrupt:
-            print(f"interrupted: finished trials are kept in {label}; `planner run"
-                  f" {args.study} --resume` continues", file=sys.stderr)
+            print(where_results_are(config, storage, label, "run", str(args.study),
+                                    args.hbm_gb) + " --resume", file=sys.stderr)
             raise
         elapsed = time.perf_counter() - start
         if report.requeued:
             print(f"resumed: {report.requeued} trial(s) left RUNNING by a stopped process were"
                   " failed and re-queued")
-        total = len(report.study.trials)
+        total = len(report.study.get_trials(deepcopy=False))
         print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {label}")
         best = best_frame(report.study, args.top)
         title = "Pareto front" if len(config.objectives) > 1 else "best plans"

@@ -8,7 +8,6 @@ refers to it, so it opens offline and weighs about 5 MB plus the points.
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -86,8 +85,14 @@ def _inputs(report: Report) -> str:
     rows += [(k, f"{v:,}") for k, v in report.counts.items()]
     body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                    for k, v in rows)
-    space = html.escape(json.dumps(s.get("space", {}), indent=1))
-    return f"<table>{body}</table><h3>Search space</h3><pre>{space}</pre>"
+    space = "".join(
+        f"<tr><th>{html.escape(knob)}</th><td>{html.escape(_values(values))}</td></tr>"
+        for knob, values in (s.get("space") or {}).items())
+    return f"<table>{body}</table><h3>Search space</h3><table>{space}</table>"
+
+
+def _values(values: object) -> str:
+    return ", ".join(map(str, values)) if isinstance(values, list) else str(values)
 
 
 def report_html(report: Report) -> str:

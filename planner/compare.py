@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -42,7 +43,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from planner.catalog import Catalog, load_catalog
-from planner.fields import fail, load
+from planner.fields import fail, load, number
 from planner.fields import fields as check_fields
 from planner.runner import run_study
 from planner.storage import study_names
@@ -163,8 +164,9 @@ def _limit(path: Path, field: str, value: Any) -> float | None:
         return None
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value) or value <= 0):
-        raise fail(path, field, f"must be a number of GB > 0 or unlimited, but got {value!r}")
-    return float(value)
+        raise fail(path, field, f"must be a number of GB > 0 or unlimited, but got"
+                   f" {reprlib.repr(value)}")
+    return number(path, field, value, minimum=0, strict=True)
 
 
 def _limits(path: Path, value: Any) -> list[float | None]:

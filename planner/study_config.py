@@ -31,7 +31,7 @@ from typing import Any
 
 from planner.catalog import Catalog, load_catalog
 from planner.errors import PlannerUsageError
-from planner.fields import choice, fail, fields, integer, load, number
+from planner.fields import MAX_NUMBER, choice, fail, fields, integer, load, number
 from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
@@ -255,8 +255,9 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     )
     limit = _hbm(path, e.get("hbm_gb"), system)
     if hbm_gb is not None:  # --hbm-gb: the same question under another limit, a study of its own
-        if not (hbm_gb > 0 and math.isfinite(hbm_gb)):
-            raise PlannerUsageError(f"--hbm-gb must be a number > 0, but got {hbm_gb:g}")
+        if not (0 < hbm_gb <= MAX_NUMBER):
+            raise PlannerUsageError(f"--hbm-gb must be a number > 0 (GB per device), but got"
+                                    f" {hbm_gb:g}")
         if hbm_gb != limit:
             name = f"{name}-hbm{hbm_gb:g}gb"
         limit = hbm_gb

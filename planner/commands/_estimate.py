@@ -8,7 +8,7 @@ from pathlib import Path
 from dataclasses import fields, replace
 
 from planner.catalog import load_catalog
-from planner.commands._base import BaseCommand
+from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
 from planner.plan import read_plan, strategy_dict
 from planner.units import GB
@@ -119,7 +119,7 @@ class EstimateCommand(BaseCommand):
         parser.add_argument("--model", help="catalog name or YAML path (required without --plan)")
         parser.add_argument("--system", help="catalog name or YAML path (required without"
                             " --plan)")
-        parser.add_argument("--hbm-gb", type=float, help="HBM per device (default: the device's)")
+        parser.add_argument("--hbm-gb", type=hbm_gb, help="HBM per device (default: the device's)")
         add_strategy_arguments(parser)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -26,7 +26,7 @@ import yaml
 from planner.astra_io import WRITTEN_SWITCHES, AstraSystem, load_astra_system
 from planner.catalog import load_catalog, system_from_entry, user_catalog_dir
 from planner.catalog_write import system_entry
-from planner.commands._base import BaseCommand
+from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
 from planner.fields import load
 from planner.units import GB
@@ -157,7 +157,7 @@ class ImportAstraCommand(BaseCommand):
         parser.add_argument("network_yml", type=Path, metavar="NETWORK_YML",
                             help="ASTRA-sim analytical network configuration")
         parser.add_argument("--name", required=True, help="the system's catalog name")
-        parser.add_argument("--hbm-gb", type=float, default=DEFAULT_HBM_GB,
+        parser.add_argument("--hbm-gb", type=hbm_gb, default=DEFAULT_HBM_GB,
                             help="HBM per NPU in decimal GB, which ASTRA-sim has no key for"
                             f" (default {DEFAULT_HBM_GB:g})")
         parser.add_argument("--force", action="store_true",

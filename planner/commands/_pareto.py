@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from planner.commands._base import BaseCommand
+from planner.commands._base import BaseCommand, hbm_gb
 from planner.commands._results import _study
 from planner.commands._run import add_storage_argument
 from planner.outputs import default_path
@@ -31,7 +31,7 @@ class ParetoCommand(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("name", help="the study's name (`planner studies` lists them)")
-        parser.add_argument("--hbm-gb", type=float,
+        parser.add_argument("--hbm-gb", type=hbm_gb,
                             help="draw this HBM limit (default: the study's own)")
         add_figure_arguments(parser, "pareto")
         add_storage_argument(parser)

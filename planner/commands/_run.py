@@ -12,7 +12,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from planner.commands._base import BaseCommand
+from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
 from planner.runner import run_study
 from planner.storage import DEFAULT_STORAGE, is_url, open_storage, shown, storage_label
@@ -66,7 +66,7 @@ class RunCommand(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("study", type=Path, help="the study YAML (see studies/)")
-        parser.add_argument("--hbm-gb", type=float,
+        parser.add_argument("--hbm-gb", type=hbm_gb,
                             help="HBM limit per device in GB; a study of its own, named"
                             " NAME-hbmXgb (default: the YAML's)")
         add_storage_argument(parser)

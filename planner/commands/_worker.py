@@ -20,7 +20,7 @@ from pathlib import Path
 import optuna
 from optuna.storages import BaseStorage
 
-from planner.commands._base import BaseCommand
+from planner.commands._base import BaseCommand, hbm_gb
 from planner.commands._run import (
     HEARTBEAT_S,
     _positive_int,
@@ -52,7 +52,7 @@ class WorkerCommand(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("study", help="the study YAML (the first worker creates the study)"
                             " or a stored study's name")
-        parser.add_argument("--hbm-gb", type=float,
+        parser.add_argument("--hbm-gb", type=hbm_gb,
                             help="HBM limit per device in GB; a study of its own, as in run")
         add_storage_argument(parser)
         parser.add_argument("--heartbeat", type=_positive_int, default=HEARTBEAT_S,

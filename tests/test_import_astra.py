@@ -177,7 +177,7 @@ BAD = [
      "tutorial-system.json: peak-perf: missing; the import needs the NPU's peak"),
     (lambda t: SYSTEMS / "R8-system.json", lambda t: R4S2[1], [],
      "R8-system.json: all-reduce-implementation: lists 1 algorithm(s) but the network has 2"),
-    (lambda t: R4S2[0], lambda t: R4S2[1], ["--hbm-gb", "0"], "--hbm-gb: must be > 0"),
+    (lambda t: R4S2[0], lambda t: R4S2[1], ["--hbm-gb", "0"], "--hbm-gb: must be a number of GB > 0"),
 ]
 
 

@@ -64,6 +64,7 @@ from typing import Any
 
 import joblib
 import optuna
+import sqlalchemy.exc
 from optuna.storages import BaseStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from tqdm.auto import tqdm
@@ -585,20 +586,38 @@ def _drain(study: optuna.Study, queue: optuna.Study, storage: BaseStorage,
     work = _Work(study, queue, storage, config, info, stop)
     claimer = _Claimer(queue, storage)
     added = 0
+    failures = 0
     with _bar(None, progress, "worker") as bar:
         while not stop.requested:
-            token = claimer.claim()
-            if token is None:
-                if not _pending(queue):
-                    break
-                _fail_stale(queue)  # a dead worker's item comes back
-                time.sleep(poll)
+            try:
+                token = claimer.claim()
+                if token is None:
+                    if not _pending(queue):
+                        break
+                    _fail_stale(queue)  # a dead worker's item comes back
+                    time.sleep(poll)
+                    continue
+                n = work.do(token)
+            except TRANSIENT as e:  # a deadlock or a dropped connection between workers
+                failures += 1
+                if failures > MAX_TRANSIENT:
+                    raise
+                print(f"worker: database error ({type(e).__name__}), retrying: the item in hand"
+                      " goes back to the queue", file=sys.stderr)
+                time.sleep(poll * failures)
                 continue
-            n = work.do(token)
+            failures = 0
             added += n
             bar.update(n)
     stop.check()
     return added
+
+
+TRANSIENT: tuple[type[Exception], ...] = (optuna.exceptions.StorageInternalError,
+                                          sqlalchemy.exc.OperationalError)
+"""Database errors a worker retries: a deadlock between workers' transactions, a connection
+dropped. The item in hand is handed back (or goes stale), so exactly-once still holds."""
+MAX_TRANSIENT = 5
 
 
 def _fail_stale(study: optuna.Study) -> None:

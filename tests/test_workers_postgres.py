@@ -90,7 +90,7 @@ def _finish(procs: list[subprocess.Popen]) -> list[str]:
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=240)
-        assert p.returncode == 0, (out, err)
+        assert p.returncode == 0, f"exit {p.returncode}; stderr: {err[-3000:]}"
         outs.append(out)
     return outs
 

@@ -35,6 +35,7 @@ from planner.errors import PlannerUsageError
 from planner.fields import choice, fail, integer, load
 from planner.fields import fields as check_fields
 from planner.tables import best_frame
+from search_spaces import strategy_label
 from simcore.estimate import Estimate
 from simcore.specs import (
     Axis,
@@ -67,7 +68,6 @@ class Plan:
 
     @property
     def label(self) -> str:
-        from search_spaces import strategy_label
         return strategy_label(self.strategy)
 
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from planner.errors import PlannerUsageError
+from planner.storage import RESULTS_DIR
 
 __all__ = ["RESULTS_DIR", "atomic_write", "write_folders", "default_path", "slug"]
 
-RESULTS_DIR = Path("planner-results")
 
 
 def slug(text: str) -> str:

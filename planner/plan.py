@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pandas as pd
 import yaml
 
 import simcore
@@ -33,6 +34,7 @@ from planner.catalog import device_from_entry, model_from_entry, system_from_ent
 from planner.catalog_write import device_entry, model_entry, system_entry
 from planner.errors import PlannerUsageError
 from planner.fields import choice, fail, integer, load
+from planner.record import strategy_attrs
 from planner.fields import fields as check_fields
 from planner.tables import best_frame
 from search_spaces import strategy_label
@@ -80,11 +82,12 @@ def make_plan(model: ModelSpec, system: SystemSpec, training: TrainingSpec, stra
 
 # -- to and from plain data -------------------------------------------------------------------
 def strategy_dict(s: Strategy) -> dict[str, Any]:
-    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp, "zero": int(s.zero),
-            "recompute": s.recompute.value, "micro_batch": s.micro_batch,
-            "schedule": s.schedule.value, "v": s.v,
-            "placement": [a.value for a in s.placement],
-            "sequence_parallel": s.sequence_parallel}
+    """The strategy as a trial stores it (:func:`planner.record.strategy_attrs`), with the
+    placement as a list and without the label."""
+    out = strategy_attrs(s)
+    del out["plan"]
+    out["placement"] = [a.value for a in s.placement]
+    return out
 
 
 def training_dict(t: TrainingSpec) -> dict[str, Any]:
@@ -227,23 +230,29 @@ def study_specs(study: optuna.Study
 
 def plans_from_study(study: optuna.Study, top: int) -> list[Plan]:
     """The study's ``top`` best feasible plans (``planner best``'s order), estimated again."""
-    model, system, training, convention = study_specs(study)
-    best = best_frame(study, top)
-    plans = []
-    for _, row in best.iterrows():
-        strategy = strategy_from_attrs(row.to_dict())
-        plans.append(make_plan(model, system, training, strategy, convention,
-                               study=study.study_name, trial=int(row["number"])))
-    return plans
+    return plans_from_frame(study, best_frame(study, top))
+
+
+def plans_from_frame(study: optuna.Study, best: pd.DataFrame) -> list[Plan]:
+    """The plans of rows of the study's :func:`planner.tables.best_frame`, estimated again."""
+    specs = study_specs(study)
+    return [_plan(study, specs, row) for _, row in best.iterrows()]
+
+
+def _plan(study: optuna.Study, specs: tuple[ModelSpec, SystemSpec, TrainingSpec, Convention],
+          row: Any) -> Plan:
+    model, system, training, convention = specs
+    return make_plan(model, system, training, strategy_from_attrs(row.to_dict()), convention,
+                     study=study.study_name, trial=int(row["number"]))
 
 
 def plan_at(study: optuna.Study, rank: int) -> Plan:
     """The ``rank``-th best plan (1 is the best), or a one-line error if there are fewer."""
     if rank < 1:
         raise PlannerUsageError(f"--plan must be >= 1 (1 is the best plan), but got {rank}")
-    plans = plans_from_study(study, rank)
-    if len(plans) < rank:
+    best = best_frame(study, rank)
+    if len(best) < rank:
         raise PlannerUsageError(f"--plan {rank}: study {study.study_name!r} has only"
-                                f" {len(plans)} feasible plan(s); `planner best"
+                                f" {len(best)} feasible plan(s); `planner best"
                                 f" {study.study_name}` lists them")
-    return plans[rank - 1]
+    return _plan(study, study_specs(study), best.iloc[rank - 1])

@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from planner.errors import PlannerUsageError
-from planner.plan import plans_from_study
+from planner.plan import plans_from_frame
 from planner.plots import figure_html
 from planner.plots.breakdown import breakdown_figure
 from planner.plots.pareto import pareto_figure
@@ -47,8 +47,7 @@ class Report:
     figures: list[tuple[str, go.Figure]]
 
 
-def _counts(study: optuna.Study) -> dict[str, int]:
-    df = trials_frame(study)
+def _counts(df: pd.DataFrame) -> dict[str, int]:
     complete = df[df["state"] == "COMPLETE"] if not df.empty else df
     feasible = int(complete["feasible"].astype(bool).sum()) if "feasible" in complete else 0
     return {"trials": len(df), "finished": len(complete), "feasible": feasible,
@@ -57,18 +56,19 @@ def _counts(study: optuna.Study) -> dict[str, int]:
 
 def build_report(study: optuna.Study, top: int = 10) -> Report:
     """Gather the page's parts; a study with no feasible plan is a one-line error."""
-    best = best_frame(study, top)
+    frame = trials_frame(study)
+    best = best_frame(study, top, frame)
     if best.empty:
         raise PlannerUsageError(f"study {study.study_name!r} has no feasible plan to report;"
                                 " run it (or raise its HBM limit)")
-    plans = plans_from_study(study, 1)
+    plans = plans_from_frame(study, best.head(1))
     figures = [
         ("Pareto front: step time against peak memory", pareto_figure(study)),
         (f"Step time of the {len(best)} best plans, by part", breakdown_figure(best, "plan")),
         (f"One step of the best plan ({plans[0].label}), as a timeline",
          timeline_figure(plans[0])),
     ]
-    return Report(study.study_name, dict(study.user_attrs.get("config") or {}), _counts(study),
+    return Report(study.study_name, dict(study.user_attrs.get("config") or {}), _counts(frame),
                   best, figures)
 
 

@@ -27,10 +27,12 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     return df[first + middle + last].reset_index(drop=True)
 
 
-def best_frame(study: optuna.Study, top: int | None = None) -> pd.DataFrame:
+def best_frame(study: optuna.Study, top: int | None = None,
+               frame: pd.DataFrame | None = None) -> pd.DataFrame:
     """Finished feasible trials, fastest first. With two objectives, only the Pareto front
-    (Optuna's ``best_trials``, which counts feasible trials only)."""
-    df = trials_frame(study)
+    (Optuna's ``best_trials``, which counts feasible trials only). ``frame``: the study's
+    :func:`trials_frame`, when the caller has it already."""
+    df = trials_frame(study) if frame is None else frame
     if df.empty or "feasible" not in df.columns:
         return df.iloc[0:0]
     df = df[(df["state"] == "COMPLETE") & df["feasible"].astype(bool)]

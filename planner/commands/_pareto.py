@@ -9,7 +9,7 @@ from planner.commands._base import BaseCommand, hbm_gb
 from planner.commands._results import _study
 from planner.commands._run import add_storage_argument
 from planner.outputs import default_path
-from planner.plots import FORMATS, write_figure
+from planner.plots import FORMATS, figure_format, write_figure
 from planner.plots.pareto import pareto_figure
 
 
@@ -22,7 +22,7 @@ def add_figure_arguments(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def figure_path(args: argparse.Namespace, what: str) -> Path:
-    return args.out or default_path(args.name, what, args.format or "html")
+    return args.out or default_path(args.name, what, figure_format(None, args.format))
 
 
 class ParetoCommand(BaseCommand):

@@ -3,32 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from planner.commands._base import BaseCommand
 from planner.commands._results import _study
 from planner.commands._run import add_storage_argument
-from planner.errors import PlannerUsageError
 from planner.plan import plan_at
-from planner.plots import FORMATS, write_figure
-from planner.storage import RESULTS_DIR
-
-
-def _default_out(name: str, rank: int, fmt: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-    return RESULTS_DIR / f"{safe}-plan-{rank}-timeline.{fmt}"
-
-
-def _format(out: Path | None, fmt: str | None) -> str:
-    """--format, else the suffix of --out, else HTML."""
-    if fmt:
-        return fmt
-    suffix = out.suffix.lstrip(".").lower() if out is not None else ""
-    if suffix and suffix not in FORMATS:
-        raise PlannerUsageError(f"--out {out}: unknown figure format {suffix!r}; use .html or"
-                                " .png, or give --format")
-    return suffix or "html"
+from planner.outputs import default_path
+from planner.plots import FORMATS, figure_format, write_figure
 
 
 class ShowCommand(BaseCommand):
@@ -51,11 +33,11 @@ class ShowCommand(BaseCommand):
     def run(self, args: argparse.Namespace) -> int:
         from planner.plots.timeline import timeline_figure  # plotly: only when drawing
 
-        fmt = _format(args.out, args.format)
+        fmt = figure_format(args.out, args.format)
         study = _study(args)
         plan = plan_at(study, args.plan)
         fig = timeline_figure(plan)
-        out = args.out or _default_out(args.name, args.plan, fmt)
+        out = args.out or default_path(args.name, f"plan-{args.plan}-timeline", fmt)
         if args.out is None:
             out.parent.mkdir(parents=True, exist_ok=True)
         write_figure(fig, out, fmt)

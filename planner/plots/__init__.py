@@ -7,6 +7,6 @@ self-contained HTML page (the default: plotly.js inlined, so the page opens offl
 
 from __future__ import annotations
 
-from planner.plots._write import FORMATS, figure_html, write_figure
+from planner.plots._write import FORMATS, figure_format, figure_html, write_figure
 
-__all__ = ["FORMATS", "figure_html", "write_figure"]
+__all__ = ["FORMATS", "figure_format", "figure_html", "write_figure"]

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from planner.errors import PlannerUsageError
 from planner.outputs import atomic_write
 
-__all__ = ["FORMATS", "figure_html", "write_figure"]
+__all__ = ["FORMATS", "figure_format", "figure_html", "write_figure"]
 
 FORMATS = ("html", "png")
 
@@ -31,11 +31,18 @@ def _chrome() -> str | None:
     return None
 
 
-def write_figure(fig: go.Figure, path: Path, fmt: str | None = None) -> Path:
-    """Save ``fig`` to ``path`` as ``fmt`` (default: from the suffix, else HTML)."""
-    fmt = fmt or (path.suffix.lstrip(".").lower() if path.suffix else "html")
+def figure_format(path: Path | None, fmt: str | None) -> str:
+    """``fmt``, else the suffix of ``path``, else HTML; a one-line error for anything else."""
+    fmt = fmt or (path.suffix.lstrip(".").lower() if path is not None and path.suffix
+                  else "html")
     if fmt not in FORMATS:
         raise PlannerUsageError(f"--format {fmt}: unknown figure format; use html or png")
+    return fmt
+
+
+def write_figure(fig: go.Figure, path: Path, fmt: str | None = None) -> Path:
+    """Save ``fig`` to ``path`` as ``fmt`` (default: from the suffix, else HTML)."""
+    fmt = figure_format(path, fmt)
     if fmt == "html":
         atomic_write(path, figure_html(fig))
         return path

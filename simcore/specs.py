@@ -228,6 +228,10 @@ class TrainingSpec:
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs in buckets during the last backward (Megatron-LM's
     ``--overlap-grad-reduce``); False waits for it after the pipeline flush."""
+    flash_attention: bool | None = None
+    """Fused (flash) attention: the attention core is one kernel that never stores the s x s
+    scores (Dao et al. 2022). None takes the default: on for the llama family and on devices
+    whose entry says so (H100-era parts), off otherwise (see :func:`uses_flash_attention`)."""
 
     def __post_init__(self) -> None:
         _positive("global_batch", self.global_batch)

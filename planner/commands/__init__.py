@@ -15,13 +15,14 @@ from planner.commands._report import ReportCommand
 from planner.commands._results import BestCommand, StudiesCommand, TrialsCommand
 from planner.commands._run import RunCommand
 from planner.commands._show import ShowCommand
+from planner.commands._validate import ValidateCommand
 from planner.commands._worker import WorkerCommand
 
 COMMANDS: list[BaseCommand] = [
     RunCommand(), WorkerCommand(),
     BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
     CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(), CatalogCommand(),
-    EstimateCommand(), AstraEstimateCommand(), ImportAstraCommand(), CollectiveCommand(),
+    EstimateCommand(), ValidateCommand(), AstraEstimateCommand(), ImportAstraCommand(), CollectiveCommand(),
 ]
 
 __all__ = ["BaseCommand", "COMMANDS"]

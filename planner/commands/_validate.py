@@ -1,0 +1,81 @@
+"""``planner validate RUNS.csv``: the estimate against measured runs, per run and as a ranking."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from planner.catalog import load_catalog
+from planner.commands._base import BaseCommand
+from planner.runs_csv import read_runs
+from planner.validation import Validation, validate
+
+
+def _pct(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.1%}" if signed else f"{value:.1%}"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def report_lines(v: Validation) -> list[str]:
+    """The human-readable report: one line per run, then the figures and the groups."""
+    width = max([len(r.run.name) for r in v.results] + [4])
+    width = min(width, 60)
+    lines = [f"{'run':<{width}}  {'step s':>9} {'measured':>9} {'error':>7}"
+             f"  {'mem GB':>7} {'measured':>8} {'error':>7}"]
+    for r in v.results:
+        lines.append(
+            f"{r.run.name[:width]:<{width}}  {r.predicted_step_time_s:9.4g}"
+            f" {_num(r.run.step_time_s, '9.4g'):>9} {_pct(r.step_time_error, True):>7}"
+            f"  {r.predicted_peak_memory_gb:7.1f} {_num(r.run.peak_memory_gb, '8.1f'):>8}"
+            f" {_pct(r.memory_error, True):>7}")
+    s = v.summary()
+    lines.append("")
+    lines.append(f"step time: {s['step_time_runs']} runs, MAPE {_pct(s['step_time_mape'])},"
+                 f" median error {_pct(s['step_time_median_ape'])}")
+    lines.append(f"peak memory: {s['memory_runs']} runs, MAPE {_pct(s['memory_mape'])},"
+                 f" median error {_pct(s['memory_median_ape'])}")
+    if v.groups:
+        lines.append(f"plan choice: {len(v.groups)} groups of runs of one model on one system"
+                     f" (same global batch and sequence); regret mean {_pct(s['regret_mean'])},"
+                     f" median {_pct(s['regret_median'])}; the fastest picked in"
+                     f" {s['picked_fastest']} of {len(v.groups)}; Kendall tau mean"
+                     f" {_num(s['kendall_tau_mean'], '.2f')}")
+        for g in v.groups:
+            model, system, batch, seq = g.key
+            lines.append(f"  {model} on {system}, batch {batch}, seq {seq}: {len(g.runs)} runs,"
+                         f" regret {_pct(g.regret)}, tau {g.kendall_tau:.2f}; picked"
+                         f" {g.picked.run.name!r}, fastest {g.fastest.run.name!r}")
+    else:
+        lines.append("plan choice: no group of two or more timed runs of one model on one system")
+    if v.skipped:
+        lines.append(f"left out: {len(v.skipped)} rows the planner cannot express")
+        for sk in v.skipped:
+            lines.append(f"  line {sk.line} ({sk.name}): {sk.reason}")
+    return lines
+
+
+class ValidateCommand(BaseCommand):
+    name = "validate"
+    help = "Estimate measured runs (a CSV) and report the error and the plan-choice regret."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("runs", type=Path, metavar="RUNS.csv",
+                            help="measured runs: model, system, global_batch, seq_len, dp, tp,"
+                            " pp, micro_batch, step_time_s and/or peak_memory_gb (see the"
+                            " README for the optional columns)")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def run(self, args: argparse.Namespace) -> int:
+        runs, skipped = read_runs(args.runs, load_catalog())
+        result = validate(runs, skipped)
+        if args.json:
+            print(json.dumps(result.to_dict(), indent=2))
+        else:
+            print("\n".join(report_lines(result)))
+        return 0

@@ -1,0 +1,282 @@
+"""A CSV of measured training runs, read into specs: what ``planner validate`` and ``planner
+calibrate`` take.
+
+Columns (a header row, any order; names as below, case-insensitive):
+
+- required: ``model`` and ``system`` (a catalog name or a YAML path; relative paths resolve
+  against the CSV's folder), ``global_batch``, ``seq_len``, ``dp``, ``tp``, ``pp``,
+  ``micro_batch``, and at least one of ``step_time_s`` and ``peak_memory_gb`` (decimal GB);
+- optional: ``sp`` (context parallel, 1), ``zero`` (0-3 or ``fsdp``; 0), ``recompute`` (none,
+  selective, full; none), ``sequence_parallel`` (true/false; true), ``schedule`` (1f1b, gpipe,
+  interleaved; interleaved when ``v`` > 1, else 1f1b), ``v`` (1), ``placement`` (axes innermost
+  first, e.g. ``tp-sp-dp-pp``; commas need the field quoted), ``flash_attention`` (true/false;
+  the model's and device's default), ``overlap_grad_reduce`` (true), ``grad_bytes`` (2),
+  ``name``.
+
+A row that cannot be read or estimated is kept with its reason (:class:`SkippedRun`), never an
+error: one bad row does not hide the others. A missing column or an unreadable file is a
+:class:`PlannerUsageError` naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.catalog import Catalog
+from planner.errors import PlannerUsageError
+from planner.fields import MAX_INTEGER, MAX_NUMBER
+from simcore.specs import (
+    Axis,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
+
+__all__ = ["MeasuredRun", "SkippedRun", "read_runs", "REQUIRED", "MEASURED", "OPTIONAL"]
+
+REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
+MEASURED = ("step_time_s", "peak_memory_gb")
+OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
+            "flash_attention", "overlap_grad_reduce", "grad_bytes", "name")
+MAX_ROWS = 100_000
+"""More measured runs than any team has; a larger file is refused before it is read."""
+
+_TRUE = {"true", "1", "yes", "y", "on"}
+_FALSE = {"false", "0", "no", "n", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredRun:
+    """One measured run: the plan as specs and what was measured."""
+
+    line: int
+    """The CSV line (the header is line 1)."""
+    name: str
+    model_ref: str
+    system_ref: str
+    model: ModelSpec
+    system: SystemSpec
+    training: TrainingSpec
+    strategy: Strategy
+    step_time_s: float | None
+    peak_memory_gb: float | None
+
+    @property
+    def group(self) -> tuple[str, str, int, int]:
+        """Runs of one model on one system at one batch and sequence length: the plans a study
+        of that question would choose between."""
+        return (self.model_ref, self.system_ref, self.training.global_batch,
+                self.training.seq_len)
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedRun:
+    line: int
+    name: str
+    reason: str
+
+
+class _RowError(ValueError):
+    """One field of one row is unusable; the message names the field and what is allowed."""
+
+
+def _integer(row: dict[str, str], key: str, default: int | None = None) -> int:
+    text = row.get(key, "")
+    if not text:
+        if default is None:
+            raise _RowError(f"{key} is empty; give a whole number")
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise _RowError(f"{key}={text!r} must be a whole number") from None
+    if not value.is_integer() or not 1 <= value <= MAX_INTEGER:
+        raise _RowError(f"{key}={text!r} must be a whole number >= 1")
+    return int(value)
+
+
+def _positive(row: dict[str, str], key: str) -> float | None:
+    text = row.get(key, "")
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise _RowError(f"{key}={text!r} must be a number") from None
+    if not 0 < value <= MAX_NUMBER:
+        raise _RowError(f"{key}={text!r} must be a number > 0")
+    return value
+
+
+def _boolean(row: dict[str, str], key: str) -> bool | None:
+    text = row.get(key, "").lower()
+    if not text:
+        return None
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise _RowError(f"{key}={row[key]!r} must be true or false")
+
+
+def _enum(row: dict[str, str], key: str, enum: type, default: object) -> object:
+    text = row.get(key, "")
+    if not text:
+        return default
+    try:
+        return enum(text.lower())
+    except ValueError:
+        allowed = ", ".join(e.value for e in enum)
+        raise _RowError(f"{key}={text!r} is not one of {allowed}") from None
+
+
+def _zero(row: dict[str, str]) -> ZeroStage:
+    text = row.get("zero", "").lower()
+    if not text:
+        return ZeroStage.NONE
+    if text in ("fsdp", "zero3", "zero-3"):
+        return ZeroStage.PARAMETERS
+    if text in ("0", "1", "2", "3"):
+        return ZeroStage(int(text))
+    raise _RowError(f"zero={row['zero']!r} must be 0, 1, 2, 3 or fsdp")
+
+
+def _placement(row: dict[str, str]) -> dict[str, tuple[Axis, ...]]:
+    text = row.get("placement", "")
+    if not text:
+        return {}
+    names = [a.strip().lower() for a in text.replace("-", ",").replace(" ", ",").split(",")
+             if a.strip()]
+    try:
+        axes = tuple(Axis(a) for a in names)
+    except ValueError:
+        axes = ()
+    if sorted(axes) != sorted(Axis):
+        raise _RowError(f"placement={text!r} must name dp, tp, pp and sp once each, innermost"
+                        " first, e.g. tp-sp-dp-pp")
+    return {"placement": axes}
+
+
+def _strategy(row: dict[str, str]) -> Strategy:
+    v = _integer(row, "v", 1)
+    default_schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
+    sequence_parallel = _boolean(row, "sequence_parallel")
+    try:
+        return Strategy(
+            dp=_integer(row, "dp"), tp=_integer(row, "tp"), pp=_integer(row, "pp"),
+            sp=_integer(row, "sp", 1),
+            sequence_parallel=True if sequence_parallel is None else sequence_parallel,
+            zero=_zero(row), recompute=_enum(row, "recompute", Recompute, Recompute.NONE),
+            micro_batch=_integer(row, "micro_batch"),
+            schedule=_enum(row, "schedule", Schedule, default_schedule), v=v, **_placement(row),
+        )
+    except ValueError as e:
+        if isinstance(e, _RowError):
+            raise
+        raise _RowError(str(e)) from None
+
+
+def _training(row: dict[str, str]) -> TrainingSpec:
+    overlap = _boolean(row, "overlap_grad_reduce")
+    return TrainingSpec(
+        global_batch=_integer(row, "global_batch"), seq_len=_integer(row, "seq_len"),
+        bytes_per_param_grads=_integer(row, "grad_bytes", 2),
+        overlap_grad_reduce=True if overlap is None else overlap,
+        flash_attention=_boolean(row, "flash_attention"),
+    )
+
+
+def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:
+    if not ref:
+        raise _RowError(f"{kind} is empty; give a catalog name or a YAML path")
+    try:
+        return find(ref)
+    except PlannerUsageError as e:
+        raise _RowError(str(e)) from None
+
+
+def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise PlannerUsageError(f"{path}: no such file; give the CSV of measured runs") from None
+    except UnicodeDecodeError as e:
+        raise PlannerUsageError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8"
+                                ) from None
+    except OSError as e:
+        raise PlannerUsageError(f"{path}: cannot read the CSV: {e.strerror}") from None
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = [h.strip().lower() for h in next(reader, [])]
+        rows = []
+        for record in reader:
+            if not any(cell.strip() for cell in record):
+                continue
+            if len(rows) >= MAX_ROWS:
+                raise PlannerUsageError(f"{path}: more than {MAX_ROWS:,} runs; split the file")
+            rows.append((reader.line_num, {k: v.strip() for k, v in zip(header, record)}))
+    except csv.Error as e:
+        raise PlannerUsageError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
+    return header, rows
+
+
+def _check_header(path: Path, header: list[str]) -> None:
+    if not header:
+        raise PlannerUsageError(f"{path}: empty; the first line must name the columns"
+                                f" ({', '.join(REQUIRED)}, step_time_s and/or peak_memory_gb)")
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise PlannerUsageError(f"{path}: header: no column {missing[0]!r}; the columns"
+                                f" {', '.join(REQUIRED)} are required")
+    if not any(c in header for c in MEASURED):
+        raise PlannerUsageError(f"{path}: header: no measured column; add step_time_s (seconds"
+                                " per step) and/or peak_memory_gb (GB per device)")
+    unknown = [c for c in header if c and c not in REQUIRED + MEASURED + OPTIONAL]
+    if unknown:
+        allowed = ", ".join(REQUIRED + MEASURED + OPTIONAL)
+        raise PlannerUsageError(f"{path}: header: unknown column {unknown[0]!r}; allowed:"
+                                f" {allowed}")
+    duplicated = sorted({c for c in header if c and header.count(c) > 1})
+    if duplicated:
+        raise PlannerUsageError(f"{path}: header: column {duplicated[0]!r} appears twice")
+
+
+def _default_name(line: int, row: dict[str, str]) -> str:
+    plan = " ".join(f"{k}{row[k]}" for k in ("dp", "tp", "pp", "sp") if row.get(k))
+    extra = [f"mb{row['micro_batch']}"] if row.get("micro_batch") else []
+    extra += [row[k] for k in ("recompute",) if row.get(k)]
+    return f"line {line}: {row.get('model', '?')} on {row.get('system', '?')} {plan} {' '.join(extra)}".strip()
+
+
+def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[SkippedRun]]:
+    """The CSV's runs as specs, and the rows that could not be read with their reason."""
+    header, rows = _rows(path)
+    _check_header(path, header)
+    where = (path, "model")
+    runs: list[MeasuredRun] = []
+    skipped: list[SkippedRun] = []
+    for line, row in rows:
+        name = row.get("name") or _default_name(line, row)
+        try:
+            step = _positive(row, "step_time_s")
+            memory = _positive(row, "peak_memory_gb")
+            if step is None and memory is None:
+                raise _RowError("no measured step_time_s or peak_memory_gb")
+            model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model")
+            system = _spec(lambda r: catalog.system(r, where=(path, "system")),
+                           row.get("system", ""), "system")
+            runs.append(MeasuredRun(
+                line=line, name=name, model_ref=row["model"], system_ref=row["system"],
+                model=model, system=system, training=_training(row), strategy=_strategy(row),
+                step_time_s=step, peak_memory_gb=memory))
+        except _RowError as e:
+            skipped.append(SkippedRun(line, name, str(e)))
+    return runs, skipped

@@ -1,0 +1,187 @@
+"""The estimate against measured runs: per-run error, and how well it ranks plans.
+
+A planner is worth its ranking. Besides each run's error (predicted / measured - 1), the
+**plan-choice regret** of a group of runs of one question (one model on one system at one
+global batch and sequence length) is the measured step time of the plan the estimate ranks
+first, divided by the fastest measured step time of the group, minus one: 0 when the estimate
+picks the fastest plan, 0.27 when its pick is 27% slower than the best one measured.
+Kendall's tau of the predicted and measured order is reported beside it (1: the same order).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from planner.runs_csv import MeasuredRun, SkippedRun
+from planner.units import GB
+from simcore import estimate
+from simcore.estimate import Estimate
+from simcore.specs import SystemSpec
+
+__all__ = ["RunResult", "GroupResult", "Validation", "validate", "kendall_tau"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    run: MeasuredRun
+    predicted_step_time_s: float
+    predicted_peak_memory_gb: float
+    fits: bool
+
+    @property
+    def step_time_error(self) -> float | None:
+        """Signed: predicted / measured - 1 (negative: predicted too fast)."""
+        measured = self.run.step_time_s
+        return None if measured is None else self.predicted_step_time_s / measured - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        measured = self.run.peak_memory_gb
+        return None if measured is None else self.predicted_peak_memory_gb / measured - 1
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.run.name, "line": self.run.line,
+            "predicted_step_time_s": self.predicted_step_time_s,
+            "measured_step_time_s": self.run.step_time_s,
+            "step_time_error": self.step_time_error,
+            "predicted_peak_memory_gb": self.predicted_peak_memory_gb,
+            "measured_peak_memory_gb": self.run.peak_memory_gb,
+            "memory_error": self.memory_error,
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    key: tuple[str, str, int, int]
+    runs: tuple[RunResult, ...]
+    """The group's runs with a measured step time, in the CSV's order."""
+
+    @property
+    def picked(self) -> RunResult:
+        """The run the estimate ranks first (fastest predicted; the first in the CSV on a tie)."""
+        return min(self.runs, key=lambda r: r.predicted_step_time_s)
+
+    @property
+    def fastest(self) -> RunResult:
+        return min(self.runs, key=lambda r: r.run.step_time_s or math.inf)
+
+    @property
+    def regret(self) -> float:
+        measured = self.picked.run.step_time_s
+        best = self.fastest.run.step_time_s
+        assert measured is not None and best is not None  # groups hold timed runs only
+        return measured / best - 1
+
+    @property
+    def kendall_tau(self) -> float:
+        return kendall_tau([r.predicted_step_time_s for r in self.runs],
+                           [r.run.step_time_s or 0.0 for r in self.runs])
+
+    def to_dict(self) -> dict[str, object]:
+        model, system, batch, seq = self.key
+        return {
+            "key": {"model": model, "system": system, "global_batch": batch, "seq_len": seq},
+            "runs": len(self.runs), "picked": self.picked.run.name,
+            "fastest": self.fastest.run.name, "regret": self.regret,
+            "kendall_tau": self.kendall_tau,
+        }
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-a of two rankings: (concordant - discordant) pairs over all pairs; ties in
+    either count as neither. 1.0 for fewer than two items."""
+    n = len(a)
+    if n < 2:
+        return 1.0
+    score = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            x = (a[i] > a[j]) - (a[i] < a[j])
+            y = (b[i] > b[j]) - (b[i] < b[j])
+            score += x * y
+    return score / (n * (n - 1) / 2)
+
+
+def _ape(errors: Iterable[float | None]) -> list[float]:
+    return [abs(e) for e in errors if e is not None]
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass(frozen=True)
+class Validation:
+    results: tuple[RunResult, ...]
+    skipped: tuple[SkippedRun, ...]
+    groups: tuple[GroupResult, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        by_key: dict[tuple[str, str, int, int], list[RunResult]] = {}
+        for r in self.results:
+            if r.run.step_time_s is not None:
+                by_key.setdefault(r.run.group, []).append(r)
+        groups = tuple(GroupResult(k, tuple(v)) for k, v in by_key.items() if len(v) >= 2)
+        object.__setattr__(self, "groups", groups)
+
+    @property
+    def step_time_apes(self) -> list[float]:
+        return _ape(r.step_time_error for r in self.results)
+
+    @property
+    def memory_apes(self) -> list[float]:
+        return _ape(r.memory_error for r in self.results)
+
+    @property
+    def regrets(self) -> list[float]:
+        return [g.regret for g in self.groups]
+
+    def summary(self) -> dict[str, float | int | None]:
+        return {
+            "step_time_runs": len(self.step_time_apes),
+            "step_time_mape": _mean(self.step_time_apes),
+            "step_time_median_ape": _median(self.step_time_apes),
+            "memory_runs": len(self.memory_apes),
+            "memory_mape": _mean(self.memory_apes),
+            "memory_median_ape": _median(self.memory_apes),
+            "groups_count": len(self.groups),
+            "regret_mean": _mean(self.regrets),
+            "regret_median": _median(self.regrets),
+            "picked_fastest": sum(1 for g in self.groups if g.picked is g.fastest),
+            "kendall_tau_mean": _mean([g.kendall_tau for g in self.groups]),
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "rows": [r.to_dict() for r in self.results],
+            **self.summary(),
+            "groups": [g.to_dict() for g in self.groups],
+            "skipped": [{"line": s.line, "name": s.name, "reason": s.reason}
+                        for s in self.skipped],
+        }
+
+
+def validate(runs: Iterable[MeasuredRun], skipped: Iterable[SkippedRun] = (), *,
+             system_for: Callable[[MeasuredRun], SystemSpec] | None = None) -> Validation:
+    """Estimate every run (on ``system_for(run)`` when given: a calibrated device swapped in)
+    and compare; a run the simulator refuses joins the skipped ones with its reason."""
+    results: list[RunResult] = []
+    left_out = list(skipped)
+    for run in runs:
+        system = system_for(run) if system_for is not None else run.system
+        try:
+            est: Estimate = estimate(run.model, system, run.training, run.strategy)
+        except ValueError as e:
+            left_out.append(SkippedRun(run.line, run.name, str(e)))
+            continue
+        results.append(RunResult(run, est.step_time, est.memory.total / GB, est.fits))
+    return Validation(tuple(results), tuple(sorted(left_out, key=lambda s: s.line)))

@@ -1,0 +1,125 @@
+"""`planner validate`: measured runs in, per-run error, MAPE and the plan-choice regret out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import load_catalog
+from planner.cli import main
+from planner.runs_csv import MeasuredRun, read_runs
+from planner.validation import RunResult, Validation, kendall_tau
+from simcore.specs import Strategy, TrainingSpec
+
+HEADER = "name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch"
+
+
+def _run(name: str, measured: float, group: str = "m") -> MeasuredRun:
+    catalog = load_catalog()
+    return MeasuredRun(line=2, name=name, model_ref=group, system_ref="s",
+                       model=catalog.model("gpt-1.7b"), system=catalog.system("dgx-a100-8"),
+                       training=TrainingSpec(global_batch=8, seq_len=2048),
+                       strategy=Strategy(dp=8), step_time_s=measured, peak_memory_gb=None)
+
+
+def _result(name: str, predicted: float, measured: float, group: str = "m") -> RunResult:
+    return RunResult(_run(name, measured, group), predicted, 10.0, True)
+
+
+def test_regret_and_errors_by_hand() -> None:
+    # Measured 1.0, 1.2, 1.5 s; predicted 1.1, 0.9, 2.0 s. The estimate ranks b first (0.9 s),
+    # measured 1.2 s against the fastest 1.0 s: regret 1.2 / 1.0 - 1 = 0.2.
+    v = Validation((_result("a", 1.1, 1.0), _result("b", 0.9, 1.2), _result("c", 2.0, 1.5)), ())
+    (group,) = v.groups
+    assert group.picked.run.name == "b" and group.fastest.run.name == "a"
+    assert group.regret == pytest.approx(0.2)
+    # Pairs (a,b) discordant, (a,c) and (b,c) concordant: tau = (2 - 1) / 3.
+    assert group.kendall_tau == pytest.approx(1 / 3)
+    # Errors +10%, -25%, +33.3%: MAPE (0.1 + 0.25 + 1/3) / 3, median 0.25.
+    s = v.summary()
+    assert s["step_time_mape"] == pytest.approx((0.1 + 0.25 + 1 / 3) / 3)
+    assert s["step_time_median_ape"] == pytest.approx(0.25)
+    assert s["regret_mean"] == pytest.approx(0.2) and s["picked_fastest"] == 0
+
+
+def test_a_group_needs_two_timed_runs_of_one_question() -> None:
+    v = Validation((_result("a", 1.0, 1.0, "x"), _result("b", 1.0, 1.0, "y")), ())
+    assert v.groups == () and v.summary()["regret_mean"] is None
+
+
+def test_kendall_tau_extremes() -> None:
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    assert kendall_tau([1], [5]) == 1.0
+
+
+def _write(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_rows_read_into_specs_with_the_optional_columns(tmp_path: Path) -> None:
+    path = _write(tmp_path, HEADER + ",zero,recompute,sequence_parallel,v,placement,"
+                  "flash_attention,grad_bytes,step_time_s,peak_memory_gb",
+                  "r1,gpt-1.7b,dgx-a100-8,16,2048,2,2,2,1,fsdp,full,false,2,dp-tp-pp-sp,true,4,"
+                  "1.5,40")
+    (run,), skipped = read_runs(path, load_catalog())
+    assert skipped == []
+    s = run.strategy
+    assert (s.dp, s.tp, s.pp, s.micro_batch, s.v) == (2, 2, 2, 1, 2)
+    assert s.zero == 3 and s.recompute.value == "full" and not s.sequence_parallel
+    assert s.schedule.value == "interleaved"  # v > 1 without a schedule column
+    assert [a.value for a in s.placement] == ["dp", "tp", "pp", "sp"]
+    assert run.training.flash_attention is True and run.training.bytes_per_param_grads == 4
+    assert (run.step_time_s, run.peak_memory_gb) == (1.5, 40.0)
+
+
+def test_model_yaml_path_relative_to_the_csv(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(
+        "tiny: {family: gpt, layers: 4, hidden: 256, ffn_hidden: 1024, heads: 4, vocab: 1000,"
+        " seq_len: 128}\n")
+    path = _write(tmp_path, HEADER + ",step_time_s", "t,tiny.yaml,dgx-a100-8,8,128,8,1,1,1,0.1")
+    (run,), _ = read_runs(path, load_catalog())
+    assert run.model.name == "tiny" and run.model.layers == 4
+
+
+def test_rows_it_cannot_express_are_reported_not_fatal(tmp_path: Path, capsys) -> None:
+    path = _write(
+        tmp_path, HEADER + ",step_time_s",
+        "ok,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
+        "typo,gpt-1.7c,dgx-a100-8,16,2048,8,1,1,1,1.0",
+        "devices,gpt-1.7b,dgx-a100-8,16,2048,4,1,1,1,1.0",  # 4 GPUs on an 8-GPU system
+        "layers,gpt-3.6b,dgx-a100-8,16,2048,1,1,8,1,1.0",  # 30 layers on 8 stages
+        "empty,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,",
+        "text,gpt-1.7b,dgx-a100-8,16,2048,eight,1,1,1,1.0",
+    )
+    assert main(["validate", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    reasons = {s["name"]: s["reason"] for s in data["skipped"]}
+    assert [r["name"] for r in data["rows"]] == ["ok"]
+    assert "unknown model 'gpt-1.7c'" in reasons["typo"]
+    assert "device count" in reasons["devices"]
+    assert "must divide layers=30" in reasons["layers"]
+    assert "no measured" in reasons["empty"]
+    assert "dp='eight' must be a whole number" in reasons["text"]
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    ("model,system,global_batch,seq_len,dp,tp,pp,step_time_s", "no column 'micro_batch'"),
+    (HEADER, "no measured column"),
+    (HEADER + ",step_time_s,colour", "unknown column 'colour'"),
+    (HEADER + ",step_time_s,step_time_s", "appears twice"),
+])
+def test_bad_header_is_one_line_exit_2(tmp_path: Path, capsys, header: str, message: str) -> None:
+    path = _write(tmp_path, header)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_missing_file_is_exit_2(tmp_path: Path, capsys) -> None:
+    assert main(["validate", str(tmp_path / "none.csv")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -84,7 +84,8 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
 
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
 _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "source",
-                    "notes", "calibration"}
+                    "notes", "calibration", "kernel_launch_us", "sm_count",
+                    "attention_efficiency", "flash_attention"}
 
 
 def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
@@ -94,8 +95,17 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         value = e.get(key, default)
         return number(path, f"{name}.{key}", value, minimum=0, strict=strict)
 
+    flash = e.get("flash_attention", False)
+    if not isinstance(flash, bool):
+        raise fail(path, f"{name}.flash_attention", f"must be true or false, but got {flash!r}")
+    attention = e.get("attention_efficiency")
+    sm_count = e.get("sm_count", 0)
     return _spec(path, name, lambda: DeviceSpec(
         name=name,
+        kernel_launch_s=num("kernel_launch_us", 0.0, strict=False) * 1e-6,
+        sm_count=integer(path, f"{name}.sm_count", sm_count, minimum=0),
+        attention_efficiency=None if attention is None else num("attention_efficiency"),
+        flash_attention=flash,
         peak_flops_per_s=num("peak_tflops") * 1e12,
         hbm_bytes=num("hbm_gb") * GB,
         hbm_bandwidth_bytes_per_s=num("hbm_bandwidth_gbps") * GB,
@@ -107,7 +117,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
 
 _DIM_FIELDS = {"topology", "npus", "latency_us"}
 _DIM_OPTIONAL = {"bandwidth_gbps", "bandwidth_astra_gbps", "algorithm", "algorithms", "width",
-                 "source"}
+                 "source", "call_latency_us"}
 
 
 def _algorithms(path: Path, where: str, e: dict) -> dict[Collective, AlgorithmChoice]:
@@ -159,6 +169,8 @@ def _dim(path: Path, where: str, entry: Any) -> NetworkDim:
                          strict=False) * 1e-6,
         algorithms=_algorithms(path, where, e),
         width=width,
+        call_latency_s=number(path, f"{where}.call_latency_us", e.get("call_latency_us", 0),
+                              minimum=0, strict=False) * 1e-6,
     ))
 
 
@@ -228,18 +240,26 @@ class Catalog:
         return self._find("system", self.systems, ref, where)
 
     def _find(self, kind: str, table: dict, ref: str, where: tuple[Path, str] | None) -> Any:
-        """A catalog name or a YAML path. ``where`` (a file and field naming ``ref``) resolves
-        relative paths against that file's folder and names it in the error."""
+        """A catalog name, a YAML path (a file of one entry) or ``FILE.yaml#NAME`` (one entry of
+        a file of several). ``where`` (a file and field naming ``ref``) resolves relative paths
+        against that file's folder and names it in the error."""
         if ref in table:
             return table[ref]
-        path = Path(ref)
+        file, _, entry = ref.partition("#")
+        path = Path(file)
         if path.suffix in (".yaml", ".yml"):
             if where is not None and not path.is_absolute():
                 path = where[0].parent / path
             found = _read_kind(kind, path, self.devices)
+            if entry:
+                if entry not in found:
+                    raise PlannerUsageError(f"{path}: no {kind} {entry!r}; it holds"
+                                            f" {', '.join(found) or 'none'}")
+                return found[entry]
             if len(found) != 1:
-                raise PlannerUsageError(f"{path}: holds {len(found)} {kind}s; name one of"
-                                        f" {', '.join(found)} or keep one per file")
+                raise PlannerUsageError(f"{path}: holds {len(found)} {kind}s; name one as"
+                                        f" {file}#NAME ({', '.join(found)}) or keep one per"
+                                        " file")
             return next(iter(found.values()))
         known = ", ".join(sorted(table))
         if where is not None:

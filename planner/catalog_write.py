@@ -9,14 +9,52 @@ back to the same float, so a written file is short and exact.
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from planner.errors import PlannerUsageError
 from planner.units import GB, GIB
 from simcore.network import Collective, CollectiveScheduling, NetworkDim
 from simcore.specs import DeviceSpec, ModelSpec, SystemSpec
 
-__all__ = ["model_entry", "device_entry", "system_entry", "short_float"]
+__all__ = ["model_entry", "device_entry", "system_entry", "short_float", "check_entry_name",
+           "write_entry"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_entry_name(name: str) -> str:
+    """A name for a new catalog entry (``--name``), or a one-line error."""
+    if not _NAME.match(name) or name.endswith((".yaml", ".yml")):
+        raise PlannerUsageError(f"--name: {name!r} is not a catalog name; use letters, digits,"
+                                " '.', '_' and '-', starting with a letter or digit")
+    return name
+
+
+def write_entry(target: Path, text: str) -> None:
+    """``text`` into ``target`` through a temporary file in the same folder and os.replace, so
+    a failure leaves nothing half-written."""
+    tmp: str | None = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise PlannerUsageError(f"{target.parent}: cannot write the user catalog: {reason}; set"
+                                " PLANNER_CATALOG to a writable folder") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def short_float(value: float, back: Callable[[float], float], target: float) -> float | int:
@@ -47,7 +85,7 @@ def model_entry(model: ModelSpec) -> dict[str, Any]:
 
 
 def device_entry(device: DeviceSpec) -> dict[str, Any]:
-    return {
+    entry: dict[str, Any] = {
         "peak_tflops": _scaled(device.peak_flops_per_s, 1e12),
         "hbm_gb": _scaled(device.hbm_bytes, GB),
         "hbm_bandwidth_gbps": _scaled(device.hbm_bandwidth_bytes_per_s, GB),
@@ -55,6 +93,16 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         "memory_efficiency": device.memory_efficiency,
         "memory_overhead_gb": _scaled(device.memory_overhead_bytes, GB),
     }
+    # The fixed-cost constants only where set, so entries without them read as before.
+    if device.kernel_launch_s:
+        entry["kernel_launch_us"] = _scaled(device.kernel_launch_s, 1e-6)
+    if device.sm_count:
+        entry["sm_count"] = device.sm_count
+    if device.attention_efficiency is not None:
+        entry["attention_efficiency"] = device.attention_efficiency
+    if device.flash_attention:
+        entry["flash_attention"] = True
+    return entry
 
 
 def _bandwidth(bytes_per_s: float) -> dict[str, float | int]:
@@ -72,6 +120,8 @@ def _dim_entry(dim: NetworkDim) -> dict[str, Any]:
         entry["width"] = dim.width
     entry.update(_bandwidth(dim.bandwidth_bytes_per_s))
     entry["latency_us"] = _scaled(dim.latency_s, 1e-6)
+    if dim.call_latency_s:
+        entry["call_latency_us"] = _scaled(dim.call_latency_s, 1e-6)
     common = dim.algorithms[Collective.ALL_REDUCE]
     entry["algorithm"] = str(common)
     others = {c.value: str(a) for c, a in dim.algorithms.items() if a != common}

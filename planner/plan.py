@@ -151,9 +151,13 @@ def specs_from_dict(path: Path, data: dict[str, Any]
                      {f.name for f in fields(TrainingSpec)})
     if not isinstance(t.get("overlap_grad_reduce", True), bool):
         raise fail(path, "training.overlap_grad_reduce", "must be true or false")
+    flash = t.get("flash_attention")
+    if flash is not None and not isinstance(flash, bool):
+        raise fail(path, "training.flash_attention", "must be true, false or null (the default)")
     ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
-            if k != "overlap_grad_reduce"}
-    training = TrainingSpec(**ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True))
+            if k not in ("overlap_grad_reduce", "flash_attention")}
+    training = TrainingSpec(**ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True),
+                            flash_attention=flash)
     return model, system, training, convention
 
 

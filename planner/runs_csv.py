@@ -11,7 +11,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   interleaved; interleaved when ``v`` > 1, else 1f1b), ``v`` (1), ``placement`` (axes innermost
   first, e.g. ``tp-sp-dp-pp``; commas need the field quoted), ``flash_attention`` (true/false;
   the model's and device's default), ``overlap_grad_reduce`` (true), ``grad_bytes`` (2),
-  ``name``.
+  ``name``; ``source`` and ``notes`` are kept for people and not read.
+
+``model`` may name one entry of a YAML file of several as ``FILE.yaml#NAME``.
 
 A row that cannot be read or estimated is kept with its reason (:class:`SkippedRun`), never an
 error: one bad row does not hide the others. A missing column or an unreadable file is a
@@ -45,7 +47,8 @@ __all__ = ["MeasuredRun", "SkippedRun", "read_runs", "REQUIRED", "MEASURED", "OP
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
 MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
-            "flash_attention", "overlap_grad_reduce", "grad_bytes", "name")
+            "flash_attention", "overlap_grad_reduce", "grad_bytes", "name", "source", "notes")
+"""``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""
 

@@ -148,8 +148,16 @@ class NetworkDim:
     """The algorithm each collective uses on this dimension."""
     width: int | None = None
     """Mesh2D/Torus2D only: NPUs along X; height is npus // width. None for other topologies."""
+    call_latency_s: float = 0.0
+    """Fixed cost of one collective or send/receive call on this dimension in a training step
+    (a communication library's launch and protocol start, NCCL's base latency), on top of the
+    per-hop latency. ASTRA-sim has no such term: 0 keeps its timing; the collective timing
+    itself (:func:`simcore.collectives.collective_time`) never adds it."""
 
     def __post_init__(self) -> None:
+        if not (self.call_latency_s >= 0 and math.isfinite(self.call_latency_s)):
+            raise ValueError(
+                f"`call_latency >= 0` must hold, but got call_latency={self.call_latency_s} s")
         if self.npus < 1:
             raise ValueError(f"`npus >= 1` must hold, but got npus={self.npus}")
         if not (self.bandwidth_bytes_per_s > 0 and math.isfinite(self.bandwidth_bytes_per_s)):

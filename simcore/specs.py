@@ -185,10 +185,31 @@ class DeviceSpec:
     """Achievable fraction of HBM bandwidth on element-wise kernels."""
     memory_overhead_bytes: float = 0.0
     """Allowance for the CUDA context, communication library and allocator on this device."""
+    kernel_launch_s: float = 0.0
+    """Floor of every kernel: its launch and the framework's dispatch on the host. A kernel whose
+    work takes less leaves the device waiting for the next one. 0 disables the floor."""
+    sm_count: int = 0
+    """Streaming multiprocessors (compute units) for wave quantisation: a GEMM whose output
+    tiles leave the last wave partly empty pays for the whole wave. 0 disables it."""
+    attention_efficiency: float | None = None
+    """Achievable fraction of peak of the fused (flash) attention kernels; None uses
+    matmul_efficiency."""
+    flash_attention: bool = False
+    """Plans on this device use flash attention unless the training says otherwise."""
 
     def __post_init__(self) -> None:
         for name in ("peak_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s"):
             _positive(name, getattr(self, name))
+        if not (self.kernel_launch_s >= 0 and math.isfinite(self.kernel_launch_s)):
+            raise ValueError(
+                f"`kernel_launch_s >= 0` must hold, but got kernel_launch_s={self.kernel_launch_s!r}"
+            )
+        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) \
+                or self.sm_count < 0:
+            raise ValueError(f"`sm_count >= 0` must hold (a whole number), but got"
+                             f" sm_count={self.sm_count!r}")
+        if self.attention_efficiency is not None:
+            _fraction("attention_efficiency", self.attention_efficiency)
         if not (self.memory_overhead_bytes >= 0 and math.isfinite(self.memory_overhead_bytes)):
             raise ValueError(
                 "`memory_overhead_bytes >= 0` must hold, but got"

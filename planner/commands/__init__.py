@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from planner.commands._astra_estimate import AstraEstimateCommand
 from planner.commands._base import BaseCommand
+from planner.commands._calibrate import CalibrateCommand
 from planner.commands._catalog import CatalogCommand
 from planner.commands._collective import CollectiveCommand
 from planner.commands._compare import CompareCommand
@@ -22,7 +23,7 @@ COMMANDS: list[BaseCommand] = [
     RunCommand(), WorkerCommand(),
     BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
     CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(), CatalogCommand(),
-    EstimateCommand(), ValidateCommand(), AstraEstimateCommand(), ImportAstraCommand(), CollectiveCommand(),
+    EstimateCommand(), ValidateCommand(), CalibrateCommand(), AstraEstimateCommand(), ImportAstraCommand(), CollectiveCommand(),
 ]
 
 __all__ = ["BaseCommand", "COMMANDS"]

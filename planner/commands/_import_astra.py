@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +22,7 @@ import yaml
 
 from planner.astra_io import WRITTEN_SWITCHES, AstraSystem, load_astra_system
 from planner.catalog import load_catalog, system_from_entry, user_catalog_dir
-from planner.catalog_write import system_entry
+from planner.catalog_write import check_entry_name, system_entry, write_entry
 from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
 from planner.fields import load
@@ -36,14 +33,6 @@ __all__ = ["ImportAstraCommand", "astra_system_spec", "import_astra"]
 
 DEFAULT_HBM_GB = 80.0
 """The lab gives no HBM capacity; 80 GB is the limit of its question (design.md)."""
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def _check_name(name: str) -> str:
-    if not _NAME.match(name) or name.endswith((".yaml", ".yml")):
-        raise PlannerUsageError(f"--name: {name!r} is not a catalog name; use letters, digits,"
-                                " '.', '_' and '-', starting with a letter or digit")
-    return name
 
 
 def astra_system_spec(astra: AstraSystem, system_json: Path, name: str,
@@ -94,27 +83,6 @@ def _read_back(path: Path, name: str, text: str, expected: SystemSpec) -> None:
         raise RuntimeError(f"{path}: the written entry does not read back to the same system")
 
 
-def _write_atomically(target: Path, text: str) -> None:
-    """``text`` into ``target`` through a temporary file in the same folder and os.replace."""
-    tmp: str | None = None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        tmp = None
-    except OSError as e:
-        reason = e.strerror or str(e)
-        raise PlannerUsageError(f"{target.parent}: cannot write the user catalog: {reason}; set"
-                                " PLANNER_CATALOG to a writable folder") from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-
-
 def _not_kept(system_json: Path) -> list[str]:
     """Keys of the system JSON the catalog does not keep, set otherwise than exports write them
     (:data:`WRITTEN_SWITCHES`, the lab's values), or absent where exports write one."""
@@ -131,7 +99,7 @@ def _not_kept(system_json: Path) -> list[str]:
 def import_astra(system_json: Path, network_yml: Path, name: str, *,
                  hbm_gb: float = DEFAULT_HBM_GB, force: bool = False) -> tuple[Path, SystemSpec]:
     """Write the system into the user's catalog; return the file and the system."""
-    _check_name(name)
+    check_entry_name(name)
     if not hbm_gb > 0:
         raise PlannerUsageError(f"--hbm-gb: must be > 0, but got {hbm_gb:g}")
     astra = load_astra_system(system_json, network_yml)
@@ -142,7 +110,7 @@ def import_astra(system_json: Path, network_yml: Path, name: str, *,
         raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
     text = _entry_text(system, system_json.resolve(), network_yml.resolve())
     _read_back(target, name, text, system)
-    _write_atomically(target, text)
+    write_entry(target, text)
     return target, system
 
 

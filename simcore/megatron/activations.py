@@ -14,6 +14,11 @@ inputs, the QKV and MLP inputs and the two dropout masks after the blocks (10 sb
 replicated, everything else is divided by t; with sequence parallelism everything is divided by t.
 Context parallelism (sp) divides the sequence of every tensor; the attention scores keep all
 keys: ``a (s/sp) s b``.
+
+Flash attention (Dao et al. 2022, arXiv:2205.14135, section 3.1) never materialises the scores:
+the core keeps only the softmax's log-sum-exp per query and head (fp32, ``4 a s b`` bytes) and
+regenerates its dropout mask from the random state, so the ``5 a s / h`` term becomes ``2 a / h``
+and selective recompute has nothing left to drop.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ def layer_activations(
     sp: int,
     sequence_parallel: bool,
     recompute: Recompute,
+    flash: bool = False,
 ) -> LayerActivations:
     h, f, a = model.hidden, model.ffn_hidden, model.heads
     sbh = seq_len / sp * micro_batch * h  # elements of one (s/sp, b, h) tensor
@@ -61,7 +67,10 @@ def layer_activations(
     # Split over tp: Q (2sbh), K and V (2sbh * kv each), the projection input (2sbh) and the MLP.
     mlp_hidden = (6 if model.activation is Activation.SWIGLU else 4) * sbf
     split = 2 * sbh + 4 * kv * sbh + 2 * sbh + mlp_hidden
-    core = 2 * scores + mask * scores + (2 * scores if shape.dropout else 0.0)
+    if flash:
+        core = 4 * a * (seq_len / sp) * micro_batch  # fp32 log-sum-exp per query and head
+    else:
+        core = 2 * scores + mask * scores + (2 * scores if shape.dropout else 0.0)
     if sequence_parallel and tp > 1:
         full = (replicated + split + core) / tp
     else:

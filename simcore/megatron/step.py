@@ -4,11 +4,9 @@ Each transformer layer is computed once per plan; stages differ only in how many
 hold, the embedding (first stage), the LM head and loss (last stage) and how many micro-batches
 are in flight.
 
-Time of a layer: its matmuls at the device's achievable FLOP/s (peak * matmul_efficiency,
-compute-bound) plus its element-wise kernels at the achievable HBM bandwidth (bandwidth *
-memory_efficiency, bandwidth-bound). Element-wise traffic is taken as each stored activation
-written once and read once in forward (:data:`ELEMENTWISE_PASSES`), twice that in backward
-(:data:`BACKWARD_ELEMENTWISE`).
+Time of a layer: the sum of its kernels (:mod:`simcore.megatron.kernels`), each with its floor:
+the host's launch, wave quantisation of the GEMMs over the SMs, and the roofline of FLOPs at
+the achievable FLOP/s against bytes at the achievable HBM bandwidth.
 
 Communication:
 - tp: per layer and micro-batch, 2 all-reduces forward and 2 backward of the layer's (b, s, h)
@@ -33,6 +31,7 @@ from dataclasses import dataclass, replace
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
 from simcore.megatron.activations import LayerActivations, layer_activations
 from simcore.megatron.checks import check_plan, micro_batches
+from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
 from simcore.megatron.layers import LayerShape, layer_shape
 from simcore.megatron.pipeline import in_flight, pipeline_time
 from simcore.megatron.placement import AxisNetworks, axis_networks
@@ -40,6 +39,7 @@ from simcore.megatron.states import model_state_bytes
 from simcore.network import Collective
 from simcore.specs import (
     Axis,
+    Family,
     ModelSpec,
     Recompute,
     Strategy,
@@ -48,17 +48,11 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["estimate_megatron", "layer_time", "stage_phases", "OpTime", "StagePhases",
-           "ELEMENTWISE_PASSES", "DDP_BUCKET_PARAMS"]
-
-ELEMENTWISE_PASSES = 2
-"""Forward element-wise traffic per stored activation byte: written once, read once."""
+__all__ = ["estimate_megatron", "layer_time", "stage_phases", "uses_flash_attention", "OpTime",
+           "StagePhases", "DDP_BUCKET_PARAMS"]
 
 DDP_BUCKET_PARAMS = 40_000_000
 """Megatron-LM's default gradient bucket (``ddp_bucket_size``: max(40M, 1M * dp) parameters)."""
-
-BACKWARD_ELEMENTWISE = 2
-"""Backward element-wise traffic relative to forward (fused backward kernels)."""
 
 OPTIMIZER_STATE_PASSES = 2
 """Adam reads and writes its fp32 states once per step."""
@@ -100,8 +94,10 @@ class _Plan:
         self.tokens = strategy.micro_batch * self.seq / strategy.sp
         """Tokens of one micro-batch on one device (the sequence split by sp)."""
         device = system.device
-        self.flop_rate = device.peak_flops_per_s * device.matmul_efficiency
-        self.byte_rate = device.hbm_bandwidth_bytes_per_s * device.memory_efficiency
+        self.costs = KernelCosts.of(device)
+        self.flop_rate = self.costs.flop_rate
+        self.byte_rate = self.costs.byte_rate
+        self.flash = uses_flash_attention(model, system, training)
         self.dp_group = strategy.dp * strategy.sp
         """Ranks that hold the same weights and share the gradient reduction."""
         degrees = {Axis.DP: strategy.dp, Axis.TP: strategy.tp, Axis.PP: strategy.pp,
@@ -110,11 +106,23 @@ class _Plan:
         self.act: LayerActivations = layer_activations(
             model, self.shape, micro_batch=strategy.micro_batch, seq_len=self.seq,
             tp=strategy.tp, sp=strategy.sp, sequence_parallel=strategy.sequence_parallel,
-            recompute=strategy.recompute,
+            recompute=strategy.recompute, flash=self.flash,
+        )
+        self.kernels: LayerKernels = layer_kernels(
+            model, self.shape, self.costs, micro_batch=strategy.micro_batch,
+            queries=self.seq / strategy.sp, seq_len=self.seq, tp=strategy.tp,
+            sequence_parallel=strategy.sequence_parallel, flash=self.flash,
+            act_bytes=training.bytes_per_activation,
         )
 
-    def kernel(self, flops: float, bytes_moved: float) -> float:
-        return flops / self.flop_rate + bytes_moved / self.byte_rate
+
+def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:
+    """The training's choice; by default on for the llama family (trained with it since Llama 1)
+    and on devices whose entry says so (H100-era parts), off for GPT on older parts, whose
+    reference runs (Megatron-LM 2021-22, BLOOM) used the unfused softmax."""
+    if training.flash_attention is not None:
+        return training.flash_attention
+    return model.family is Family.LLAMA or system.device.flash_attention
 
 
 def _tp_layer_comm(p: _Plan) -> float:
@@ -134,23 +142,19 @@ def _tp_layer_comm(p: _Plan) -> float:
 def _layer(p: _Plan) -> _Layer:
     model, s, shape = p.model, p.s, p.shape
     h, t = model.hidden, s.tp
-    attention_flops = 4 * p.tokens * p.seq * h / t  # QK^T and x V against all keys
-    fwd_flops = 2 * p.tokens * shape.matmul_params / t + attention_flops
-    elementwise = ELEMENTWISE_PASSES * p.act.full
-    fwd = p.kernel(fwd_flops, elementwise)
-    bwd = p.kernel(2 * fwd_flops, BACKWARD_ELEMENTWISE * elementwise)
+    kernels = p.kernels
+    fwd, bwd = kernels.forward, kernels.backward
     tp = _tp_layer_comm(p)
     # Backward hides its tp communication behind the weight-gradient GEMMs (Megatron-LM's
     # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5).
-    wgrad = p.kernel(2 * p.tokens * shape.matmul_params / t, 0.0)
-    tp_bwd = max(0.0, tp - wgrad)
+    tp_bwd = max(0.0, tp - kernels.wgrad)
 
     sp_fwd = sp_bwd = 0.0
     if s.sp > 1:
         kv_bytes = 2 * p.tokens * h * shape.kv_fraction * p.training.bytes_per_activation / t
         gather = p.nets.collective(Axis.SP, Collective.ALL_GATHER, kv_bytes)
         scatter = p.nets.collective(Axis.SP, Collective.REDUCE_SCATTER, kv_bytes * s.sp)
-        core = p.kernel(attention_flops, 0.0)
+        core = p.kernels.core_forward
         sp_fwd = max(0.0, gather - core)
         sp_bwd = max(0.0, gather + scatter - 2 * core)
 
@@ -158,7 +162,7 @@ def _layer(p: _Plan) -> _Layer:
         recompute = fwd
         tp_recompute = tp
     elif s.recompute is Recompute.SELECTIVE:
-        recompute = p.kernel(attention_flops, ELEMENTWISE_PASSES * p.act.attention_core)
+        recompute = kernels.core_forward
         tp_recompute = 0.0
     else:
         recompute = tp_recompute = 0.0
@@ -195,6 +199,34 @@ def _group_collective(p: _Plan, collective: Collective, size: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class _Ends:
+    """The kernels outside the transformer layers, for one micro-batch (seconds)."""
+
+    embedding_fwd: float
+    embedding_bwd: float
+    head_fwd: float
+    """LM head GEMM and the loss on fp32 logits."""
+    head_bwd: float
+
+
+def _ends(p: _Plan) -> _Ends:
+    c, model, t = p.costs, p.model, p.s.tp
+    h = model.hidden
+    full = p.tokens * h * p.training.bytes_per_activation
+    # Gather the token rows (+ GPT's learned positions and dropout); backward accumulates the
+    # rows' gradients into the table.
+    n = 2 if p.shape.dropout else 1
+    embedding_fwd = n * c.elementwise(2 * full)
+    embedding_bwd = n * c.elementwise(3 * full)
+    logits = 4 * p.tokens * model.vocab / t  # fp32 logits for the loss
+    head = (c.gemm(p.tokens, model.vocab / t, h), c.gemm(p.tokens, h, model.vocab / t),
+            c.gemm(h, model.vocab / t, p.tokens))
+    head_fwd = head[0] + 2 * c.elementwise(logits / 2)
+    head_bwd = head[1] + head[2] + c.elementwise(2 * logits)
+    return _Ends(embedding_fwd, embedding_bwd, head_fwd, head_bwd)
+
+
+@dataclass(frozen=True, slots=True)
 class _Stage:
     index: int
     layers: int
@@ -213,7 +245,7 @@ class _Stage:
         return self.compute + self.tp + self.sp + self.pp + self.fsdp
 
 
-def _stage(p: _Plan, layer: _Layer, i: int) -> _Stage:
+def _stage(p: _Plan, layer: _Layer, ends: _Ends, i: int) -> _Stage:
     s, model, shape = p.s, p.model, p.shape
     h, t = model.hidden, s.tp
     n = model.layers // s.pp
@@ -224,6 +256,7 @@ def _stage(p: _Plan, layer: _Layer, i: int) -> _Stage:
     activation = p.tokens * h * p.training.bytes_per_activation
     if first:
         params += shape.embedding_params / t
+        compute += ends.embedding_fwd + ends.embedding_bwd
         # Vocab-parallel embedding: its output all-reduced (reduce-scattered with SP).
         if t > 1:
             kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
@@ -231,9 +264,7 @@ def _stage(p: _Plan, layer: _Layer, i: int) -> _Stage:
     if last:
         tied_here = model.tied_embeddings and s.pp == 1
         params += (2 * h if tied_here else shape.head_params) / t
-        head_flops = 2 * p.tokens * h * model.vocab / t
-        logits_bytes = 4 * p.tokens * model.vocab / t  # fp32 logits for the loss
-        compute += p.kernel(3 * head_flops, 3 * logits_bytes)
+        compute += ends.head_fwd + ends.head_bwd
         if t > 1 and s.sequence_parallel:
             tp += (p.nets.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
                    + p.nets.collective(Axis.TP, Collective.REDUCE_SCATTER, activation))
@@ -242,6 +273,8 @@ def _stage(p: _Plan, layer: _Layer, i: int) -> _Stage:
         message = activation / t  # scatter/gather: each tp rank sends its 1/t
         pp = 2 * s.v * p.nets.p2p(Axis.PP, message)
     bwd = n * (layer.bwd_compute + layer.recompute + layer.tp_bwd)
+    if first:
+        bwd += ends.embedding_bwd
     return _Stage(i, n, params, compute, tp, n * (layer.sp_fwd + layer.sp_bwd), pp,
                   n * (layer.fsdp_fwd + layer.fsdp_bwd), bwd)
 
@@ -343,7 +376,8 @@ def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSp
     check_plan(model, system, training, strategy)
     p = _Plan(model, system, training, strategy)
     layer = _layer(p)
-    stages = [_stage(p, layer, i) for i in range(strategy.pp)]
+    ends = _ends(p)
+    stages = [_stage(p, layer, ends, i) for i in range(strategy.pp)]
     pipe, slowest = pipeline_time([st.time for st in stages], p.m, strategy.v)
     critical = stages[slowest]
     dp_parts = [_dp_time(p, st) for st in stages]
@@ -432,7 +466,8 @@ class StagePhases:
         return sum(op.total for op in self.forward) + sum(op.total for op in self.backward)
 
 
-def _chunk_ops(p: _Plan, layer: _Layer, i: int) -> tuple[list[OpTime], list[OpTime]]:
+def _chunk_ops(p: _Plan, layer: _Layer, ends: _Ends,
+               i: int) -> tuple[list[OpTime], list[OpTime]]:
     """Forward and backward of each model chunk of stage ``i``: the terms of :func:`_stage`,
     split by direction (embedding on the first chunk of the first stage, LM head on the last
     chunk of the last stage)."""
@@ -446,23 +481,22 @@ def _chunk_ops(p: _Plan, layer: _Layer, i: int) -> tuple[list[OpTime], list[OpTi
     bwd = [OpTime(compute=k * layer.bwd_compute, recompute=k * layer.recompute,
                   tp=k * layer.tp_bwd, sp=k * layer.sp_bwd, fsdp=k * layer.fsdp_bwd, p2p=p2p)
            for _ in range(v)]
-    if i == 0 and t > 1:
-        kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
-        embedding = p.nets.collective(Axis.TP, kind, activation)
-        fwd[0] = replace(fwd[0], tp=fwd[0].tp + embedding)
+    if i == 0:
+        embedding = 0.0
+        if t > 1:
+            kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
+            embedding = p.nets.collective(Axis.TP, kind, activation)
+        fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,
+                         tp=fwd[0].tp + embedding)
+        bwd[0] = replace(bwd[0], compute=bwd[0].compute + ends.embedding_bwd)
     if i == s.pp - 1:
-        head_flops = 2 * p.tokens * h * model.vocab / t
-        logits_bytes = 4 * p.tokens * model.vocab / t
         gather = scatter = 0.0
         if t > 1 and s.sequence_parallel:
             gather = p.nets.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
             scatter = p.nets.collective(Axis.TP, Collective.REDUCE_SCATTER, activation)
         last_f, last_b = fwd[-1], bwd[-1]
-        fwd[-1] = replace(last_f, compute=last_f.compute + p.kernel(head_flops, logits_bytes),
-                          tp=last_f.tp + gather)
-        bwd[-1] = replace(last_b,
-                          compute=last_b.compute + p.kernel(2 * head_flops, 2 * logits_bytes),
-                          tp=last_b.tp + scatter)
+        fwd[-1] = replace(last_f, compute=last_f.compute + ends.head_fwd, tp=last_f.tp + gather)
+        bwd[-1] = replace(last_b, compute=last_b.compute + ends.head_bwd, tp=last_b.tp + scatter)
     return fwd, bwd
 
 
@@ -478,10 +512,11 @@ def stage_phases(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     check_plan(model, system, training, strategy)
     p = _Plan(model, system, training, strategy)
     layer = _layer(p)
+    ends = _ends(p)
     out = []
     for i in range(strategy.pp):
-        stage = _stage(p, layer, i)
-        fwd, bwd = _chunk_ops(p, layer, i)
+        stage = _stage(p, layer, ends, i)
+        fwd, bwd = _chunk_ops(p, layer, ends, i)
         link, exposed = _dp_time(p, stage)
         out.append(StagePhases(i, tuple(fwd), tuple(bwd), link, exposed,
                                _optimizer_time(p, stage)))

@@ -1,0 +1,152 @@
+"""``planner calibrate RUNS.csv --device NAME --name NEW``: a device calibrated to a team's own
+measured runs, written into the user's catalog (or ``--out``) for systems to name."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.calibration import CONSTANTS, DEFAULT_TRIALS, Fit, calibrate
+from planner.catalog import device_from_entry, load_catalog, user_catalog_dir
+from planner.catalog_write import check_entry_name, device_entry, write_entry
+from planner.commands._base import BaseCommand
+from planner.errors import PlannerUsageError
+from planner.fields import load
+from planner.runs_csv import read_runs
+from planner.validation import Validation
+
+
+def _figures(v: Validation) -> dict[str, Any]:
+    s = v.summary()
+    keep = ("step_time_runs", "step_time_mape", "step_time_median_ape", "memory_runs",
+            "memory_mape", "memory_median_ape", "groups_count", "regret_mean", "regret_median")
+    return {k: s[k] for k in keep}
+
+
+def _entry_text(fit: Fit, runs_csv: Path, base: str) -> str:
+    entry: dict[str, Any] = device_entry(fit.device)
+    today = datetime.date.today().isoformat()
+    entry["source"] = (f"{base} calibrated by `planner calibrate` on {today} to"
+                       f" {len(fit.runs)} measured runs in {runs_csv}")
+    entry["calibration"] = {
+        "base_device": base, "runs_csv": str(runs_csv), "runs": len(fit.runs),
+        "fitted": [c.key for c in fit.constants],
+        "before": _figures(fit.before), "after": _figures(fit.after),
+    }
+    header = (f"# {fit.device.name}: {base} with its constants fitted to measured runs;"
+              " see `calibration`.\n")
+    return header + yaml.safe_dump({fit.device.name: entry}, sort_keys=False, width=100)
+
+
+def _check_clash(name: str, target: Path, out_given: bool) -> None:
+    catalog = load_catalog()
+    if name in catalog.devices and not out_given:
+        where = catalog.sources[("device", name)]
+        if where.resolve() != target.resolve():
+            raise PlannerUsageError(f"--name: {name}: a device of that name is in {where};"
+                                    " choose another name")
+    if target.exists() and target.parent == user_catalog_dir() / "devices":
+        data = load(target, "catalog YAML")
+        if not (isinstance(data, dict) and set(data) == {name}):
+            raise PlannerUsageError(f"{target}: holds other entries; choose another name")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+class CalibrateCommand(BaseCommand):
+    name = "calibrate"
+    help = ("Fit a device's calibration constants to measured runs (a CSV, as `validate` takes)"
+            " and write the calibrated device into your catalog.")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("runs", type=Path, metavar="RUNS.csv",
+                            help="measured runs, the format of `planner validate`")
+        parser.add_argument("--device", required=True,
+                            help="the catalog device the runs ran on (rows on other devices are"
+                            " left out)")
+        parser.add_argument("--name", required=True, help="the calibrated device's name")
+        parser.add_argument("--out", type=Path, metavar="FILE",
+                            help="write the device entry here instead of your catalog"
+                            " (<catalog>/devices/NAME.yaml)")
+        parser.add_argument("--force", action="store_true",
+                            help="replace a device of the same name in your catalog")
+        parser.add_argument("--fit", metavar="KEYS",
+                            help="comma-separated constants to fit (default: every one the runs"
+                            f" measure): {', '.join(c.key for c in CONSTANTS)}")
+        parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
+                            help=f"fit trials (default {DEFAULT_TRIALS})")
+        parser.add_argument("--seed", type=int, default=0, help="the fit's seed (default 0)")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def run(self, args: argparse.Namespace) -> int:
+        check_entry_name(args.name)
+        if not 1 <= args.trials <= 100_000:
+            raise PlannerUsageError(f"--trials must be between 1 and 100000, got {args.trials}")
+        catalog = load_catalog()
+        if args.device not in catalog.devices:
+            known = ", ".join(sorted(catalog.devices))
+            raise PlannerUsageError(f"--device: unknown device {args.device!r}; use one of"
+                                    f" {known}")
+        target = args.out or user_catalog_dir() / "devices" / f"{args.name}.yaml"
+        _check_clash(args.name, target, args.out is not None)
+        if target.exists() and not args.force:
+            raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
+        runs, _ = read_runs(args.runs, catalog)
+        mine = [r for r in runs if r.system.device.name == args.device]
+        if not mine:
+            found = sorted({r.system.device.name for r in runs}) or ["none"]
+            raise PlannerUsageError(f"{args.runs}: no run is on device {args.device!r} (the"
+                                    f" runs' devices: {', '.join(found)})")
+        base = catalog.devices[args.device]
+        show = sys.stderr.isatty() and not args.json
+        progress = (lambda i, n: print(f"\rfitting: trial {i}/{n}", end="", file=sys.stderr)
+                    ) if show else None
+        only = None if args.fit is None else [k.strip() for k in args.fit.split(",") if k.strip()]
+        try:
+            fit = calibrate(mine, base, args.name, trials=args.trials, seed=args.seed, only=only,
+                            progress=progress)
+        except ValueError as e:
+            raise PlannerUsageError(f"--fit: {e}") from None
+        if show:
+            print(file=sys.stderr)
+        text = _entry_text(fit, args.runs.resolve(), args.device)
+        device_from_entry(target, args.name, yaml.safe_load(text)[args.name])  # reads back
+        write_entry(target, text)
+        if args.json:
+            out = {"device": args.name, "file": str(target), "runs": len(mine),
+                   "fitted": {c.key: c.value(fit.device) for c in fit.constants},
+                   "base": {c.key: c.value(base) for c in fit.constants},
+                   "before": _figures(fit.before), "after": _figures(fit.after)}
+            print(json.dumps(out, indent=2))
+        else:
+            print("\n".join(self._report(fit, base, args.device)))
+            if args.out is None:
+                print(f"wrote device {args.name} to {target}; a system YAML naming"
+                      f" `device: {args.name}` uses it")
+            else:
+                print(f"wrote device {args.name} to {target}; put it in"
+                      f" {user_catalog_dir() / 'devices'} for a system to name it")
+        return 0
+
+    @staticmethod
+    def _report(fit: Fit, base_device: Any, base: str) -> list[str]:
+        b, a = fit.before.summary(), fit.after.summary()
+        out = [f"fitted {len(fit.constants)} constants of {base} to {len(fit.runs)} runs:"]
+        for c in fit.constants:
+            out.append(f"  {c.key:<22} {c.value(base_device):9.4g} -> {c.value(fit.device):9.4g}")
+        out.append(f"  {'':<26} {'before':>8} {'after':>8}")
+        for label, key in (("step time MAPE", "step_time_mape"),
+                           ("step time median error", "step_time_median_ape"),
+                           ("memory MAPE", "memory_mape"),
+                           ("memory median error", "memory_median_ape"),
+                           ("plan-choice regret mean", "regret_mean")):
+            out.append(f"  {label:<26} {_pct(b[key]):>8} {_pct(a[key]):>8}")  # type: ignore
+        return out

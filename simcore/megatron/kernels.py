@@ -1,0 +1,184 @@
+"""The kernels of one transformer layer, and what each costs on a device.
+
+A training step is a sequence of kernels, each with a floor (Calculon's processor model, and
+what a profile of Megatron-LM shows): the host must launch it, a GEMM runs in waves of output
+tiles over the streaming multiprocessors, and a small or skinny GEMM is bound by the bytes it
+moves rather than its FLOPs. Summing the layer's kernels one by one lets those floors add up as
+they do on hardware: a micro-batch of one sequence at tp 8 runs as many kernels as one of eight
+sequences at tp 1, each a fraction as long.
+
+Kernel time (seconds)::
+
+    gemm        max(launch, 2 m n k b / (peak * matmul_efficiency * waves(m, n, b)),
+                    bytes / (hbm * memory_efficiency))
+    elementwise max(launch, bytes / (hbm * memory_efficiency))
+    attention   max(launch, flops / (peak * attention_efficiency))       (flash, one kernel)
+
+``waves`` is the fraction of the SMs a GEMM's output tiles keep busy over its waves (NVIDIA,
+"Matrix Multiplication Background User's Guide", wave quantisation): ``t / (ceil(t / SMs) SMs)``
+for ``t`` tiles of :data:`TILE` x :data:`TILE`. With every floor at 0 (a device entry without the
+constants, as ASTRA-sim's files are) the layer costs its FLOPs and bytes at the achievable rates.
+
+The inventory (per layer, per micro-batch, on one tp rank) follows Megatron-LM's GPT layer with
+its fused kernels (``megatron/legacy/model/transformer.py``, ``fused_bias_gelu``,
+``fused_bias_dropout_add``, ``FusedScaleMaskSoftmax``) and Megatron-Core's Llama layer
+(RMSNorm, fused QKV, RoPE, flash attention, SwiGLU): per GEMM one forward and two backward
+kernels (input and weight gradients), per element-wise kernel one forward and
+:data:`BACKWARD_KERNELS` backward ones (the gradient and, where the op has weights or a bias,
+its reduction).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simcore.megatron.layers import LayerShape
+from simcore.specs import Activation, DeviceSpec, Family, ModelSpec
+
+__all__ = ["KernelCosts", "LayerKernels", "layer_kernels", "TILE", "BACKWARD_KERNELS",
+           "FLASH_BACKWARD_FLOPS", "CAUSAL_FRACTION"]
+
+TILE = 128
+"""Output tile edge of a GEMM thread block (cuBLAS / CUTLASS's common 128 x 128 tile)."""
+
+BACKWARD_KERNELS = 2
+"""Backward kernels per forward element-wise kernel (its gradient, and a reduction for norm
+weights, biases or the residual branch)."""
+
+FLASH_BACKWARD_FLOPS = 2.5
+"""FlashAttention's backward does 2.5x the forward's matmul FLOPs: five matmuls against two, as
+it recomputes the scores (Dao 2023, arXiv:2307.08691, section 4)."""
+
+CAUSAL_FRACTION = 0.5
+"""A causal flash-attention kernel skips the blocks above the diagonal: about half the s^2 work
+(the unfused path computes the whole square and masks it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCosts:
+    """What one kernel costs on a device."""
+
+    flop_rate: float
+    byte_rate: float
+    attention_rate: float
+    launch: float
+    sm_count: int
+
+    @classmethod
+    def of(cls, device: DeviceSpec) -> KernelCosts:
+        flop_rate = device.peak_flops_per_s * device.matmul_efficiency
+        attention = device.attention_efficiency
+        return cls(
+            flop_rate=flop_rate,
+            byte_rate=device.hbm_bandwidth_bytes_per_s * device.memory_efficiency,
+            attention_rate=(flop_rate if attention is None
+                            else device.peak_flops_per_s * attention),
+            launch=device.kernel_launch_s,
+            sm_count=device.sm_count,
+        )
+
+    def waves(self, m: float, n: float, batch: float = 1) -> float:
+        """Fraction of the SMs busy over the GEMM's waves (1 without an SM count)."""
+        if not self.sm_count:
+            return 1.0
+        tiles = math.ceil(m / TILE) * math.ceil(n / TILE) * batch
+        return tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
+
+    def gemm(self, m: float, n: float, k: float, batch: float = 1, *,
+             element_bytes: int = 2) -> float:
+        """An (m x k) @ (k x n) GEMM, ``batch`` times in one kernel."""
+        flops = 2 * m * n * k * batch
+        moved = element_bytes * batch * (m * k + k * n + m * n)
+        work = max(flops / (self.flop_rate * self.waves(m, n, batch)), moved / self.byte_rate)
+        return max(self.launch, work)
+
+    def elementwise(self, bytes_moved: float) -> float:
+        return max(self.launch, bytes_moved / self.byte_rate)
+
+    def attention(self, flops: float) -> float:
+        return max(self.launch, flops / self.attention_rate)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKernels:
+    """Seconds of one layer's kernels for one micro-batch on one device, and their count."""
+
+    forward: float
+    backward: float
+    core_forward: float
+    """The attention core's forward kernels (what selective recompute runs again)."""
+    wgrad: float
+    """The weight-gradient GEMMs of the backward (what hides tp communication)."""
+    kernels_forward: int
+    kernels_backward: int
+
+
+def _gemm_pair(costs: KernelCosts, m: float, n: float, k: float,
+               batch: float = 1) -> tuple[float, float, float]:
+    """(forward, input gradient, weight gradient) of a GEMM ``y = x @ w`` with x (m x k)."""
+    return (costs.gemm(m, n, k, batch), costs.gemm(m, k, n, batch), costs.gemm(k, n, m, batch))
+
+
+def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, micro_batch: int,
+                  queries: float, seq_len: int, tp: int, sequence_parallel: bool, flash: bool,
+                  act_bytes: int) -> LayerKernels:
+    """The layer's kernels for one micro-batch of ``micro_batch`` sequences, each with
+    ``queries`` tokens on this rank (the sequence split by context parallelism) attending over
+    ``seq_len`` keys, on one of ``tp`` ranks."""
+    h, f, t = model.hidden, model.ffn_hidden, tp
+    tokens = micro_batch * queries
+    heads = model.heads / t
+    d = model.head_dim
+    kv = shape.kv_fraction * h
+    a = act_bytes
+    rope = model.family is Family.LLAMA
+    # Tensors outside the tp region (norms, residual adds, dropout) are split by sequence
+    # parallelism; without it every tp rank holds the whole (tokens, h) tensor.
+    outer = tokens * h * a / (t if sequence_parallel and t > 1 else 1)
+    full = tokens * h * a
+    mlp_width = (2 if model.activation is Activation.SWIGLU else 1) * f / t
+
+    gemms = [
+        _gemm_pair(costs, tokens, (h + 2 * kv) / t, h),          # QKV
+        _gemm_pair(costs, tokens, h, h / t),                     # output projection
+        _gemm_pair(costs, tokens, mlp_width, h),                 # FC1 (gate and up for SwiGLU)
+        _gemm_pair(costs, tokens, h, f / t),                     # FC2
+    ]
+    # Norm (read, write), residual add (2 reads, write), and the norm after it; GPT's dropout
+    # adds its 1-byte mask.
+    norm = 2 * outer
+    residual = 3 * outer + (outer / a if shape.dropout else 0.0)
+    activation_fn = tokens * f / t * a * (3 if model.activation is Activation.SWIGLU else 2)
+    elementwise = [norm, residual, norm, residual, activation_fn]
+    if rope:
+        elementwise.append(2 * tokens * (h + kv) / t * a)  # RoPE on Q and K
+
+    core_fwd: list[float] = []
+    core_bwd: list[float] = []
+    batch = micro_batch * heads  # attention problems: sequences x local heads
+    if flash:
+        flops = 4 * tokens * seq_len * h / t * CAUSAL_FRACTION
+        core_fwd.append(costs.attention(flops))
+        core_bwd.append(costs.attention(FLASH_BACKWARD_FLOPS * flops))
+    else:
+        scores = batch * queries * seq_len * a
+        qk = _gemm_pair(costs, queries, seq_len, d, batch)    # Q K^T
+        pv = _gemm_pair(costs, queries, d, seq_len, batch)    # P V
+        softmax = costs.elementwise(2 * scores)
+        dropout = costs.elementwise(2 * scores + scores / a) if shape.dropout else 0.0
+        layout = costs.elementwise(2 * full / t)              # context back to (s, b, h)
+        core_fwd = [qk[0], softmax, dropout, pv[0], layout]
+        core_bwd = [qk[1], qk[2], costs.elementwise(3 * scores), dropout, pv[1], pv[2], layout]
+    ew_fwd = [costs.elementwise(x) for x in elementwise]
+    ew_bwd = [BACKWARD_KERNELS * costs.elementwise(x) for x in elementwise]
+    forward = sum(g[0] for g in gemms) + sum(ew_fwd) + sum(core_fwd)
+    wgrad = sum(g[2] for g in gemms)
+    backward = sum(g[1] for g in gemms) + wgrad + sum(ew_bwd) + sum(core_bwd)
+    n_core_fwd = sum(1 for x in core_fwd if x)
+    return LayerKernels(
+        forward=forward, backward=backward, core_forward=sum(core_fwd), wgrad=wgrad,
+        kernels_forward=len(gemms) + len(elementwise) + n_core_fwd,
+        kernels_backward=(2 * len(gemms) + BACKWARD_KERNELS * len(elementwise)
+                          + sum(1 for x in core_bwd if x)),
+    )

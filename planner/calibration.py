@@ -2,10 +2,11 @@
 
 The constants are the device entry's own (:data:`CONSTANTS`): the achievable fractions of peak
 FLOP/s on large GEMMs and of HBM bandwidth on element-wise kernels, the flash-attention
-kernels' fraction of peak, the per-kernel launch floor, and the framework's memory allowance.
+kernels' fraction of peak, the per-kernel launch floor, the host's cost of issuing a collective,
+and the framework's memory allowance.
 Nothing per run: every run is estimated with the same device.
 
-The fit is an Optuna study (TPE, seeded, so a fit is reproducible) over the constants the runs
+The fit is an Optuna study (CMA-ES, seeded, so a fit is reproducible) over the constants the runs
 can tell apart - the time constants need timed runs, the attention efficiency runs with flash
 attention, the memory allowance runs with a measured peak - minimising the mean absolute log
 error of step time plus that of memory, with a mild pull towards the device's current values
@@ -52,7 +53,8 @@ class Constant:
     low: float
     high: float
     needs: str
-    """Which runs tell it apart: ``time``, ``flash`` (timed with flash attention) or ``memory``."""
+    """Which runs tell it apart: ``time``, ``flash`` (timed with flash attention), ``comm`` (timed
+    on more than one device) or ``memory``."""
 
     def value(self, device: DeviceSpec) -> float:
         raw = getattr(device, self.field)
@@ -67,7 +69,8 @@ class Constant:
 CONSTANTS = (
     Constant("matmul_efficiency", "matmul_efficiency", 1.0, 0.3, 1.0, "time"),
     Constant("memory_efficiency", "memory_efficiency", 1.0, 0.3, 1.0, "time"),
-    Constant("kernel_launch_us", "kernel_launch_s", 1e-6, 0.0, 40.0, "time"),
+    Constant("kernel_launch_us", "kernel_launch_s", 1e-6, 0.0, 100.0, "time"),
+    Constant("collective_launch_us", "collective_launch_s", 1e-6, 0.0, 200.0, "comm"),
     Constant("attention_efficiency", "attention_efficiency", 1.0, 0.2, 1.0, "flash"),
     Constant("memory_overhead_gb", "memory_overhead_bytes", GB, 0.0, 20.0, "memory"),
 )
@@ -88,7 +91,8 @@ def _identifiable(runs: Sequence[MeasuredRun]) -> tuple[Constant, ...]:
     timed = [r for r in runs if r.step_time_s is not None]
     flash = [r for r in timed if uses_flash_attention(r.model, r.system, r.training)]
     memory = [r for r in runs if r.peak_memory_gb is not None]
-    have = {"time": bool(timed), "flash": bool(flash), "memory": bool(memory)}
+    comm = [r for r in timed if r.strategy.devices > 1]
+    have = {"time": bool(timed), "flash": bool(flash), "memory": bool(memory), "comm": bool(comm)}
     return tuple(c for c in CONSTANTS if have[c.needs])
 
 
@@ -141,7 +145,9 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
         prior = sum(((values[c.key] - start[c.key]) / (c.high - c.low)) ** 2 for c in constants)
         return _loss(runs, build(values)) + PRIOR_WEIGHT * prior
 
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=30)
+    # CMA-ES (Optuna's CmaEsSampler): the standard for a few continuous constants; it refines
+    # where TPE only samples. The device's current values are the first trial.
+    sampler = optuna.samplers.CmaEsSampler(seed=seed)
     callbacks = []
     if progress is not None:
         callbacks.append(lambda s, t: progress(t.number + 1, trials))
@@ -155,6 +161,6 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
         optuna.logging.set_verbosity(level)
     # Three significant digits: what the entry says is exactly what was evaluated.
     fitted = build({k: float(f"{v:.3g}") for k, v in study.best_params.items()})
-    before = validate(runs)
+    before = validate(runs, system_for=lambda r: replace(r.system, device=device))
     after = validate(runs, system_for=lambda r: replace(r.system, device=fitted))
     return Fit(fitted, constants, tuple(runs), before, after)

@@ -84,7 +84,7 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
 
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
 _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "source",
-                    "notes", "calibration", "kernel_launch_us", "sm_count",
+                    "notes", "calibration", "kernel_launch_us", "collective_launch_us", "sm_count",
                     "attention_efficiency", "flash_attention"}
 
 
@@ -103,6 +103,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
     return _spec(path, name, lambda: DeviceSpec(
         name=name,
         kernel_launch_s=num("kernel_launch_us", 0.0, strict=False) * 1e-6,
+        collective_launch_s=num("collective_launch_us", 0.0, strict=False) * 1e-6,
         sm_count=integer(path, f"{name}.sm_count", sm_count, minimum=0),
         attention_efficiency=None if attention is None else num("attention_efficiency"),
         flash_attention=flash,
@@ -238,6 +239,9 @@ class Catalog:
 
     def system(self, ref: str, *, where: tuple[Path, str] | None = None) -> SystemSpec:
         return self._find("system", self.systems, ref, where)
+
+    def device(self, ref: str, *, where: tuple[Path, str] | None = None) -> DeviceSpec:
+        return self._find("device", self.devices, ref, where)
 
     def _find(self, kind: str, table: dict, ref: str, where: tuple[Path, str] | None) -> Any:
         """A catalog name, a YAML path (a file of one entry) or ``FILE.yaml#NAME`` (one entry of

@@ -96,6 +96,8 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
     # The fixed-cost constants only where set, so entries without them read as before.
     if device.kernel_launch_s:
         entry["kernel_launch_us"] = _scaled(device.kernel_launch_s, 1e-6)
+    if device.collective_launch_s:
+        entry["collective_launch_us"] = _scaled(device.collective_launch_s, 1e-6)
     if device.sm_count:
         entry["sm_count"] = device.sm_count
     if device.attention_efficiency is not None:

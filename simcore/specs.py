@@ -191,6 +191,10 @@ class DeviceSpec:
     sm_count: int = 0
     """Streaming multiprocessors (compute units) for wave quantisation: a GEMM whose output
     tiles leave the last wave partly empty pays for the whole wave. 0 disables it."""
+    collective_launch_s: float = 0.0
+    """Host-side cost of issuing one collective or send/receive from the training framework
+    (torch.distributed and the communication library's launch), on top of the network's own
+    per-call latency. 0 disables it."""
     attention_efficiency: float | None = None
     """Achievable fraction of peak of the fused (flash) attention kernels; None uses
     matmul_efficiency."""
@@ -204,6 +208,9 @@ class DeviceSpec:
             raise ValueError(
                 f"`kernel_launch_s >= 0` must hold, but got kernel_launch_s={self.kernel_launch_s!r}"
             )
+        if not (self.collective_launch_s >= 0 and math.isfinite(self.collective_launch_s)):
+            raise ValueError("`collective_launch_s >= 0` must hold, but got"
+                             f" collective_launch_s={self.collective_launch_s!r}")
         if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) \
                 or self.sm_count < 0:
             raise ValueError(f"`sm_count >= 0` must hold (a whole number), but got"

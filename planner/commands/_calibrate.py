@@ -70,8 +70,9 @@ class CalibrateCommand(BaseCommand):
         parser.add_argument("runs", type=Path, metavar="RUNS.csv",
                             help="measured runs, the format of `planner validate`")
         parser.add_argument("--device", required=True,
-                            help="the catalog device the runs ran on (rows on other devices are"
-                            " left out)")
+                            help="the device the runs ran on: a catalog name, or FILE.yaml#NAME"
+                            " for a starting point of your own (rows on other devices are left"
+                            " out)")
         parser.add_argument("--name", required=True, help="the calibrated device's name")
         parser.add_argument("--out", type=Path, metavar="FILE",
                             help="write the device entry here instead of your catalog"
@@ -91,21 +92,17 @@ class CalibrateCommand(BaseCommand):
         if not 1 <= args.trials <= 100_000:
             raise PlannerUsageError(f"--trials must be between 1 and 100000, got {args.trials}")
         catalog = load_catalog()
-        if args.device not in catalog.devices:
-            known = ", ".join(sorted(catalog.devices))
-            raise PlannerUsageError(f"--device: unknown device {args.device!r}; use one of"
-                                    f" {known}")
+        base = catalog.device(args.device)
         target = args.out or user_catalog_dir() / "devices" / f"{args.name}.yaml"
         _check_clash(args.name, target, args.out is not None)
         if target.exists() and not args.force:
             raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
         runs, _ = read_runs(args.runs, catalog)
-        mine = [r for r in runs if r.system.device.name == args.device]
+        mine = [r for r in runs if r.system.device.name == base.name]
         if not mine:
             found = sorted({r.system.device.name for r in runs}) or ["none"]
-            raise PlannerUsageError(f"{args.runs}: no run is on device {args.device!r} (the"
+            raise PlannerUsageError(f"{args.runs}: no run is on device {base.name!r} (the"
                                     f" runs' devices: {', '.join(found)})")
-        base = catalog.devices[args.device]
         show = sys.stderr.isatty() and not args.json
         progress = (lambda i, n: print(f"\rfitting: trial {i}/{n}", end="", file=sys.stderr)
                     ) if show else None
@@ -117,7 +114,7 @@ class CalibrateCommand(BaseCommand):
             raise PlannerUsageError(f"--fit: {e}") from None
         if show:
             print(file=sys.stderr)
-        text = _entry_text(fit, args.runs.resolve(), args.device)
+        text = _entry_text(fit, args.runs.resolve(), base.name)
         device_from_entry(target, args.name, yaml.safe_load(text)[args.name])  # reads back
         write_entry(target, text)
         if args.json:
@@ -127,7 +124,7 @@ class CalibrateCommand(BaseCommand):
                    "before": _figures(fit.before), "after": _figures(fit.after)}
             print(json.dumps(out, indent=2))
         else:
-            print("\n".join(self._report(fit, base, args.device)))
+            print("\n".join(self._report(fit, base, base.name)))
             if args.out is None:
                 print(f"wrote device {args.name} to {target}; a system YAML naming"
                       f" `device: {args.name}` uses it")

@@ -82,6 +82,21 @@ class _Layer:
                 + self.fsdp_fwd + self.fsdp_bwd)
 
 
+class _Comm:
+    """The axes' collectives and sends, each with the device's host-side launch cost."""
+
+    def __init__(self, nets: AxisNetworks, launch: float) -> None:
+        self.nets, self.launch = nets, launch
+
+    def collective(self, axis: Axis, collective: Collective, size_bytes: float) -> float:
+        t = self.nets.collective(axis, collective, size_bytes)
+        return t + self.launch if t else 0.0
+
+    def p2p(self, axis: Axis, size_bytes: float) -> float:
+        t = self.nets.p2p(axis, size_bytes)
+        return t + self.launch if t else 0.0
+
+
 class _Plan:
     """The quantities every part of the estimate shares."""
 
@@ -102,7 +117,8 @@ class _Plan:
         """Ranks that hold the same weights and share the gradient reduction."""
         degrees = {Axis.DP: strategy.dp, Axis.TP: strategy.tp, Axis.PP: strategy.pp,
                    Axis.SP: strategy.sp}
-        self.nets: AxisNetworks = axis_networks(system.network, degrees, strategy.placement)
+        self.comm = _Comm(axis_networks(system.network, degrees, strategy.placement),
+                          device.collective_launch_s)
         self.act: LayerActivations = layer_activations(
             model, self.shape, micro_batch=strategy.micro_batch, seq_len=self.seq,
             tp=strategy.tp, sp=strategy.sp, sequence_parallel=strategy.sequence_parallel,
@@ -132,10 +148,10 @@ def _tp_layer_comm(p: _Plan) -> float:
         return 0.0
     full = p.tokens * p.model.hidden * p.training.bytes_per_activation
     if s.sequence_parallel:
-        pair = (p.nets.collective(Axis.TP, Collective.ALL_GATHER, full / s.tp)
-                + p.nets.collective(Axis.TP, Collective.REDUCE_SCATTER, full))
+        pair = (p.comm.collective(Axis.TP, Collective.ALL_GATHER, full / s.tp)
+                + p.comm.collective(Axis.TP, Collective.REDUCE_SCATTER, full))
     else:
-        pair = p.nets.collective(Axis.TP, Collective.ALL_REDUCE, full)
+        pair = p.comm.collective(Axis.TP, Collective.ALL_REDUCE, full)
     return 2 * pair
 
 
@@ -152,8 +168,8 @@ def _layer(p: _Plan) -> _Layer:
     sp_fwd = sp_bwd = 0.0
     if s.sp > 1:
         kv_bytes = 2 * p.tokens * h * shape.kv_fraction * p.training.bytes_per_activation / t
-        gather = p.nets.collective(Axis.SP, Collective.ALL_GATHER, kv_bytes)
-        scatter = p.nets.collective(Axis.SP, Collective.REDUCE_SCATTER, kv_bytes * s.sp)
+        gather = p.comm.collective(Axis.SP, Collective.ALL_GATHER, kv_bytes)
+        scatter = p.comm.collective(Axis.SP, Collective.REDUCE_SCATTER, kv_bytes * s.sp)
         core = p.kernels.core_forward
         sp_fwd = max(0.0, gather - core)
         sp_bwd = max(0.0, gather + scatter - 2 * core)
@@ -183,19 +199,19 @@ def _layer(p: _Plan) -> _Layer:
 def _group_collective(p: _Plan, collective: Collective, size: float) -> float:
     """A collective over the data-parallel group (dp, and sp which shares the weights)."""
     if p.s.sp == 1:
-        return p.nets.collective(Axis.DP, collective, size)
+        return p.comm.collective(Axis.DP, collective, size)
     if p.s.dp == 1:
-        return p.nets.collective(Axis.SP, collective, size)
+        return p.comm.collective(Axis.SP, collective, size)
     # dp x sp: the two axes in turn, as a hierarchical collective over both would run.
     if collective is Collective.ALL_GATHER:
-        return (p.nets.collective(Axis.SP, collective, size)
-                + p.nets.collective(Axis.DP, collective, size * p.s.sp))
+        return (p.comm.collective(Axis.SP, collective, size)
+                + p.comm.collective(Axis.DP, collective, size * p.s.sp))
     if collective is Collective.REDUCE_SCATTER:
-        return (p.nets.collective(Axis.SP, collective, size)
-                + p.nets.collective(Axis.DP, collective, size / p.s.sp))
-    return (p.nets.collective(Axis.SP, Collective.REDUCE_SCATTER, size)
-            + p.nets.collective(Axis.DP, Collective.ALL_REDUCE, size / p.s.sp)
-            + p.nets.collective(Axis.SP, Collective.ALL_GATHER, size / p.s.sp))
+        return (p.comm.collective(Axis.SP, collective, size)
+                + p.comm.collective(Axis.DP, collective, size / p.s.sp))
+    return (p.comm.collective(Axis.SP, Collective.REDUCE_SCATTER, size)
+            + p.comm.collective(Axis.DP, Collective.ALL_REDUCE, size / p.s.sp)
+            + p.comm.collective(Axis.SP, Collective.ALL_GATHER, size / p.s.sp))
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,18 +276,18 @@ def _stage(p: _Plan, layer: _Layer, ends: _Ends, i: int) -> _Stage:
         # Vocab-parallel embedding: its output all-reduced (reduce-scattered with SP).
         if t > 1:
             kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
-            tp += p.nets.collective(Axis.TP, kind, activation)
+            tp += p.comm.collective(Axis.TP, kind, activation)
     if last:
         tied_here = model.tied_embeddings and s.pp == 1
         params += (2 * h if tied_here else shape.head_params) / t
         compute += ends.head_fwd + ends.head_bwd
         if t > 1 and s.sequence_parallel:
-            tp += (p.nets.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
-                   + p.nets.collective(Axis.TP, Collective.REDUCE_SCATTER, activation))
+            tp += (p.comm.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
+                   + p.comm.collective(Axis.TP, Collective.REDUCE_SCATTER, activation))
     pp = 0.0
     if s.pp > 1:
         message = activation / t  # scatter/gather: each tp rank sends its 1/t
-        pp = 2 * s.v * p.nets.p2p(Axis.PP, message)
+        pp = 2 * s.v * p.comm.p2p(Axis.PP, message)
     bwd = n * (layer.bwd_compute + layer.recompute + layer.tp_bwd)
     if first:
         bwd += ends.embedding_bwd
@@ -475,7 +491,7 @@ def _chunk_ops(p: _Plan, layer: _Layer, ends: _Ends,
     h, t, v = model.hidden, s.tp, s.v
     k = model.layers // s.pp // v  # layers per chunk
     activation = p.tokens * h * p.training.bytes_per_activation
-    p2p = p.nets.p2p(Axis.PP, activation / t) if s.pp > 1 else 0.0
+    p2p = p.comm.p2p(Axis.PP, activation / t) if s.pp > 1 else 0.0
     fwd = [OpTime(compute=k * layer.fwd_compute, tp=k * layer.tp_fwd, sp=k * layer.sp_fwd,
                   fsdp=k * layer.fsdp_fwd, p2p=p2p) for _ in range(v)]
     bwd = [OpTime(compute=k * layer.bwd_compute, recompute=k * layer.recompute,
@@ -485,15 +501,15 @@ def _chunk_ops(p: _Plan, layer: _Layer, ends: _Ends,
         embedding = 0.0
         if t > 1:
             kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
-            embedding = p.nets.collective(Axis.TP, kind, activation)
+            embedding = p.comm.collective(Axis.TP, kind, activation)
         fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,
                          tp=fwd[0].tp + embedding)
         bwd[0] = replace(bwd[0], compute=bwd[0].compute + ends.embedding_bwd)
     if i == s.pp - 1:
         gather = scatter = 0.0
         if t > 1 and s.sequence_parallel:
-            gather = p.nets.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
-            scatter = p.nets.collective(Axis.TP, Collective.REDUCE_SCATTER, activation)
+            gather = p.comm.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
+            scatter = p.comm.collective(Axis.TP, Collective.REDUCE_SCATTER, activation)
         last_f, last_b = fwd[-1], bwd[-1]
         fwd[-1] = replace(last_f, compute=last_f.compute + ends.head_fwd, tp=last_f.tp + gather)
         bwd[-1] = replace(last_b, compute=last_b.compute + ends.head_bwd, tp=last_b.tp + scatter)

@@ -58,14 +58,30 @@ def test_layer_forward_and_backward_korthikanti_table_4(run) -> None:
     assert backward * 1e3 == pytest.approx(float(measured[2]), rel=TABLE_4_TOLERANCE)
 
 
-def test_bloom_memory_median_within_10_percent() -> None:
+MEMORY_TOLERANCE = 0.05
+"""Issue 14: median memory error <= 5% on runs not fit on."""
+
+
+def _stage0_errors(rows) -> list[float]:
     pairs = []
-    for r in MEMORY:
+    for r in rows:
         est = estimate(r.model, r.system, r.training, r.strategy)
         # nvidia-smi of the first node, which holds the embedding: stage 0.
         pairs.append((est.stages[0].memory.total / GB, float(r.value)))
-    errors = _errors(pairs)
-    assert statistics.median(errors) <= 0.10, sorted(errors)
+    return _errors(pairs)
+
+
+def test_bloom_memory_check_rows_median_within_5_percent() -> None:
+    # The memory allowance (9 GB) was fit on the 02-17 and 02-21 tables; the 13 rows of 02-25
+    # ("Tweaking TP", "some more configs with lower PP") are the check.
+    check = [r for r in MEMORY if r.row >= 72]
+    assert len(check) == 13
+    errors = _stage0_errors(check)
+    assert statistics.median(errors) <= MEMORY_TOLERANCE, sorted(errors)
+
+
+def test_bloom_memory_all_rows_median_within_10_percent() -> None:
+    assert statistics.median(_stage0_errors(MEMORY)) <= 0.10
 
 
 @pytest.mark.parametrize("run", OOM, ids=lambda r: r.label)

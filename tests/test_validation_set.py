@@ -1,0 +1,128 @@
+"""The project's validation set (tests/data/validation, README there) through `planner validate`
+and `planner calibrate`: the devices were fit on the *-fit files, these figures are checked on
+the *-check files (never the same rows)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.calibration import calibrate
+from planner.catalog import load_catalog
+from planner.cli import main
+from planner.runs_csv import read_runs
+from planner.validation import validate
+
+DATA = Path(__file__).parent / "data" / "validation"
+
+# Issue 14's targets on runs not fit on: median step-time error <= 8% and plan-choice regret
+# <= 3% where a source measured several plans. What this set reaches (README's table) is held
+# here with a small margin, so a modelling change that loses accuracy fails.
+A100_CHECK_MEDIAN = 0.05  # measured 4.2%
+A100_CHECK_MAPE = 0.09  # measured 8.0%
+H100_CHECK_MEDIAN = 0.11  # measured 9.8% (torchtitan's 500 W parts included)
+V100_CHECK_REGRET = 0.03  # measured 2.0%
+ONE_NODE_REGRET = 0.01
+
+
+def _validate(capsys, name: str) -> dict:
+    assert main(["validate", str(DATA / name), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_every_row_is_expressed(capsys) -> None:
+    for name in ("a100-fit.csv", "a100-check.csv", "h100-fit.csv", "h100-check.csv",
+                 "v100-fit.csv", "v100-check.csv"):
+        assert _validate(capsys, name)["skipped"] == [], name
+
+
+def test_a100_check_error(capsys) -> None:
+    data = _validate(capsys, "a100-check.csv")
+    assert data["step_time_runs"] == 104
+    assert data["step_time_median_ape"] <= A100_CHECK_MEDIAN
+    assert data["step_time_mape"] <= A100_CHECK_MAPE
+
+
+def test_one_node_plans_ranked_as_measured(capsys) -> None:
+    # Lucie-7B on one node of 8 A100 (5 plans each at batch 192 and 512) and DLPerf's GPT
+    # 1536x16 on one DGX-1 (dp 8, dp 2 x tp 4, dp 4 x tp 2, tp 8): the planner's first choice
+    # is the measured fastest (the DLPerf group holds one plan measured twice: 0.2% apart).
+    groups = _validate(capsys, "a100-check.csv")["groups"]
+    groups += _validate(capsys, "v100-fit.csv")["groups"]
+    one_node = [g for g in groups if g["key"]["system"] in ("dgx-a100-8", "dgx1-v100-8")]
+    assert len(one_node) == 3
+    assert all(g["regret"] <= ONE_NODE_REGRET for g in one_node), one_node
+
+
+def test_h100_check_error(capsys) -> None:
+    data = _validate(capsys, "h100-check.csv")
+    assert data["step_time_median_ape"] <= H100_CHECK_MEDIAN
+
+
+def test_v100_check_ranking(capsys) -> None:
+    data = _validate(capsys, "v100-check.csv")
+    assert data["groups_count"] == 4
+    assert data["regret_mean"] <= V100_CHECK_REGRET
+
+
+def test_calibrating_on_a_fifth_improves_the_other_four_fifths() -> None:
+    # The issue's check of `planner calibrate`: fit the uncalibrated A100 on every fifth run of
+    # the A100 check set, then compare the other runs before and after.
+    catalog = load_catalog()
+    runs, _ = read_runs(DATA / "a100-check.csv", catalog)
+    runs = [r for r in runs if r.system.device.name == "a100-80gb"]
+    fifth = runs[::5]
+    rest = [r for i, r in enumerate(runs) if i % 5]
+    start = catalog.device(str(DATA / "uncalibrated.yaml") + "#a100-80gb")
+    fit = calibrate(fifth, start, "a100-fifth", trials=120)
+    before = validate(rest, system_for=lambda r: replace(r.system, device=start)).summary()
+    after = validate(rest, system_for=lambda r: replace(r.system, device=fit.device)).summary()
+    assert after["step_time_mape"] < before["step_time_mape"]
+    assert fit.after.summary()["step_time_mape"] <= fit.before.summary()["step_time_mape"]
+
+
+def test_calibrate_writes_a_device_a_system_can_name(tmp_path: Path, capsys,
+                                                      monkeypatch) -> None:
+    monkeypatch.setenv("PLANNER_CATALOG", str(tmp_path / "catalog"))
+    code = main(["calibrate", str(DATA / "v100-fit.csv"), "--device",
+                 str(DATA / "uncalibrated.yaml") + "#v100-16gb", "--name", "my-v100",
+                 "--trials", "80", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["after"]["step_time_mape"] < report["before"]["step_time_mape"]
+    written = tmp_path / "catalog" / "devices" / "my-v100.yaml"
+    entry = yaml.safe_load(written.read_text())["my-v100"]
+    assert entry["calibration"]["runs"] == 11
+    assert set(entry["calibration"]["fitted"]) == {"matmul_efficiency", "memory_efficiency",
+                                                   "kernel_launch_us", "collective_launch_us"}
+    system = tmp_path / "mine.yaml"
+    system.write_text("mine: {device: my-v100, network: [{topology: Switch, npus: 8,"
+                      " bandwidth_gbps: 115, latency_us: 0.58}]}\n")
+    assert main(["estimate", "--model", "gpt-1.7b", "--system", str(system), "--global-batch",
+                 "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] > 0
+    # A second run without --force refuses to replace it.
+    assert main(["calibrate", str(DATA / "v100-fit.csv"), "--device", "v100-16gb", "--name",
+                 "my-v100", "--trials", "5"]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--device", "h100-sxm", "--name", "x"], "no run is on device 'h100-sxm'"),
+    (["--device", "v100-16gb", "--name", "x", "--fit", "colour"], "unknown constant 'colour'"),
+    (["--device", "v100-16gb", "--name", "x", "--fit", "attention_efficiency"],
+     "no constant to fit"),
+    (["--device", "nope", "--name", "x"], "unknown device 'nope'"),
+    (["--device", "v100-16gb", "--name", "bad name"], "not a catalog name"),
+])
+def test_calibrate_bad_input_is_one_line(tmp_path: Path, capsys, monkeypatch, args: list[str],
+                                         message: str) -> None:
+    monkeypatch.setenv("PLANNER_CATALOG", str(tmp_path))
+    assert main(["calibrate", str(DATA / "v100-fit.csv"), "--trials", "3", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "devices").exists()

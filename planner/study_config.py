@@ -57,7 +57,7 @@ _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
              "seed", "vocab_multiple"}
 _TRAINING = {"global_batch"}
-_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce"}
+_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel"}
 _POWERS = ("powers_of_two", "powers of two")
@@ -100,6 +100,8 @@ class StudyConfig:
             "file": str(self.path), "model": self.model.name, "system": self.system.name,
             "devices": self.system.devices, "convention": self.convention.value,
             "global_batch": self.training.global_batch, "seq_len": self.training.seq_len,
+            **({"flash_attention": self.training.flash_attention}
+               if self.training.flash_attention is not None else {}),
             "hbm_gb": self.hbm_gb, "objectives": list(self.objectives), "sampler": self.sampler,
             "n_trials": self.n_trials, "seed": self.seed, "vocab": self.model.vocab,
             "space": {
@@ -246,7 +248,11 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     overlap = t.get("overlap_grad_reduce", True)
     if not isinstance(overlap, bool):
         raise fail(path, "training.overlap_grad_reduce", f"must be true or false, got {overlap!r}")
+    flash = t.get("flash_attention")
+    if flash is not None and not isinstance(flash, bool):
+        raise fail(path, "training.flash_attention", f"must be true or false, got {flash!r}")
     training = TrainingSpec(
+        flash_attention=flash,
         global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
         seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1),
         bytes_per_param_grads=integer(path, "training.grad_bytes", t.get("grad_bytes", 2),

@@ -60,6 +60,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t = parser.add_argument_group("training")
     t.add_argument("--global-batch", type=int, help="sequences per step (required)")
     t.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    t.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
+                   help="fused attention that never stores the s x s scores (default: on for"
+                   " the llama family and on devices whose entry says so, e.g. H100)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
@@ -143,7 +146,8 @@ class EstimateCommand(BaseCommand):
         try:
             training = TrainingSpec(global_batch=args.global_batch,
                                     seq_len=args.seq_len or model.seq_len,
-                                    bytes_per_param_grads=args.grad_bytes)
+                                    bytes_per_param_grads=args.grad_bytes,
+                                    flash_attention=args.flash_attention)
             est = estimate(model, system, training, strategy)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None

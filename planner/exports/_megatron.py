@@ -4,7 +4,8 @@ Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
 
 - ``megatron/training/arguments.py``: ``--seq-length``, ``--max-position-embeddings``,
   ``--group-query-attention``, ``--swiglu``, ``--untie-embeddings-and-output-weights``,
-  ``--position-embedding-type``, ``--num-layers-per-virtual-pipeline-stage`` (and
+  ``--position-embedding-type``, ``--attention-backend`` (flash, unfused, ...),
+  ``--num-layers-per-virtual-pipeline-stage`` (and
   ``--num-virtual-stages-per-pipeline-rank``; ``virtual_pipeline_model_parallel_size`` is on its
   list of fields with no command-line option), ``--use-distributed-optimizer``,
   ``--overlap-grad-reduce``, ``--data-parallel-sharding-strategy``; its checks that tensor or
@@ -28,6 +29,7 @@ Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
 from __future__ import annotations
 
 from planner.plan import Plan
+from simcore.megatron import uses_flash_attention
 from simcore.specs import Activation, Family, Recompute, Schedule, ZeroStage
 
 __all__ = ["export_megatron", "header_lines", "micro_batches"]
@@ -193,4 +195,10 @@ def _model_args(plan: Plan) -> list[str]:
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args.append("--bf16")
+    if uses_flash_attention(plan.model, plan.system, plan.training):
+        args += ["# flash attention, as estimated (the s x s scores are never stored)",
+                 "--attention-backend flash"]
+    else:
+        args += ["# unfused attention, as estimated (scale-mask-softmax, scores stored)",
+                 "--attention-backend unfused"]
     return args

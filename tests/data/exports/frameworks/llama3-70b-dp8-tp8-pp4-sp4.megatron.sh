@@ -55,6 +55,8 @@ ARGS=(
   --disable-bias-linear
   --untie-embeddings-and-output-weights
   --bf16
+  # flash attention, as estimated (the s x s scores are never stored)
+  --attention-backend flash
 )
 
 torchrun "${TORCHRUN_ARGS[@]}" pretrain_gpt.py "${ARGS[@]}" "$@"

@@ -194,6 +194,12 @@ def _model_caveats(plan: Plan) -> list[str]:
         out.append(f"device efficiencies (matmul {d.matmul_efficiency:g}, memory"
                    f" {d.memory_efficiency:g}): ASTRA-sim's roofline runs at peak-perf and"
                    " local-mem-bw.")
+    if d.kernel_launch_s or d.collective_launch_s or d.sm_count:
+        out.append("per-kernel and per-collective fixed costs (launch floor, wave quantisation,"
+                   " collective launch): ASTRA-sim's roofline and network have none.")
+    if any(dim.call_latency_s for dim in plan.system.network.dims):
+        out.append("per-call collective latency (call_latency_us): ASTRA-sim's network.yml has"
+                   " only per-hop latency; it is not written.")
     return out
 
 

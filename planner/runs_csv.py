@@ -256,7 +256,8 @@ def _default_name(line: int, row: dict[str, str]) -> str:
     plan = " ".join(f"{k}{row[k]}" for k in ("dp", "tp", "pp", "sp") if row.get(k))
     extra = [f"mb{row['micro_batch']}"] if row.get("micro_batch") else []
     extra += [row[k] for k in ("recompute",) if row.get(k)]
-    return f"line {line}: {row.get('model', '?')} on {row.get('system', '?')} {plan} {' '.join(extra)}".strip()
+    where = f"{row.get('model', '?')} on {row.get('system', '?')}"
+    return f"line {line}: {where} {plan} {' '.join(extra)}".strip()
 
 
 def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[SkippedRun]]:

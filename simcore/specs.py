@@ -206,7 +206,8 @@ class DeviceSpec:
             _positive(name, getattr(self, name))
         if not (self.kernel_launch_s >= 0 and math.isfinite(self.kernel_launch_s)):
             raise ValueError(
-                f"`kernel_launch_s >= 0` must hold, but got kernel_launch_s={self.kernel_launch_s!r}"
+                "`kernel_launch_s >= 0` must hold, but got"
+                f" kernel_launch_s={self.kernel_launch_s!r}"
             )
         if not (self.collective_launch_s >= 0 and math.isfinite(self.collective_launch_s)):
             raise ValueError("`collective_launch_s >= 0` must hold, but got"

@@ -4,7 +4,7 @@ The ``megatron`` convention's timeline is a discrete-event schedule of the plan'
 schedule. Every stage runs its forwards and backwards (one per micro-batch and model chunk) in
 the order its schedule gives (:func:`stage_order`); an op starts when its stage is free and its
 input has arrived from the neighbouring stage. An op lasts what the estimate charges for it
-(:func:`simcore.megatron.step.stage_phases`): its compute (the embedding on the first chunk,
+(:func:`simcore.megatron.phases.stage_phases`): its compute (the embedding on the first chunk,
 the LM head and loss on the last), its exposed tp / sp / fsdp communication, and its pipeline
 point-to-point exchange, which the estimate counts as stage time (Megatron-LM's blocking
 send/receive pairs) and which therefore occupies the sending stage; the neighbour may start
@@ -54,7 +54,7 @@ import numpy as np
 
 from simcore.estimate import Estimate
 from simcore.megatron.checks import micro_batches
-from simcore.megatron.step import stage_phases
+from simcore.megatron.phases import stage_phases
 from simcore.specs import Convention, ModelSpec, Schedule, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["PHASES", "StageOrder", "PipelineOps", "Timeline", "stage_order", "schedule_pipeline",

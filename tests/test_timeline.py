@@ -12,7 +12,7 @@ from planner.catalog import load_catalog
 from planner.cli import main
 from planner.plan import make_plan
 from simcore import estimate, step_timeline
-from simcore.megatron.step import stage_phases
+from simcore.megatron.phases import stage_phases
 from simcore.specs import (
     Convention,
     Recompute,

@@ -23,7 +23,8 @@ COMMANDS: list[BaseCommand] = [
     RunCommand(), WorkerCommand(),
     BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
     CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(), CatalogCommand(),
-    EstimateCommand(), ValidateCommand(), CalibrateCommand(), AstraEstimateCommand(), ImportAstraCommand(), CollectiveCommand(),
+    EstimateCommand(), ValidateCommand(), CalibrateCommand(), AstraEstimateCommand(),
+    ImportAstraCommand(), CollectiveCommand(),
 ]
 
 __all__ = ["BaseCommand", "COMMANDS"]

@@ -26,20 +26,17 @@ Communication:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
-from simcore.megatron.activations import LayerActivations, layer_activations
-from simcore.megatron.checks import check_plan, micro_batches
-from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
-from simcore.megatron.layers import LayerShape, layer_shape
+from simcore.megatron.checks import check_plan
+from simcore.megatron.layers import LayerShape
 from simcore.megatron.pipeline import in_flight, pipeline_time
-from simcore.megatron.placement import AxisNetworks, axis_networks
+from simcore.megatron.plan import StepPlan, uses_flash_attention
 from simcore.megatron.states import model_state_bytes
 from simcore.network import Collective
 from simcore.specs import (
     Axis,
-    Family,
     ModelSpec,
     Recompute,
     Strategy,
@@ -48,8 +45,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["estimate_megatron", "layer_time", "stage_phases", "uses_flash_attention", "OpTime",
-           "StagePhases", "DDP_BUCKET_PARAMS"]
+__all__ = ["estimate_megatron", "layer_time", "uses_flash_attention", "DDP_BUCKET_PARAMS"]
 
 DDP_BUCKET_PARAMS = 40_000_000
 """Megatron-LM's default gradient bucket (``ddp_bucket_size``: max(40M, 1M * dp) parameters)."""
@@ -82,66 +78,7 @@ class _Layer:
                 + self.fsdp_fwd + self.fsdp_bwd)
 
 
-class _Comm:
-    """The axes' collectives and sends, each with the device's host-side launch cost."""
-
-    def __init__(self, nets: AxisNetworks, launch: float) -> None:
-        self.nets, self.launch = nets, launch
-
-    def collective(self, axis: Axis, collective: Collective, size_bytes: float) -> float:
-        t = self.nets.collective(axis, collective, size_bytes)
-        return t + self.launch if t else 0.0
-
-    def p2p(self, axis: Axis, size_bytes: float) -> float:
-        t = self.nets.p2p(axis, size_bytes)
-        return t + self.launch if t else 0.0
-
-
-class _Plan:
-    """The quantities every part of the estimate shares."""
-
-    def __init__(self, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
-                 strategy: Strategy) -> None:
-        self.model, self.system, self.training, self.s = model, system, training, strategy
-        self.shape: LayerShape = layer_shape(model)
-        self.seq = training.seq_len
-        self.m = micro_batches(training, strategy)
-        self.tokens = strategy.micro_batch * self.seq / strategy.sp
-        """Tokens of one micro-batch on one device (the sequence split by sp)."""
-        device = system.device
-        self.costs = KernelCosts.of(device)
-        self.flop_rate = self.costs.flop_rate
-        self.byte_rate = self.costs.byte_rate
-        self.flash = uses_flash_attention(model, system, training)
-        self.dp_group = strategy.dp * strategy.sp
-        """Ranks that hold the same weights and share the gradient reduction."""
-        degrees = {Axis.DP: strategy.dp, Axis.TP: strategy.tp, Axis.PP: strategy.pp,
-                   Axis.SP: strategy.sp}
-        self.comm = _Comm(axis_networks(system.network, degrees, strategy.placement),
-                          device.collective_launch_s)
-        self.act: LayerActivations = layer_activations(
-            model, self.shape, micro_batch=strategy.micro_batch, seq_len=self.seq,
-            tp=strategy.tp, sp=strategy.sp, sequence_parallel=strategy.sequence_parallel,
-            recompute=strategy.recompute, flash=self.flash,
-        )
-        self.kernels: LayerKernels = layer_kernels(
-            model, self.shape, self.costs, micro_batch=strategy.micro_batch,
-            queries=self.seq / strategy.sp, seq_len=self.seq, tp=strategy.tp,
-            sequence_parallel=strategy.sequence_parallel, flash=self.flash,
-            act_bytes=training.bytes_per_activation,
-        )
-
-
-def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:
-    """The training's choice; by default on for the llama family (trained with it since Llama 1)
-    and on devices whose entry says so (H100-era parts), off for GPT on older parts, whose
-    reference runs (Megatron-LM 2021-22, BLOOM) used the unfused softmax."""
-    if training.flash_attention is not None:
-        return training.flash_attention
-    return model.family is Family.LLAMA or system.device.flash_attention
-
-
-def _tp_layer_comm(p: _Plan) -> float:
+def _tp_layer_comm(p: StepPlan) -> float:
     """Two all-reduces (or all-gather + reduce-scatter pairs) of a (b, s, h) activation."""
     s = p.s
     if s.tp == 1:
@@ -155,7 +92,7 @@ def _tp_layer_comm(p: _Plan) -> float:
     return 2 * pair
 
 
-def _layer(p: _Plan) -> _Layer:
+def _layer(p: StepPlan) -> _Layer:
     model, s, shape = p.model, p.s, p.shape
     h, t = model.hidden, s.tp
     kernels = p.kernels
@@ -196,7 +133,7 @@ def _layer(p: _Plan) -> _Layer:
                   fsdp_bwd)
 
 
-def _group_collective(p: _Plan, collective: Collective, size: float) -> float:
+def _group_collective(p: StepPlan, collective: Collective, size: float) -> float:
     """A collective over the data-parallel group (dp, and sp which shares the weights)."""
     if p.s.sp == 1:
         return p.comm.collective(Axis.DP, collective, size)
@@ -225,7 +162,7 @@ class _Ends:
     head_bwd: float
 
 
-def _ends(p: _Plan) -> _Ends:
+def _ends(p: StepPlan) -> _Ends:
     c, model, t = p.costs, p.model, p.s.tp
     h = model.hidden
     full = p.tokens * h * p.training.bytes_per_activation
@@ -261,7 +198,7 @@ class _Stage:
         return self.compute + self.tp + self.sp + self.pp + self.fsdp
 
 
-def _stage(p: _Plan, layer: _Layer, ends: _Ends, i: int) -> _Stage:
+def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int) -> _Stage:
     s, model, shape = p.s, p.model, p.shape
     h, t = model.hidden, s.tp
     n = model.layers // s.pp
@@ -295,7 +232,7 @@ def _stage(p: _Plan, layer: _Layer, ends: _Ends, i: int) -> _Stage:
                   n * (layer.fsdp_fwd + layer.fsdp_bwd), bwd)
 
 
-def _dp_time(p: _Plan, stage: _Stage) -> tuple[float, float]:
+def _dp_time(p: StepPlan, stage: _Stage) -> tuple[float, float]:
     """(link, exposed) seconds of the stage's gradient reduction."""
     s, tr = p.s, p.training
     if p.dp_group == 1 or s.zero is ZeroStage.PARAMETERS:
@@ -313,7 +250,7 @@ def _dp_time(p: _Plan, stage: _Stage) -> tuple[float, float]:
     return link, max(link / buckets, link - stage.bwd)
 
 
-def _optimizer_time(p: _Plan, stage: _Stage) -> float:
+def _optimizer_time(p: StepPlan, stage: _Stage) -> float:
     tr = p.training
     local = stage.params / (p.dp_group if p.s.zero >= ZeroStage.OPTIMIZER else 1)
     per_param = (OPTIMIZER_STATE_PASSES * tr.bytes_per_param_optimizer + tr.bytes_per_param_grads
@@ -321,7 +258,7 @@ def _optimizer_time(p: _Plan, stage: _Stage) -> float:
     return local * per_param / p.byte_rate
 
 
-def _memory(p: _Plan, stage: _Stage) -> tuple[MemoryParts, float]:
+def _memory(p: StepPlan, stage: _Stage) -> tuple[MemoryParts, float]:
     s, tr, model, act = p.s, p.training, p.model, p.act
     group = p.dp_group
     zero = s.zero
@@ -380,7 +317,7 @@ def layer_time(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     exposed tp and sp communication; backward includes the recompute. What Korthikanti et al.
     2022 Table 4 measures."""
     check_plan(model, system, training, strategy)
-    layer = _layer(_Plan(model, system, training, strategy))
+    layer = _layer(StepPlan(model, system, training, strategy))
     forward = layer.fwd_compute + layer.tp_fwd + layer.sp_fwd + layer.fsdp_fwd
     backward = layer.bwd_compute + layer.recompute + layer.tp_bwd + layer.sp_bwd + layer.fsdp_bwd
     return forward, backward
@@ -390,7 +327,7 @@ def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSp
                       strategy: Strategy) -> Estimate:
     """Estimate one training step of ``model`` on ``system`` split by ``strategy``."""
     check_plan(model, system, training, strategy)
-    p = _Plan(model, system, training, strategy)
+    p = StepPlan(model, system, training, strategy)
     layer = _layer(p)
     ends = _ends(p)
     stages = [_stage(p, layer, ends, i) for i in range(strategy.pp)]
@@ -435,105 +372,3 @@ def _reason(peak: MemoryParts, stage: int, hbm: float) -> str:
     gb = 1e9
     return (f"stage {stage} needs {peak.total / gb:.1f} GB > {hbm / gb:.1f} GB of HBM"
             f" (largest part: {largest}, {parts[largest] / gb:.1f} GB)")
-
-
-# -- one micro-batch, op by op (what ``simcore.timeline`` schedules) -----------------------------
-@dataclass(frozen=True, slots=True)
-class OpTime:
-    """One forward or one backward of one micro-batch through one model chunk of one stage, with
-    its exposed communication (seconds). The parts add up to what the estimate charges."""
-
-    compute: float
-    """Forward (or backward) kernels, the LM head and loss included on the last chunk."""
-    recompute: float = 0.0
-    """Backward only: the forward recomputed before it (activation recomputation)."""
-    tp: float = 0.0
-    """Exposed tensor-parallel communication (the embedding's on the first chunk)."""
-    sp: float = 0.0
-    """Exposed context-parallel K/V exchange."""
-    fsdp: float = 0.0
-    """Exposed FSDP / ZeRO-3 weight all-gathers (and gradient reduce-scatters in backward)."""
-    p2p: float = 0.0
-    """The pipeline point-to-point exchange of this op: the estimate charges every stage one per
-    forward and one per backward per chunk (Megatron-LM's blocking send/receive pairs)."""
-
-    @property
-    def total(self) -> float:
-        return self.compute + self.recompute + self.tp + self.sp + self.fsdp + self.p2p
-
-
-@dataclass(frozen=True, slots=True)
-class StagePhases:
-    """One pipeline stage for one micro-batch, chunk by chunk, and its share of the step's end."""
-
-    stage: int
-    forward: tuple[OpTime, ...]
-    """One per model chunk (v of them; one without interleaving)."""
-    backward: tuple[OpTime, ...]
-    dp_link: float
-    """The stage's data-parallel gradient reduction (and ZeRO parameter all-gather), link time."""
-    dp_exposed: float
-    """The part of it the step waits for after the last backward."""
-    optimizer: float
-
-    @property
-    def micro_batch_time(self) -> float:
-        """Forward plus backward of one micro-batch over all chunks: the estimate's stage time."""
-        return sum(op.total for op in self.forward) + sum(op.total for op in self.backward)
-
-
-def _chunk_ops(p: _Plan, layer: _Layer, ends: _Ends,
-               i: int) -> tuple[list[OpTime], list[OpTime]]:
-    """Forward and backward of each model chunk of stage ``i``: the terms of :func:`_stage`,
-    split by direction (embedding on the first chunk of the first stage, LM head on the last
-    chunk of the last stage)."""
-    s, model = p.s, p.model
-    h, t, v = model.hidden, s.tp, s.v
-    k = model.layers // s.pp // v  # layers per chunk
-    activation = p.tokens * h * p.training.bytes_per_activation
-    p2p = p.comm.p2p(Axis.PP, activation / t) if s.pp > 1 else 0.0
-    fwd = [OpTime(compute=k * layer.fwd_compute, tp=k * layer.tp_fwd, sp=k * layer.sp_fwd,
-                  fsdp=k * layer.fsdp_fwd, p2p=p2p) for _ in range(v)]
-    bwd = [OpTime(compute=k * layer.bwd_compute, recompute=k * layer.recompute,
-                  tp=k * layer.tp_bwd, sp=k * layer.sp_bwd, fsdp=k * layer.fsdp_bwd, p2p=p2p)
-           for _ in range(v)]
-    if i == 0:
-        embedding = 0.0
-        if t > 1:
-            kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
-            embedding = p.comm.collective(Axis.TP, kind, activation)
-        fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,
-                         tp=fwd[0].tp + embedding)
-        bwd[0] = replace(bwd[0], compute=bwd[0].compute + ends.embedding_bwd)
-    if i == s.pp - 1:
-        gather = scatter = 0.0
-        if t > 1 and s.sequence_parallel:
-            gather = p.comm.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
-            scatter = p.comm.collective(Axis.TP, Collective.REDUCE_SCATTER, activation)
-        last_f, last_b = fwd[-1], bwd[-1]
-        fwd[-1] = replace(last_f, compute=last_f.compute + ends.head_fwd, tp=last_f.tp + gather)
-        bwd[-1] = replace(last_b, compute=last_b.compute + ends.head_bwd, tp=last_b.tp + scatter)
-    return fwd, bwd
-
-
-def stage_phases(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
-                 strategy: Strategy) -> tuple[StagePhases, ...]:
-    """Per stage, the forward and backward of one micro-batch per model chunk, split into compute
-    and exposed communication, with the stage's gradient reduction and optimizer step: the
-    quantities :func:`estimate_megatron` sums, for a timeline of the step.
-
-    Each stage's ``micro_batch_time`` is the estimate's stage time; the estimate's dp and
-    optimizer parts are the maxima over the stages of ``dp_exposed`` and ``optimizer``.
-    """
-    check_plan(model, system, training, strategy)
-    p = _Plan(model, system, training, strategy)
-    layer = _layer(p)
-    ends = _ends(p)
-    out = []
-    for i in range(strategy.pp):
-        stage = _stage(p, layer, ends, i)
-        fwd, bwd = _chunk_ops(p, layer, ends, i)
-        link, exposed = _dp_time(p, stage)
-        out.append(StagePhases(i, tuple(fwd), tuple(bwd), link, exposed,
-                               _optimizer_time(p, stage)))
-    return tuple(out)

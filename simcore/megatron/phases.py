@@ -1,0 +1,115 @@
+"""One micro-batch, op by op: the per-stage forward and backward times ``simcore.timeline``
+schedules, split from the same terms :func:`simcore.megatron.step.estimate_megatron` sums."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from simcore.megatron.checks import check_plan
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.step import _dp_time, _Ends, _ends, _Layer, _layer, _optimizer_time, _stage
+from simcore.network import Collective
+from simcore.specs import Axis, ModelSpec, Strategy, SystemSpec, TrainingSpec
+
+__all__ = ["OpTime", "StagePhases", "stage_phases"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpTime:
+    """One forward or one backward of one micro-batch through one model chunk of one stage, with
+    its exposed communication (seconds). The parts add up to what the estimate charges."""
+
+    compute: float
+    """Forward (or backward) kernels, the LM head and loss included on the last chunk."""
+    recompute: float = 0.0
+    """Backward only: the forward recomputed before it (activation recomputation)."""
+    tp: float = 0.0
+    """Exposed tensor-parallel communication (the embedding's on the first chunk)."""
+    sp: float = 0.0
+    """Exposed context-parallel K/V exchange."""
+    fsdp: float = 0.0
+    """Exposed FSDP / ZeRO-3 weight all-gathers (and gradient reduce-scatters in backward)."""
+    p2p: float = 0.0
+    """The pipeline point-to-point exchange of this op: the estimate charges every stage one per
+    forward and one per backward per chunk (Megatron-LM's blocking send/receive pairs)."""
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.recompute + self.tp + self.sp + self.fsdp + self.p2p
+
+
+@dataclass(frozen=True, slots=True)
+class StagePhases:
+    """One pipeline stage for one micro-batch, chunk by chunk, and its share of the step's end."""
+
+    stage: int
+    forward: tuple[OpTime, ...]
+    """One per model chunk (v of them; one without interleaving)."""
+    backward: tuple[OpTime, ...]
+    dp_link: float
+    """The stage's data-parallel gradient reduction (and ZeRO parameter all-gather), link time."""
+    dp_exposed: float
+    """The part of it the step waits for after the last backward."""
+    optimizer: float
+
+    @property
+    def micro_batch_time(self) -> float:
+        """Forward plus backward of one micro-batch over all chunks: the estimate's stage time."""
+        return sum(op.total for op in self.forward) + sum(op.total for op in self.backward)
+
+
+def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends,
+               i: int) -> tuple[list[OpTime], list[OpTime]]:
+    """Forward and backward of each model chunk of stage ``i``: the terms of :func:`_stage`,
+    split by direction (embedding on the first chunk of the first stage, LM head on the last
+    chunk of the last stage)."""
+    s, model = p.s, p.model
+    h, t, v = model.hidden, s.tp, s.v
+    k = model.layers // s.pp // v  # layers per chunk
+    activation = p.tokens * h * p.training.bytes_per_activation
+    p2p = p.comm.p2p(Axis.PP, activation / t) if s.pp > 1 else 0.0
+    fwd = [OpTime(compute=k * layer.fwd_compute, tp=k * layer.tp_fwd, sp=k * layer.sp_fwd,
+                  fsdp=k * layer.fsdp_fwd, p2p=p2p) for _ in range(v)]
+    bwd = [OpTime(compute=k * layer.bwd_compute, recompute=k * layer.recompute,
+                  tp=k * layer.tp_bwd, sp=k * layer.sp_bwd, fsdp=k * layer.fsdp_bwd, p2p=p2p)
+           for _ in range(v)]
+    if i == 0:
+        embedding = 0.0
+        if t > 1:
+            kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
+            embedding = p.comm.collective(Axis.TP, kind, activation)
+        fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,
+                         tp=fwd[0].tp + embedding)
+        bwd[0] = replace(bwd[0], compute=bwd[0].compute + ends.embedding_bwd)
+    if i == s.pp - 1:
+        gather = scatter = 0.0
+        if t > 1 and s.sequence_parallel:
+            gather = p.comm.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
+            scatter = p.comm.collective(Axis.TP, Collective.REDUCE_SCATTER, activation)
+        last_f, last_b = fwd[-1], bwd[-1]
+        fwd[-1] = replace(last_f, compute=last_f.compute + ends.head_fwd, tp=last_f.tp + gather)
+        bwd[-1] = replace(last_b, compute=last_b.compute + ends.head_bwd, tp=last_b.tp + scatter)
+    return fwd, bwd
+
+
+def stage_phases(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                 strategy: Strategy) -> tuple[StagePhases, ...]:
+    """Per stage, the forward and backward of one micro-batch per model chunk, split into compute
+    and exposed communication, with the stage's gradient reduction and optimizer step: the
+    quantities :func:`estimate_megatron` sums, for a timeline of the step.
+
+    Each stage's ``micro_batch_time`` is the estimate's stage time; the estimate's dp and
+    optimizer parts are the maxima over the stages of ``dp_exposed`` and ``optimizer``.
+    """
+    check_plan(model, system, training, strategy)
+    p = StepPlan(model, system, training, strategy)
+    layer = _layer(p)
+    ends = _ends(p)
+    out = []
+    for i in range(strategy.pp):
+        stage = _stage(p, layer, ends, i)
+        fwd, bwd = _chunk_ops(p, layer, ends, i)
+        link, exposed = _dp_time(p, stage)
+        out.append(StagePhases(i, tuple(fwd), tuple(bwd), link, exposed,
+                               _optimizer_time(p, stage)))
+    return tuple(out)

@@ -1,0 +1,73 @@
+"""What every part of a Megatron-style step estimate shares: the plan's shapes, kernel costs,
+activations, and the axes' collectives with the device's launch cost."""
+
+from __future__ import annotations
+
+from simcore.megatron.activations import LayerActivations, layer_activations
+from simcore.megatron.checks import micro_batches
+from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
+from simcore.megatron.layers import LayerShape, layer_shape
+from simcore.megatron.placement import AxisNetworks, axis_networks
+from simcore.network import Collective
+from simcore.specs import Axis, Family, ModelSpec, Strategy, SystemSpec, TrainingSpec
+
+__all__ = ["Comm", "StepPlan", "uses_flash_attention"]
+
+
+class Comm:
+    """The axes' collectives and sends, each with the device's host-side launch cost."""
+
+    def __init__(self, nets: AxisNetworks, launch: float) -> None:
+        self.nets, self.launch = nets, launch
+
+    def collective(self, axis: Axis, collective: Collective, size_bytes: float) -> float:
+        t = self.nets.collective(axis, collective, size_bytes)
+        return t + self.launch if t else 0.0
+
+    def p2p(self, axis: Axis, size_bytes: float) -> float:
+        t = self.nets.p2p(axis, size_bytes)
+        return t + self.launch if t else 0.0
+
+
+class StepPlan:
+    """The quantities every part of the estimate shares."""
+
+    def __init__(self, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                 strategy: Strategy) -> None:
+        self.model, self.system, self.training, self.s = model, system, training, strategy
+        self.shape: LayerShape = layer_shape(model)
+        self.seq = training.seq_len
+        self.m = micro_batches(training, strategy)
+        self.tokens = strategy.micro_batch * self.seq / strategy.sp
+        """Tokens of one micro-batch on one device (the sequence split by sp)."""
+        device = system.device
+        self.costs = KernelCosts.of(device)
+        self.flop_rate = self.costs.flop_rate
+        self.byte_rate = self.costs.byte_rate
+        self.flash = uses_flash_attention(model, system, training)
+        self.dp_group = strategy.dp * strategy.sp
+        """Ranks that hold the same weights and share the gradient reduction."""
+        degrees = {Axis.DP: strategy.dp, Axis.TP: strategy.tp, Axis.PP: strategy.pp,
+                   Axis.SP: strategy.sp}
+        self.comm = Comm(axis_networks(system.network, degrees, strategy.placement),
+                          device.collective_launch_s)
+        self.act: LayerActivations = layer_activations(
+            model, self.shape, micro_batch=strategy.micro_batch, seq_len=self.seq,
+            tp=strategy.tp, sp=strategy.sp, sequence_parallel=strategy.sequence_parallel,
+            recompute=strategy.recompute, flash=self.flash,
+        )
+        self.kernels: LayerKernels = layer_kernels(
+            model, self.shape, self.costs, micro_batch=strategy.micro_batch,
+            queries=self.seq / strategy.sp, seq_len=self.seq, tp=strategy.tp,
+            sequence_parallel=strategy.sequence_parallel, flash=self.flash,
+            act_bytes=training.bytes_per_activation,
+        )
+
+
+def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:
+    """The training's choice; by default on for the llama family (trained with it since Llama 1)
+    and on devices whose entry says so (H100-era parts), off for GPT on older parts, whose
+    reference runs (Megatron-LM 2021-22, BLOOM) used the unfused softmax."""
+    if training.flash_attention is not None:
+        return training.flash_attention
+    return model.family is Family.LLAMA or system.device.flash_attention

@@ -26,9 +26,8 @@ import optuna
 from planner.runs_csv import MeasuredRun
 from planner.units import GB
 from planner.validation import Validation, validate
-from simcore import estimate
 from simcore.megatron import uses_flash_attention
-from simcore.specs import DeviceSpec
+from simcore.specs import DeviceSpec, SystemSpec
 
 __all__ = ["Constant", "CONSTANTS", "Fit", "calibrate", "PRIOR_WEIGHT", "DEFAULT_TRIALS"]
 
@@ -96,22 +95,19 @@ def _identifiable(runs: Sequence[MeasuredRun]) -> tuple[Constant, ...]:
     return tuple(c for c in CONSTANTS if have[c.needs])
 
 
+def _on(device: DeviceSpec) -> Callable[[MeasuredRun], SystemSpec]:
+    """Each run's system with ``device`` in it."""
+    return lambda run: replace(run.system, device=device)
+
+
 def _loss(runs: Sequence[MeasuredRun], device: DeviceSpec) -> float:
-    time_errors, memory_errors = [], []
-    for run in runs:
-        system = replace(run.system, device=device)
-        try:
-            est = estimate(run.model, system, run.training, run.strategy)
-        except ValueError:
-            continue
-        if run.step_time_s is not None:
-            time_errors.append(abs(math.log(est.step_time / run.step_time_s)))
-        if run.peak_memory_gb is not None:
-            memory_errors.append(abs(math.log(est.memory.total / GB / run.peak_memory_gb)))
+    """Mean absolute log error of step time, plus that of memory (where measured)."""
+    results = validate(runs, system_for=_on(device)).results
     loss = 0.0
-    for errors in (time_errors, memory_errors):
-        if errors:
-            loss += sum(errors) / len(errors)
+    for errors in ([r.step_time_error for r in results], [r.memory_error for r in results]):
+        logs = [abs(math.log1p(e)) for e in errors if e is not None]
+        if logs:
+            loss += sum(logs) / len(logs)
     return loss
 
 
@@ -161,6 +157,6 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
         optuna.logging.set_verbosity(level)
     # Three significant digits: what the entry says is exactly what was evaluated.
     fitted = build({k: float(f"{v:.3g}") for k, v in study.best_params.items()})
-    before = validate(runs, system_for=lambda r: replace(r.system, device=device))
-    after = validate(runs, system_for=lambda r: replace(r.system, device=fitted))
+    before = validate(runs, system_for=_on(device))
+    after = validate(runs, system_for=_on(fitted))
     return Fit(fitted, constants, tuple(runs), before, after)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 from planner.runs_csv import MeasuredRun, SkippedRun
 from planner.units import GB
@@ -123,15 +124,15 @@ def _median(values: list[float]) -> float | None:
 class Validation:
     results: tuple[RunResult, ...]
     skipped: tuple[SkippedRun, ...]
-    groups: tuple[GroupResult, ...] = field(init=False)
 
-    def __post_init__(self) -> None:
+    @cached_property
+    def groups(self) -> tuple[GroupResult, ...]:
+        """The groups of two or more timed runs of one question, in the CSV's order."""
         by_key: dict[tuple[str, str, int, int], list[RunResult]] = {}
         for r in self.results:
             if r.run.step_time_s is not None:
                 by_key.setdefault(r.run.group, []).append(r)
-        groups = tuple(GroupResult(k, tuple(v)) for k, v in by_key.items() if len(v) >= 2)
-        object.__setattr__(self, "groups", groups)
+        return tuple(GroupResult(k, tuple(v)) for k, v in by_key.items() if len(v) >= 2)
 
     @property
     def step_time_apes(self) -> list[float]:

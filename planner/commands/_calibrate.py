@@ -16,10 +16,12 @@ from planner.calibration import CONSTANTS, DEFAULT_TRIALS, Fit, calibrate
 from planner.catalog import device_from_entry, load_catalog, user_catalog_dir
 from planner.catalog_write import check_entry_name, device_entry, write_entry
 from planner.commands._base import BaseCommand
+from planner.commands._validate import percent
 from planner.errors import PlannerUsageError
 from planner.fields import load
 from planner.runs_csv import read_runs
 from planner.validation import Validation
+from simcore.specs import DeviceSpec
 
 
 def _figures(v: Validation) -> dict[str, Any]:
@@ -55,10 +57,6 @@ def _check_clash(name: str, target: Path, out_given: bool) -> None:
         data = load(target, "catalog YAML")
         if not (isinstance(data, dict) and set(data) == {name}):
             raise PlannerUsageError(f"{target}: holds other entries; choose another name")
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
 
 
 class CalibrateCommand(BaseCommand):
@@ -124,7 +122,7 @@ class CalibrateCommand(BaseCommand):
                    "before": _figures(fit.before), "after": _figures(fit.after)}
             print(json.dumps(out, indent=2))
         else:
-            print("\n".join(self._report(fit, base, base.name)))
+            print("\n".join(self._report(fit, base)))
             if args.out is None:
                 print(f"wrote device {args.name} to {target}; a system YAML naming"
                       f" `device: {args.name}` uses it")
@@ -134,16 +132,16 @@ class CalibrateCommand(BaseCommand):
         return 0
 
     @staticmethod
-    def _report(fit: Fit, base_device: Any, base: str) -> list[str]:
+    def _report(fit: Fit, base: DeviceSpec) -> list[str]:
         b, a = fit.before.summary(), fit.after.summary()
-        out = [f"fitted {len(fit.constants)} constants of {base} to {len(fit.runs)} runs:"]
+        out = [f"fitted {len(fit.constants)} constants of {base.name} to {len(fit.runs)} runs:"]
         for c in fit.constants:
-            out.append(f"  {c.key:<22} {c.value(base_device):9.4g} -> {c.value(fit.device):9.4g}")
+            out.append(f"  {c.key:<22} {c.value(base):9.4g} -> {c.value(fit.device):9.4g}")
         out.append(f"  {'':<26} {'before':>8} {'after':>8}")
         for label, key in (("step time MAPE", "step_time_mape"),
                            ("step time median error", "step_time_median_ape"),
                            ("memory MAPE", "memory_mape"),
                            ("memory median error", "memory_median_ape"),
                            ("plan-choice regret mean", "regret_mean")):
-            out.append(f"  {label:<26} {_pct(b[key]):>8} {_pct(a[key]):>8}")  # type: ignore
+            out.append(f"  {label:<26} {percent(b[key]):>8} {percent(a[key]):>8}")
         return out

@@ -12,7 +12,8 @@ from planner.runs_csv import read_runs
 from planner.validation import Validation, validate
 
 
-def _pct(value: float | None, signed: bool = False) -> str:
+def percent(value: float | int | None, signed: bool = False) -> str:
+    """A fraction as a percentage for the reports; '-' when there is none."""
     if value is None:
         return "-"
     return f"{value:+.1%}" if signed else f"{value:.1%}"
@@ -31,25 +32,25 @@ def report_lines(v: Validation) -> list[str]:
     for r in v.results:
         lines.append(
             f"{r.run.name[:width]:<{width}}  {r.predicted_step_time_s:9.4g}"
-            f" {_num(r.run.step_time_s, '9.4g'):>9} {_pct(r.step_time_error, True):>7}"
+            f" {_num(r.run.step_time_s, '9.4g'):>9} {percent(r.step_time_error, True):>7}"
             f"  {r.predicted_peak_memory_gb:7.1f} {_num(r.run.peak_memory_gb, '8.1f'):>8}"
-            f" {_pct(r.memory_error, True):>7}")
+            f" {percent(r.memory_error, True):>7}")
     s = v.summary()
     lines.append("")
-    lines.append(f"step time: {s['step_time_runs']} runs, MAPE {_pct(s['step_time_mape'])},"
-                 f" median error {_pct(s['step_time_median_ape'])}")
-    lines.append(f"peak memory: {s['memory_runs']} runs, MAPE {_pct(s['memory_mape'])},"
-                 f" median error {_pct(s['memory_median_ape'])}")
+    lines.append(f"step time: {s['step_time_runs']} runs, MAPE {percent(s['step_time_mape'])},"
+                 f" median error {percent(s['step_time_median_ape'])}")
+    lines.append(f"peak memory: {s['memory_runs']} runs, MAPE {percent(s['memory_mape'])},"
+                 f" median error {percent(s['memory_median_ape'])}")
     if v.groups:
         lines.append(f"plan choice: {len(v.groups)} groups of runs of one model on one system"
-                     f" (same global batch and sequence); regret mean {_pct(s['regret_mean'])},"
-                     f" median {_pct(s['regret_median'])}; the fastest picked in"
+                     f" (same global batch and sequence); regret mean {percent(s['regret_mean'])},"
+                     f" median {percent(s['regret_median'])}; the fastest picked in"
                      f" {s['picked_fastest']} of {len(v.groups)}; Kendall tau mean"
                      f" {_num(s['kendall_tau_mean'], '.2f')}")
         for g in v.groups:
             model, system, batch, seq = g.key
             lines.append(f"  {model} on {system}, batch {batch}, seq {seq}: {len(g.runs)} runs,"
-                         f" regret {_pct(g.regret)}, tau {g.kendall_tau:.2f}; picked"
+                         f" regret {percent(g.regret)}, tau {g.kendall_tau:.2f}; picked"
                          f" {g.picked.run.name!r}, fastest {g.fastest.run.name!r}")
     else:
         lines.append("plan choice: no group of two or more timed runs of one model on one system")

@@ -42,15 +42,13 @@ class StepPlan:
         """Tokens of one micro-batch on one device (the sequence split by sp)."""
         device = system.device
         self.costs = KernelCosts.of(device)
-        self.flop_rate = self.costs.flop_rate
-        self.byte_rate = self.costs.byte_rate
         self.flash = uses_flash_attention(model, system, training)
         self.dp_group = strategy.dp * strategy.sp
         """Ranks that hold the same weights and share the gradient reduction."""
         degrees = {Axis.DP: strategy.dp, Axis.TP: strategy.tp, Axis.PP: strategy.pp,
                    Axis.SP: strategy.sp}
         self.comm = Comm(axis_networks(system.network, degrees, strategy.placement),
-                          device.collective_launch_s)
+                         device.collective_launch_s)
         self.act: LayerActivations = layer_activations(
             model, self.shape, micro_batch=strategy.micro_batch, seq_len=self.seq,
             tp=strategy.tp, sp=strategy.sp, sequence_parallel=strategy.sequence_parallel,

@@ -255,7 +255,7 @@ def _optimizer_time(p: StepPlan, stage: _Stage) -> float:
     local = stage.params / (p.dp_group if p.s.zero >= ZeroStage.OPTIMIZER else 1)
     per_param = (OPTIMIZER_STATE_PASSES * tr.bytes_per_param_optimizer + tr.bytes_per_param_grads
                  + tr.bytes_per_param_weights)
-    return local * per_param / p.byte_rate
+    return local * per_param / p.costs.byte_rate
 
 
 def _memory(p: StepPlan, stage: _Stage) -> tuple[MemoryParts, float]:

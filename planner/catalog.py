@@ -40,6 +40,8 @@ from simcore.network import (
     SchedulingPolicy,
     Topology,
 )
+from planner.catalog_mixed import is_mixed_entry, mixed_system_from_entry
+from simcore.mixed import MixedSystemSpec
 from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, SystemSpec
 
 __all__ = ["Catalog", "CATALOG_DIR", "KINDS", "load_catalog", "user_catalog_dir"]
@@ -203,17 +205,27 @@ _SYSTEM_FIELDS = {"device", "network"}
 _SYSTEM_OPTIONAL = {"scheduling", "source", "notes"}
 
 
-def system_from_entry(path: Path, name: str, entry: Any,
-                      devices: Mapping[str, DeviceSpec]) -> SystemSpec:
-    e = fields(path, name, entry, _SYSTEM_FIELDS, _SYSTEM_OPTIONAL)
-    raw_device = e["device"]
+def system_device(path: Path, where: str, raw_device: Any,
+                  devices: Mapping[str, DeviceSpec]) -> DeviceSpec:
+    """A system's ``device``: a catalog name or an inline device entry."""
     if isinstance(raw_device, str):
         device = devices.get(raw_device)
         if device is None:
             known = ", ".join(sorted(devices)) or "none"
-            raise fail(path, f"{name}.device", f"unknown device {raw_device!r}; known: {known}")
-    else:
-        device = device_from_entry(path, f"{name}.device", raw_device)
+            raise fail(path, f"{where}.device", f"unknown device {raw_device!r}; known: {known}")
+        return device
+    if isinstance(raw_device, list):
+        raise fail(path, f"{where}.device", "one device type per system; a cluster that mixes"
+                   " types is a list of node `groups` (see studies/catalog/systems/mixed.yaml)")
+    return device_from_entry(path, f"{where}.device", raw_device)
+
+
+def system_from_entry(path: Path, name: str, entry: Any,
+                      devices: Mapping[str, DeviceSpec]) -> SystemSpec | MixedSystemSpec:
+    if is_mixed_entry(entry):
+        return mixed_system_from_entry(path, name, entry, devices)
+    e = fields(path, name, entry, _SYSTEM_FIELDS, _SYSTEM_OPTIONAL)
+    device = system_device(path, name, e["device"], devices)
     dims_raw = e["network"]
     if not isinstance(dims_raw, list) or not dims_raw:
         raise fail(path, f"{name}.network", "must be a list of dimensions, innermost first")
@@ -230,6 +242,8 @@ class Catalog:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     devices: dict[str, DeviceSpec] = field(default_factory=dict)
     systems: dict[str, SystemSpec] = field(default_factory=dict)
+    mixed: dict[str, MixedSystemSpec] = field(default_factory=dict)
+    """Systems that mix device types (node ``groups``), by name."""
     sources: dict[tuple[str, str], Path] = field(default_factory=dict)
     entries: dict[tuple[str, str], dict] = field(default_factory=dict)
     """The raw YAML entry of each (kind, name), for listings and exports."""
@@ -238,7 +252,19 @@ class Catalog:
         return self._find("model", self.models, ref, where)
 
     def system(self, ref: str, *, where: tuple[Path, str] | None = None) -> SystemSpec:
-        return self._find("system", self.systems, ref, where)
+        if ref in self.mixed:
+            raise _mixed_here(ref, where)
+        found = self._find("system", self.systems, ref, where)
+        if isinstance(found, MixedSystemSpec):
+            raise _mixed_here(ref, where)
+        return found
+
+    def any_system(self, ref: str, *,
+                   where: tuple[Path, str] | None = None) -> SystemSpec | MixedSystemSpec:
+        """A system of one device type or one that mixes them."""
+        if ref in self.mixed:
+            return self.mixed[ref]
+        return self._find("system", self.systems | self.mixed, ref, where)
 
     def device(self, ref: str, *, where: tuple[Path, str] | None = None) -> DeviceSpec:
         return self._find("device", self.devices, ref, where)
@@ -271,6 +297,14 @@ class Catalog:
                        f" YAML file (`planner catalog {kind}s` lists them)")
         raise PlannerUsageError(f"--{kind}: unknown {kind} {ref!r}; use a catalog name ({known})"
                                 " or the path of a YAML file")
+
+
+def _mixed_here(ref: str, where: tuple[Path, str] | None) -> PlannerUsageError:
+    message = (f"system {ref!r} mixes device types; plan on it with `planner mixed STUDY.yaml`"
+               " (studies/metis-*.yaml are examples)")
+    if where is not None:
+        return fail(*where, message)
+    return PlannerUsageError(message)
 
 
 def _entries(path: Path) -> dict[str, Any]:
@@ -355,9 +389,10 @@ def _read_root(catalog: Catalog, root: Path) -> None:
             raw = _entries(path)
             found = _read_kind(kind, path, catalog.devices, raw)
             for name, spec in found.items():
-                if name in tables[kind]:
+                if name in tables[kind] or (kind == "system" and name in catalog.mixed):
                     first = catalog.sources[(kind, name)]
                     raise fail(path, name, f"{kind} already defined in {first}; rename one")
-                tables[kind][name] = spec
+                table = catalog.mixed if isinstance(spec, MixedSystemSpec) else tables[kind]
+                table[name] = spec
                 catalog.sources[(kind, name)] = path
                 catalog.entries[(kind, name)] = raw[name]

@@ -75,6 +75,8 @@ class StageEstimate:
     in_flight: float
     """Micro-batches whose activations the stage holds at its peak (layer-weighted)."""
     memory: MemoryParts
+    device: str = ""
+    """The device type the stage runs on (a system may mix them, :mod:`simcore.mixed`)."""
 
 
 @dataclass(frozen=True, slots=True)

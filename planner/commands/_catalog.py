@@ -49,6 +49,12 @@ class CatalogCommand(BaseCommand):
                      "network (inner -> outer)": " x ".join(
                          f"{d.topology.value} {d.npus}" for d in s.network.dims),
                      "file": _where(c, "system", n)} for n, s in c.systems.items()]
+            rows += [{"name": n, "devices": s.devices,
+                      "device": " + ".join(f"{g.devices} {g.device.name}" for g in s.groups),
+                      "network (inner -> outer)": " | ".join(
+                          " x ".join(f"{d.topology.value} {d.npus}" for d in g.network.dims)
+                          for g in s.groups),
+                      "file": _where(c, "system", n)} for n, s in c.mixed.items()]
         else:
             rows = [{"name": n, "peak TFLOP/s": d.peak_flops_per_s / 1e12,
                      "HBM GB": d.hbm_bytes / GB, "HBM GB/s": d.hbm_bandwidth_bytes_per_s / GB,

@@ -198,11 +198,16 @@ class _Stage:
         return self.compute + self.tp + self.sp + self.pp + self.fsdp
 
 
-def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int) -> _Stage:
+def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | None = None,
+           pp: int | None = None, pp_time: float | None = None) -> _Stage:
+    """Stage ``i`` of ``pp`` (default the plan's) holding ``layers`` transformer layers (default
+    an equal share); ``pp_time`` replaces the sends along the plan's pp axis (a pipeline whose
+    stages sit on different device groups, :mod:`simcore.mixed`)."""
     s, model, shape = p.s, p.model, p.shape
     h, t = model.hidden, s.tp
-    n = model.layers // s.pp
-    first, last = i == 0, i == s.pp - 1
+    pp = s.pp if pp is None else pp
+    n = model.layers // pp if layers is None else layers
+    first, last = i == 0, i == pp - 1
     params = n * shape.layer_params / t
     compute = n * layer.compute
     tp = n * (layer.tp_fwd + layer.tp_bwd)
@@ -215,20 +220,22 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int) -> _Stage:
             kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
             tp += p.comm.collective(Axis.TP, kind, activation)
     if last:
-        tied_here = model.tied_embeddings and s.pp == 1
+        tied_here = model.tied_embeddings and pp == 1
         params += (2 * h if tied_here else shape.head_params) / t
         compute += ends.head_fwd + ends.head_bwd
         if t > 1 and s.sequence_parallel:
             tp += (p.comm.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
                    + p.comm.collective(Axis.TP, Collective.REDUCE_SCATTER, activation))
-    pp = 0.0
-    if s.pp > 1:
+    sends = 0.0
+    if pp_time is not None:
+        sends = pp_time
+    elif s.pp > 1:
         message = activation / t  # scatter/gather: each tp rank sends its 1/t
-        pp = 2 * s.v * p.comm.p2p(Axis.PP, message)
+        sends = 2 * s.v * p.comm.p2p(Axis.PP, message)
     bwd = n * (layer.bwd_compute + layer.recompute + layer.tp_bwd)
     if first:
         bwd += ends.embedding_bwd
-    return _Stage(i, n, params, compute, tp, n * (layer.sp_fwd + layer.sp_bwd), pp,
+    return _Stage(i, n, params, compute, tp, n * (layer.sp_fwd + layer.sp_bwd), sends,
                   n * (layer.fsdp_fwd + layer.fsdp_bwd), bwd)
 
 
@@ -258,12 +265,13 @@ def _optimizer_time(p: StepPlan, stage: _Stage) -> float:
     return local * per_param / p.costs.byte_rate
 
 
-def _memory(p: StepPlan, stage: _Stage) -> tuple[MemoryParts, float]:
+def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryParts, float]:
     s, tr, model, act = p.s, p.training, p.model, p.act
+    pp = s.pp if pp is None else pp
     group = p.dp_group
     zero = s.zero
     weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group)
-    flight = in_flight(s.schedule, stage.index, s.pp, p.m, s.v)
+    flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
     activations = stage.layers * act.stored * flight
     if s.recompute is Recompute.FULL:
         activations += act.full - act.stored  # the layer being recomputed
@@ -273,7 +281,7 @@ def _memory(p: StepPlan, stage: _Stage) -> tuple[MemoryParts, float]:
     sbh = p.tokens * h
     if stage.index == 0 and p.shape.dropout:
         activations += sbh / t * flight  # embedding dropout output (Korthikanti section 4.3)
-    if stage.index == s.pp - 1:
+    if stage.index == pp - 1:
         # Final norm output, LM head input and fp32 logits: 4sbh/t (1 + V/h) (section 4.3).
         activations += 4 * sbh / t * (1 + model.vocab / h)
     gathered = 0.0
@@ -283,7 +291,7 @@ def _memory(p: StepPlan, stage: _Stage) -> tuple[MemoryParts, float]:
     comm = 0.0
     if t > 1:
         comm += sbh * tr.bytes_per_activation  # one gathered (b, s, h) activation
-    if s.pp > 1:
+    if pp > 1:
         comm += 2 * sbh * tr.bytes_per_activation / t  # send and receive buffers
     parts = MemoryParts(weights=weights, gradients=grads, optimizer=optimizer,
                         activations=activations, gathered_weights=gathered, comm_buffers=comm,
@@ -344,7 +352,7 @@ def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSp
     )
     memories = [_memory(p, st) for st in stages]
     stage_estimates = tuple(
-        StageEstimate(st.index, st.layers, st.time, flight, parts)
+        StageEstimate(st.index, st.layers, st.time, flight, parts, system.device.name)
         for st, (parts, flight) in zip(stages, memories)
     )
     peak_stage = max(range(len(stages)), key=lambda i: memories[i][0].total)

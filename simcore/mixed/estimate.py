@@ -1,0 +1,296 @@
+"""One training step on a cluster that mixes device types.
+
+Each pipeline stage runs on one device group, with its own tp and dp, as Megatron-LM runs a
+stage: its layers, kernels and collectives are those of :mod:`simcore.megatron` on the group's
+device and on the links the stage's devices really span (the stage is a contiguous block of the
+group's ranks: tp inside a node when it fits, dp over the rest). Stages differ in speed, so:
+
+- the step is the pipeline of unequal stages, ``m * slowest + (sum - slowest)``
+  (:func:`simcore.megatron.pipeline.pipeline_time`; 1F1B and GPipe alike, no interleaving);
+- a stage boundary between groups sends over the system's ``link`` (the network between nodes),
+  inside a group over the node's links or the group's network between nodes, whichever the two
+  stages' ranks span; when the two stages' dp or tp differ, the activation is re-sharded: each
+  rank sends and receives its share, the larger of the two sides sets the time;
+- each stage reduces its gradients over its own dp group on its own links, hidden behind its
+  last backward as in the one-device-type estimate; the step waits for the slowest;
+- memory is checked per stage against that stage's device's HBM.
+
+Left out (stated, not hidden): a stage whose ranks mix device types (Metis allows it, priced at
+its slowest member: here every stage is on one type, and a mixed cluster is used by giving each
+type its own stages), context parallelism and interleaved schedules on mixed systems, and
+uneven per-replica batches inside a stage.
+
+On a system of one group, a plan of equal stages that are whole nodes is the one-device-type
+estimate to the last bit (``tests/test_mixed_estimate.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from simcore.collectives import p2p_time
+from simcore.estimate import Estimate, StageEstimate, TimeParts
+from simcore.megatron.checks import check_plan
+from simcore.megatron.pipeline import pipeline_time
+from simcore.megatron.placement import _sub_dim
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.step import (
+    _dp_time,
+    _Ends,
+    _ends,
+    _Layer,
+    _layer,
+    _memory,
+    _model_flops,
+    _optimizer_time,
+    _reason,
+    _recompute_flops,
+    _Stage,
+    _stage,
+)
+from simcore.mixed.specs import MixedPlan, MixedStage, MixedSystemSpec
+from simcore.network import Network, NetworkDim, PerNetwork
+from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
+
+__all__ = ["estimate_mixed", "check_mixed", "stage_system", "stage_lines", "with_layers",
+           "StageCosts", "Placed"]
+
+
+def _node_size(group: SystemSpec) -> int:
+    return group.network.dims[0].npus
+
+
+def _block_dims(group: SystemSpec, devices: int) -> tuple[NetworkDim, ...] | None:
+    """The dimensions a contiguous block of ``devices`` ranks spans, or None if no such block
+    fits the group's shape (it must fill whole inner dimensions before the next)."""
+    dims: list[NetworkDim] = []
+    left = devices
+    for dim in group.network.dims:
+        if left == 1:
+            break
+        piece = min(dim.npus, left)
+        if dim.npus % piece or left % piece:
+            return None
+        dims.append(_sub_dim(dim, piece))
+        left //= piece
+    if left != 1:
+        return None
+    return tuple(dims) or (_sub_dim(group.network.dims[0], 1),)
+
+
+_blocks: PerNetwork[dict[int, SystemSpec | None]] = PerNetwork(lambda _: {})
+
+
+def stage_system(group: SystemSpec, devices: int) -> SystemSpec | None:
+    """The group's first ``devices`` ranks as a system of their own (the same object each time,
+    so collective timings are memoised once), or None if that block does not fit its shape."""
+    per = _blocks(group.network)
+    if devices not in per:
+        dims = _block_dims(group, devices)
+        per[devices] = None if dims is None else SystemSpec(
+            name=f"{group.name}[{devices}]", device=group.device,
+            network=Network(dims=dims, scheduling=group.network.scheduling))
+    return per[devices]
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """What one stage's own plan gives: its shapes, one layer and the ends, per micro-batch."""
+
+    plan: StepPlan
+    layer: _Layer
+    ends: _Ends
+
+
+class StageCosts:
+    """Stage plans for one model, system and training step, each built once: a search prices
+    thousands of plans from a few hundred (group, tp, dp, micro-batch, knobs) combinations."""
+
+    def __init__(self, model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec) -> None:
+        self.model, self.system, self.training = model, system, training
+        self._placed: dict[tuple, Placed] = {}
+
+    def strategy(self, plan: MixedPlan, stage: MixedStage) -> Strategy:
+        micro = self.training.global_batch // (plan.micro_batches * stage.dp)
+        return Strategy(dp=stage.dp, tp=stage.tp, pp=1, micro_batch=max(micro, 1),
+                        recompute=plan.recompute, zero=plan.zero, schedule=plan.schedule,
+                        sequence_parallel=plan.sequence_parallel)
+
+    def placed(self, plan: MixedPlan, stage: MixedStage) -> Placed:
+        key = (stage.group, stage.tp, stage.dp, plan.micro_batches, plan.recompute, plan.zero,
+               plan.schedule, plan.sequence_parallel)
+        found = self._placed.get(key)
+        if found is None:
+            group = self.system.groups[stage.group]
+            sub = stage_system(group, stage.devices)
+            if sub is None:
+                raise ValueError(_block_message(group, stage.devices))
+            strategy = self.strategy(plan, stage)
+            check_plan(self.model, sub, self.training, strategy)
+            p = StepPlan(self.model, sub, self.training, strategy)
+            found = Placed(p, _layer(p), _ends(p))
+            self._placed[key] = found
+        return found
+
+
+def _block_message(group: SystemSpec, devices: int) -> str:
+    shape = " x ".join(str(d.npus) for d in group.network.dims)
+    return (f"a stage of {devices} devices does not fit group {group.name} ({shape}): use a"
+            f" divisor of its node size {_node_size(group)} or a multiple of it")
+
+
+def check_mixed(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
+                plan: MixedPlan) -> None:
+    """Raise ValueError, naming the field, if :func:`estimate_mixed` could not run the plan."""
+    layers = sum(st.layers for st in plan.stages)
+    if layers != model.layers:
+        raise ValueError(f"the stages hold {layers} layers but {model.name} has {model.layers};"
+                         " the layer split must add up to the model's layers")
+    used = [0] * len(system.groups)
+    for i, st in enumerate(plan.stages):
+        if st.group >= len(system.groups):
+            raise ValueError(f"stages[{i}].group={st.group} but {system.name} has"
+                             f" {len(system.groups)} groups")
+        group = system.groups[st.group]
+        node = _node_size(group)
+        offset = used[st.group]
+        aligned = offset % (st.devices if st.devices <= node else node) == 0
+        if stage_system(group, st.devices) is None or not aligned:
+            raise ValueError(f"stages[{i}]: {_block_message(group, st.devices)}")
+        used[st.group] += st.devices
+        replicas = plan.micro_batches * st.dp
+        if training.global_batch % replicas:
+            raise ValueError(
+                f"stages[{i}]: micro_batches={plan.micro_batches} * dp={st.dp} = {replicas} must"
+                f" divide global_batch={training.global_batch} (each replica takes a whole"
+                " share of every micro-batch)")
+    for g, n in zip(system.groups, used):
+        if n > g.devices:
+            raise ValueError(f"the stages on group {g.name} use {n} devices but it has"
+                             f" {g.devices}")
+
+
+def _offsets(plan: MixedPlan, groups: int) -> list[int]:
+    """Each stage's first rank inside its group (a group's stages are laid out in order)."""
+    used = [0] * groups
+    out = []
+    for st in plan.stages:
+        out.append(used[st.group])
+        used[st.group] += st.devices
+    return out
+
+
+def _boundary_time(costs: StageCosts, plan: MixedPlan, k: int, offsets: list[int]) -> float:
+    """Seconds to send one micro-batch's activation (or its gradient) from stage k to k + 1."""
+    system, training, model = costs.system, costs.training, costs.model
+    a, b = plan.stages[k], plan.stages[k + 1]
+    sequences = training.global_batch / plan.micro_batches
+    full = sequences * training.seq_len * model.hidden * training.bytes_per_activation
+    size = int(max(full / (a.dp * a.tp), full / (b.dp * b.tp)))
+    if a.group != b.group:
+        dim = system.link
+    else:
+        group = system.groups[a.group]
+        node = _node_size(group)
+        same_node = offsets[k] // node == offsets[k + 1] // node
+        dim = group.network.dims[0] if same_node or len(group.network.dims) == 1 \
+            else group.network.dims[-1]
+    network = _link_network(dim)
+    launch = system.groups[a.group].device.collective_launch_s
+    return p2p_time(network, 0, 1, size) + dim.call_latency_s + launch
+
+
+_pairs: dict[int, tuple[NetworkDim, Network]] = {}
+
+
+def _link_network(dim: NetworkDim) -> Network:
+    found = _pairs.get(id(dim))
+    if found is None or found[0] is not dim:
+        found = (dim, Network(dims=(_sub_dim(dim, 2) if dim.npus != 2 else dim,)))
+        _pairs[id(dim)] = found
+    return found[1]
+
+
+def _sends(costs: StageCosts, plan: MixedPlan) -> list[float]:
+    """Per stage and micro-batch: its activation forward and its gradient backward, each over
+    the boundary it crosses (the end stages send both over their one boundary, as a pipeline of
+    one device type charges every stage two sends)."""
+    pp = plan.pp
+    if pp == 1:
+        return [0.0]
+    offsets = _offsets(plan, len(costs.system.groups))
+    bounds = [_boundary_time(costs, plan, k, offsets) for k in range(pp - 1)]
+    return [(bounds[i] if i < pp - 1 else bounds[i - 1]) + (bounds[i - 1] if i > 0 else bounds[i])
+            for i in range(pp)]
+
+
+def _stages(costs: StageCosts, plan: MixedPlan) -> list[tuple[Placed, _Stage]]:
+    out = []
+    for i, (st, sends) in enumerate(zip(plan.stages, _sends(costs, plan))):
+        placed = costs.placed(plan, st)
+        out.append((placed, _stage(placed.plan, placed.layer, placed.ends, i, layers=st.layers,
+                                   pp=plan.pp, pp_time=sends)))
+    return out
+
+
+def estimate_mixed(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
+                   plan: MixedPlan, costs: StageCosts | None = None) -> Estimate:
+    """Estimate one training step of ``model`` on a mixed ``system`` split by ``plan``.
+
+    ``costs`` (for the same model, system and training) reuses stage plans between calls."""
+    check_mixed(model, system, training, plan)
+    costs = costs or StageCosts(model, system, training)
+    stages = _stages(costs, plan)
+    m = plan.micro_batches
+    pipe, slowest = pipeline_time([st.time for _, st in stages], m, 1)
+    critical = stages[slowest][1]
+    dp_exposed = max(_dp_time(pl.plan, st)[1] for pl, st in stages)
+    optimizer = max(_optimizer_time(pl.plan, st) for pl, st in stages)
+    time = TimeParts(
+        compute=m * critical.compute, tp=m * critical.tp, sp=m * critical.sp, dp=dp_exposed,
+        pp=m * critical.pp, fsdp=m * critical.fsdp, bubble=pipe - m * critical.time,
+        optimizer=optimizer,
+    )
+    memories = [_memory(pl.plan, st, plan.pp) for pl, st in stages]
+    hbms = [pl.plan.system.device.hbm_bytes for pl, _ in stages]
+    estimates = tuple(
+        StageEstimate(st.index, st.layers, st.time, flight, parts, pl.plan.system.device.name)
+        for (pl, st), (parts, flight) in zip(stages, memories))
+    peak_stage = max(range(len(stages)), key=lambda i: memories[i][0].total / hbms[i])
+    peak = memories[peak_stage][0]
+    hbm = hbms[peak_stage]
+    step = time.total
+    shape = stages[0][0].plan.shape
+    model_flops = _model_flops(model, shape, training)
+    hardware_flops = model_flops + _recompute_flops(model, shape, training, plan.recompute)
+    capacity = step * sum(pl.plan.system.device.peak_flops_per_s * s.devices
+                          for (pl, _), s in zip(stages, plan.stages))
+    fits = all(parts.total <= h for (parts, _), h in zip(memories, hbms))
+    reason = "" if fits else _reason(peak, peak_stage, hbm)
+    return Estimate(
+        convention="megatron", step_time=step, time=time, memory=peak, peak_stage=peak_stage,
+        stages=estimates, model_flops=model_flops, hardware_flops=hardware_flops,
+        mfu=model_flops / capacity, hfu=hardware_flops / capacity,
+        tokens_per_s=training.global_batch * training.seq_len / step, hbm_bytes=hbm,
+        fits=fits, reason=reason,
+    )
+
+
+def with_layers(plan: MixedPlan, layers: list[int]) -> MixedPlan:
+    """The same plan with another layer split."""
+    return replace(plan, stages=tuple(replace(st, layers=n)
+                                      for st, n in zip(plan.stages, layers)))
+
+
+def stage_lines(costs: StageCosts, plan: MixedPlan) -> list[tuple[float, float, float, float]]:
+    """Per stage, (time, seconds per layer, memory, bytes per layer) as affine functions of its
+    layer count: ``time(n) = time + n * per_layer``; for the layer split."""
+    lines = []
+    pp = plan.pp
+    for i, (st, sends) in enumerate(zip(plan.stages, _sends(costs, plan))):
+        placed = costs.placed(plan, st)
+        zero_, one = (_stage(placed.plan, placed.layer, placed.ends, i, layers=n, pp=pp,
+                             pp_time=sends) for n in (0, 1))
+        mem0, mem1 = (_memory(placed.plan, s, pp)[0].total for s in (zero_, one))
+        lines.append((zero_.time, one.time - zero_.time, mem0, mem1 - mem0))
+    return lines

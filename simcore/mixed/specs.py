@@ -1,0 +1,108 @@
+"""A cluster of device groups and a plan whose pipeline stages sit on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simcore.network import NetworkDim
+from simcore.specs import Recompute, Schedule, SystemSpec, ZeroStage
+
+__all__ = ["MixedSystemSpec", "MixedStage", "MixedPlan"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MixedSystemSpec:
+    """Node groups of one device type each, joined by the network between nodes.
+
+    Each group is a homogeneous :class:`SystemSpec`: its device and its network, innermost first
+    (the node's links, then the links between the group's nodes). ``link`` joins nodes of
+    different groups (a stage boundary that crosses from one group to the next)."""
+
+    name: str
+    groups: tuple[SystemSpec, ...]
+    link: NetworkDim
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ValueError("a mixed system needs at least one group")
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"group names must differ, but got {', '.join(names)}")
+
+    @property
+    def devices(self) -> int:
+        return sum(g.devices for g in self.groups)
+
+    def group(self, name: str) -> SystemSpec:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise ValueError(f"no group {name!r}; groups: {', '.join(g.name for g in self.groups)}")
+
+
+@dataclass(frozen=True, slots=True)
+class MixedStage:
+    """One pipeline stage: the group it runs on, its tp and dp degrees and its layers."""
+
+    group: int
+    """Index into :attr:`MixedSystemSpec.groups`."""
+    tp: int
+    dp: int
+    layers: int
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "dp", "layers"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"`{name} >= 1` must hold, but got {name}={value}")
+        if self.group < 0:
+            raise ValueError(f"`group >= 0` must hold, but got group={self.group}")
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MixedPlan:
+    """Stages in pipeline order, the micro-batches of one step, and the knobs all stages share.
+
+    Each stage's data-parallel replicas split every micro-batch of ``global_batch /
+    micro_batches`` sequences between them, so the per-replica micro-batch differs between
+    stages of different dp."""
+
+    stages: tuple[MixedStage, ...]
+    micro_batches: int
+    recompute: Recompute = Recompute.NONE
+    zero: ZeroStage = ZeroStage.NONE
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    sequence_parallel: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValueError("a plan needs at least one stage")
+        if self.micro_batches < 1:
+            raise ValueError(f"`micro_batches >= 1` must hold, but got {self.micro_batches}")
+        if self.schedule is Schedule.INTERLEAVED:
+            raise ValueError("schedule=interleaved is not modelled on mixed systems; use 1f1b"
+                             " or gpipe")
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def devices(self) -> int:
+        return sum(st.devices for st in self.stages)
+
+    def label(self, system: MixedSystemSpec) -> str:
+        """``a100:tp4dp1x2[5,5] > v100:tp2dp2x1[6]`` - runs of stages per group, their layers."""
+        runs: list[tuple[int, int, int, list[int]]] = []
+        for st in self.stages:
+            if runs and runs[-1][:3] == (st.group, st.tp, st.dp):
+                runs[-1][3].append(st.layers)
+            else:
+                runs.append((st.group, st.tp, st.dp, [st.layers]))
+        parts = [f"{system.groups[g].name}:tp{tp}dp{dp}x{len(ls)}[{','.join(map(str, ls))}]"
+                 for g, tp, dp, ls in runs]
+        return " > ".join(parts) + f" m{self.micro_batches} {self.recompute.value}"

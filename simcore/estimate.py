@@ -39,7 +39,7 @@ class TimeParts:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return sum(getattr(self, name) for name in _TIME_PARTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,13 @@ class MemoryParts:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return sum(getattr(self, name) for name in _MEMORY_PARTS)
+
+
+_TIME_PARTS = tuple(f.name for f in fields(TimeParts))
+_MEMORY_PARTS = tuple(f.name for f in fields(MemoryParts))
+"""The parts' names, listed once (``dataclasses.fields`` on every ``total`` cost a fifth of an
+estimate)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from planner.commands._compare import CompareCommand
 from planner.commands._estimate import EstimateCommand
 from planner.commands._export import ExportCommand
 from planner.commands._import_astra import ImportAstraCommand
+from planner.commands._mixed import MixedCommand
 from planner.commands._pareto import ParetoCommand
 from planner.commands._report import ReportCommand
 from planner.commands._results import BestCommand, StudiesCommand, TrialsCommand
@@ -20,7 +21,7 @@ from planner.commands._validate import ValidateCommand
 from planner.commands._worker import WorkerCommand
 
 COMMANDS: list[BaseCommand] = [
-    RunCommand(), WorkerCommand(),
+    RunCommand(), WorkerCommand(), MixedCommand(),
     BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
     CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(), CatalogCommand(),
     EstimateCommand(), ValidateCommand(), CalibrateCommand(), AstraEstimateCommand(),

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from simcore.collectives import p2p_time
 from simcore.estimate import Estimate, StageEstimate, TimeParts
 from simcore.megatron.checks import check_plan
-from simcore.megatron.pipeline import pipeline_time
+from simcore.megatron.pipeline import in_flight, pipeline_time
 from simcore.megatron.placement import _sub_dim
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.step import (
@@ -109,6 +109,10 @@ class StageCosts:
     def __init__(self, model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec) -> None:
         self.model, self.system, self.training = model, system, training
         self._placed: dict[tuple, Placed] = {}
+        self.sends: dict[tuple, float] = {}
+        """Seconds of one send, by (link, bytes, sending device)."""
+        self.lines: dict[tuple, tuple[float, float, float, float]] = {}
+        """A stage's time and memory as affine functions of its layers, by its plan and place."""
 
     def strategy(self, plan: MixedPlan, stage: MixedStage) -> Strategy:
         micro = self.training.global_batch // (plan.micro_batches * stage.dp)
@@ -116,9 +120,13 @@ class StageCosts:
                         recompute=plan.recompute, zero=plan.zero, schedule=plan.schedule,
                         sequence_parallel=plan.sequence_parallel)
 
+    @staticmethod
+    def key(plan: MixedPlan, stage: MixedStage) -> tuple:
+        return (stage.group, stage.tp, stage.dp, plan.micro_batches, plan.recompute, plan.zero,
+                plan.schedule, plan.sequence_parallel)
+
     def placed(self, plan: MixedPlan, stage: MixedStage) -> Placed:
-        key = (stage.group, stage.tp, stage.dp, plan.micro_batches, plan.recompute, plan.zero,
-               plan.schedule, plan.sequence_parallel)
+        key = self.key(plan, stage)
         found = self._placed.get(key)
         if found is None:
             group = self.system.groups[stage.group]
@@ -195,9 +203,13 @@ def _boundary_time(costs: StageCosts, plan: MixedPlan, k: int, offsets: list[int
         same_node = offsets[k] // node == offsets[k + 1] // node
         dim = group.network.dims[0] if same_node or len(group.network.dims) == 1 \
             else group.network.dims[-1]
-    network = _link_network(dim)
     launch = system.groups[a.group].device.collective_launch_s
-    return p2p_time(network, 0, 1, size) + dim.call_latency_s + launch
+    key = (id(dim), size, launch)
+    found = costs.sends.get(key)
+    if found is None:
+        found = p2p_time(_link_network(dim), 0, 1, size) + dim.call_latency_s + launch
+        costs.sends[key] = found
+    return found
 
 
 _pairs: dict[int, tuple[NetworkDim, Network]] = {}
@@ -256,7 +268,8 @@ def estimate_mixed(model: ModelSpec, system: MixedSystemSpec, training: Training
     estimates = tuple(
         StageEstimate(st.index, st.layers, st.time, flight, parts, pl.plan.system.device.name)
         for (pl, st), (parts, flight) in zip(stages, memories))
-    peak_stage = max(range(len(stages)), key=lambda i: memories[i][0].total / hbms[i])
+    totals = [parts.total for parts, _ in memories]
+    peak_stage = max(range(len(stages)), key=lambda i: totals[i] / hbms[i])
     peak = memories[peak_stage][0]
     hbm = hbms[peak_stage]
     step = time.total
@@ -265,7 +278,7 @@ def estimate_mixed(model: ModelSpec, system: MixedSystemSpec, training: Training
     hardware_flops = model_flops + _recompute_flops(model, shape, training, plan.recompute)
     capacity = step * sum(pl.plan.system.device.peak_flops_per_s * s.devices
                           for (pl, _), s in zip(stages, plan.stages))
-    fits = all(parts.total <= h for (parts, _), h in zip(memories, hbms))
+    fits = all(total <= h for total, h in zip(totals, hbms))
     reason = "" if fits else _reason(peak, peak_stage, hbm)
     return Estimate(
         convention="megatron", step_time=step, time=time, memory=peak, peak_stage=peak_stage,
@@ -288,9 +301,15 @@ def stage_lines(costs: StageCosts, plan: MixedPlan) -> list[tuple[float, float, 
     lines = []
     pp = plan.pp
     for i, (st, sends) in enumerate(zip(plan.stages, _sends(costs, plan))):
-        placed = costs.placed(plan, st)
-        zero_, one = (_stage(placed.plan, placed.layer, placed.ends, i, layers=n, pp=pp,
-                             pp_time=sends) for n in (0, 1))
-        mem0, mem1 = (_memory(placed.plan, s, pp)[0].total for s in (zero_, one))
-        lines.append((zero_.time, one.time - zero_.time, mem0, mem1 - mem0))
+        key = (costs.key(plan, st), i == 0, i == pp - 1, pp, sends,
+               in_flight(plan.schedule, i, pp, plan.micro_batches, 1))
+        line = costs.lines.get(key)
+        if line is None:
+            placed = costs.placed(plan, st)
+            zero_, one = (_stage(placed.plan, placed.layer, placed.ends, i, layers=n, pp=pp,
+                                 pp_time=sends) for n in (0, 1))
+            mem0, mem1 = (_memory(placed.plan, s, pp)[0].total for s in (zero_, one))
+            line = (zero_.time, one.time - zero_.time, mem0, mem1 - mem0)
+            costs.lines[key] = line
+        lines.append(line)
     return lines

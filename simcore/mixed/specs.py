@@ -105,4 +105,5 @@ class MixedPlan:
                 runs.append((st.group, st.tp, st.dp, [st.layers]))
         parts = [f"{system.groups[g].name}:tp{tp}dp{dp}x{len(ls)}[{','.join(map(str, ls))}]"
                  for g, tp, dp, ls in runs]
-        return " > ".join(parts) + f" m{self.micro_batches} {self.recompute.value}"
+        zero = f" zero{int(self.zero)}" if self.zero else ""
+        return " > ".join(parts) + f" m{self.micro_batches} {self.recompute.value}{zero}"

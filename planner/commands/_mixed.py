@@ -1,0 +1,132 @@
+"""``planner mixed STUDY.yaml``: the best plan on a cluster that mixes device types, beside the
+best plan on each device group alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from planner.commands._base import BaseCommand
+from planner.errors import PlannerUsageError
+from planner.mixed_config import MixedStudy, load_mixed_study
+from search_spaces.mixed import MixedResult, search_mixed
+
+_SHOWN = ["plan", "groups", "stages", "micro_batches", "recompute", "zero", "step_time_s",
+          "peak_memory_gb", "mfu", "fits"]
+
+
+def _row(row: pd.Series | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+
+
+def summary(study: MixedStudy, result: MixedResult, seconds: float, top: int) -> dict[str, Any]:
+    """What the command reports: the best plan, the best on each group alone, the best that
+    uses more than one group, and whether mixing pays."""
+    names = [g.name for g in study.space.system.groups]
+    best = result.best()
+    alone = {n: _row(result.best(n)) for n in names}
+    table = result.table
+    fitting = table[table["fits"] & table["groups"].str.contains(r"\+", regex=True)] \
+        if not table.empty else table
+    mixed = _row(fitting.iloc[0]) if not fitting.empty else None
+    fastest_alone = min((r for r in alone.values() if r), default=None,
+                        key=lambda r: r["step_time_s"])
+    gain = None
+    if mixed and fastest_alone:
+        gain = fastest_alone["step_time_s"] / mixed["step_time_s"] - 1
+    return {
+        "study": study.name, "model": study.space.model.name, "system": study.space.system.name,
+        "plans": len(table), "layouts": result.skeletons, "search_s": seconds,
+        "best": _row(best), "alone": alone, "best_mixed": mixed, "mixing_speedup": gain,
+        "top": [_row(r) for _, r in table.head(top).iterrows()],
+    }
+
+
+def report_lines(study: MixedStudy, s: dict[str, Any], top: pd.DataFrame) -> list[str]:
+    system = study.space.system
+    groups = " + ".join(f"{g.devices} {g.device.name} ({g.name})" for g in system.groups)
+    tr = study.space.training
+    lines = [f"study {study.name}: {study.space.model.name} on {system.name} ({groups}),"
+             f" global batch {tr.global_batch} x {tr.seq_len} tokens"]
+    if study.description:
+        lines.append(study.description)
+    lines.append(f"searched {s['plans']:,} plans ({s['layouts']:,} group orders and stage"
+                 f" layouts x micro-batches x knobs, each layer split solved) in"
+                 f" {s['search_s']:.2f} s: the whole space")
+    best = s["best"]
+    if best is None:
+        lines.append("no plan fits in the devices' HBM")
+        return lines
+    lines.append(f"best plan: {best['plan']}  {best['step_time_s']:.4g} s/step, MFU"
+                 f" {best['mfu']:.1%}, peak {best['peak_memory_gb']:.1f} GB")
+    for name, row in s["alone"].items():
+        shown = "no plan fits" if row is None else f"{row['step_time_s']:.4g} s  {row['plan']}"
+        lines.append(f"  {name} alone: {shown}")
+    mixed, gain = s["best_mixed"], s["mixing_speedup"]
+    if mixed is None:
+        lines.append("  mixed: no plan over several groups fits")
+    elif gain is not None and gain > 0:
+        lines.append(f"  mixed: {mixed['step_time_s']:.4g} s  {mixed['plan']}: mixing pays,"
+                     f" {gain:.1%} faster than the best group alone")
+    else:
+        lines.append(f"  mixed: {mixed['step_time_s']:.4g} s  {mixed['plan']}: mixing does not"
+                     f" pay ({-gain if gain is not None else 0:.1%} slower than the best group"
+                     " alone); leave the slower devices idle or give them other work")
+    lines.append("")
+    lines.append(top.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return lines
+
+
+class MixedCommand(BaseCommand):
+    name = "mixed"
+    help = ("Search a cluster that mixes device types: the best plan, and the best on each"
+            " device group alone.")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("study", type=Path, metavar="STUDY.yaml",
+                            help="a study whose system is made of node groups"
+                            " (studies/metis-*.yaml)")
+        parser.add_argument("--top", type=int, default=10, metavar="N",
+                            help="plans to list (default 10)")
+        parser.add_argument("--out", type=Path, metavar="FILE",
+                            help="write every plan with its estimate (.csv or .parquet)")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def run(self, args: argparse.Namespace) -> int:
+        if args.top < 0:
+            raise PlannerUsageError(f"--top must be >= 0, not {args.top}")
+        if args.out is not None and args.out.suffix not in (".csv", ".parquet"):
+            raise PlannerUsageError(f"--out {args.out}: use a .csv or .parquet file name")
+        study = load_mixed_study(args.study)
+        start = time.perf_counter()
+        result = search_mixed(study.space)
+        seconds = time.perf_counter() - start
+        s = summary(study, result, seconds, args.top)
+        if args.out is not None:
+            _write(result.table, args.out)
+        if args.json:
+            print(json.dumps(s, indent=2))
+        else:
+            top = result.table.head(args.top)[_SHOWN] if not result.table.empty \
+                else result.table
+            print("\n".join(report_lines(study, s, top)))
+            if args.out is not None:
+                print(f"every plan: {args.out}")
+        return 0
+
+
+def _write(table: pd.DataFrame, path: Path) -> None:
+    try:
+        if path.suffix == ".parquet":
+            table.to_parquet(path, index=False)
+        else:
+            table.to_csv(path, index=False)
+    except OSError as e:
+        raise PlannerUsageError(f"--out {path}: cannot write ({e.strerror or e})") from None

@@ -1,0 +1,87 @@
+"""A study on a cluster that mixes device types (``planner mixed STUDY.yaml``)::
+
+    description: Metis's first row
+    model: metis-gpt-10l
+    system: metis-a100-v100-16-16     # a system of node `groups` (systems/mixed.yaml)
+    training: {global_batch: 128, seq_len: 1024}
+    space:
+      tp: [1, 2, 4]                   # inside a node; default powers of two up to the node
+      recompute: [none, full]
+      zero: [0, 1]
+      schedule: 1f1b                  # or gpipe
+
+Each device's own HBM is the limit. Every problem is one line naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.catalog import Catalog, load_catalog
+from planner.fields import choice, fail, fields, integer, load
+from planner.study_config import _bad_zero, _degrees, _enums, _list
+from search_spaces import powers_of_two
+from search_spaces.mixed import MixedSpace
+from simcore.mixed import MixedSystemSpec
+from simcore.specs import Recompute, Schedule, TrainingSpec, ZeroStage
+
+__all__ = ["MixedStudy", "load_mixed_study"]
+
+_FIELDS = {"model", "system", "training", "space"}
+_OPTIONAL = {"name", "description"}
+_SPACE = {"tp", "recompute", "zero", "schedule"}
+
+
+@dataclass(frozen=True)
+class MixedStudy:
+    name: str
+    path: Path
+    description: str
+    space: MixedSpace
+
+
+def _system(path: Path, value: Any, catalog: Catalog) -> MixedSystemSpec:
+    if not isinstance(value, str) or not value:
+        raise fail(path, "system", "must be a system name from the catalog or a YAML path")
+    system = catalog.any_system(value, where=(path, "system"))
+    if not isinstance(system, MixedSystemSpec):
+        raise fail(path, "system", f"{value!r} has one device type; plan on it with `planner"
+                   " run` (a study of `planner mixed` names a system of node groups)")
+    return system
+
+
+def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStudy:
+    catalog = catalog or load_catalog()
+    e = fields(path, "", load(path, "study YAML"), _FIELDS, _OPTIONAL)
+    name = e.get("name", path.stem)
+    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
+        raise fail(path, "name", f"must be a name without spaces, but got {name!r}")
+    if not isinstance(e["model"], str) or not e["model"]:
+        raise fail(path, "model", "must be a model name from the catalog or a YAML path")
+    model = catalog.model(e["model"], where=(path, "model"))
+    system = _system(path, e["system"], catalog)
+    t = fields(path, "training", e["training"], {"global_batch"}, {"seq_len"})
+    training = TrainingSpec(
+        global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
+        seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1))
+    s = fields(path, "space", e["space"] if e["space"] is not None else {}, set(), _SPACE)
+    node = max(g.network.dims[0].npus for g in system.groups)
+    kw: dict[str, Any] = {"tp": _degrees(path, "space.tp", s["tp"], node) if "tp" in s
+                          else powers_of_two(node)}
+    if "recompute" in s:
+        kw["recompute"] = _enums(path, "space.recompute", s["recompute"], Recompute)
+    if "zero" in s:
+        kw["zero"] = tuple(dict.fromkeys(
+            ZeroStage(z) if isinstance(z, int) and not isinstance(z, bool) and 0 <= z <= 3
+            else _bad_zero(path, z) for z in _list(path, "space.zero", s["zero"])))
+    if "schedule" in s:
+        schedule = choice(path, "space.schedule", s["schedule"], Schedule)
+        if schedule is Schedule.INTERLEAVED:
+            raise fail(path, "space.schedule", "interleaved is not modelled on mixed systems;"
+                       " use 1f1b or gpipe")
+        kw["schedule"] = schedule
+    space = MixedSpace(model=model, system=system, training=training, **kw)
+    return MixedStudy(name=name, path=path, description=str(e.get("description", "")),
+                      space=space)

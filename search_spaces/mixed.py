@@ -135,12 +135,15 @@ def balanced_split(lines: list[tuple[float, float]], caps: list[int], layers: in
     best, slowest = _cost(lines, n, m)
     fastest = min(t for (_, t), c in zip(lines, caps) if c > 1) if layers > s else 0.0
     floor = sum(a + t for a, t in lines) + (layers - s) * fastest
-    # A larger bound T can only pay if (m - 1) T + the least possible sum beats the best.
+    # A bound T can only pay if (m - 1) T + the least possible sum beats the best.
     limit = (best - floor) / (m - 1)
-    bounds = sorted({a + j * t for k, (a, t) in enumerate(lines) if t > 0
-                     for j in range(n[k] + 1, min(caps[k], math.floor((limit - a) / t)) + 1)})
+    # Every bound from the least slowest stage on: at each, the fastest stages filled first
+    # give the least sum (the min-max split need not).
+    bounds = sorted({slowest} | {a + j * t for k, (a, t) in enumerate(lines) if t > 0
+                                 for j in range(n[k] + 1,
+                                                min(caps[k], math.floor((limit - a) / t)) + 1)})
     for bound in bounds:
-        if bound <= slowest:
+        if bound < slowest:  # a stage's next layer may end before the slowest stage does
             continue
         capped = [min(c, math.floor((bound - a) / t + 1e-9)) if t > 0 else c
                   for (a, t), c in zip(lines, caps)]

@@ -78,19 +78,20 @@ def _block_dims(group: SystemSpec, devices: int) -> tuple[NetworkDim, ...] | Non
     return tuple(dims) or (_sub_dim(group.network.dims[0], 1),)
 
 
-_blocks: PerNetwork[dict[int, SystemSpec | None]] = PerNetwork(lambda _: {})
+_blocks: PerNetwork[dict[tuple, SystemSpec | None]] = PerNetwork(lambda _: {})
 
 
 def stage_system(group: SystemSpec, devices: int) -> SystemSpec | None:
     """The group's first ``devices`` ranks as a system of their own (the same object each time,
     so collective timings are memoised once), or None if that block does not fit its shape."""
-    per = _blocks(group.network)
-    if devices not in per:
+    per = _blocks(group.network)  # groups may share a network object, not their device
+    key = (devices, group.name, group.device)
+    if key not in per:
         dims = _block_dims(group, devices)
-        per[devices] = None if dims is None else SystemSpec(
+        per[key] = None if dims is None else SystemSpec(
             name=f"{group.name}[{devices}]", device=group.device,
             network=Network(dims=dims, scheduling=group.network.scheduling))
-    return per[devices]
+    return per[key]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ ROWS = [("metis-16-16", "612 steps (time not given)"), ("metis-32-32", "88 s (26
 def main() -> None:
     print(f"{'study':<15} {'plans':>7} {'search s (CPU)':>15} {'best s/step':>12}  Metis")
     for name, metis in ROWS:
-        study = load_mixed_study(ROOT / "studies" / f"{name}.yaml")
+        study = load_mixed_study(ROOT / "studies" / "mixed" / f"{name}.yaml")
         times = []
         for _ in range(3):
             start = time.process_time()

@@ -301,7 +301,7 @@ class Catalog:
 
 def _mixed_here(ref: str, where: tuple[Path, str] | None) -> PlannerUsageError:
     message = (f"system {ref!r} mixes device types; plan on it with `planner mixed STUDY.yaml`"
-               " (studies/metis-*.yaml are examples)")
+               " (studies/mixed/metis-*.yaml are examples)")
     if where is not None:
         return fail(*where, message)
     return PlannerUsageError(message)

@@ -31,6 +31,7 @@ from simcore.mixed import MixedPlan, MixedStage, MixedSystemSpec, check_mixed, e
 from simcore.specs import Family, ModelSpec, Recompute, ZeroStage
 
 ROOT = Path(__file__).resolve().parent.parent
+MIXED = ROOT / "studies" / "mixed"
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +143,7 @@ def test_search_covers_the_space(catalog):
     # make 16 stages > 8 layers); tp <= size: 2 + 3 + 3 + 3 = 11 layouts per group. Orders: each
     # group alone (11 + 11) and both ways (2 * 11 * 11 minus the pairs with more than 8 stages:
     # size 2 (8 stages) with anything, and size 4 (4 stages) with size 4 or 2).
-    study = load_mixed_study(ROOT / "studies" / "metis-16-16.yaml", catalog=catalog)
+    study = load_mixed_study(MIXED / "metis-16-16.yaml", catalog=catalog)
     layouts = group_layouts(study.space, 0)
     assert sorted((lay.stages, lay.tp) for lay in layouts) == sorted(
         [(8, 1), (8, 2), (4, 1), (4, 2), (4, 4), (2, 1), (2, 2), (2, 4), (1, 1), (1, 2), (1, 4)])
@@ -153,7 +154,7 @@ def test_search_covers_the_space(catalog):
 
 def test_search_best_matches_every_split_of_the_best_layout(catalog):
     # Within the best plan's layout, no other layer split is faster (every split estimated).
-    study = load_mixed_study(ROOT / "studies" / "metis-16-16.yaml", catalog=catalog)
+    study = load_mixed_study(MIXED / "metis-16-16.yaml", catalog=catalog)
     space = replace(study.space, recompute=(Recompute.NONE,), zero=(ZeroStage.OPTIMIZER,))
     result = search_mixed(space)
     row = result.best("v100+a100")
@@ -200,7 +201,7 @@ def test_a_mixed_system_in_planner_run_says_what_to_use(catalog):
 
 
 def test_planner_mixed_reports_the_best_and_each_group_alone(capsys):
-    assert main(["mixed", str(ROOT / "studies" / "metis-16-16.yaml"), "--json"]) == 0
+    assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     best, alone = out["best"], out["alone"]
     assert set(alone) == {"a100", "v100"}
@@ -211,7 +212,7 @@ def test_planner_mixed_reports_the_best_and_each_group_alone(capsys):
 
 def test_planner_mixed_writes_every_plan(tmp_path, capsys):
     out = tmp_path / "plans.csv"
-    assert main(["mixed", str(ROOT / "studies" / "metis-16-16.yaml"), "--top", "3",
+    assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--top", "3",
                  "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "a100 alone" in text and "v100 alone" in text and str(out) in text
@@ -225,3 +226,10 @@ def test_planner_mixed_bad_input_is_one_line(tmp_path, capsys):
     assert main(["mixed", str(study)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "system" in err[0] and "planner run" in err[0]
+
+
+@pytest.mark.parametrize("path", sorted(MIXED.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_mixed_study_loads(path, catalog):
+    study = load_mixed_study(path, catalog=catalog)
+    assert len(study.space.system.groups) == 2
+    assert next(skeletons(study.space), None) is not None

@@ -92,7 +92,7 @@ class MixedCommand(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("study", type=Path, metavar="STUDY.yaml",
                             help="a study whose system is made of node groups"
-                            " (studies/metis-*.yaml)")
+                            " (studies/mixed/metis-*.yaml)")
         parser.add_argument("--top", type=int, default=10, metavar="N",
                             help="plans to list (default 10)")
         parser.add_argument("--out", type=Path, metavar="FILE",

@@ -338,31 +338,43 @@ def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSp
     p = StepPlan(model, system, training, strategy)
     layer = _layer(p)
     ends = _ends(p)
-    stages = [_stage(p, layer, ends, i) for i in range(strategy.pp)]
-    pipe, slowest = pipeline_time([st.time for st in stages], p.m, strategy.v)
-    critical = stages[slowest]
-    dp_parts = [_dp_time(p, st) for st in stages]
-    dp_exposed = max(exposed for _, exposed in dp_parts)
-    optimizer = max(_optimizer_time(p, st) for st in stages)
-    m = p.m
+    stages = [(p, _stage(p, layer, ends, i)) for i in range(strategy.pp)]
+    return assemble(model, training, stages, pp=strategy.pp, m=p.m, v=strategy.v,
+                    recompute=strategy.recompute,
+                    peak_flops_per_s=system.device.peak_flops_per_s * strategy.devices)
+
+
+def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPlan, _Stage]], *,
+             pp: int, m: int, v: int, recompute: Recompute,
+             peak_flops_per_s: float) -> Estimate:
+    """The step from its stages, each with the plan it runs under (its device and links): the
+    pipeline, the slowest stage's parts, the exposed gradient reduction and optimizer, and the
+    stage whose memory comes closest to its device's HBM. ``peak_flops_per_s`` is the devices'
+    sum, for MFU."""
+    pipe, slowest = pipeline_time([st.time for _, st in stages], m, v)
+    critical = stages[slowest][1]
+    dp_exposed = max(_dp_time(sp, st)[1] for sp, st in stages)
+    optimizer = max(_optimizer_time(sp, st) for sp, st in stages)
     time = TimeParts(
         compute=m * critical.compute, tp=m * critical.tp, sp=m * critical.sp,
         dp=dp_exposed, pp=m * critical.pp, fsdp=m * critical.fsdp,
         bubble=pipe - m * critical.time, optimizer=optimizer,
     )
-    memories = [_memory(p, st) for st in stages]
+    memories = [_memory(sp, st, pp) for sp, st in stages]
+    hbms = [sp.system.device.hbm_bytes for sp, _ in stages]
+    totals = [parts.total for parts, _ in memories]
     stage_estimates = tuple(
-        StageEstimate(st.index, st.layers, st.time, flight, parts, system.device.name)
-        for st, (parts, flight) in zip(stages, memories)
+        StageEstimate(st.index, st.layers, st.time, flight, parts, sp.system.device.name)
+        for (sp, st), (parts, flight) in zip(stages, memories)
     )
-    peak_stage = max(range(len(stages)), key=lambda i: memories[i][0].total)
-    peak = memories[peak_stage][0]
+    peak_stage = max(range(len(stages)), key=lambda i: totals[i] / hbms[i])
+    peak, hbm = memories[peak_stage][0], hbms[peak_stage]
     step = time.total
-    model_flops = _model_flops(model, p.shape, training)
-    hardware_flops = model_flops + _recompute_flops(model, p.shape, training, strategy.recompute)
-    capacity = system.device.peak_flops_per_s * strategy.devices * step
-    hbm = system.device.hbm_bytes
-    fits = peak.total <= hbm
+    shape = stages[0][0].shape
+    model_flops = _model_flops(model, shape, training)
+    hardware_flops = model_flops + _recompute_flops(model, shape, training, recompute)
+    capacity = peak_flops_per_s * step
+    fits = all(total <= h for total, h in zip(totals, hbms))
     reason = "" if fits else _reason(peak, peak_stage, hbm)
     return Estimate(
         convention="megatron", step_time=step, time=time, memory=peak, peak_stage=peak_stage,

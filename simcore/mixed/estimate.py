@@ -29,25 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from simcore.collectives import p2p_time
-from simcore.estimate import Estimate, StageEstimate, TimeParts
+from simcore.estimate import Estimate
 from simcore.megatron.checks import check_plan
-from simcore.megatron.pipeline import in_flight, pipeline_time
+from simcore.megatron.pipeline import in_flight
 from simcore.megatron.placement import _sub_dim
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.step import (
-    _dp_time,
-    _Ends,
-    _ends,
-    _Layer,
-    _layer,
-    _memory,
-    _model_flops,
-    _optimizer_time,
-    _reason,
-    _recompute_flops,
-    _Stage,
-    _stage,
-)
+from simcore.megatron.step import _Ends, _ends, _Layer, _layer, _memory, _Stage, _stage, assemble
 from simcore.mixed.specs import MixedPlan, MixedStage, MixedSystemSpec
 from simcore.network import Network, NetworkDim, PerNetwork
 from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
@@ -253,41 +240,11 @@ def estimate_mixed(model: ModelSpec, system: MixedSystemSpec, training: Training
     ``costs`` (for the same model, system and training) reuses stage plans between calls."""
     check_mixed(model, system, training, plan)
     costs = costs or StageCosts(model, system, training)
-    stages = _stages(costs, plan)
-    m = plan.micro_batches
-    pipe, slowest = pipeline_time([st.time for _, st in stages], m, 1)
-    critical = stages[slowest][1]
-    dp_exposed = max(_dp_time(pl.plan, st)[1] for pl, st in stages)
-    optimizer = max(_optimizer_time(pl.plan, st) for pl, st in stages)
-    time = TimeParts(
-        compute=m * critical.compute, tp=m * critical.tp, sp=m * critical.sp, dp=dp_exposed,
-        pp=m * critical.pp, fsdp=m * critical.fsdp, bubble=pipe - m * critical.time,
-        optimizer=optimizer,
-    )
-    memories = [_memory(pl.plan, st, plan.pp) for pl, st in stages]
-    hbms = [pl.plan.system.device.hbm_bytes for pl, _ in stages]
-    estimates = tuple(
-        StageEstimate(st.index, st.layers, st.time, flight, parts, pl.plan.system.device.name)
-        for (pl, st), (parts, flight) in zip(stages, memories))
-    totals = [parts.total for parts, _ in memories]
-    peak_stage = max(range(len(stages)), key=lambda i: totals[i] / hbms[i])
-    peak = memories[peak_stage][0]
-    hbm = hbms[peak_stage]
-    step = time.total
-    shape = stages[0][0].plan.shape
-    model_flops = _model_flops(model, shape, training)
-    hardware_flops = model_flops + _recompute_flops(model, shape, training, plan.recompute)
-    capacity = step * sum(pl.plan.system.device.peak_flops_per_s * s.devices
-                          for (pl, _), s in zip(stages, plan.stages))
-    fits = all(total <= h for total, h in zip(totals, hbms))
-    reason = "" if fits else _reason(peak, peak_stage, hbm)
-    return Estimate(
-        convention="megatron", step_time=step, time=time, memory=peak, peak_stage=peak_stage,
-        stages=estimates, model_flops=model_flops, hardware_flops=hardware_flops,
-        mfu=model_flops / capacity, hfu=hardware_flops / capacity,
-        tokens_per_s=training.global_batch * training.seq_len / step, hbm_bytes=hbm,
-        fits=fits, reason=reason,
-    )
+    stages = [(placed.plan, st) for placed, st in _stages(costs, plan)]
+    peak = sum(sp.system.device.peak_flops_per_s * s.devices
+               for (sp, _), s in zip(stages, plan.stages))
+    return assemble(model, training, stages, pp=plan.pp, m=plan.micro_batches, v=1,
+                    recompute=plan.recompute, peak_flops_per_s=peak)
 
 
 def with_layers(plan: MixedPlan, layers: list[int]) -> MixedPlan:

@@ -87,7 +87,7 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
 _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "source",
                     "notes", "calibration", "kernel_launch_us", "collective_launch_us", "sm_count",
-                    "attention_efficiency", "flash_attention"}
+                    "attention_efficiency", "flash_attention", "bf16"}
 
 
 def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
@@ -100,6 +100,9 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
     flash = e.get("flash_attention", False)
     if not isinstance(flash, bool):
         raise fail(path, f"{name}.flash_attention", f"must be true or false, but got {flash!r}")
+    bf16 = e.get("bf16", True)
+    if not isinstance(bf16, bool):
+        raise fail(path, f"{name}.bf16", f"must be true or false, but got {bf16!r}")
     attention = e.get("attention_efficiency")
     sm_count = e.get("sm_count", 0)
     return _spec(path, name, lambda: DeviceSpec(
@@ -109,6 +112,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         sm_count=integer(path, f"{name}.sm_count", sm_count, minimum=0),
         attention_efficiency=None if attention is None else num("attention_efficiency"),
         flash_attention=flash,
+        bf16=bf16,
         peak_flops_per_s=num("peak_tflops") * 1e12,
         hbm_bytes=num("hbm_gb") * GB,
         hbm_bandwidth_bytes_per_s=num("hbm_bandwidth_gbps") * GB,

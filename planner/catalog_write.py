@@ -104,6 +104,8 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         entry["attention_efficiency"] = device.attention_efficiency
     if device.flash_attention:
         entry["flash_attention"] = True
+    if not device.bf16:
+        entry["bf16"] = False
     return entry
 
 

@@ -200,6 +200,9 @@ class DeviceSpec:
     matmul_efficiency."""
     flash_attention: bool = False
     """Plans on this device use flash attention unless the training says otherwise."""
+    bf16: bool = True
+    """The part has bf16 tensor cores; False (Pascal, Volta, Turing) trains in fp16 with loss
+    scaling. Both are 2 bytes, so the estimate is the same; exports pick the flag."""
 
     def __post_init__(self) -> None:
         for name in ("peak_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s"):

@@ -56,7 +56,12 @@ class ExportCommand(BaseCommand):
         for rank, plan in enumerate(plans, start=1):
             files: dict[str, str] = {}
             for fmt in formats:
-                files.update(export_files(plan, fmt))
+                try:
+                    files.update(export_files(plan, fmt))
+                except ValueError as e:  # the framework cannot run this plan as written
+                    if args.format != ALL:
+                        raise PlannerUsageError(f"--format {fmt}: plan {rank}: {e}") from None
+                    print(f"plan {rank}: no {fmt} files: {e}")
             folders[f"{rank}-{slug(plan.label)}"] = files
         out = args.out or RESULTS_DIR / "exports" / slug(args.name)
         for folder in write_folders(out, folders):

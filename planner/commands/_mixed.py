@@ -13,11 +13,31 @@ import pandas as pd
 
 from planner.commands._base import BaseCommand
 from planner.errors import PlannerUsageError
+from planner.exports.hetero import FRAMEWORKS, export_hetero, runs_on, why_not
 from planner.mixed_config import MixedStudy, load_mixed_study
+from planner.outputs import write_folders
 from search_spaces.mixed import MixedResult, search_mixed
 
 _SHOWN = ["plan", "groups", "stages", "micro_batches", "recompute", "zero", "step_time_s",
-          "peak_memory_gb", "mfu", "fits"]
+          "peak_memory_gb", "mfu", "fits", "frameworks"]
+
+
+def add_frameworks(study: MixedStudy, result: MixedResult) -> None:
+    """The ``frameworks`` column: which frameworks run each plan as written (comma-separated)."""
+    sp = study.space
+    result.table["frameworks"] = [
+        ",".join(runs_on(sp.model, sp.system, sp.training, result.plans[label]))
+        for label in result.table["plan"]] if not result.table.empty else []
+
+
+def best_for(result: MixedResult, framework: str) -> pd.Series | None:
+    """The fastest fitting plan ``framework`` can run, or None."""
+    table = result.table
+    if table.empty:
+        return None
+    rows = table[table["fits"] & table["frameworks"].str.split(",").map(
+        lambda fs: framework in fs)]
+    return None if rows.empty else rows.iloc[0]
 
 
 def _row(row: pd.Series | None) -> dict[str, Any] | None:
@@ -41,10 +61,16 @@ def summary(study: MixedStudy, result: MixedResult, seconds: float, top: int) ->
     gain = None
     if mixed and fastest_alone:
         gain = fastest_alone["step_time_s"] / mixed["step_time_s"] - 1
+    runnable = {f: _row(best_for(result, f)) for f in FRAMEWORKS}
+    why = {}
+    if best is not None:
+        sp, plan = study.space, result.plans[best["plan"]]
+        why = {f: why_not(f, sp.model, sp.system, sp.training, plan) for f in FRAMEWORKS}
     return {
         "study": study.name, "model": study.space.model.name, "system": study.space.system.name,
         "plans": len(table), "layouts": result.skeletons, "search_s": seconds,
         "best": _row(best), "alone": alone, "best_mixed": mixed, "mixing_speedup": gain,
+        "best_by_framework": runnable, "best_not_runnable_because": why,
         "top": [_row(r) for _, r in table.head(top).iterrows()],
     }
 
@@ -79,8 +105,18 @@ def report_lines(study: MixedStudy, s: dict[str, Any], top: pd.DataFrame) -> lis
         lines.append(f"  mixed: {mixed['step_time_s']:.4g} s  {mixed['plan']}: mixing does not"
                      f" pay ({-gain if gain is not None else 0:.1%} slower than the best group"
                      " alone); leave the slower devices idle or give them other work")
-    lines.append("")
-    lines.append(top.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    for f, row in s["best_by_framework"].items():
+        reason = s["best_not_runnable_because"].get(f)
+        if reason is None:
+            lines.append(f"  {f}: runs the best plan as written")
+        elif row is None:
+            lines.append(f"  {f}: runs no fitting plan ({reason})")
+        else:
+            lines.append(f"  {f}: {row['step_time_s']:.4g} s  {row['plan']} (the best plan"
+                         f" cannot run: {reason})")
+    if not top.empty:
+        lines.append("")
+        lines.append(top.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     return lines
 
 
@@ -98,6 +134,12 @@ class MixedCommand(BaseCommand):
         parser.add_argument("--out", type=Path, metavar="FILE",
                             help="write every plan with its estimate (.csv or .parquet)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--export", type=Path, metavar="DIR",
+                            help="write the launch files of the best plan each framework can"
+                            " run, one sub-folder per framework")
+        parser.add_argument("--framework", choices=[*FRAMEWORKS, "all"], default="all",
+                            help="with --export: flagscale (hetero process meshes), megatron"
+                            " (one tp and dp, a custom pipeline layout) or all (default)")
 
     def run(self, args: argparse.Namespace) -> int:
         if args.top < 0:
@@ -108,9 +150,12 @@ class MixedCommand(BaseCommand):
         start = time.perf_counter()
         result = search_mixed(study.space)
         seconds = time.perf_counter() - start
+        add_frameworks(study, result)
         s = summary(study, result, seconds, args.top)
         if args.out is not None:
             _write(result.table, args.out)
+        written = _export(study, result, args) if args.export is not None else []
+        s["exported"] = written
         if args.json:
             print(json.dumps(s, indent=2))
         else:
@@ -119,7 +164,32 @@ class MixedCommand(BaseCommand):
             print("\n".join(report_lines(study, s, top)))
             if args.out is not None:
                 print(f"every plan: {args.out}")
+            for line in written:
+                print(line)
         return 0
+
+
+def _export(study: MixedStudy, result: MixedResult, args: argparse.Namespace) -> list[str]:
+    """Write each framework's best runnable plan under ``args.export``; the lines to print."""
+    sp = study.space
+    frameworks = FRAMEWORKS if args.framework == "all" else (args.framework,)
+    folders: dict[str, dict[str, str]] = {}
+    lines = []
+    for f in frameworks:
+        row = best_for(result, f)
+        if row is None:
+            if args.framework != "all":
+                raise PlannerUsageError(f"--framework {f}: it runs no plan of {study.name}"
+                                        " that fits")
+            lines.append(f"{f}: runs no plan that fits; nothing written")
+            continue
+        estimate = (f"step time {row['step_time_s']:.4g} s, peak memory"
+                    f" {row['peak_memory_gb']:.1f} GB (fits)")
+        folders[f] = export_hetero(f, sp.model, sp.system, sp.training,
+                                   result.plans[row["plan"]], estimate)
+    for folder in write_folders(args.export, folders):
+        lines.append(f"{folder}/: {', '.join(sorted(folders[folder.name]))}")
+    return lines
 
 
 def _write(table: pd.DataFrame, path: Path) -> None:

@@ -56,7 +56,8 @@ def ds_config(plan: Plan) -> dict[str, Any]:
         "train_batch_size": plan.training.global_batch,
         "train_micro_batch_size_per_gpu": s.micro_batch,
         "gradient_accumulation_steps": gas,
-        "bf16": {"enabled": True},
+        # fp16 (dynamic loss scaling) on parts without bf16 tensor cores
+        ("bf16" if plan.system.device.bf16 else "fp16"): {"enabled": True},
         "zero_optimization": _zero(plan),
         "gradient_clipping": 1.0,
         "steps_per_print": 10,
@@ -131,7 +132,7 @@ def launcher_args(plan: Plan) -> list[str]:
         if s.recompute is Recompute.FULL:
             args += ["--recompute-method uniform", "--recompute-num-layers 1"]
         args.append("--deepspeed-activation-checkpointing")
-    args.append("--bf16")
+    args.append("--bf16" if plan.system.device.bf16 else "--fp16")
     return args
 
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from planner.plan import Plan
 from simcore.megatron import uses_flash_attention
-from simcore.specs import Activation, Family, Recompute, Schedule, ZeroStage
+from simcore.specs import Activation, Family, ModelSpec, Recompute, Schedule, ZeroStage
 
-__all__ = ["export_megatron", "header_lines", "micro_batches"]
+__all__ = ["export_megatron", "header_lines", "micro_batches", "model_args", "recompute_args"]
 
 GIB = 2**30
 SOURCE = "NVIDIA/Megatron-LM d98e8a64 (2026-08-22), megatron/training/arguments.py"
@@ -141,7 +141,11 @@ def _batch_args(plan: Plan) -> list[str]:
 
 
 def _recompute_args(plan: Plan) -> list[str]:
-    r = plan.strategy.recompute
+    return recompute_args(plan.strategy.recompute)
+
+
+def recompute_args(r: Recompute) -> list[str]:
+    """Megatron-LM's options for one activation-recompute choice, with a comment line."""
     if r is Recompute.SELECTIVE:
         return ["# selective recompute: the attention core (Megatron's default recompute module)",
                 "--recompute-granularity selective"]
@@ -178,7 +182,13 @@ def _data_parallel_args(plan: Plan) -> list[str]:
 
 
 def _model_args(plan: Plan) -> list[str]:
-    m, seq = plan.model, plan.training.seq_len
+    return model_args(plan.model, plan.training.seq_len,
+                      uses_flash_attention(plan.model, plan.system, plan.training),
+                      plan.system.device.bf16)
+
+
+def model_args(m: ModelSpec, seq: int, flash: bool, bf16: bool = True) -> list[str]:
+    """Megatron-LM's options for the model's shape and attention kernel, with comment lines."""
     args = [f"# model {m.name} (vocab {m.vocab} comes from the tokenizer)",
             f"--num-layers {m.layers}",
             f"--hidden-size {m.hidden}",
@@ -194,8 +204,11 @@ def _model_args(plan: Plan) -> list[str]:
                  "--disable-bias-linear"]
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
-    args.append("--bf16")
-    if uses_flash_attention(plan.model, plan.system, plan.training):
+    if bf16:
+        args.append("--bf16")
+    else:
+        args += ["# fp16 with loss scaling: the device has no bf16 tensor cores", "--fp16"]
+    if flash:
         args += ["# flash attention, as estimated (the s x s scores are never stored)",
                  "--attention-backend flash"]
     else:

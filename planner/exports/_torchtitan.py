@@ -71,6 +71,10 @@ _RESHARD = {ZeroStage.OPTIMIZER: "never", ZeroStage.GRADIENTS: "never",
 
 def export_torchtitan(plan: Plan) -> dict[str, str]:
     """``torchtitan.toml`` (v0.2.2 and earlier) and ``torchtitan_config.py`` (main, 2026)."""
+    if not plan.system.device.bf16:
+        raise ValueError(f"torchtitan trains in bfloat16 (FSDP2 mixed precision, no loss"
+                         f" scaling) and {plan.system.device.name} has no bf16 tensor cores;"
+                         " export for megatron or deepspeed, which train in fp16")
     return {"torchtitan.toml": _toml(plan), "torchtitan_config.py": _python(plan)}
 
 

@@ -152,3 +152,20 @@ def system_entry(system: SystemSpec, *, device: str | None = None) -> dict[str, 
         "scheduling": _scheduling_entry(system.network.scheduling),
     }
 
+
+def check_clash(name: str, target: Path) -> None:
+    """Refuse a system name the shipped catalog or another file of the user's catalog (in the
+    folder of ``target``) defines."""
+    from planner.catalog import load_catalog
+    from planner.fields import load
+
+    shipped = load_catalog(user=False)
+    if name in shipped.systems or name in shipped.mixed:
+        raise PlannerUsageError(
+            f"--name: {name}: a shipped system of that name is in"
+            f" {shipped.sources[('system', name)]}; choose another name")
+    for path in sorted(target.parent.glob("*.y*ml")) if target.parent.is_dir() else []:
+        data = load(path, "catalog YAML")
+        if path.resolve() != target.resolve() and isinstance(data, dict) and name in data:
+            raise PlannerUsageError(f"--name: {name}: already defined in {path}; choose another"
+                                    " name or edit that file")

@@ -9,6 +9,7 @@
       recompute: [none, full]
       zero: [0, 1]
       schedule: 1f1b                  # or gpipe
+    profile: my-cluster               # optional: measured layer costs (planner import-metis)
 
 Each device's own HBM is the limit. Every problem is one line naming the file and the field.
 """
@@ -21,16 +22,17 @@ from typing import Any
 
 from planner.catalog import Catalog, load_catalog
 from planner.fields import choice, fail, fields, integer, load
+from planner.metis_io import profiles_from_entry
 from planner.study_config import _bad_zero, _degrees, _enums, _list
 from search_spaces import powers_of_two
 from search_spaces.mixed import MixedSpace
-from simcore.mixed import MixedSystemSpec
-from simcore.specs import Recompute, Schedule, TrainingSpec, ZeroStage
+from simcore.mixed import LayerProfiles, MixedSystemSpec
+from simcore.specs import ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
 
 __all__ = ["MixedStudy", "load_mixed_study"]
 
 _FIELDS = {"model", "system", "training", "space"}
-_OPTIONAL = {"name", "description"}
+_OPTIONAL = {"name", "description", "profile"}
 _SPACE = {"tp", "recompute", "zero", "schedule"}
 
 
@@ -50,6 +52,31 @@ def _system(path: Path, value: Any, catalog: Catalog) -> MixedSystemSpec:
         raise fail(path, "system", f"{value!r} has one device type; plan on it with `planner"
                    " run` (a study of `planner mixed` names a system of node groups)")
     return system
+
+
+def _profiles(path: Path, value: Any, model: ModelSpec) -> LayerProfiles:
+    """A profile by name (``planner import-metis --name``) or by a path next to the study."""
+    from planner.commands._import_metis import profile_path
+
+    if not isinstance(value, str) or not value:
+        raise fail(path, "profile", "must be a profile name (planner import-metis --name) or"
+                   " the path of a profile YAML")
+    file = Path(value) if value.endswith((".yaml", ".yml")) else profile_path(value)
+    if not file.is_absolute() and value.endswith((".yaml", ".yml")):
+        file = path.parent / file
+    if not file.is_file():
+        raise fail(path, "profile", f"{file} not found; run `planner import-metis ... --name"
+                   f" {value}` first")
+    data = load(file, "profile YAML")
+    if not isinstance(data, dict) or len(data) != 1:
+        raise fail(file, "profile", "must hold one profile (NAME: {layers, devices})")
+    (name, entry), = data.items()
+    profiles = profiles_from_entry(file, str(name), entry)
+    if profiles.layers != model.layers:
+        raise fail(path, "profile", f"{name} profiles a model of {profiles.layers} transformer"
+                   f" layers but {model.name} has {model.layers}; name a model of the same"
+                   " shape")
+    return profiles
 
 
 def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStudy:
@@ -82,6 +109,8 @@ def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStud
             raise fail(path, "space.schedule", "interleaved is not modelled on mixed systems;"
                        " use 1f1b or gpipe")
         kw["schedule"] = schedule
+    if "profile" in e:
+        kw["profiles"] = _profiles(path, e["profile"], model)
     space = MixedSpace(model=model, system=system, training=training, **kw)
     return MixedStudy(name=name, path=path, description=str(e.get("description", "")),
                       space=space)

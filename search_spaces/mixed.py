@@ -30,6 +30,7 @@ import pandas as pd
 
 from simcore.mixed import MixedPlan, MixedStage, MixedSystemSpec, stage_system
 from simcore.mixed.estimate import StageCosts, estimate_mixed, stage_lines, with_layers
+from simcore.mixed.profile import LayerProfiles
 from simcore.specs import ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
 
 __all__ = ["MixedSpace", "GroupLayout", "group_layouts", "skeletons", "balanced_split",
@@ -57,6 +58,8 @@ class MixedSpace:
     recompute: tuple[Recompute, ...] = (Recompute.NONE, Recompute.FULL)
     zero: tuple[ZeroStage, ...] = (ZeroStage.NONE,)
     schedule: Schedule = Schedule.ONE_F_ONE_B
+    profiles: LayerProfiles | None = None
+    """Measured layer costs in place of the roofline; stage shapes without one are left out."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -199,7 +202,7 @@ def _solve(space: MixedSpace, costs: StageCosts, plan: MixedPlan) -> MixedPlan |
 
 def search_mixed(space: MixedSpace) -> MixedResult:
     """Estimate every plan of the space, each with its solved layer split."""
-    costs = StageCosts(space.model, space.system, space.training)
+    costs = StageCosts(space.model, space.system, space.training, space.profiles)
     names = [g.name for g in space.system.groups]
     rows, plans, count = [], {}, 0
     for chosen in skeletons(space):

@@ -27,7 +27,7 @@ from planner.exports import export_files
 from planner.exports.hetero import export_hetero, layout, meshes, runs_on, why_not
 from planner.plan import make_plan
 from simcore import Convention, Strategy, TrainingSpec
-from simcore.mixed import MixedPlan, MixedStage, MixedSystemSpec
+from simcore.mixed import MixedPlan, MixedStage
 from simcore.specs import ZeroStage
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,6 +11,7 @@ from planner.commands._compare import CompareCommand
 from planner.commands._estimate import EstimateCommand
 from planner.commands._export import ExportCommand
 from planner.commands._import_astra import ImportAstraCommand
+from planner.commands._import_metis import ImportMetisCommand
 from planner.commands._mixed import MixedCommand
 from planner.commands._pareto import ParetoCommand
 from planner.commands._report import ReportCommand
@@ -25,7 +26,7 @@ COMMANDS: list[BaseCommand] = [
     BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
     CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(), CatalogCommand(),
     EstimateCommand(), ValidateCommand(), CalibrateCommand(), AstraEstimateCommand(),
-    ImportAstraCommand(), CollectiveCommand(),
+    ImportAstraCommand(), ImportMetisCommand(), CollectiveCommand(),
 ]
 
 __all__ = ["BaseCommand", "COMMANDS"]

@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from planner.astra_io import WRITTEN_SWITCHES, AstraSystem, load_astra_system
-from planner.catalog import load_catalog, system_from_entry, user_catalog_dir
-from planner.catalog_write import check_entry_name, system_entry, write_entry
+from planner.catalog import system_from_entry, user_catalog_dir
+from planner.catalog_write import check_clash, check_entry_name, system_entry, write_entry
 from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
 from planner.fields import load
@@ -59,20 +59,6 @@ def _entry_text(system: SystemSpec, system_json: Path, network_yml: Path) -> str
     return header + yaml.safe_dump({system.name: entry}, sort_keys=False, width=100)
 
 
-def _check_clash(name: str, target: Path) -> None:
-    """Refuse a name the shipped catalog or another file of the user's catalog defines."""
-    shipped = load_catalog(user=False)
-    if name in shipped.systems:
-        raise PlannerUsageError(
-            f"--name: {name}: a shipped system of that name is in"
-            f" {shipped.sources[('system', name)]}; choose another name")
-    for path in sorted(target.parent.glob("*.y*ml")) if target.parent.is_dir() else []:
-        data = load(path, "catalog YAML")
-        if path.resolve() != target.resolve() and isinstance(data, dict) and name in data:
-            raise PlannerUsageError(f"--name: {name}: already defined in {path}; choose another"
-                                    " name or edit that file")
-
-
 def _read_back(path: Path, name: str, text: str, expected: SystemSpec) -> None:
     """What was written reads back to the same system (else a bug: nothing is installed)."""
     found = system_from_entry(path, name, yaml.safe_load(text)[name], {})
@@ -105,7 +91,7 @@ def import_astra(system_json: Path, network_yml: Path, name: str, *,
     astra = load_astra_system(system_json, network_yml)
     system = astra_system_spec(astra, system_json, name, hbm_gb)
     target = user_catalog_dir() / "systems" / f"{name}.yaml"
-    _check_clash(name, target)
+    check_clash(name, target)
     if target.exists() and not force:
         raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
     text = _entry_text(system, system_json.resolve(), network_yml.resolve())

@@ -83,6 +83,9 @@ def report_lines(study: MixedStudy, s: dict[str, Any], top: pd.DataFrame) -> lis
              f" global batch {tr.global_batch} x {tr.seq_len} tokens"]
     if study.description:
         lines.append(study.description)
+    if study.space.profiles is not None:
+        lines.append(f"layer costs measured (profile {study.space.profiles.name}); stage shapes"
+                     " without a profile are left out")
     lines.append(f"searched {s['plans']:,} plans ({s['layouts']:,} group orders and stage"
                  f" layouts x micro-batches x knobs, each layer split solved) in"
                  f" {s['search_s']:.2f} s: the whole space")

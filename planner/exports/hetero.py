@@ -35,7 +35,15 @@ import yaml
 from planner.exports._megatron import model_args, recompute_args
 from simcore.megatron import uses_flash_attention
 from simcore.mixed import MixedPlan, MixedSystemSpec
-from simcore.specs import Activation, Family, ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
+from simcore.specs import (
+    Activation,
+    Family,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    TrainingSpec,
+    ZeroStage,
+)
 
 __all__ = ["FRAMEWORKS", "Mesh", "meshes", "why_not", "runs_on", "export_hetero"]
 

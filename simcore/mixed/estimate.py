@@ -35,6 +35,7 @@ from simcore.megatron.pipeline import in_flight
 from simcore.megatron.placement import _sub_dim
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.step import _Ends, _ends, _Layer, _layer, _memory, _Stage, _stage, assemble
+from simcore.mixed.profile import LayerProfiles, profiled_ends, profiled_layer
 from simcore.mixed.specs import MixedPlan, MixedStage, MixedSystemSpec
 from simcore.network import Network, NetworkDim, PerNetwork
 from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
@@ -94,8 +95,14 @@ class StageCosts:
     """Stage plans for one model, system and training step, each built once: a search prices
     thousands of plans from a few hundred (group, tp, dp, micro-batch, knobs) combinations."""
 
-    def __init__(self, model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec) -> None:
+    def __init__(self, model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
+                 profiles: LayerProfiles | None = None) -> None:
         self.model, self.system, self.training = model, system, training
+        if profiles is not None and profiles.layers != model.layers:
+            raise ValueError(f"profile {profiles.name} is of a model of {profiles.layers}"
+                             f" transformer layers but {model.name} has {model.layers}")
+        self.profiles = profiles
+        """Measured layer costs that replace the roofline's (:mod:`simcore.mixed.profile`)."""
         self._placed: dict[tuple, Placed] = {}
         self.sends: dict[tuple, float] = {}
         """Seconds of one send, by (link, bytes, sending device)."""
@@ -124,7 +131,12 @@ class StageCosts:
             strategy = self.strategy(plan, stage)
             check_plan(self.model, sub, self.training, strategy)
             p = StepPlan(self.model, sub, self.training, strategy)
-            found = Placed(p, _layer(p), _ends(p))
+            layer, ends = _layer(p), _ends(p)
+            if self.profiles is not None:
+                measured = self.profiles.get(group.device.name, stage.tp, strategy.micro_batch)
+                layer = profiled_layer(layer, measured, plan.recompute)
+                ends = profiled_ends(measured)
+            found = Placed(p, layer, ends)
             self._placed[key] = found
         return found
 
@@ -234,12 +246,14 @@ def _stages(costs: StageCosts, plan: MixedPlan) -> list[tuple[Placed, _Stage]]:
 
 
 def estimate_mixed(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
-                   plan: MixedPlan, costs: StageCosts | None = None) -> Estimate:
+                   plan: MixedPlan, costs: StageCosts | None = None,
+                   profiles: LayerProfiles | None = None) -> Estimate:
     """Estimate one training step of ``model`` on a mixed ``system`` split by ``plan``.
 
-    ``costs`` (for the same model, system and training) reuses stage plans between calls."""
+    ``costs`` (for the same model, system and training) reuses stage plans between calls;
+    ``profiles`` replace the roofline's layer costs where given (``costs`` carries its own)."""
     check_mixed(model, system, training, plan)
-    costs = costs or StageCosts(model, system, training)
+    costs = costs or StageCosts(model, system, training, profiles)
     stages = [(placed.plan, st) for placed, st in _stages(costs, plan)]
     peak = sum(sp.system.device.peak_flops_per_s * s.devices
                for (sp, _), s in zip(stages, plan.stages))

@@ -186,3 +186,41 @@ def test_planner_mixed_export_with_no_runnable_plan_is_one_line(tmp_path, capsys
                  "--framework", "flagscale"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "runs no plan" in err[0]
+
+
+def test_mixed_timeline_of_one_stage_ends_at_the_estimate(metis):
+    # One stage: no bubble, so m x (forward + backward) + exposed dp + optimizer is the step
+    # (the estimate's closed form) and the timeline must end there exactly.
+    from simcore.mixed import estimate_mixed
+    from simcore.mixed.timeline import mixed_timeline
+
+    system, model = metis
+    plan = _plan((0, 1, 16, 8), m=4)
+    tl = mixed_timeline(model, system, TRAINING, plan)
+    assert tl.end == pytest.approx(estimate_mixed(model, system, TRAINING, plan).step_time,
+                                   rel=1e-9)
+    assert tl.rows[0] == "stage 0: a100 (a100-80gb)"
+
+
+def test_mixed_timeline_rows_name_each_stage_device(metis):
+    from simcore.mixed import estimate_mixed
+    from simcore.mixed.timeline import mixed_timeline
+
+    system, model = metis
+    plan = _plan((1, 2, 2, 1), (1, 2, 2, 2), (0, 2, 2, 2), (0, 2, 2, 3), m=8)
+    tl = mixed_timeline(model, system, TRAINING, plan)
+    times = [s.micro_batch_time for s in estimate_mixed(model, system, TRAINING, plan).stages]
+    stages = [r for r in tl.rows if r.startswith("stage") and not r.endswith("comm")]
+    assert stages == ["stage 0: v100 (v100-16gb)", "stage 1: v100 (v100-16gb)",
+                      "stage 2: a100 (a100-80gb)", "stage 3: a100 (a100-80gb)"]
+    # 1F1B cannot end before its slowest stage has run all 8 micro-batches, and ends no later
+    # than the closed form (m - 1) x slowest + sum, which charges every other stage in full
+    assert 8 * max(times) <= tl.pipeline_end <= 7 * max(times) + sum(times)
+
+
+def test_planner_mixed_draws_the_best_plan(tmp_path, capsys):
+    out = tmp_path / "tl.html"
+    assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--top", "0",
+                 "--timeline", str(out)]) == 0
+    assert "timeline of the best plan" in capsys.readouterr().out
+    assert "stage 0: a100 (a100-80gb)" in out.read_text()

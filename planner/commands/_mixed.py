@@ -17,6 +17,7 @@ from planner.exports.hetero import FRAMEWORKS, export_hetero, runs_on, why_not
 from planner.mixed_config import MixedStudy, load_mixed_study
 from planner.outputs import write_folders
 from search_spaces.mixed import MixedResult, search_mixed
+from simcore.mixed.estimate import StageCosts
 
 _SHOWN = ["plan", "groups", "stages", "micro_batches", "recompute", "zero", "step_time_s",
           "peak_memory_gb", "mfu", "fits", "frameworks"]
@@ -137,6 +138,9 @@ class MixedCommand(BaseCommand):
         parser.add_argument("--out", type=Path, metavar="FILE",
                             help="write every plan with its estimate (.csv or .parquet)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--timeline", type=Path, metavar="FILE",
+                            help="draw one step of the best plan, each stage's row naming its"
+                            " device (.html, or .png with Chromium)")
         parser.add_argument("--export", type=Path, metavar="DIR",
                             help="write the launch files of the best plan each framework can"
                             " run, one sub-folder per framework")
@@ -158,6 +162,8 @@ class MixedCommand(BaseCommand):
         if args.out is not None:
             _write(result.table, args.out)
         written = _export(study, result, args) if args.export is not None else []
+        if args.timeline is not None:
+            written.append(_timeline(study, result, args.timeline))
         s["exported"] = written
         if args.json:
             print(json.dumps(s, indent=2))
@@ -170,6 +176,21 @@ class MixedCommand(BaseCommand):
             for line in written:
                 print(line)
         return 0
+
+
+def _timeline(study: MixedStudy, result: MixedResult, path: Path) -> str:
+    from planner.plots import write_figure
+    from planner.plots.timeline import figure_from_timeline
+    from simcore.mixed.timeline import mixed_timeline
+
+    best = result.best()
+    if best is None:
+        raise PlannerUsageError(f"--timeline: {study.name} has no plan that fits to draw")
+    sp = study.space
+    costs = StageCosts(sp.model, sp.system, sp.training, sp.profiles)
+    tl = mixed_timeline(sp.model, sp.system, sp.training, result.plans[best["plan"]], costs)
+    written = write_figure(figure_from_timeline(f"{study.name}: {best['plan']}", tl), path)
+    return f"timeline of the best plan: {written}"
 
 
 def _export(study: MixedStudy, result: MixedResult, args: argparse.Namespace) -> list[str]:

@@ -173,10 +173,13 @@ def _traces(tl: Timeline, bars: _Bars) -> list[go.Bar]:
     return traces
 
 
-def _title(plan: Plan, tl: Timeline, bars: _Bars,
+def _title(plan: Plan | str, tl: Timeline, bars: _Bars,
            window: tuple[float, float, int] | None) -> str:
-    where = f"{plan.study} trial {plan.trial}: " if plan.study else ""
-    head = f"{where}{plan.label}"
+    if isinstance(plan, str):
+        head = plan
+    else:
+        where = f"{plan.study} trial {plan.trial}: " if plan.study else ""
+        head = f"{where}{plan.label}"
     if tl.convention == "stage":
         shape = "stage convention (ASTRA-sim totals)"
     else:
@@ -194,8 +197,9 @@ def _title(plan: Plan, tl: Timeline, bars: _Bars,
     return "<br>".join([lines[0]] + [f"<sup>{line}</sup>" for line in lines[1:]])
 
 
-def figure_from_timeline(plan: Plan, tl: Timeline) -> go.Figure:
-    """The figure of a timeline already computed for ``plan``."""
+def figure_from_timeline(plan: Plan | str, tl: Timeline) -> go.Figure:
+    """The figure of a timeline already computed for ``plan`` (or a plan described by a
+    label, e.g. a plan on a mixed cluster)."""
     bars, window = _bars(tl)
     fig = go.Figure(_traces(tl, bars))
     note = "<br>".join(textwrap.wrap(tl.note, 150))

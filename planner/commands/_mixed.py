@@ -164,7 +164,7 @@ class MixedCommand(BaseCommand):
         written = _export(study, result, args) if args.export is not None else []
         if args.timeline is not None:
             written.append(_timeline(study, result, args.timeline))
-        s["exported"] = written
+        s["written"] = written
         if args.json:
             print(json.dumps(s, indent=2))
         else:

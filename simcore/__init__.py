@@ -24,11 +24,17 @@ from simcore.collectives import (
     collective_time,
     p2p_time,
 )
+from simcore.conventions import CONVENTIONS, ConventionImpl, implementation, register
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
-from simcore.megatron import estimate_megatron
-from simcore.megatron.checks import check_plan
-from simcore.mlp import check_mlp, estimate_mlp
-from simcore.stage_adapter import check_stage, estimate_stage
+from simcore.mixed import (
+    LayerProfiles,
+    MixedPlan,
+    MixedStage,
+    MixedSystemSpec,
+    check_mixed,
+    estimate_mixed,
+)
+from simcore.mixed.timeline import mixed_timeline
 from simcore.timeline import Timeline, step_timeline
 from simcore.network import (
     AlgorithmChoice,
@@ -76,12 +82,8 @@ def estimate(
     the plan's shapes do not divide; a plan that does not fit in HBM is an estimate with
     ``fits=False``.
     """
-    convention = convention or convention_of(model)
-    if convention is Convention.MLP:
-        return estimate_mlp(model, system, training, strategy)
-    if convention is Convention.STAGE:
-        return estimate_stage(model, system, training, strategy)
-    return estimate_megatron(model, system, training, strategy)
+    impl = implementation(convention or convention_of(model))
+    return impl.estimate(model, system, training, strategy)
 
 
 def check(
@@ -93,19 +95,24 @@ def check(
 ) -> None:
     """Raise ValueError, naming the field and what is allowed, if ``estimate`` could not run
     this plan; much cheaper than estimating it (search spaces filter with it)."""
-    convention = convention or convention_of(model)
-    if convention is Convention.MLP:
-        check_mlp(model, system, training, strategy)
-    elif convention is Convention.STAGE:
-        check_stage(model, system, training, strategy)
-    else:
-        check_plan(model, system, training, strategy)
+    implementation(convention or convention_of(model)).check(model, system, training, strategy)
 
 
 __all__ = [
     "estimate",
     "check",
     "step_timeline",
+    "CONVENTIONS",
+    "ConventionImpl",
+    "register",
+    "implementation",
+    "check_mixed",
+    "estimate_mixed",
+    "mixed_timeline",
+    "MixedPlan",
+    "MixedStage",
+    "MixedSystemSpec",
+    "LayerProfiles",
     "Timeline",
     "convention_of",
     "Convention",

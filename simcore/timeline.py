@@ -402,12 +402,8 @@ def step_timeline(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     convention's timeline shows). ``estimate``, if given, must be this plan's (it saves
     estimating again); raises ValueError when the plan's shapes do not divide."""
     import simcore  # the package's dispatch; imported here as simcore imports this module
+    from simcore.conventions import implementation
 
     convention = convention or simcore.convention_of(model)
     est = estimate or simcore.estimate(model, system, training, strategy, convention)
-    if convention is Convention.STAGE:
-        return _stage_timeline(strategy, est)
-    if convention is Convention.MLP:
-        return _mlp_timeline(training, strategy, est)
-    return _megatron_timeline(model, system, training, strategy, est.step_time)
-
+    return implementation(convention).timeline(model, system, training, strategy, est)

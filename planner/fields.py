@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import math
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from planner.errors import PlannerUsageError
+from simcore.specs import Axis
 
-__all__ = ["fail", "load", "fields", "number", "integer", "choice"]
+__all__ = ["fail", "load", "fields", "number", "integer", "choice", "placement_axes"]
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's safe loader when built in: the catalogs load several times faster."""
@@ -145,3 +146,11 @@ def choice(path: Path, field: str, value: Any, enum: type) -> Any:
         raise fail(path, field, f"unknown value {value!r}; use one of {known}") from None
 
 
+def placement_axes(names: Iterable[Any]) -> tuple[Axis, ...] | None:
+    """The axes ``names`` lists, innermost first, if it names dp, tp, pp and sp once each;
+    else None (the caller says what was wrong, in its own terms)."""
+    try:
+        axes = tuple(Axis(str(a).strip()) for a in names)
+    except ValueError:
+        return None
+    return axes if sorted(axes) == sorted(Axis) else None

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.catalog import user_catalog_dir
 from planner.errors import PlannerUsageError
 from simcore.mixed import LayerProfiles, ProfiledLayer
 
-__all__ = ["METIS_DEVICES", "METIS_GBPS", "read_hostfile", "read_clusterfile", "mixed_entry",
-           "read_profiles", "profiles_entry", "profiles_from_entry"]
+__all__ = ["METIS_DEVICES", "METIS_GBPS", "MetisCluster", "read_hostfile", "read_clusterfile",
+           "mixed_entry", "read_profiles", "profiles_entry", "profiles_from_entry",
+           "profile_path"]
 
 METIS_GBPS = 1024 * 1024 * 1000 / 1e9
 """Metis's bandwidth unit in decimal GB/s (2^20 bytes per millisecond)."""
@@ -109,9 +112,29 @@ def _device(path: Path, address: str, entry: dict[str, Any]) -> str:
     return METIS_DEVICES[key]
 
 
-def mixed_entry(hostfile: Path, clusterfile: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class MetisCluster:
+    """A hostfile and a cluster file, each read once."""
+
+    hostfile: Path
+    clusterfile: Path
+    nodes: list[tuple[str, int]]
+    cluster: dict[str, dict[str, Any]]
+
+    @classmethod
+    def read(cls, hostfile: Path, clusterfile: Path) -> MetisCluster:
+        return cls(hostfile, clusterfile, read_hostfile(hostfile), read_clusterfile(clusterfile))
+
+    def device_types(self) -> dict[str, str]:
+        """Metis type -> catalog device, for the types the hostfile uses."""
+        return {self.cluster[a]["instance_type"].upper(): _device(self.clusterfile, a,
+                                                                  self.cluster[a])
+                for a, _ in self.nodes if a in self.cluster}
+
+
+def mixed_entry(c: MetisCluster) -> dict[str, Any]:
     """The catalog entry (``groups``, ``inter_node``) of the cluster the two files describe."""
-    nodes, cluster = read_hostfile(hostfile), read_clusterfile(clusterfile)
+    hostfile, clusterfile, nodes, cluster = c.hostfile, c.clusterfile, c.nodes, c.cluster
     runs: list[list[Any]] = []  # [address, slots, count]
     for i, (address, slots) in enumerate(nodes, start=1):
         if address not in cluster:
@@ -169,19 +192,21 @@ def read_profiles(folder: Path) -> tuple[dict[str, dict[str, dict[str, float]]],
     return out, layers
 
 
-def profiles_entry(folder: Path, clusterfile: Path, hostfile: Path) -> dict[str, Any]:
+def profiles_entry(folder: Path, c: MetisCluster) -> dict[str, Any]:
     """The profile file's content: per catalog device, per ``tp<T>_bs<B>``, milliseconds."""
     raw, layers = read_profiles(folder)
-    cluster = read_clusterfile(clusterfile)
-    used = {a for a, _ in read_hostfile(hostfile)}
-    by_type = {cluster[a]["instance_type"].upper(): _device(clusterfile, a, cluster[a])
-               for a in used if a in cluster}
+    by_type = c.device_types()
     missing = sorted(set(by_type) - set(raw))
     if missing:
         raise _bad(folder, "profile folder", f"has no profile of {', '.join(missing)}; add"
                    f" DeviceType.{missing[0]}_tp<T>_bs<B>.json files")
     return {"layers": layers,
             "devices": {by_type[t]: raw[t] for t in sorted(by_type)}}
+
+
+def profile_path(name: str) -> Path:
+    """Where ``planner import-metis --name NAME`` puts the profiles."""
+    return user_catalog_dir() / "profiles" / f"{name}.yaml"
 
 
 _KEY = re.compile(r"^tp(\d+)_bs(\d+)$")

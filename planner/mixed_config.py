@@ -22,7 +22,7 @@ from typing import Any
 
 from planner.catalog import Catalog, load_catalog
 from planner.fields import choice, fail, fields, integer, load
-from planner.metis_io import profiles_from_entry
+from planner.metis_io import profile_path, profiles_from_entry
 from planner.study_config import _bad_zero, _degrees, _enums, _list
 from search_spaces import powers_of_two
 from search_spaces.mixed import MixedSpace
@@ -56,8 +56,6 @@ def _system(path: Path, value: Any, catalog: Catalog) -> MixedSystemSpec:
 
 def _profiles(path: Path, value: Any, model: ModelSpec) -> LayerProfiles:
     """A profile by name (``planner import-metis --name``) or by a path next to the study."""
-    from planner.commands._import_metis import profile_path
-
     if not isinstance(value, str) or not value:
         raise fail(path, "profile", "must be a profile name (planner import-metis --name) or"
                    " the path of a profile YAML")

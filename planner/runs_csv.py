@@ -30,7 +30,7 @@ from pathlib import Path
 
 from planner.catalog import Catalog
 from planner.errors import PlannerUsageError
-from planner.fields import MAX_INTEGER, MAX_NUMBER
+from planner.fields import MAX_INTEGER, MAX_NUMBER, placement_axes
 from simcore.specs import (
     Axis,
     ModelSpec,
@@ -158,11 +158,8 @@ def _placement(row: dict[str, str]) -> dict[str, tuple[Axis, ...]]:
         return {}
     names = [a.strip().lower() for a in text.replace("-", ",").replace(" ", ",").split(",")
              if a.strip()]
-    try:
-        axes = tuple(Axis(a) for a in names)
-    except ValueError:
-        axes = ()
-    if sorted(axes) != sorted(Axis):
+    axes = placement_axes(names)
+    if axes is None:
         raise _RowError(f"placement={text!r} must name dp, tp, pp and sp once each, innermost"
                         " first, e.g. tp-sp-dp-pp")
     return {"placement": axes}

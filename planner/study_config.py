@@ -31,7 +31,16 @@ from typing import Any
 
 from planner.catalog import Catalog, load_catalog
 from planner.errors import PlannerUsageError
-from planner.fields import MAX_NUMBER, choice, fail, fields, integer, load, number
+from planner.fields import (
+    MAX_NUMBER,
+    choice,
+    fail,
+    fields,
+    integer,
+    load,
+    number,
+    placement_axes,
+)
 from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
@@ -166,11 +175,8 @@ def _placements(path: Path, field: str, value: Any) -> tuple[tuple[Axis, ...], .
         axes_text = item.split(",") if isinstance(item, str) else item
         if not isinstance(axes_text, list):
             raise fail(path, field, f"{item!r} must list dp, tp, pp and sp, innermost first")
-        try:
-            axes = tuple(Axis(str(a).strip()) for a in axes_text)
-        except ValueError:
-            axes = ()
-        if sorted(axes) != sorted(Axis):
+        axes = placement_axes(axes_text)
+        if axes is None:
             raise fail(path, field, f"{item!r} must name dp, tp, pp and sp once each, innermost"
                        " first, e.g. tp,sp,dp,pp")
         out.append(axes)

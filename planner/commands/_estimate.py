@@ -10,6 +10,7 @@ from dataclasses import fields, replace
 from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
+from planner.fields import placement_axes
 from planner.plan import read_plan, strategy_dict
 from planner.units import GB
 from simcore import estimate
@@ -31,11 +32,8 @@ def _placement(text: str) -> tuple[Axis, ...]:
         f"--placement: {text!r} must list dp, tp, pp and sp once each, innermost first,"
         " e.g. tp,sp,dp,pp"
     )
-    try:
-        axes = tuple(Axis(a.strip()) for a in text.split(","))
-    except ValueError:
-        raise problem from None
-    if sorted(axes) != sorted(Axis):
+    axes = placement_axes(text.split(","))
+    if axes is None:
         raise problem
     return axes
 

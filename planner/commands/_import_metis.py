@@ -23,15 +23,16 @@ from planner.catalog_mixed import mixed_system_from_entry
 from planner.catalog_write import check_clash, check_entry_name, write_entry
 from planner.commands._base import BaseCommand
 from planner.errors import PlannerUsageError
-from planner.metis_io import mixed_entry, profiles_entry, profiles_from_entry
+from planner.metis_io import (
+    MetisCluster,
+    mixed_entry,
+    profile_path,
+    profiles_entry,
+    profiles_from_entry,
+)
 from simcore.mixed import MixedSystemSpec
 
-__all__ = ["ImportMetisCommand", "import_metis", "profile_path"]
-
-
-def profile_path(name: str) -> Path:
-    """Where ``planner import-metis --name NAME`` puts the profiles."""
-    return user_catalog_dir() / "profiles" / f"{name}.yaml"
+__all__ = ["ImportMetisCommand", "import_metis"]
 
 
 def _text(header: list[str], name: str, entry: dict[str, Any]) -> str:
@@ -51,9 +52,10 @@ def import_metis(hostfile: Path, clusterfile: Path, profiles: Path, name: str, *
         if target.exists() and not force:
             raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
     sources = f"{hostfile.resolve()}, {clusterfile.resolve()}"
-    system = mixed_entry(hostfile, clusterfile)
+    cluster = MetisCluster.read(hostfile, clusterfile)
+    system = mixed_entry(cluster)
     system["source"] = f"planner import-metis of {sources}"
-    profile = profiles_entry(profiles, clusterfile, hostfile)
+    profile = profiles_entry(profiles, cluster)
     profile["source"] = f"planner import-metis of {profiles.resolve()}"
     header = [f"{name}: imported by `planner import-metis` (units: planner/metis_io.py)",
               "Metis bandwidths are 2^20 bytes per ms: x 1.048576 = decimal GB/s; latencies"

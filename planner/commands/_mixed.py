@@ -188,7 +188,8 @@ def _timeline(study: MixedStudy, result: MixedResult, path: Path) -> str:
         raise PlannerUsageError(f"--timeline: {study.name} has no plan that fits to draw")
     sp = study.space
     costs = StageCosts(sp.model, sp.system, sp.training, sp.profiles)
-    tl = mixed_timeline(sp.model, sp.system, sp.training, result.plans[best["plan"]], costs)
+    tl = mixed_timeline(sp.model, sp.system, sp.training, result.plans[best["plan"]], costs,
+                        step_time=float(best["step_time_s"]))
     written = write_figure(figure_from_timeline(f"{study.name}: {best['plan']}", tl), path)
     return f"timeline of the best plan: {written}"
 

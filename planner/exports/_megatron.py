@@ -79,8 +79,10 @@ def _script(plan: Plan) -> str:
              "set -euo pipefail", ""]
     lines += _launcher(plan)
     lines += ["", "ARGS=("]
-    for section in (_parallel_args(plan), _batch_args(plan), _recompute_args(plan),
-                    _data_parallel_args(plan), _model_args(plan)):
+    flash = uses_flash_attention(plan.model, plan.system, plan.training)
+    for section in (_parallel_args(plan), _batch_args(plan),
+                    recompute_args(plan.strategy.recompute), _data_parallel_args(plan),
+                    model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16)):
         lines += [f"  {a}" for a in section] + [""]
     lines[-1] = ")"
     lines += ["", 'torchrun "${TORCHRUN_ARGS[@]}" pretrain_gpt.py "${ARGS[@]}" "$@"']
@@ -140,10 +142,6 @@ def _batch_args(plan: Plan) -> list[str]:
             f"--global-batch-size {plan.training.global_batch}"]
 
 
-def _recompute_args(plan: Plan) -> list[str]:
-    return recompute_args(plan.strategy.recompute)
-
-
 def recompute_args(r: Recompute) -> list[str]:
     """Megatron-LM's options for one activation-recompute choice, with a comment line."""
     if r is Recompute.SELECTIVE:
@@ -179,12 +177,6 @@ def _data_parallel_args(plan: Plan) -> list[str]:
     if plan.training.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     return args
-
-
-def _model_args(plan: Plan) -> list[str]:
-    return model_args(plan.model, plan.training.seq_len,
-                      uses_flash_attention(plan.model, plan.system, plan.training),
-                      plan.system.device.bf16)
 
 
 def model_args(m: ModelSpec, seq: int, flash: bool, bf16: bool = True) -> list[str]:

@@ -102,10 +102,13 @@ def why_not(framework: str, model: ModelSpec, system: MixedSystemSpec, training:
     """Why ``framework`` cannot run ``plan`` as written, or None if it can."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"unknown framework {framework!r}; use one of {', '.join(FRAMEWORKS)}")
-    reason = _common(model, system, training, plan)
-    if reason is not None:
-        return reason
-    ms = meshes(plan)
+    return _common(model, system, training, plan) or _specific(framework, model, training, plan,
+                                                                meshes(plan))
+
+
+def _specific(framework: str, model: ModelSpec, training: TrainingSpec, plan: MixedPlan,
+              ms: list[Mesh]) -> str | None:
+    """What ``framework`` alone refuses, given that the common rules hold."""
     if framework == "megatron":
         shapes = {(m.tp, m.dp) for m in ms}
         if len(shapes) > 1:
@@ -132,8 +135,11 @@ def why_not(framework: str, model: ModelSpec, system: MixedSystemSpec, training:
 
 def runs_on(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
             plan: MixedPlan) -> tuple[str, ...]:
-    """The frameworks that can run ``plan`` as written."""
-    return tuple(f for f in FRAMEWORKS if why_not(f, model, system, training, plan) is None)
+    """The frameworks that can run ``plan`` as written (the common rules checked once)."""
+    if _common(model, system, training, plan) is not None:
+        return ()
+    ms = meshes(plan)
+    return tuple(f for f in FRAMEWORKS if _specific(f, model, training, plan, ms) is None)
 
 
 # -- files ------------------------------------------------------------------------------------

@@ -29,8 +29,10 @@ __all__ = ["mixed_timeline"]
 
 
 def mixed_timeline(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
-                   plan: MixedPlan, costs: StageCosts | None = None) -> Timeline:
-    """One step of ``plan``; rows ``stage i: GROUP (DEVICE)`` and their communication rows."""
+                   plan: MixedPlan, costs: StageCosts | None = None, *,
+                   step_time: float | None = None) -> Timeline:
+    """One step of ``plan``; rows ``stage i: GROUP (DEVICE)`` and their communication rows.
+    ``step_time``, if given, must be the plan's estimate (it saves estimating again)."""
     check_mixed(model, system, training, plan)
     costs = costs or StageCosts(model, system, training)
     stages = _stages(costs, plan)
@@ -57,7 +59,8 @@ def mixed_timeline(model: ModelSpec, system: MixedSystemSpec, training: Training
         head = f"stage {i}: {group.name} ({group.device.name})"
         labels += [head, f"stage {i} comm"]
     rows, cols = spans.arrays(labels + ["dp grad reduce", "optimizer"])
-    step = estimate_mixed(model, system, training, plan, costs).step_time
+    step = step_time if step_time is not None else \
+        estimate_mixed(model, system, training, plan, costs).step_time
     times = [st.time for _, st in stages]
     note = (f"{plan.schedule} schedule on a mixed cluster, p={pp}, m={m}: each stage's row names"
             " its device; forward and backward per micro-batch (tp and recompute inside the"

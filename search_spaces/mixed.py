@@ -28,13 +28,25 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from search_spaces.space import divisors
 from simcore.mixed import MixedPlan, MixedStage, MixedSystemSpec, stage_system
 from simcore.mixed.estimate import StageCosts, estimate_mixed, stage_lines, with_layers
 from simcore.mixed.profile import LayerProfiles
 from simcore.specs import ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
 
-__all__ = ["MixedSpace", "GroupLayout", "group_layouts", "skeletons", "balanced_split",
-           "search_mixed", "MixedResult"]
+__all__ = [
+    "GroupLayout",
+    "MixedResult",
+    "MixedSpace",
+    "balanced_split",
+    "group_layouts",
+    "plan_row",
+    "plans_of",
+    "result_table",
+    "search_mixed",
+    "skeletons",
+    "space_size",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +74,13 @@ class MixedSpace:
     """Measured layer costs in place of the roofline; stage shapes without one are left out."""
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def group_layouts(space: MixedSpace, g: int) -> list[GroupLayout]:
     """Every way group ``g`` can carry stages: stage sizes that tile its nodes, tp inside a
     node that divides the heads, KV heads and FFN width."""
     group, model = space.system.groups[g], space.model
     node = group.network.dims[0].npus
     out = []
-    for size in _divisors(group.devices):
+    for size in divisors(group.devices):
         stages = group.devices // size
         if stages > model.layers or stage_system(group, size) is None:
             continue
@@ -98,7 +106,7 @@ def skeletons(space: MixedSpace) -> Iterator[tuple[GroupLayout, ...]]:
 def micro_batch_counts(space: MixedSpace, chosen: tuple[GroupLayout, ...]) -> list[int]:
     """Micro-batch counts whose micro-batches every stage's replicas split evenly."""
     batch = space.training.global_batch
-    return [m for m in _divisors(batch) if all(batch % (m * c.dp) == 0 for c in chosen)]
+    return [m for m in divisors(batch) if all(batch % (m * c.dp) == 0 for c in chosen)]
 
 
 def _min_sum(lines: list[tuple[float, float]], caps: list[int], layers: int) -> list[int]:
@@ -167,6 +175,8 @@ class MixedResult:
     table: pd.DataFrame
     plans: dict[str, MixedPlan] = field(default_factory=dict)
     skeletons: int = 0
+    trials: int | None = None
+    """None when every plan was estimated; else the Optuna trials that sampled the space."""
 
     def best(self, groups: str | None = None) -> pd.Series | None:
         """The fastest plan that fits (on exactly ``groups``, e.g. ``"a100"``), or None."""
@@ -176,7 +186,8 @@ class MixedResult:
         return None if rows.empty else rows.iloc[0]
 
 
-def _plans(space: MixedSpace, chosen: tuple[GroupLayout, ...]) -> Iterator[MixedPlan]:
+def plans_of(space: MixedSpace, chosen: tuple[GroupLayout, ...]) -> Iterator[MixedPlan]:
+    """The plans of one skeleton (before their layer split): micro-batch counts x knobs."""
     stages = tuple(MixedStage(c.group, c.tp, c.dp, 1) for c in chosen for _ in range(c.stages))
     for m in micro_batch_counts(space, chosen):
         for recompute in space.recompute:
@@ -200,33 +211,59 @@ def _solve(space: MixedSpace, costs: StageCosts, plan: MixedPlan) -> MixedPlan |
     return None if split is None else with_layers(plan, split)
 
 
-def search_mixed(space: MixedSpace) -> MixedResult:
-    """Estimate every plan of the space, each with its solved layer split."""
-    costs = StageCosts(space.model, space.system, space.training, space.profiles)
+def plan_row(space: MixedSpace, costs: StageCosts, skeleton: MixedPlan) -> \
+        tuple[MixedPlan, dict[str, object]] | None:
+    """The skeleton with its layer split solved, and its row of the result's table; None when
+    simcore cannot run it (no split holds the layers, or a shape such as tp and the sequence)."""
+    try:
+        plan = _solve(space, costs, skeleton)
+        if plan is None:
+            return None
+        est = estimate_mixed(space.model, space.system, space.training, plan, costs)
+    except ValueError:
+        return None
     names = [g.name for g in space.system.groups]
-    rows, plans, count = [], {}, 0
-    for chosen in skeletons(space):
-        count += 1
-        for skeleton in _plans(space, chosen):
-            try:
-                plan = _solve(space, costs, skeleton)
-                if plan is None:
-                    continue
-                est = estimate_mixed(space.model, space.system, space.training, plan, costs)
-            except ValueError:
-                continue  # a shape simcore cannot run (e.g. tp and the sequence)
-            label = plan.label(space.system)
-            plans[label] = plan
-            rows.append({
-                "plan": label, "groups": "+".join(dict.fromkeys(names[c.group] for c in chosen)),
-                "stages": plan.pp, "micro_batches": plan.micro_batches,
-                "recompute": plan.recompute.value, "zero": int(plan.zero),
-                "step_time_s": est.step_time, "peak_memory_gb": est.peak_memory / 1e9,
-                "peak_stage": est.peak_stage, "mfu": est.mfu, "fits": est.fits,
-                "devices": plan.devices,
-            })
+    return plan, {
+        "plan": plan.label(space.system),
+        "groups": "+".join(dict.fromkeys(names[st.group] for st in plan.stages)),
+        "stages": plan.pp, "micro_batches": plan.micro_batches,
+        "recompute": plan.recompute.value, "zero": int(plan.zero),
+        "step_time_s": est.step_time, "peak_memory_gb": est.peak_memory / 1e9,
+        "peak_stage": est.peak_stage, "mfu": est.mfu, "fits": est.fits,
+        "devices": plan.devices,
+    }
+
+
+def result_table(rows: list[dict[str, object]]) -> pd.DataFrame:
+    """The plans best first: those that fit, by step time."""
     table = pd.DataFrame(rows)
     if not table.empty:
         table = table.sort_values(["fits", "step_time_s"], ascending=[False, True],
                                   kind="stable").reset_index(drop=True)
-    return MixedResult(space, table, plans, count)
+    return table
+
+
+def space_size(space: MixedSpace) -> int:
+    """An upper bound on the plans of the space (group orders x layouts x micro-batch counts x
+    knobs, before the rule of no more stages than layers), computed without listing them."""
+    per_group = [len(group_layouts(space, g)) for g in range(len(space.system.groups))]
+    orders = sum(math.prod(per_group[g] for g in order)
+                 for r in range(1, len(per_group) + 1)
+                 for order in itertools.permutations(range(len(per_group)), r))
+    counts = len(divisors(space.training.global_batch))
+    return orders * counts * len(space.recompute) * len(space.zero)
+
+
+def search_mixed(space: MixedSpace) -> MixedResult:
+    """Estimate every plan of the space, each with its solved layer split."""
+    costs = StageCosts(space.model, space.system, space.training, space.profiles)
+    rows, plans, count = [], {}, 0
+    for chosen in skeletons(space):
+        count += 1
+        for skeleton in plans_of(space, chosen):
+            solved = plan_row(space, costs, skeleton)
+            if solved is not None:
+                plan, row = solved
+                plans[str(row["plan"])] = plan
+                rows.append(row)
+    return MixedResult(space, result_table(rows), plans, count)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pandas as pd
 
 from planner.commands._base import BaseCommand
@@ -16,8 +18,13 @@ from planner.errors import PlannerUsageError
 from planner.exports.hetero import FRAMEWORKS, export_hetero, runs_on, why_not
 from planner.mixed_config import MixedStudy, load_mixed_study
 from planner.outputs import write_folders
-from search_spaces.mixed import MixedResult, search_mixed
+from search_spaces.mixed import MixedResult, search_mixed, space_size
+from search_spaces.mixed_sample import sample_mixed
 from simcore.mixed.estimate import StageCosts
+
+MAX_PLANS = 100_000
+"""Spaces up to this many plans are estimated whole (about a minute at 0.5 ms a plan)."""
+TRIALS = 500
 
 _SHOWN = ["plan", "groups", "stages", "micro_batches", "recompute", "zero", "step_time_s",
           "peak_memory_gb", "mfu", "fits", "frameworks"]
@@ -47,7 +54,8 @@ def _row(row: pd.Series | None) -> dict[str, Any] | None:
     return {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
 
 
-def summary(study: MixedStudy, result: MixedResult, seconds: float, top: int) -> dict[str, Any]:
+def summary(study: MixedStudy, result: MixedResult, seconds: float, top: int,
+            size: int) -> dict[str, Any]:
     """What the command reports: the best plan, the best on each group alone, the best that
     uses more than one group, and whether mixing pays."""
     names = [g.name for g in study.space.system.groups]
@@ -70,6 +78,7 @@ def summary(study: MixedStudy, result: MixedResult, seconds: float, top: int) ->
     return {
         "study": study.name, "model": study.space.model.name, "system": study.space.system.name,
         "plans": len(table), "layouts": result.skeletons, "search_s": seconds,
+        "sampled_trials": result.trials, "space_plans_at_most": size,
         "best": _row(best), "alone": alone, "best_mixed": mixed, "mixing_speedup": gain,
         "best_by_framework": runnable, "best_not_runnable_because": why,
         "top": [_row(r) for _, r in table.head(top).iterrows()],
@@ -80,16 +89,23 @@ def report_lines(study: MixedStudy, s: dict[str, Any], top: pd.DataFrame) -> lis
     system = study.space.system
     groups = " + ".join(f"{g.devices} {g.device.name} ({g.name})" for g in system.groups)
     tr = study.space.training
-    lines = [f"study {study.name}: {study.space.model.name} on {system.name} ({groups}),"
-             f" global batch {tr.global_batch} x {tr.seq_len} tokens"]
+    lines = [(f"study {study.name}: {study.space.model.name} on {system.name} ({groups}),"
+             f" global batch {tr.global_batch} x {tr.seq_len} tokens")]
     if study.description:
         lines.append(study.description)
     if study.space.profiles is not None:
         lines.append(f"layer costs measured (profile {study.space.profiles.name}); stage shapes"
                      " without a profile are left out")
-    lines.append(f"searched {s['plans']:,} plans ({s['layouts']:,} group orders and stage"
-                 f" layouts x micro-batches x knobs, each layer split solved) in"
-                 f" {s['search_s']:.2f} s: the whole space")
+    if s["sampled_trials"] is None:
+        lines.append(f"searched {s['plans']:,} plans ({s['layouts']:,} group orders and stage"
+                     f" layouts x micro-batches x knobs, each layer split solved) in"
+                     f" {s['search_s']:.2f} s: the whole space")
+    else:
+        lines.append(f"sampled {s['layouts']:,} group orders and layouts in"
+                     f" {s['sampled_trials']:,} Optuna TPE trials, {s['plans']:,} plans"
+                     f" ({s['search_s']:.2f} s) of at most"
+                     f" {s['space_plans_at_most']:,}: the best found, not proven best (--max-plans"
+                     f" {s['space_plans_at_most']} estimates them all)")
     best = s["best"]
     if best is None:
         lines.append("no plan fits in the devices' HBM")
@@ -138,6 +154,15 @@ class MixedCommand(BaseCommand):
         parser.add_argument("--out", type=Path, metavar="FILE",
                             help="write every plan with its estimate (.csv or .parquet)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--max-plans", type=int, default=MAX_PLANS, metavar="N",
+                            help="estimate every plan when the space holds at most N (default"
+                            f" {MAX_PLANS:,}); above it, sample it with Optuna (0: always"
+                            " sample)")
+        parser.add_argument("--trials", type=int, default=TRIALS, metavar="N",
+                            help="Optuna trials (group orders and layouts, each with every"
+                            f" micro-batch count and knob) when the space is sampled (default"
+                            f" {TRIALS})")
+        parser.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
         parser.add_argument("--timeline", type=Path, metavar="FILE",
                             help="draw one step of the best plan, each stage's row naming its"
                             " device (.html, or .png with Chromium)")
@@ -153,12 +178,20 @@ class MixedCommand(BaseCommand):
             raise PlannerUsageError(f"--top must be >= 0, not {args.top}")
         if args.out is not None and args.out.suffix not in (".csv", ".parquet"):
             raise PlannerUsageError(f"--out {args.out}: use a .csv or .parquet file name")
+        if args.max_plans < 0 or args.trials < 1:
+            raise PlannerUsageError("--max-plans must be >= 0 and --trials >= 1")
         study = load_mixed_study(args.study)
         start = time.perf_counter()
-        result = search_mixed(study.space)
+        size = space_size(study.space)
+        if size <= args.max_plans:
+            result = search_mixed(study.space)
+        else:
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            result = sample_mixed(study.space, args.trials, args.seed,
+                                  progress=sys.stderr.isatty())
         seconds = time.perf_counter() - start
         add_frameworks(study, result)
-        s = summary(study, result, seconds, args.top)
+        s = summary(study, result, seconds, args.top, size)
         if args.out is not None:
             _write(result.table, args.out)
         written = _export(study, result, args) if args.export is not None else []

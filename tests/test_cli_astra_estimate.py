@@ -45,7 +45,8 @@ def test_json_report(capsys) -> None:
     data = json.loads(out)
     assert list(data) == ["wall_time", "gpu_time", "comm_time", "exposed_comm",
                           "peak_memory_usage", "max_wall_time_all_ranks",
-                          "max_peak_memory_all_ranks", "et0"]
+                          "max_peak_memory_all_ranks", "compute_bound_pct",
+                          "avg_compute_util_pct", "avg_mem_util_pct", "avg_op_intensity", "et0"]
     assert list(data["et0"]) == ["n_comp", "sum_num_ops", "sum_tensor_size", "n_AR", "AR_size",
                                  "n_AG", "AG_size", "n_RS", "RS_size", "n_A2A", "A2A_size",
                                  "n_send", "send_size", "n_recv", "recv_size"]
@@ -53,6 +54,11 @@ def test_json_report(capsys) -> None:
     assert (data["wall_time"], data["gpu_time"], data["peak_memory_usage"]) == (
         14_925_334, 4_671_062, 1_452_146_688)
     assert data["et0"]["n_AG"] == 44
+    # the lab's sys[0] metrics, measured (ASTRA-sim prints them to 3 decimals): compute bound
+    # 65.283%, compute utilisation 70.210%, memory utilisation 68.372%, intensity 435.711
+    got = [round(data[k], 3) for k in ("compute_bound_pct", "avg_compute_util_pct",
+                                       "avg_mem_util_pct", "avg_op_intensity")]
+    assert got == [65.283, 70.21, 68.372, 435.711]
 
 
 def test_flag_equals_value_spelling(capsys) -> None:

@@ -4,6 +4,7 @@ block, flat replay, direct memory timeline) equals the plain build + reference r
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -29,6 +30,13 @@ def _reference(args: StageArgs, network, **roofline):
         return astra_estimate(args, network, **roofline)
     finally:
         mp.undo()
+
+
+def _assert_same(fast, ref) -> None:
+    """Equal, but for the roofline totals: float sums, scaled in the fast path, so equal to
+    rounding."""
+    assert replace(fast, roofline=None) == replace(ref, roofline=None)
+    assert fast.metrics() == pytest.approx(ref.metrics(), rel=1e-12)
 
 
 def _degrees(npus: int):
@@ -63,7 +71,7 @@ def test_fast_equals_reference(system, degrees, ws, rc) -> None:
                          num_stacks=n)
         fast = astra_estimate(args, network, peak_ops_per_s=peak, local_mem_bytes_per_s=mem)
         ref = _reference(args, network, peak_ops_per_s=peak, local_mem_bytes_per_s=mem)
-        assert fast == ref, (system, degrees, ws, rc, n)
+        _assert_same(fast, ref)
 
 
 @pytest.mark.parametrize("n", [5, 6, 9, 17])
@@ -75,7 +83,7 @@ def test_repeated_trace_is_the_built_trace(n, ws, rc) -> None:
     args = StageArgs(**SMALL, dp=2, tp=2, sp=2, weight_sharded=ws, activation_recompute=rc,
                      num_stacks=n)
     d = _Durations(network, 312e12, 2039e9)
-    got = repeated_rank(args, d.comp_ns, d.coll_ns, d.p2p_ns)
+    got = repeated_rank(args, d.comp_ns, d.coll_ns, d.p2p_ns, (312e12, 2039e9))
     assert got is not None
     flat = got[0]
     graph = build_model(args).ranks[0]
@@ -98,9 +106,9 @@ def test_fallbacks() -> None:
     network = CATALOG.system("R4S2").network
     d = _Durations(network, 312e12, 2039e9)
     short = StageArgs(**SMALL, dp=8, num_stacks=K)
-    assert repeated_rank(short, d.comp_ns, d.coll_ns, d.p2p_ns) is None
+    assert repeated_rank(short, d.comp_ns, d.coll_ns, d.p2p_ns, (312e12, 2039e9)) is None
     staged = StageArgs(**SMALL, dp=4, pp=2, num_stacks=12)
-    assert repeated_rank(staged, d.comp_ns, d.coll_ns, d.p2p_ns) is None
+    assert repeated_rank(staged, d.comp_ns, d.coll_ns, d.p2p_ns, (312e12, 2039e9)) is None
 
 
 @pytest.mark.parametrize("degrees", [{"dp": 64}, {"dp": 8, "tp": 4, "sp": 2},
@@ -113,7 +121,7 @@ def test_full_size_lab_models(degrees) -> None:
     args = StageArgs(dmodel=8192, dff=28672, head=64, seq=1024, batch=512, din=32000,
                      dout=32000, num_stacks=80, **degrees)
     roofline = {"peak_ops_per_s": 450e12, "local_mem_bytes_per_s": 3000e9}
-    assert astra_estimate(args, network, **roofline) == _reference(args, network, **roofline)
+    _assert_same(astra_estimate(args, network, **roofline), _reference(args, network, **roofline))
 
 
 @pytest.mark.parametrize("degrees", [{"dp": 4, "tp": 4, "sp": 4},
@@ -126,5 +134,5 @@ def test_full_size_gpt175b_lab_system2(degrees) -> None:
                      dout=50304, num_stacks=96, **degrees)
     roofline = {"peak_ops_per_s": system.device.peak_flops_per_s,
                 "local_mem_bytes_per_s": system.device.hbm_bandwidth_bytes_per_s}
-    assert astra_estimate(args, system.network, **roofline) == _reference(
-        args, system.network, **roofline)
+    _assert_same(astra_estimate(args, system.network, **roofline),
+                 _reference(args, system.network, **roofline))

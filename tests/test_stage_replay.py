@@ -83,6 +83,24 @@ def test_every_reported_figure_is_exact(estimates) -> None:
     assert mismatches == []
 
 
+def test_the_labs_metrics_are_exact(estimates) -> None:
+    # The four figures the lab extracts for sys[0] (ASTRA-sim prints them to 3 decimals):
+    # compute-bound %, average compute and memory utilisation %, average operation intensity.
+    columns = {
+        "compute_bound_pct": "sys0_compute_bound_pct",
+        "avg_compute_util_pct": "sys0_avg_compute_util_pct",
+        "avg_mem_util_pct": "sys0_avg_mem_util_pct",
+        "avg_op_intensity": "sys0_avg_op_intensity",
+    }
+    mismatches = [
+        (r["name"], field, round(e.metrics()[field], 3), float(r[column]))
+        for r, e in estimates
+        for field, column in columns.items()
+        if round(e.metrics()[field], 3) != float(r[column])
+    ]
+    assert mismatches == []
+
+
 def test_roofline_by_hand() -> None:
     # NOTES.md section 4, dp = 8 at peak-perf 900 TFLOP/s and local-mem-bw 3000 GB/s:
     # in_emb_y: 268,435,456,000 MACs over 303,300,608 elements, OI = 885 > 900e12 / 3000e9

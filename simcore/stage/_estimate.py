@@ -11,7 +11,7 @@ from simcore.network import Collective, Network, PerNetwork
 from simcore.stage._args import StageArgs
 from simcore.stage._fast import repeated_rank
 from simcore.stage._graph import Node, RankGraph, build_model
-from simcore.stage._inventory import Inventory, inventory
+from simcore.stage._inventory import Inventory, RooflineTotals, inventory, roofline_totals
 from simcore.stage._replay import RankTimes, replay, replay_flat, roofline_ns
 
 __all__ = ["Inventory", "StageResult", "astra_estimate", "inventory"]
@@ -31,9 +31,18 @@ class StageResult:
     max_wall_time_all_ranks: int
     max_peak_memory_all_ranks: int
     et0: Inventory
+    roofline: RooflineTotals
+    """sys[0]'s compute nodes, for the lab's metrics (:meth:`metrics`)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Compute-bound %, average compute and memory utilisation % and operation intensity
+        of sys[0], as ASTRA-sim prints them."""
+        return self.roofline.metrics()
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__slots__ if k != "et0"}  # type: ignore[attr-defined]
+        d = {k: getattr(self, k) for k in self.__slots__  # type: ignore[attr-defined]
+             if k not in ("et0", "roofline")}
+        d.update(self.metrics())
         d["et0"] = asdict(self.et0)
         return d
 
@@ -60,11 +69,11 @@ def astra_estimate(
     if paused:  # tens of thousands of small objects that all live until we return
         gc.disable()
     try:
-        times, inv = _replayed(args, durations)
+        times, inv, totals = _replayed(args, durations)
     finally:
         if paused:
             gc.enable()
-    return _result(times, inv)
+    return _result(times, inv, totals)
 
 
 _CollectiveTimes = dict[tuple[Collective, int, tuple[int, ...]], int]
@@ -122,20 +131,24 @@ class _Durations:
 
 
 def _replayed(args: StageArgs, durations: _Durations, *, repeat: bool = True
-              ) -> tuple[list[RankTimes], Inventory]:
+              ) -> tuple[list[RankTimes], Inventory, RooflineTotals]:
     """Build every rank's graph and replay them all; with ``repeat`` a long single-stage model
     comes from a short one (:mod:`._fast`, the same trace) when that is justified."""
+    roofline = (durations.peak, durations.mem)
     if repeat:
-        fast = repeated_rank(args, durations.comp_ns, durations.coll_ns, durations.p2p_ns)
+        fast = repeated_rank(args, durations.comp_ns, durations.coll_ns, durations.p2p_ns,
+                             roofline)
         if fast is not None:
-            flat, inv = fast
-            return replay_flat([flat]), inv
+            flat, inv, totals = fast
+            return replay_flat([flat]), inv, totals
     model = build_model(args)
     times = replay(model.ranks, durations.comp_ns, durations.coll_ns, durations.p2p_ns)
-    return times, inventory(model.ranks[0])
+    rank0 = model.ranks[0]
+    rows = [(n.kind, n.collective, n.num_ops, n.tensor_size, n.size) for n in rank0.nodes]
+    return times, inventory(rank0), roofline_totals(rows, *roofline)
 
 
-def _result(times: list[RankTimes], inv: Inventory) -> StageResult:
+def _result(times: list[RankTimes], inv: Inventory, totals: RooflineTotals) -> StageResult:
     first = times[0]
     return StageResult(
         wall_time=first.wall_time,
@@ -146,4 +159,5 @@ def _result(times: list[RankTimes], inv: Inventory) -> StageResult:
         max_wall_time_all_ranks=max(t.wall_time for t in times),
         max_peak_memory_all_ranks=max(t.peak_memory_usage for t in times),
         et0=inv,
+        roofline=totals,
     )

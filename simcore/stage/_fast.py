@@ -37,7 +37,7 @@ import numpy as np
 
 from simcore.stage._args import StageArgs
 from simcore.stage._graph import Node, NodeKind, RankGraph
-from simcore.stage._inventory import Inventory, inventory_of
+from simcore.stage._inventory import Inventory, RooflineTotals, inventory_of, roofline_totals
 from simcore.stage._memory import MemoryPlan, memory_plan
 from simcore.stage._periodic import Geometry
 from simcore.stage._replay import FlatRank, Repeated
@@ -83,8 +83,10 @@ def repeated_rank(
     comp_ns: Callable[[Node], int],
     coll_ns: Callable[[RankGraph, Node], int],
     p2p_ns: Callable[[int, int, int], int],
-) -> tuple[FlatRank, Inventory] | None:
-    """Rank 0 of ``args`` flattened, and its inventory; or ``None``."""
+    roofline: tuple[float, float],
+) -> tuple[FlatRank, Inventory, RooflineTotals] | None:
+    """Rank 0 of ``args`` flattened, its inventory and its roofline totals at ``roofline``
+    (peak ops/s, local memory bytes/s); or ``None``."""
     n = args.num_stacks
     if args.pp != 1 or n <= K:
         return None
@@ -104,7 +106,10 @@ def repeated_rank(
         return None
     inv = add_scaled(inventory_of(rank.inventory_rows()),
                      inventory_of(rank.inventory_rows(plan.middle)), n - K)
-    return plan.long_rank(rank.names, dur, in_sizes, out_sizes), inv  # type: ignore[return-value]
+    totals = add_scaled(roofline_totals(rank.inventory_rows(), *roofline),
+                        roofline_totals(rank.inventory_rows(plan.middle), *roofline), n - K)
+    flat = plan.long_rank(rank.names, dur, in_sizes, out_sizes)
+    return flat, inv, totals  # type: ignore[return-value]
 
 
 def _plan(short: StageArgs, rank: Rank0, n: int) -> _Plan | None:

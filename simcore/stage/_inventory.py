@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from simcore.network import Collective
 from simcore.stage._graph import NodeKind, RankGraph
+from simcore.stage._replay import roofline_ns
 
-__all__ = ["Inventory", "inventory", "inventory_of"]
+__all__ = ["Inventory", "RooflineTotals", "inventory", "inventory_of", "roofline_totals"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +67,53 @@ def inventory_of(nodes: Iterable[tuple[NodeKind, Collective | None, int, int, in
         counts[count] += 1
         counts[total] += size
     return Inventory(**counts)
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineTotals:
+    """Duration-weighted sums over a rank's compute nodes, as ASTRA-sim's
+    ``Statistics::extract_utilizations`` adds them (astra-sim@518bd513
+    astra-sim/workload/Statistics.cc lines 222-266; the per-node figures are set in
+    ``Workload::issue_comp``, Workload.cc lines 262-278). Additive, so a repeated trace's totals
+    are a scaled sum."""
+
+    compute_ns: int = 0
+    compute_bound_ns: int = 0
+    compute_util_ns: float = 0.0
+    memory_util_ns: float = 0.0
+    intensity_ns: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """The four figures ASTRA-sim prints for sys[i] when the roofline is on: percentages,
+        and the operation intensity in ops per byte. ASTRA-sim starts the total compute time at
+        1 ns "to avoid division by zero" (Statistics.cc line 227), and so does this."""
+        total = self.compute_ns + 1
+        return {
+            "compute_bound_pct": 100 * self.compute_bound_ns / total,
+            "avg_compute_util_pct": 100 * self.compute_util_ns / total,
+            "avg_mem_util_pct": 100 * self.memory_util_ns / total,
+            "avg_op_intensity": self.intensity_ns / total,
+        }
+
+
+def roofline_totals(rows: Iterable[tuple[NodeKind, Collective | None, int, int, int]],
+                    peak_ops_per_s: float, local_mem_bytes_per_s: float) -> RooflineTotals:
+    """The totals of the compute nodes among ``rows`` (kind, collective, num_ops, tensor_size,
+    size): each runs ``trunc(num_ops / perf * 1e9)`` ns at perf = min(bw * OI, peak), with
+    compute utilisation perf / peak, memory utilisation (perf / OI) / bw and memory-bound when
+    perf < peak. Nodes with tensor_size 0 are skipped, as ASTRA-sim skips them."""
+    ns = bound = 0
+    cu = mu = oi = 0.0
+    for kind, _, num_ops, tensor_size, _ in rows:
+        if kind is not NodeKind.COMP or tensor_size == 0:
+            continue
+        intensity = float(num_ops) / float(tensor_size)
+        perf = min(local_mem_bytes_per_s * intensity, peak_ops_per_s)
+        d = roofline_ns(num_ops, tensor_size, peak_ops_per_s, local_mem_bytes_per_s)
+        ns += d
+        if not perf < peak_ops_per_s:
+            bound += d
+        cu += perf / peak_ops_per_s * d
+        mu += perf / intensity / local_mem_bytes_per_s * d
+        oi += intensity * d
+    return RooflineTotals(ns, bound, cu, mu, oi)

@@ -14,6 +14,7 @@ from planner.commands._import_astra import ImportAstraCommand
 from planner.commands._import_metis import ImportMetisCommand
 from planner.commands._mixed import MixedCommand
 from planner.commands._pareto import ParetoCommand
+from planner.commands._replay import ReplayCommand
 from planner.commands._report import ReportCommand
 from planner.commands._results import BestCommand, StudiesCommand, TrialsCommand
 from planner.commands._run import RunCommand
@@ -26,7 +27,7 @@ COMMANDS: list[BaseCommand] = [
     BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
     CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(), CatalogCommand(),
     EstimateCommand(), ValidateCommand(), CalibrateCommand(), AstraEstimateCommand(),
-    ImportAstraCommand(), ImportMetisCommand(), CollectiveCommand(),
+    ReplayCommand(), ImportAstraCommand(), ImportMetisCommand(), CollectiveCommand(),
 ]
 
 __all__ = ["BaseCommand", "COMMANDS"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 from planner.astra_io import load_astra_system
 from planner.commands._base import BaseCommand
 from planner.errors import PlannerUsageError
-from simcore.stage import StageArgs, astra_estimate
+from simcore.stage import StageArgs, astra_estimate, build_model
 
 _INT_FLAGS = ("dp", "tp", "pp", "sp", "din", "dout", "dmodel", "dff", "head", "seq", "batch",
               "num_stacks")
@@ -81,6 +82,9 @@ class AstraEstimateCommand(BaseCommand):
                             " roofline-enabled: 1)")
         parser.add_argument("--network-yml", type=Path, required=True,
                             help="ASTRA-sim analytical network configuration (YAML)")
+        parser.add_argument("--et-out", type=Path, metavar="DIR",
+                            help="also write the traces as Chakra files, DIR/workload.<npu>.et"
+                            " and DIR/comm_group.json, for ASTRA-sim or planner replay")
         parser.add_argument("stage_args", nargs="*", metavar="-- STAGE_FLAGS",
                             help="STAGE main.py flags after --: " + " ".join(
                                 f"--{f.name}" for f in fields(StageArgs)))
@@ -105,4 +109,21 @@ class AstraEstimateCommand(BaseCommand):
         except ValueError as e:
             raise PlannerUsageError(f"STAGE arguments: {e}") from None
         print(json.dumps(result.to_dict(), indent=2))
+        if args.et_out is not None:
+            written = _write_traces(stage, args.et_out)
+            print(f"wrote {len(written) - 1} Chakra traces and comm_group.json to {args.et_out};"
+                  f" replay: planner replay {args.et_out / ET_NAME} --system-json"
+                  f" {args.system_json} --network-yml {args.network_yml}", file=sys.stderr)
         return 0
+
+
+ET_NAME = "workload"
+
+
+def _write_traces(stage: StageArgs, folder: Path) -> list[Path]:
+    from planner.chakra.stage_et import write_stage_traces
+
+    try:
+        return write_stage_traces(build_model(stage), folder, ET_NAME)
+    except OSError as e:
+        raise PlannerUsageError(f"--et-out {folder}: cannot write ({e.strerror or e})") from None

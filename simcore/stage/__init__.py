@@ -14,7 +14,9 @@ from simcore.stage._args import StageArgs
 from simcore.stage._check import check_args
 from simcore.stage._estimate import Inventory, StageResult, astra_estimate, inventory
 from simcore.stage._graph import Node, NodeKind, RankGraph, StageModel, build_model
+from simcore.stage._inventory import RooflineTotals
 from simcore.stage._replay import RankTimes, roofline_ns
+from simcore.stage._traces import TraceTimes, replay_traces
 
 __all__ = [
     "Inventory",
@@ -22,12 +24,15 @@ __all__ = [
     "NodeKind",
     "RankGraph",
     "RankTimes",
+    "RooflineTotals",
     "StageArgs",
     "StageModel",
     "StageResult",
+    "TraceTimes",
     "astra_estimate",
     "build_model",
     "check_args",
     "inventory",
+    "replay_traces",
     "roofline_ns",
 ]

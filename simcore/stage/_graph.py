@@ -86,6 +86,9 @@ class Node:
     deps: list[int] = field(default_factory=list)
     inputs: tuple[tuple[str, int], ...] = ()
     outputs: tuple[tuple[str, int], ...] = ()
+    duration_us: int = 0
+    """A compute node's recorded runtime (Chakra ``duration_micros``), used when the roofline is
+    off; STAGE's traces leave it 0."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,114 @@
+"""Reading and writing Chakra execution-trace files (``NAME.<npu>.et``).
+
+A file is a stream of length-delimited protobuf messages, as Chakra's ``protolib``
+(``encodeMessage`` / ``decodeMessage``) and ASTRA-sim's feeder read it: a varint byte count, then
+the message; first one ``GlobalMetadata``, then one ``Node`` per trace node. The varint framing
+is protobuf's own (``google.protobuf.internal``: the Python runtime has no public delimited I/O).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.internal.decoder import _DecodeVarint32  # type: ignore[attr-defined]
+from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
+from google.protobuf.message import DecodeError
+
+from planner.chakra.schema import message_class
+from planner.errors import PlannerUsageError
+
+__all__ = ["SCHEMA_VERSION", "Trace", "attr_value", "read_trace", "trace_files", "write_trace"]
+
+SCHEMA_VERSION = "0.0.4"
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One NPU's trace: its global metadata and its nodes, in file order."""
+
+    metadata: Any
+    nodes: list[Any]
+
+
+def write_trace(path: Path, nodes: Iterable[Any], attrs: dict[str, str] | None = None) -> None:
+    """Write the metadata (schema version 0.0.4 and ``attrs`` as string attributes) then
+    ``nodes``."""
+    meta = message_class("GlobalMetadata")(version=SCHEMA_VERSION)
+    attr = message_class("AttributeProto")
+    for name, value in (attrs or {}).items():
+        meta.attr.append(attr(name=name, string_val=value))
+    with path.open("wb") as f:
+        for message in (meta, *nodes):
+            data = message.SerializeToString()
+            f.write(_VarintBytes(len(data)))
+            f.write(data)
+
+
+def read_trace(path: Path) -> Trace:
+    """Read one trace file; a file that is not a Chakra trace is one :class:`PlannerUsageError`
+    line naming it."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise PlannerUsageError(f"{path}: cannot read ({e.strerror or e})") from None
+    messages = []
+    pos = 0
+    try:
+        while pos < len(data):
+            size, pos = _DecodeVarint32(data, pos)
+            if pos + size > len(data):
+                raise DecodeError(f"a message of {size} bytes runs past the end of the file")
+            cls = message_class("GlobalMetadata" if not messages else "Node")
+            message = cls()
+            message.ParseFromString(data[pos:pos + size])
+            messages.append(message)
+            pos += size
+    except (DecodeError, IndexError) as e:
+        raise PlannerUsageError(
+            f"{path}: not a Chakra execution trace (length-delimited GlobalMetadata then Node"
+            f" messages): {e or 'truncated'}") from None
+    if not messages:
+        raise PlannerUsageError(f"{path}: empty file, not a Chakra execution trace")
+    nodes = messages[1:]
+    if any(n.type == 0 and not n.name and not n.id for n in nodes):
+        raise PlannerUsageError(f"{path}: not a Chakra execution trace (nodes without id, name"
+                                " or type)")
+    return Trace(messages[0], nodes)
+
+
+def attr_value(node: Any, name: str, default: Any = None) -> Any:
+    """The value of attribute ``name`` whichever of its oneof fields holds it (lists as
+    Python lists)."""
+    for a in node.attr:
+        if a.name == name:
+            which = a.WhichOneof("value")
+            if which is None:
+                return default
+            value = getattr(a, which)
+            return list(value.values) if which.endswith("_list") else value
+    return default
+
+
+def trace_files(prefix: Path) -> list[Path]:
+    """``PREFIX.0.et``, ``PREFIX.1.et``, ... (every NPU, none missing), as ASTRA-sim's
+    ``--workload-configuration=PREFIX`` reads them."""
+    folder = prefix.parent if str(prefix.parent) else Path(".")
+    pattern = re.compile(re.escape(prefix.name) + r"\.(\d+)\.et$")
+    found = {}
+    if folder.is_dir():
+        for p in folder.iterdir():
+            m = pattern.match(p.name)
+            if m:
+                found[int(m.group(1))] = p
+    if not found:
+        raise PlannerUsageError(f"{prefix}: no trace files {prefix}.0.et, {prefix}.1.et, ...;"
+                                " give the prefix ASTRA-sim's --workload-configuration takes")
+    missing = sorted(set(range(max(found) + 1)) - set(found))
+    if missing:
+        raise PlannerUsageError(f"{prefix}: {prefix}.{missing[0]}.et is missing (found"
+                                f" {len(found)} files up to NPU {max(found)})")
+    return [found[i] for i in range(len(found))]

@@ -1,0 +1,133 @@
+"""The ``stage`` convention's traces as Chakra files: what STAGE recomp writes, without STAGE.
+
+One trace per NPU from :func:`simcore.stage.build_model` (one representative graph per pipeline
+stage; every rank of a stage runs it with its own communicator groups and pipeline peers). The
+node attributes are STAGE's (STAGE recomp 0b44904d ``symbolic_tensor_graph/chakra/backends/
+chakra_00_4_backend/chakra_00_4_backend.py``, with ``ConvertChakra.with_comm_info`` on, as the
+lab runs it; shared reference NOTES.md section 1.3):
+
+- compute: ``num_ops`` (int64, MACs) and ``tensor_size`` (uint64, elements);
+- collective: ``comm_size`` (int64, elements), ``comm_type`` (int64, Chakra's enum),
+  ``pg_name`` (the communicator group's id in ``comm_group.json``), ``is_cpu_op`` 0;
+- send / receive: ``comm_size``, ``comm_tag``, ``comm_dst`` / ``comm_src`` (int32),
+  ``is_cpu_op`` 0;
+- every node: ``inputs`` / ``outputs`` as a string list of (tensor name, elements) pairs, which
+  ASTRA-sim's local-memory tracker reads.
+
+Where this differs from STAGE's own files, and why it does not change what ASTRA-sim does:
+node ids are this project's (STAGE's order kept, so ASTRA-sim issues ready nodes in the same
+order); STAGE's control dependencies (recompute, chained collectives) are written as data
+dependencies, which ASTRA-sim's feeder resolves alike (astra-sim/chakra@f37c2bb
+``src/feeder_v3/common.h`` lines 22-23); tags count transfers from 0 instead of from a random
+number; group ids number the groups in rank order instead of STAGE's enumeration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from planner.chakra.io import write_trace
+from planner.chakra.schema import COLLECTIVE_TYPES, message_class
+from simcore.network import Collective
+from simcore.stage import NodeKind, RankGraph, StageModel
+
+__all__ = ["COMM_GROUP_FILE", "rank_traces", "write_stage_traces"]
+
+COMM_GROUP_FILE = "comm_group.json"
+
+_NODE_TYPE = {NodeKind.COMP: 4, NodeKind.SEND: 5, NodeKind.RECV: 6, NodeKind.COLL: 7}
+_COMM_TYPE = {c: COLLECTIVE_TYPES.index(c.name) for c in Collective}
+
+
+def _coordinates(model: StageModel, npu: int) -> tuple[int, int, int, int]:
+    """(pipeline position, dp, tp, sp) of ``npu``: STAGE numbers dp fastest, then tp, sp, pp
+    (NOTES.md section 5.2)."""
+    a = model.args
+    rest, dp = divmod(npu, a.dp)
+    rest, tp = divmod(rest, a.tp)
+    pos, sp = divmod(rest, a.sp)
+    return pos, dp, tp, sp
+
+
+def _rank(model: StageModel, pos: int, dp: int, tp: int, sp: int) -> int:
+    a = model.args
+    return dp + a.dp * (tp + a.tp * (sp + a.sp * pos))
+
+
+def _groups(model: StageModel, npu: int) -> dict[str, tuple[int, ...]]:
+    a = model.args
+    pos, dp, tp, sp = _coordinates(model, npu)
+    return {
+        "dp": tuple(_rank(model, pos, i, tp, sp) for i in range(a.dp)),
+        "tp": tuple(_rank(model, pos, dp, i, sp) for i in range(a.tp)),
+        "sp": tuple(_rank(model, pos, dp, tp, i) for i in range(a.sp)),
+    }
+
+
+def comm_groups(model: StageModel) -> dict[tuple[int, ...], int]:
+    """Every communicator group of more than one NPU, numbered from 1 in rank order."""
+    found = sorted({g for npu in range(model.args.npus) for g in _groups(model, npu).values()
+                    if len(g) > 1})
+    return {g: i for i, g in enumerate(found, start=1)}
+
+
+def _peer(model: StageModel, graph: RankGraph, npu: int, link: int) -> int:
+    """The NPU at the other end of pipeline transfer ``link`` for ``npu``: the same (dp, tp, sp)
+    coordinates on the other stage."""
+    _, dp, tp, sp = _coordinates(model, npu)
+    other, _, _, _ = _coordinates(model, graph.peers[link])
+    return _rank(model, other, dp, tp, sp)
+
+
+def _io(attr: Any, name: str, side: tuple[tuple[str, int], ...]) -> Any:
+    values = [str(v) for entry in side for v in entry]
+    return attr(name=name, string_list=message_class("StringList")(values=values))
+
+
+def rank_traces(model: StageModel, npu: int, groups: dict[tuple[int, ...], int]
+                ) -> Iterator[Any]:
+    """The Chakra nodes of ``npu``'s trace."""
+    node_cls, attr = message_class("Node"), message_class("AttributeProto")
+    pos, *_ = _coordinates(model, npu)
+    graph = model.ranks[pos]
+    own = _groups(model, npu)
+    for n in graph.nodes:
+        out = node_cls(id=n.id + 1, name=n.name, type=_NODE_TYPE[n.kind],
+                       data_deps=[d + 1 for d in n.deps])
+        if n.kind is NodeKind.COMP:
+            out.attr.extend([attr(name="num_ops", int64_val=n.num_ops),
+                             attr(name="tensor_size", uint64_val=n.tensor_size)])
+        elif n.kind is NodeKind.COLL:
+            assert n.collective is not None and n.axis is not None
+            out.attr.extend([attr(name="comm_size", int64_val=n.size),
+                             attr(name="comm_type", int64_val=_COMM_TYPE[n.collective]),
+                             attr(name="pg_name", string_val=str(groups[own[n.axis]])),
+                             attr(name="is_cpu_op", int32_val=0)])
+        else:
+            side = "comm_dst" if n.kind is NodeKind.SEND else "comm_src"
+            out.attr.extend([attr(name="comm_size", int64_val=n.size),
+                             attr(name="comm_tag", int32_val=n.link),
+                             attr(name=side, int32_val=_peer(model, graph, npu, n.link)),
+                             attr(name="is_cpu_op", int32_val=0)])
+        out.attr.extend([_io(attr, "inputs", n.inputs), _io(attr, "outputs", n.outputs)])
+        yield out
+
+
+def write_stage_traces(model: StageModel, folder: Path, name: str) -> list[Path]:
+    """``folder/name.<npu>.et`` for every NPU and ``folder/comm_group.json``; the paths
+    written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    groups = comm_groups(model)
+    written = []
+    for npu in range(model.args.npus):
+        path = folder / f"{name}.{npu}.et"
+        write_trace(path, rank_traces(model, npu, groups),
+                    {"schema": "parallel_planner stage convention (STAGE recomp graph)"})
+        written.append(path)
+    group_file = folder / COMM_GROUP_FILE
+    group_file.write_text(json.dumps({str(i): list(g) for g, i in groups.items()}) + "\n")
+    written.append(group_file)
+    return written

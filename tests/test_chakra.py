@@ -1,0 +1,173 @@
+"""Chakra execution traces in and out: the tutorial's demos, STAGE's graph round-tripped through
+`.et` files, and the files checked by a protobuf wire-format decoder written here (independent
+of the protobuf library)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.chakra.io import read_trace, write_trace
+from planner.chakra.schema import message_class
+from planner.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+ASTRA = ROOT / "studies" / "astra"
+TUTORIAL = ["--system-json", str(ASTRA / "tutorial-system.json"),
+            "--network-yml", str(ASTRA / "tutorial-ring8.yml")]
+SYSTEMS = ROOT / "tests" / "data" / "astra_systems"
+R4S2 = ["--system-json", str(SYSTEMS / "R4S2-system.json"),
+        "--network-yml", str(SYSTEMS / "R4S2-network.yml")]
+MODEL = ["--dmodel", "1024", "--dff", "4096", "--head", "16", "--seq", "1024", "--batch", "64",
+         "--num_stacks", "4", "--din", "32000", "--dout", "32000"]
+
+
+def _attr(name: str, **value):
+    return message_class("AttributeProto")(name=name, **value)
+
+
+def _collective(node_id: int, name: str, comm_type: int, size: int, deps=()):
+    node = message_class("Node")(id=node_id, name=name, type=7, data_deps=list(deps))
+    node.attr.extend([
+        _attr("is_cpu_op", bool_val=False), _attr("comm_type", int64_val=comm_type),
+        _attr("comm_size", uint64_val=size),
+        _attr("involved_dim", bool_list=message_class("BoolList")(values=[True])),
+    ])
+    return node
+
+
+def _replay(capsys, prefix: Path, system=TUTORIAL) -> list[dict]:
+    assert main(["replay", str(prefix), *system, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_tutorial_demo_1_1(tmp_path, capsys):
+    # astra-sim/tutorials@ead2d5d hoti2024/demo1/generate_all_reduce.py: one 1 MiB all-reduce
+    # (comm_type ALL_REDUCE = 0) per NPU; the tutorial's result is 117,780 cycles on every NPU.
+    for npu in range(8):
+        write_trace(tmp_path / f"allreduce.{npu}.et", [_collective(1, "All-Reduce", 0, 1 << 20)])
+    assert [r["finished_cycles"] for r in _replay(capsys, tmp_path / "allreduce")] == [117_780] * 8
+
+
+def test_tutorial_demo_1_2(tmp_path, capsys):
+    # generate_3nodes.py: a 1 MiB all-reduce, then a 2 MiB all-gather (ALL_GATHER = 2) and a
+    # 50 us compute node, both depending on it; the tutorial's result: 405,520 cycles. By hand
+    # (shared reference NOTES.md section 3): 117,780 + 4 chunks x (10 + 7 x (trunc(500 +
+    # 524,288 / 53.687) + 10)) = 117,780 + 4 x 71,935 = 405,520; the compute (50,000 ns) hides
+    # behind the all-gather.
+    for npu in range(8):
+        compute = message_class("Node")(id=3, name="Compute-50us", type=4, duration_micros=50,
+                                         data_deps=[1])
+        compute.attr.append(_attr("is_cpu_op", bool_val=False))
+        write_trace(tmp_path / f"3nodes.{npu}.et", [
+            _collective(1, "All-Reduce-1MB", 0, 1 << 20),
+            _collective(2, "All-Gather-2MB", 2, 2 << 20, deps=[1]), compute])
+    npus = _replay(capsys, tmp_path / "3nodes")
+    assert [r["finished_cycles"] for r in npus] == [405_520] * 8
+    assert npus[0]["gpu_time"] == 50_000
+
+
+@pytest.mark.parametrize("flags, row", [
+    # tests/data/astra_results.csv rows (measured): wall, GPU, comm, exposed, peak, and the lab's
+    # four metrics of sys[0]
+    (["--dp", "4", "--tp", "2"],
+     (14_925_334, 4_671_062, 12_067_572, 10_254_272, 1_452_146_688,
+      65.283, 70.21, 68.372, 435.711)),
+    (["--dp", "4", "--pp", "2"],
+     (15_515_290, 4_671_093, 14_404_211, 10_844_197, 1_679_032_320,
+      65.282, 70.21, 58.989, 562.776)),
+])
+def test_stage_traces_replayed_give_the_estimate(tmp_path, capsys, flags, row):
+    assert main(["astra-estimate", *R4S2, "--et-out", str(tmp_path), "--", *flags, *MODEL]) == 0
+    estimate = json.loads(capsys.readouterr().out)
+    npus = _replay(capsys, tmp_path / "workload", system=R4S2)
+    assert len(npus) == 8
+    first = npus[0]
+    keys = ("wall_time", "gpu_time", "comm_time", "exposed_comm", "peak_memory_usage")
+    assert tuple(first[k] for k in keys) == tuple(estimate[k] for k in keys) == row[:5]
+    metrics = ("compute_bound_pct", "avg_compute_util_pct", "avg_mem_util_pct",
+               "avg_op_intensity")
+    assert tuple(round(first[k], 3) for k in metrics) == row[5:]
+    assert max(r["wall_time"] for r in npus) == estimate["max_wall_time_all_ranks"]
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, pos
+
+
+def _fields(data: bytes) -> list[tuple[int, object]]:
+    """Protobuf wire format by hand (varint 0, 64-bit 1, length-delimited 2, 32-bit 5)."""
+    out, pos = [], 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            value, pos = data[pos:pos + size], pos + size
+        elif wire in (1, 5):
+            step = 8 if wire == 1 else 4
+            value, pos = data[pos:pos + step], pos + step
+        else:
+            raise AssertionError(f"wire type {wire}")
+        out.append((number, value))
+    return out
+
+
+def test_traces_are_valid_protobuf_by_an_independent_decoder(tmp_path, capsys):
+    assert main(["astra-estimate", *R4S2, "--et-out", str(tmp_path), "--", "--dp", "4",
+                 "--pp", "2", *MODEL]) == 0
+    capsys.readouterr()
+    data = (tmp_path / "workload.0.et").read_bytes()
+    messages, pos = [], 0
+    while pos < len(data):
+        size, pos = _varint(data, pos)
+        messages.append(_fields(data[pos:pos + size]))
+        pos += size
+    assert pos == len(data)
+    # GlobalMetadata: field 1 version "0.0.4" (et_def.proto)
+    assert (1, b"0.0.4") in messages[0]
+    nodes = messages[1:]
+    types = [dict(n)[3] for n in nodes]  # Node.type = 3: COMP 4, SEND 5, RECV 6, COLL 7
+    assert set(types) == {4, 5, 6, 7}
+    # every node has an id (field 1) and every data dependency (field 5, packed) names one
+    ids = {dict(n)[1] for n in nodes}
+    for n in nodes:
+        for number, value in n:
+            if number == 5:
+                packed, p = [], 0
+                while p < len(value):
+                    v, p = _varint(value, p)
+                    packed.append(v)
+                assert set(packed) <= ids
+    # the library reads the same nodes back
+    assert [n.type for n in read_trace(tmp_path / "workload.0.et").nodes] == types
+    groups = json.loads((tmp_path / "comm_group.json").read_text())
+    assert sorted(groups.values()) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # dp groups of each stage
+
+
+def test_a_file_that_is_not_a_trace_is_one_line(tmp_path, capsys):
+    for npu in range(8):
+        (tmp_path / f"bad.{npu}.et").write_bytes(b"\xff\xff\xff\xff\xff not a trace")
+    assert main(["replay", str(tmp_path / "bad"), *TUTORIAL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a Chakra execution trace" in err[0]
+
+
+def test_missing_traces_are_one_line(tmp_path, capsys):
+    write_trace(tmp_path / "w.0.et", [_collective(1, "ar", 0, 1024)])
+    write_trace(tmp_path / "w.2.et", [_collective(1, "ar", 0, 1024)])
+    assert main(["replay", str(tmp_path / "w"), *TUTORIAL]) == 2
+    assert "w.1.et is missing" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "none"), *TUTORIAL]) == 2
+    assert "no trace files" in capsys.readouterr().err

@@ -171,3 +171,64 @@ def test_missing_traces_are_one_line(tmp_path, capsys):
     assert "w.1.et is missing" in capsys.readouterr().err
     assert main(["replay", str(tmp_path / "none"), *TUTORIAL]) == 2
     assert "no trace files" in capsys.readouterr().err
+
+
+DEMO2 = ROOT / "tests" / "data" / "chakra" / "demo2-workload_text.txt"
+
+
+def test_tutorial_demo_2(tmp_path, capsys):
+    # The tutorial's demo 2: its text workload (MODEL, 6 layers) converted on 8 NPUs and run:
+    # 195,206,000 cycles on every NPU. Its Chakra wrote no comm_size, so the collectives took no
+    # time: the sum of the compute times, 78,883 (forward) + 78,883 (input gradient) + 37,440
+    # (weight gradient) us.
+    npus = _replay(capsys, DEMO2, system=[*TUTORIAL, "--hoti2024"])
+    assert [r["finished_cycles"] for r in npus] == [195_206_000] * 8
+    assert main(["convert-text", str(DEMO2), "--num-npus", "8", "--hoti2024", "--out",
+                 str(tmp_path / "workload_chakra")]) == 0
+    # 6 forward computes + 6 forward collectives + 6 input-gradient computes + 5 input-gradient
+    # collectives (none for the first layer) + 6 weight-gradient computes
+    assert "29 nodes each" in capsys.readouterr().out
+    nodes = read_trace(tmp_path / "workload_chakra.3.et").nodes
+    assert [n.type for n in nodes].count(7) == 11 and len(nodes) == 29
+    npus = _replay(capsys, tmp_path / "workload_chakra")
+    assert [r["finished_cycles"] for r in npus] == [195_206_000] * 8
+
+
+def test_text_workload_with_comm_sizes_times_its_collectives(capsys):
+    # As Chakra's converter writes it today (comm_size set), the collectives run on the ring:
+    # the compute is the same 195,206,000 ns and the step is longer.
+    first = _replay(capsys, DEMO2)[0]
+    assert first["gpu_time"] == 195_206_000
+    assert first["wall_time"] > 195_206_000 and first["comm_time"] > 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("PIPELINE\n1\nl -1 1 NONE 0 1 NONE 0 1 NONE 0 1\n", "line 1: parallelism 'PIPELINE'"),
+    ("DATA\n2\nl -1 1 NONE 0 1 NONE 0 1 NONE 0 1\n", "says 2 layers but 1 follow"),
+    ("DATA\n1\nl -1 x NONE 0 1 NONE 0 1 NONE 0 1\n", "line 3: expected name"),
+])
+def test_a_bad_text_workload_is_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "w.txt"
+    path.write_text(text)
+    assert main(["replay", str(path), *TUTORIAL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.parametrize("parallelism, collectives", [
+    # per layer of 3: MICRO weight-gradient only; DATA one per layer; MODEL forward 3 + input
+    # gradient 2; the hybrids add the weight-gradient one per layer
+    ("MICRO", 3), ("DATA", 3), ("MODEL", 5), ("HYBRID_DATA_MODEL", 8), ("HYBRID_MODEL_DATA", 8),
+])
+def test_every_parallelism_converts_and_replays(tmp_path, capsys, parallelism, collectives):
+    layer = " -1 10 ALLGATHER 1024 10 ALLREDUCE 1024 10 ALLREDUCE 1024 1"
+    path = tmp_path / "w.txt"
+    path.write_text(f"{parallelism}\n3\n" + "".join(f"l{i}{layer}\n" for i in range(3)))
+    assert main(["convert-text", str(path), "--num-npus", "8", "--out",
+                 str(tmp_path / "w")]) == 0
+    capsys.readouterr()
+    nodes = read_trace(tmp_path / "w.0.et").nodes
+    assert [n.type for n in nodes].count(7) == collectives
+    npus = _replay(capsys, tmp_path / "w")
+    computes = 0 if parallelism == "MICRO" else 3 + 3 + (2 if parallelism == "DATA" else 3)
+    assert npus[0]["gpu_time"] == computes * 10_000  # every compute node is 10 us

@@ -10,6 +10,9 @@ What each node becomes (the attributes ASTRA-sim's workload layer reads, astra-s
 - ``COMM_SEND_NODE`` / ``COMM_RECV_NODE``: ``comm_dst`` / ``comm_src``, ``comm_tag``,
   ``comm_size``; the k-th send from a to b with a tag meets the k-th receive at b from a with it;
 - ``METADATA_NODE`` / ``INVALID_NODE``: skipped (no time), as ASTRA-sim skips them;
+- a collective without ``comm_size`` (what the text converter of the HOTI 2024 tutorial wrote):
+  skipped, as ASTRA-sim at that tutorial ran it (a CPU operator with no runtime; ASTRA-sim
+  518bd513 refuses such a trace instead);
 - ``inputs`` / ``outputs`` string lists of (tensor, size) pairs: the local-memory tracker's.
 
 Not replayed, each refused with one line: CPU operators (``is_cpu_op`` true), remote-memory
@@ -28,7 +31,7 @@ from planner.chakra.io import Trace, attr_value
 from planner.chakra.schema import COLLECTIVE_TYPES, NODE_TYPES
 from planner.errors import PlannerUsageError
 from simcore.network import Collective
-from simcore.stage import Node, NodeKind, RankGraph
+from simcore.stage import SKIPPED, Node, NodeKind, RankGraph
 
 __all__ = ["read_comm_groups", "trace_graphs"]
 
@@ -82,6 +85,10 @@ def _node(path: Path, npu: int, npus: int, node: Any, index: int,
     out = Node(index, kind, node.name, inputs=_side(node, "inputs"),
                outputs=_side(node, "outputs"))
     if kind_name in ("METADATA_NODE", "INVALID_NODE"):
+        out.duration_us = SKIPPED
+        return out, None
+    if kind_name == "COMM_COLL_NODE" and attr_value(node, "comm_size") is None:
+        out.kind, out.duration_us = NodeKind.COMP, SKIPPED  # as ASTRA-sim at the tutorial
         return out, None
     size = int(attr_value(node, "comm_size", 0) or 0)
     if kind is NodeKind.COMP:

@@ -8,6 +8,7 @@ from planner.commands._calibrate import CalibrateCommand
 from planner.commands._catalog import CatalogCommand
 from planner.commands._collective import CollectiveCommand
 from planner.commands._compare import CompareCommand
+from planner.commands._convert_text import ConvertTextCommand
 from planner.commands._estimate import EstimateCommand
 from planner.commands._export import ExportCommand
 from planner.commands._import_astra import ImportAstraCommand
@@ -27,7 +28,7 @@ COMMANDS: list[BaseCommand] = [
     BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
     CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(), CatalogCommand(),
     EstimateCommand(), ValidateCommand(), CalibrateCommand(), AstraEstimateCommand(),
-    ReplayCommand(), ImportAstraCommand(), ImportMetisCommand(), CollectiveCommand(),
+    ReplayCommand(), ConvertTextCommand(), ImportAstraCommand(), ImportMetisCommand(), CollectiveCommand(),
 ]
 
 __all__ = ["BaseCommand", "COMMANDS"]

@@ -13,12 +13,13 @@ from __future__ import annotations
 from simcore.stage._args import StageArgs
 from simcore.stage._check import check_args
 from simcore.stage._estimate import Inventory, StageResult, astra_estimate, inventory
-from simcore.stage._graph import Node, NodeKind, RankGraph, StageModel, build_model
+from simcore.stage._graph import SKIPPED, Node, NodeKind, RankGraph, StageModel, build_model
 from simcore.stage._inventory import RooflineTotals
 from simcore.stage._replay import RankTimes, roofline_ns
 from simcore.stage._traces import TraceTimes, replay_traces
 
 __all__ = [
+    "SKIPPED",
     "Inventory",
     "Node",
     "NodeKind",

@@ -36,7 +36,7 @@ from simcore.stage._shapes import (
 )
 from simcore.stage._templates import Row, attention, embedding, feed_forward
 
-__all__ = ["Node", "NodeKind", "RankGraph", "StageModel", "build_model"]
+__all__ = ["SKIPPED", "Node", "NodeKind", "RankGraph", "StageModel", "build_model"]
 
 
 class NodeKind(IntEnum):
@@ -88,7 +88,11 @@ class Node:
     outputs: tuple[tuple[str, int], ...] = ()
     duration_us: int = 0
     """A compute node's recorded runtime (Chakra ``duration_micros``), used when the roofline is
-    off; STAGE's traces leave it 0."""
+    off; STAGE's traces leave it 0; :data:`SKIPPED` for a node that takes no time at all."""
+
+
+SKIPPED = -1
+"""``Node.duration_us`` of a node ASTRA-sim skips (metadata and invalid nodes)."""
 
 
 @dataclass(frozen=True, slots=True)

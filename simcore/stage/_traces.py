@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from simcore.network import Network
 from simcore.stage._estimate import _Durations
-from simcore.stage._graph import Node, NodeKind, RankGraph
+from simcore.stage._graph import SKIPPED, Node, NodeKind, RankGraph
 from simcore.stage._inventory import RooflineTotals, roofline_totals
 from simcore.stage._replay import RankTimes, replay
 
@@ -38,6 +38,8 @@ class _TraceDurations(_Durations):
         self.roofline = peak_ops_per_s is not None
 
     def comp_ns(self, node: Node) -> int:
+        if node.duration_us == SKIPPED:
+            return 0
         if not self.roofline:
             return node.duration_us * 1000 if node.duration_us else 1
         if node.tensor_size == 0:

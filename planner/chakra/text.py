@@ -1,0 +1,164 @@
+"""ASTRA-sim 1.0's text workloads, converted to Chakra nodes as Chakra's text converter does.
+
+The format (mlcommons/chakra@21585d8 ``src/converter/text_converter.py``): line 1 the
+parallelism (``MICRO``, ``DATA``, ``MODEL``, ``HYBRID_DATA_MODEL``, ``HYBRID_MODEL_DATA``;
+``HYBRID_DLRM`` is refused), line 2 the layer count, then one line per layer: name, a reserved
+field, then forward compute time, comm type and size, input-gradient compute time, comm type and
+size, weight-gradient compute time, comm type and size, and the update time (unused). Times are
+microseconds (``duration_micros``), sizes bytes; comm types ``ALLREDUCE``, ``ALLGATHER``,
+``REDUCESCATTER``, ``ALLTOALL`` (anything else, ``NONE`` included, becomes an all-reduce, as in
+the converter).
+
+Per pass, what each parallelism emits (every NPU the same graph; dependencies as the converter
+writes them, data dependencies only; pass i + 1 waits on pass i through the layers' last
+nodes):
+
+- ``MICRO``: each layer's weight-gradient collective, nothing else;
+- ``DATA``: forward compute chain; backward per layer (last first) weight-gradient compute, its
+  collective, then (not for the first layer) input-gradient compute;
+- ``MODEL``: forward compute then its collective per layer; backward per layer input-gradient
+  compute, its collective (not for the first layer), weight-gradient compute;
+- ``HYBRID_DATA_MODEL`` / ``HYBRID_MODEL_DATA``: ``MODEL`` plus each layer's weight-gradient
+  collective.
+
+``hoti2024``: write what the converter of the HOTI 2024 tutorial wrote (its Chakra,
+willjwon/chakra-tutorial@2ba2969): no ``comm_size`` on collectives. ASTRA-sim at that tutorial
+ran such collectives in no time, which is how the tutorial's demo 2 reports 195.206 ms, the sum
+of the compute times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.chakra.schema import COLLECTIVE_TYPES, message_class
+from planner.errors import PlannerUsageError
+
+__all__ = ["PARALLELISMS", "TextWorkload", "read_text_workload", "text_nodes"]
+
+PARALLELISMS = ("MICRO", "DATA", "MODEL", "HYBRID_DATA_MODEL", "HYBRID_MODEL_DATA")
+_COMM = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER",
+         "REDUCESCATTER": "REDUCE_SCATTER", "ALLTOALL": "ALL_TO_ALL"}
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    fwd: tuple[int, str, int]
+    ig: tuple[int, str, int]
+    wg: tuple[int, str, int]
+    """Each phase: compute time (us), comm type, comm size (bytes)."""
+
+
+@dataclass(frozen=True)
+class TextWorkload:
+    parallelism: str
+    layer_count: int
+    layers: tuple[Layer, ...]
+
+
+def read_text_workload(path: Path) -> TextWorkload:
+    """Parse a text workload; a malformed one is one :class:`PlannerUsageError` line naming the
+    line."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlannerUsageError(f"{path}: cannot read as text ({e})") from None
+    if len(lines) < 3 or not lines[0].split():
+        raise PlannerUsageError(f"{path}: not a text workload: expected the parallelism, the"
+                                " layer count, then one line per layer")
+    parallelism = lines[0].split()[0]
+    if parallelism not in PARALLELISMS:
+        raise PlannerUsageError(f"{path}, line 1: parallelism {parallelism!r} is not supported;"
+                                f" use one of {', '.join(PARALLELISMS)}")
+    try:
+        count = int(lines[1].split()[0])
+    except (ValueError, IndexError):
+        raise PlannerUsageError(f"{path}, line 2: the layer count must be a whole number")
+    layers = []
+    for number, line in enumerate(lines[2:], start=3):
+        f = line.split()
+        if not f:
+            continue
+        try:
+            layers.append(Layer(f[0], (int(f[2]), f[3], int(f[4])), (int(f[5]), f[6], int(f[7])),
+                                (int(f[8]), f[9], int(f[10]))))
+        except (ValueError, IndexError):
+            raise PlannerUsageError(
+                f"{path}, line {number}: expected name, reserved, then compute time, comm type"
+                " and comm size for forward, input gradient and weight gradient") from None
+    if count != len(layers):
+        raise PlannerUsageError(f"{path}, line 2: says {count} layers but {len(layers)} follow")
+    return TextWorkload(parallelism, count, tuple(layers))
+
+
+@dataclass
+class _Nodes:
+    hoti2024: bool
+    nodes: list[Any] = field(default_factory=list)
+
+    def add(self, name: str, kind: int, deps: list[Any | None]) -> Any:
+        node = message_class("Node")(id=len(self.nodes), name=name, type=kind,
+                                     data_deps=[d.id for d in deps if d is not None])
+        self.nodes.append(node)
+        return node
+
+    def comp(self, layer: Layer, phase: str, time_us: int, deps: list[Any | None]) -> Any:
+        node = self.add(f"COMP_NODE_{layer.name}_{phase}", 4, deps)
+        node.duration_micros = time_us
+        return node
+
+    def coll(self, name: str, comm: str, size: int, deps: list[Any | None]) -> Any:
+        node = self.add(f"COMM_COLL_NODE_{name}_{comm}", 7, deps)
+        attr = message_class("AttributeProto")
+        node.attr.append(attr(name="comm_type",
+                              int64_val=COLLECTIVE_TYPES.index(_COMM.get(comm, "ALL_REDUCE"))))
+        if not self.hoti2024:
+            node.attr.append(attr(name="comm_size", int64_val=size))
+        return node
+
+
+def text_nodes(w: TextWorkload, passes: int = 1, hoti2024: bool = False) -> list[Any]:
+    """One NPU's Chakra nodes (every NPU runs the same)."""
+    out = _Nodes(hoti2024)
+    layers, n = w.layers, len(w.layers)
+    wg_comm: list[Any | None] = [None] * n  # the previous pass's, which the next forward awaits
+    wg_comp: list[Any | None] = [None] * n
+    hybrid = w.parallelism.startswith("HYBRID")
+    for _ in range(passes):
+        if w.parallelism == "MICRO":
+            for layer in layers:
+                out.coll(layer.name, layer.wg[1], layer.wg[2], [])
+            continue
+        if w.parallelism == "DATA":
+            fwd: list[Any] = []
+            for i, layer in enumerate(layers):
+                fwd.append(out.comp(layer, "FWD", layer.fwd[0],
+                                    [fwd[i - 1] if i else None, wg_comm[i]]))
+            prev = fwd[-1]
+            for i in reversed(range(n)):
+                layer = layers[i]
+                comp = out.comp(layer, "BWD_WG", layer.wg[0], [prev])
+                wg_comm[i] = out.coll(layer.name, layer.wg[1], layer.wg[2], [comp])
+                if i != 0:
+                    prev = out.comp(layer, "BWD_IG", layer.ig[0], [comp])
+            continue
+        fwd_comm: list[Any] = []
+        for i, layer in enumerate(layers):
+            waits = wg_comm[i] if hybrid else wg_comp[i]
+            comp = out.comp(layer, "FWD", layer.fwd[0], [fwd_comm[i - 1] if i else None, waits])
+            fwd_comm.append(out.coll(layer.name, layer.fwd[1], layer.fwd[2], [comp]))
+        ig_comm: Any | None = None
+        for k, i in enumerate(reversed(range(n))):
+            layer = layers[i]
+            deps = [fwd_comm[-1]] if k == 0 else [wg_comp[i + 1], ig_comm]
+            ig = out.comp(layer, "BWD_IG", layer.ig[0], deps)
+            if k != w.layer_count - 1:
+                name = layer.name + ("_IG_COMM_" if w.parallelism == "HYBRID_DATA_MODEL" else "")
+                ig_comm = out.coll(name, layer.ig[1], layer.ig[2], [ig])
+            wg_comp[i] = out.comp(layer, "BWD_WG", layer.wg[0], [ig])
+            if hybrid:
+                wg_comm[i] = out.coll(layer.name, layer.wg[1], layer.wg[2], [wg_comp[i]])
+    return out.nodes

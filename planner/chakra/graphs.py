@@ -78,8 +78,7 @@ def _node(path: Path, npu: int, npus: int, node: Any, index: int,
         raise PlannerUsageError(f"{_where(path, node)}: {kind_name} nodes (remote memory) are"
                                 " not replayed; simulate this trace with ASTRA-sim itself")
     kind = _KINDS[kind_name]
-    if kind is NodeKind.COMP and bool(attr_value(node, "is_cpu_op", False)) \
-            and kind_name == "COMP_NODE":
+    if kind_name == "COMP_NODE" and bool(attr_value(node, "is_cpu_op", False)):
         raise PlannerUsageError(f"{_where(path, node)}: CPU operators (is_cpu_op) are not"
                                 " replayed; simulate this trace with ASTRA-sim itself")
     out = Node(index, kind, node.name, inputs=_side(node, "inputs"),
@@ -90,13 +89,12 @@ def _node(path: Path, npu: int, npus: int, node: Any, index: int,
     if kind_name == "COMM_COLL_NODE" and attr_value(node, "comm_size") is None:
         out.kind, out.duration_us = NodeKind.COMP, SKIPPED  # as ASTRA-sim at the tutorial
         return out, None
-    size = int(attr_value(node, "comm_size", 0) or 0)
     if kind is NodeKind.COMP:
         out.num_ops = int(attr_value(node, "num_ops", 0) or 0)
         out.tensor_size = int(attr_value(node, "tensor_size", 0) or 0)
         out.duration_us = int(node.duration_micros)
         return out, None
-    out.size = size
+    out.size = int(attr_value(node, "comm_size", 0) or 0)
     if kind is NodeKind.COLL:
         number = int(attr_value(node, "comm_type", 0) or 0)
         if number not in _COLLECTIVES:

@@ -33,6 +33,7 @@ from planner.chakra.io import write_trace
 from planner.chakra.schema import COLLECTIVE_TYPES, message_class
 from simcore.network import Collective
 from simcore.stage import NodeKind, RankGraph, StageModel
+from simcore.stage._graph import coordinates_of, rank_of, stage_groups
 
 __all__ = ["COMM_GROUP_FILE", "rank_traces", "write_stage_traces"]
 
@@ -42,29 +43,9 @@ _NODE_TYPE = {NodeKind.COMP: 4, NodeKind.SEND: 5, NodeKind.RECV: 6, NodeKind.COL
 _COMM_TYPE = {c: COLLECTIVE_TYPES.index(c.name) for c in Collective}
 
 
-def _coordinates(model: StageModel, npu: int) -> tuple[int, int, int, int]:
-    """(pipeline position, dp, tp, sp) of ``npu``: STAGE numbers dp fastest, then tp, sp, pp
-    (NOTES.md section 5.2)."""
-    a = model.args
-    rest, dp = divmod(npu, a.dp)
-    rest, tp = divmod(rest, a.tp)
-    pos, sp = divmod(rest, a.sp)
-    return pos, dp, tp, sp
-
-
-def _rank(model: StageModel, pos: int, dp: int, tp: int, sp: int) -> int:
-    a = model.args
-    return dp + a.dp * (tp + a.tp * (sp + a.sp * pos))
-
-
 def _groups(model: StageModel, npu: int) -> dict[str, tuple[int, ...]]:
-    a = model.args
-    pos, dp, tp, sp = _coordinates(model, npu)
-    return {
-        "dp": tuple(_rank(model, pos, i, tp, sp) for i in range(a.dp)),
-        "tp": tuple(_rank(model, pos, dp, i, sp) for i in range(a.tp)),
-        "sp": tuple(_rank(model, pos, dp, tp, i) for i in range(a.sp)),
-    }
+    pos, dp, tp, sp = coordinates_of(model.args, npu)
+    return stage_groups(model.args, pos, dp, tp, sp)
 
 
 def comm_groups(model: StageModel) -> dict[tuple[int, ...], int]:
@@ -77,9 +58,9 @@ def comm_groups(model: StageModel) -> dict[tuple[int, ...], int]:
 def _peer(model: StageModel, graph: RankGraph, npu: int, link: int) -> int:
     """The NPU at the other end of pipeline transfer ``link`` for ``npu``: the same (dp, tp, sp)
     coordinates on the other stage."""
-    _, dp, tp, sp = _coordinates(model, npu)
-    other, _, _, _ = _coordinates(model, graph.peers[link])
-    return _rank(model, other, dp, tp, sp)
+    _, dp, tp, sp = coordinates_of(model.args, npu)
+    other, _, _, _ = coordinates_of(model.args, graph.peers[link])
+    return rank_of(model.args, other, dp, tp, sp)
 
 
 def _io(attr: Any, name: str, side: tuple[tuple[str, int], ...]) -> Any:
@@ -91,7 +72,7 @@ def rank_traces(model: StageModel, npu: int, groups: dict[tuple[int, ...], int]
                 ) -> Iterator[Any]:
     """The Chakra nodes of ``npu``'s trace."""
     node_cls, attr = message_class("Node"), message_class("AttributeProto")
-    pos, *_ = _coordinates(model, npu)
+    pos, *_ = coordinates_of(model.args, npu)
     graph = model.ranks[pos]
     own = _groups(model, npu)
     for n in graph.nodes:

@@ -11,7 +11,14 @@ from simcore.network import Collective, Network, PerNetwork
 from simcore.stage._args import StageArgs
 from simcore.stage._fast import repeated_rank
 from simcore.stage._graph import Node, RankGraph, build_model
-from simcore.stage._inventory import Inventory, RooflineTotals, inventory, roofline_totals
+from simcore.stage._inventory import (
+    Inventory,
+    RooflineTotals,
+    inventory,
+    inventory_of,
+    node_rows,
+    roofline_totals,
+)
 from simcore.stage._replay import RankTimes, replay, replay_flat, roofline_ns
 
 __all__ = ["Inventory", "StageResult", "astra_estimate", "inventory"]
@@ -143,9 +150,8 @@ def _replayed(args: StageArgs, durations: _Durations, *, repeat: bool = True
             return replay_flat([flat]), inv, totals
     model = build_model(args)
     times = replay(model.ranks, durations.comp_ns, durations.coll_ns, durations.p2p_ns)
-    rank0 = model.ranks[0]
-    rows = [(n.kind, n.collective, n.num_ops, n.tensor_size, n.size) for n in rank0.nodes]
-    return times, inventory(rank0), roofline_totals(rows, *roofline)
+    rows = node_rows(model.ranks[0])
+    return times, inventory_of(rows), roofline_totals(rows, *roofline)
 
 
 def _result(times: list[RankTimes], inv: Inventory, totals: RooflineTotals) -> StageResult:

@@ -385,12 +385,22 @@ def rank_of(a: StageArgs, pos: int, dp: int = 0, tp: int = 0, sp: int = 0) -> in
     return dp + a.dp * (tp + a.tp * (sp + a.sp * pos))
 
 
-def stage_groups(a: StageArgs, pos: int) -> dict[str, tuple[int, ...]]:
-    """The communicator groups of the ``pos``-th stage's representative rank, per axis."""
+def coordinates_of(a: StageArgs, rank: int) -> tuple[int, int, int, int]:
+    """(pipeline position, dp, tp, sp) of ``rank``: the inverse of :func:`rank_of`."""
+    rest, dp = divmod(rank, a.dp)
+    rest, tp = divmod(rest, a.tp)
+    pos, sp = divmod(rest, a.sp)
+    return pos, dp, tp, sp
+
+
+def stage_groups(a: StageArgs, pos: int, dp: int = 0, tp: int = 0, sp: int = 0
+                 ) -> dict[str, tuple[int, ...]]:
+    """The communicator groups, per axis, of the rank at (dp, tp, sp) on the ``pos``-th stage
+    (by default the stage's representative rank)."""
     return {
-        "dp": tuple(rank_of(a, pos, dp=i) for i in range(a.dp)),
-        "tp": tuple(rank_of(a, pos, tp=i) for i in range(a.tp)),
-        "sp": tuple(rank_of(a, pos, sp=i) for i in range(a.sp)),
+        "dp": tuple(rank_of(a, pos, i, tp, sp) for i in range(a.dp)),
+        "tp": tuple(rank_of(a, pos, dp, i, sp) for i in range(a.tp)),
+        "sp": tuple(rank_of(a, pos, dp, tp, i) for i in range(a.sp)),
     }
 
 

@@ -9,7 +9,8 @@ from simcore.network import Collective
 from simcore.stage._graph import NodeKind, RankGraph
 from simcore.stage._replay import roofline_ns
 
-__all__ = ["Inventory", "RooflineTotals", "inventory", "inventory_of", "roofline_totals"]
+__all__ = ["Inventory", "RooflineTotals", "inventory", "inventory_of", "node_rows",
+           "roofline_totals"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +43,20 @@ _FIELDS = {
 """Per collective, its count and size fields (sends and receives: ``n_send``, ...)."""
 
 
+Row = tuple[NodeKind, Collective | None, int, int, int]
+"""A node as the inventory and the roofline totals read it: (kind, collective, num_ops,
+tensor_size, size)."""
+
+
+def node_rows(graph: RankGraph) -> list[Row]:
+    return [(n.kind, n.collective, n.num_ops, n.tensor_size, n.size) for n in graph.nodes]
+
+
 def inventory(graph: RankGraph) -> Inventory:
-    return inventory_of((n.kind, n.collective, n.num_ops, n.tensor_size, n.size)
-                        for n in graph.nodes)
+    return inventory_of(node_rows(graph))
 
 
-def inventory_of(nodes: Iterable[tuple[NodeKind, Collective | None, int, int, int]]
-                 ) -> Inventory:
+def inventory_of(nodes: Iterable[Row]) -> Inventory:
     """The inventory of nodes given as (kind, collective, num_ops, tensor_size, size)."""
     counts = dict.fromkeys(Inventory.__slots__, 0)  # type: ignore[attr-defined]
     for kind, collective, num_ops, tensor_size, size in nodes:
@@ -96,8 +104,7 @@ class RooflineTotals:
         }
 
 
-def roofline_totals(rows: Iterable[tuple[NodeKind, Collective | None, int, int, int]],
-                    peak_ops_per_s: float, local_mem_bytes_per_s: float) -> RooflineTotals:
+def roofline_totals(rows: Iterable[Row], peak_ops_per_s: float, local_mem_bytes_per_s: float) -> RooflineTotals:
     """The totals of the compute nodes among ``rows`` (kind, collective, num_ops, tensor_size,
     size): each runs ``trunc(num_ops / perf * 1e9)`` ns at perf = min(bw * OI, peak), with
     compute utilisation perf / peak, memory utilisation (perf / OI) / bw and memory-bound when

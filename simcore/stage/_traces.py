@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from simcore.network import Network
 from simcore.stage._estimate import _Durations
-from simcore.stage._graph import SKIPPED, Node, NodeKind, RankGraph
-from simcore.stage._inventory import RooflineTotals, roofline_totals
+from simcore.stage._graph import SKIPPED, Node, RankGraph
+from simcore.stage._inventory import RooflineTotals, node_rows, roofline_totals
 from simcore.stage._replay import RankTimes, replay
 
 __all__ = ["TraceTimes", "replay_traces"]
@@ -61,8 +61,6 @@ def replay_traces(graphs: Sequence[RankGraph], network: Network, *,
     for graph, t in zip(graphs, times):
         totals = None
         if peak_ops_per_s is not None:
-            rows = [(n.kind, n.collective, n.num_ops, n.tensor_size, n.size)
-                    for n in graph.nodes if n.kind is NodeKind.COMP]
-            totals = roofline_totals(rows, peak_ops_per_s, local_mem_bytes_per_s)
+            totals = roofline_totals(node_rows(graph), peak_ops_per_s, local_mem_bytes_per_s)
         out.append(TraceTimes(t, totals))
     return out

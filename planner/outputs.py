@@ -16,7 +16,7 @@ from pathlib import Path
 from planner.errors import PlannerUsageError
 from planner.storage import RESULTS_DIR
 
-__all__ = ["RESULTS_DIR", "atomic_write", "write_folders", "default_path", "slug"]
+__all__ = ["RESULTS_DIR", "atomic_write", "default_path", "slug", "write_folders"]
 
 
 
@@ -62,9 +62,10 @@ def _check_folder(folder: Path) -> None:
         raise PlannerUsageError(f"{folder}: exists and is not a folder; choose another --out")
 
 
-def write_folders(root: Path, folders: Mapping[str, Mapping[str, str]]) -> list[Path]:
-    """Write ``{folder: {file: text}}`` under ``root``; each folder appears whole (an existing
-    one of the same name is replaced) or not at all."""
+def write_folders(root: Path, folders: Mapping[str, Mapping[str, str | bytes]]) -> list[Path]:
+    """Write ``{folder: {file: text or bytes}}`` under ``root`` (file names may hold
+    sub-folders, ``traces/workload.0.et``); each folder appears whole (an existing one of the
+    same name is replaced) or not at all."""
     _check_folder(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -77,8 +78,13 @@ def write_folders(root: Path, folders: Mapping[str, Mapping[str, str]]) -> list[
         for name, files in folders.items():
             folder = staging / name
             folder.mkdir()
-            for file, text in files.items():
-                (folder / file).write_text(text)
+            for file, data in files.items():
+                path = folder / file
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(data, bytes):
+                    path.write_bytes(data)
+                else:
+                    path.write_text(data)
         for name in folders:
             target = root / name
             if target.is_dir():

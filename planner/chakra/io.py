@@ -21,7 +21,8 @@ from google.protobuf.message import DecodeError
 from planner.chakra.schema import message_class
 from planner.errors import PlannerUsageError
 
-__all__ = ["SCHEMA_VERSION", "Trace", "attr_value", "read_trace", "trace_files", "write_trace"]
+__all__ = ["SCHEMA_VERSION", "Trace", "attr_value", "read_trace", "trace_bytes", "trace_files",
+           "write_trace"]
 
 SCHEMA_VERSION = "0.0.4"
 
@@ -34,18 +35,23 @@ class Trace:
     nodes: list[Any]
 
 
-def write_trace(path: Path, nodes: Iterable[Any], attrs: dict[str, str] | None = None) -> None:
-    """Write the metadata (schema version 0.0.4 and ``attrs`` as string attributes) then
-    ``nodes``."""
+def trace_bytes(nodes: Iterable[Any], attrs: dict[str, str] | None = None) -> bytes:
+    """A trace file's bytes: the metadata (schema version 0.0.4 and ``attrs`` as string
+    attributes) then ``nodes``, each length-delimited."""
     meta = message_class("GlobalMetadata")(version=SCHEMA_VERSION)
     attr = message_class("AttributeProto")
     for name, value in (attrs or {}).items():
         meta.attr.append(attr(name=name, string_val=value))
-    with path.open("wb") as f:
-        for message in (meta, *nodes):
-            data = message.SerializeToString()
-            f.write(_VarintBytes(len(data)))
-            f.write(data)
+    parts = []
+    for message in (meta, *nodes):
+        data = message.SerializeToString()
+        parts += [_VarintBytes(len(data)), data]
+    return b"".join(parts)
+
+
+def write_trace(path: Path, nodes: Iterable[Any], attrs: dict[str, str] | None = None) -> None:
+    """Write :func:`trace_bytes` to ``path``."""
+    path.write_bytes(trace_bytes(nodes, attrs))
 
 
 def read_trace(path: Path) -> Trace:

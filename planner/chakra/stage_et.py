@@ -29,13 +29,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from planner.chakra.io import write_trace
+from planner.chakra.io import trace_bytes
 from planner.chakra.schema import COLLECTIVE_TYPES, message_class
 from simcore.network import Collective
 from simcore.stage import NodeKind, RankGraph, StageModel
 from simcore.stage._graph import coordinates_of, rank_of, stage_groups
 
-__all__ = ["COMM_GROUP_FILE", "rank_traces", "write_stage_traces"]
+__all__ = ["COMM_GROUP_FILE", "comm_group_text", "comm_groups", "rank_traces",
+           "stage_trace_files", "write_stage_traces"]
 
 COMM_GROUP_FILE = "comm_group.json"
 
@@ -97,18 +98,34 @@ def rank_traces(model: StageModel, npu: int, groups: dict[tuple[int, ...], int]
         yield out
 
 
+STAGE_SCHEMA = {"schema": "parallel_planner stage convention (STAGE recomp graph)"}
+
+
+def stage_trace_files(model: StageModel, name: str) -> dict[str, bytes | str]:
+    """``{name.<npu>.et: bytes, comm_group.json: text}`` for every NPU."""
+    groups = comm_groups(model)
+    files: dict[str, bytes | str] = {
+        f"{name}.{npu}.et": trace_bytes(rank_traces(model, npu, groups), STAGE_SCHEMA)
+        for npu in range(model.args.npus)}
+    files[COMM_GROUP_FILE] = comm_group_text(groups)
+    return files
+
+
+def comm_group_text(groups: dict[tuple[int, ...], int]) -> str:
+    """ASTRA-sim's ``--comm-group-configuration`` JSON: ``{"id": [npus]}``."""
+    return json.dumps({str(i): list(g) for g, i in groups.items()}) + "\n"
+
+
 def write_stage_traces(model: StageModel, folder: Path, name: str) -> list[Path]:
     """``folder/name.<npu>.et`` for every NPU and ``folder/comm_group.json``; the paths
     written."""
     folder.mkdir(parents=True, exist_ok=True)
-    groups = comm_groups(model)
     written = []
-    for npu in range(model.args.npus):
-        path = folder / f"{name}.{npu}.et"
-        write_trace(path, rank_traces(model, npu, groups),
-                    {"schema": "parallel_planner stage convention (STAGE recomp graph)"})
+    for file, data in stage_trace_files(model, name).items():
+        path = folder / file
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
         written.append(path)
-    group_file = folder / COMM_GROUP_FILE
-    group_file.write_text(json.dumps({str(i): list(g) for g, i in groups.items()}) + "\n")
-    written.append(group_file)
     return written

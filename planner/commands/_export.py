@@ -29,10 +29,18 @@ def _formats(text: str) -> list[str]:
     return names
 
 
+def _listing(files: dict[str, str | bytes]) -> str:
+    """The folder's files, sub-folders counted (``traces/ (17 files)``) instead of listed."""
+    top = sorted({f.split("/", 1)[0] + "/" for f in files if "/" in f})
+    counts = {t: sum(1 for f in files if f.startswith(t)) for t in top}
+    return ", ".join([*(f"{t} ({n} files)" for t, n in counts.items()),
+                      *sorted(f for f in files if "/" not in f)])
+
+
 class ExportCommand(BaseCommand):
     name = "export"
     help = ("The best plans of a study as plan files, Megatron-LM arguments, a DeepSpeed config,"
-            " torchtitan configs or ASTRA-sim + STAGE inputs.")
+            " torchtitan configs, ASTRA-sim + STAGE inputs or Chakra traces.")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("name", help="the study's name (`planner studies` lists them)")
@@ -52,9 +60,9 @@ class ExportCommand(BaseCommand):
         plans = plans_from_study(study, args.top)
         if not plans:
             raise PlannerUsageError(f"study {args.name!r} has no feasible plan to export")
-        folders: dict[str, dict[str, str]] = {}
+        folders: dict[str, dict[str, str | bytes]] = {}
         for rank, plan in enumerate(plans, start=1):
-            files: dict[str, str] = {}
+            files: dict[str, str | bytes] = {}
             for fmt in formats:
                 try:
                     files.update(export_files(plan, fmt))
@@ -65,7 +73,7 @@ class ExportCommand(BaseCommand):
             folders[f"{rank}-{slug(plan.label)}"] = files
         out = args.out or RESULTS_DIR / "exports" / slug(args.name)
         for folder in write_folders(out, folders):
-            print(f"{folder}/: {', '.join(sorted(folders[folder.name]))}")
+            print(f"{folder}/: {_listing(folders[folder.name])}")
         if len(plans) < args.top:
             print(f"(the study has {len(plans)} feasible plan(s), fewer than --top {args.top})")
         return 0

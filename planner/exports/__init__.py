@@ -11,6 +11,8 @@ Each exporter takes a :class:`planner.plan.Plan` and returns the files to write,
   ``Trainer.Config`` form.
 - ``astra-sim``: the STAGE command line and ASTRA-sim's ``system.json``, ``network.yml`` and
   ``remote_memory.json``.
+- ``chakra``: the step as Chakra traces (one binary ``.et`` file per NPU), ASTRA-sim's
+  communicator groups and input files, and the command that runs them; no STAGE needed.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from collections.abc import Callable
 from planner.errors import PlannerUsageError
 from planner.plan import Plan
 
-__all__ = ["EXPORTERS", "exporter", "export_files"]
+__all__ = ["EXPORTERS", "export_files", "exporter"]
 
-Exporter = Callable[[Plan], dict[str, str]]
+Exporter = Callable[[Plan], dict[str, str | bytes]]
 
 EXPORTERS: dict[str, str] = {
     "plan": "planner.exports._plan:export_plan",
@@ -31,6 +33,7 @@ EXPORTERS: dict[str, str] = {
     "deepspeed": "planner.exports._deepspeed:export_deepspeed",
     "torchtitan": "planner.exports._torchtitan:export_torchtitan",
     "astra-sim": "planner.exports._astra:export_astra",
+    "chakra": "planner.exports._chakra:export_chakra",
 }
 """Format name -> ``module:function``, imported when used."""
 
@@ -43,5 +46,5 @@ def exporter(fmt: str) -> Exporter:
     return getattr(importlib.import_module(module), function)
 
 
-def export_files(plan: Plan, fmt: str) -> dict[str, str]:
+def export_files(plan: Plan, fmt: str) -> dict[str, str | bytes]:
     return exporter(fmt)(plan)

@@ -1,0 +1,339 @@
+"""The ``megatron`` convention's step as a per-NPU dependency graph, for Chakra traces.
+
+Each NPU runs its pipeline stage's forwards and backwards in the schedule's order
+(:func:`simcore.timeline.stage_order`), then the data-parallel gradient reduction and the
+optimizer step. Compute nodes carry the estimate's own durations (the kernels with their floors,
+:mod:`simcore.megatron.kernels`); communication is real collectives over the NPU's communicator
+groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
+``planner replay``) times them on its own network model. Per op:
+
+- forward: receive the input (from the previous stage, or chunk c - 1 on the last stage),
+  compute, then the tp collectives (2 per layer: all-reduce, or all-gather + reduce-scatter with
+  sequence parallelism; the embedding's and the LM head's), then send the output on;
+- backward: receive the gradient, recompute (full recompute's tp collectives after it), the
+  data-gradient kernels, then the weight-gradient kernels in parallel with the layer's tp
+  collectives (Megatron-LM's asynchronous tp reduction; the estimate's ``max(0, tp - wgrad)``),
+  then send the gradient back;
+- context parallelism's K/V all-gathers (and reduce-scatters backward) and ZeRO-3's per-layer
+  weight all-gathers (and gradient reduce-scatters) run beside the op's compute;
+- after the stage's last backward: the gradient all-reduce (reduce-scatter + all-gather with a
+  distributed optimizer / ZeRO-1/2), over dp x sp as :func:`simcore.megatron.step._group_
+  collective` splits it; with ``overlap_grad_reduce`` in buckets, all but the last running beside
+  the last backward (the estimate's ``max(link / buckets, link - backward)``); then the optimizer.
+
+The estimate and this graph agree op by op where the estimate's terms are sums and maxima of the
+same pieces: a replay without per-call latencies (ASTRA-sim has none) ends at the step's
+timeline, except that the estimate charges a pipeline transfer to every op (also the last
+stage's forwards and the first stage's backwards, which send nothing) and times context
+parallelism and ZeRO-3 per layer while this graph overlaps whole ops. Durations are whole
+microseconds (Chakra's ``duration_micros``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from simcore.megatron.phases import OpTime, stage_phases
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.step import DDP_BUCKET_PARAMS, _ends, _layer, _optimizer_time, _stage
+from simcore.network import Collective
+from simcore.specs import Axis, ModelSpec, Recompute, Strategy, SystemSpec, TrainingSpec, ZeroStage
+from simcore.stage._graph import Node, NodeKind, RankGraph
+from simcore.timeline import stage_order
+
+__all__ = ["Call", "StepGraphs", "npu_coordinates", "step_graphs"]
+
+Call = tuple[Axis, Collective, int]
+"""One collective: the axis whose group runs it, the collective, its size in bytes (ASTRA-sim's
+``comm_size``: the per-rank input of an all-gather, the whole tensor otherwise)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepGraphs:
+    """One graph per NPU (``graphs[i].rank == i``); node sizes are bytes; groups are keyed by
+    the axis's name (``tp``, ``sp``, ``dp``, ``pp``)."""
+
+    graphs: tuple[RankGraph, ...]
+    micro_batches: int
+    replicas: int
+    """NPUs per pipeline stage: a transfer's link is ``tag * replicas + replica``, where the
+    tag is the same at both ends."""
+
+
+def _degree(strategy: Strategy, axis: Axis) -> int:
+    return int(getattr(strategy, axis.value))
+
+
+def npu_coordinates(strategy: Strategy, npu: int) -> dict[Axis, int]:
+    """The NPU's coordinate on each axis: ranks are numbered in the placement's order, innermost
+    first (as :mod:`simcore.megatron.placement` lays the axes onto the network)."""
+    out = {}
+    for axis in strategy.placement:
+        degree = _degree(strategy, axis)
+        out[axis] = npu % degree
+        npu //= degree
+    return out
+
+
+def _npu(strategy: Strategy, coords: dict[Axis, int]) -> int:
+    rank, stride = 0, 1
+    for axis in strategy.placement:
+        rank += coords[axis] * stride
+        stride *= _degree(strategy, axis)
+    return rank
+
+
+def _groups(strategy: Strategy, npu: int) -> dict[str, tuple[int, ...]]:
+    coords = npu_coordinates(strategy, npu)
+    return {axis.value: tuple(_npu(strategy, {**coords, axis: k})
+                              for k in range(_degree(strategy, axis)))
+            for axis in Axis}
+
+
+def _micros(seconds: float) -> int:
+    return round(seconds * 1e6)
+
+
+# -- the collectives of one op ----------------------------------------------------------------
+def _tp_pair(p: StepPlan) -> list[Call]:
+    if p.s.tp == 1:
+        return []
+    full = int(p.tokens * p.model.hidden * p.training.bytes_per_activation)
+    if p.s.sequence_parallel:
+        return [(Axis.TP, Collective.ALL_GATHER, full // p.s.tp),
+                (Axis.TP, Collective.REDUCE_SCATTER, full)]
+    return [(Axis.TP, Collective.ALL_REDUCE, full)]
+
+
+def _over_dp(p: StepPlan, collective: Collective, size: float) -> list[Call]:
+    """A collective over the data-parallel group (dp x sp), split as the estimate splits it."""
+    s = p.s
+    if s.sp == 1:
+        return [(Axis.DP, collective, int(size))]
+    if s.dp == 1:
+        return [(Axis.SP, collective, int(size))]
+    if collective is Collective.ALL_GATHER:
+        return [(Axis.SP, collective, int(size)), (Axis.DP, collective, int(size * s.sp))]
+    if collective is Collective.REDUCE_SCATTER:
+        return [(Axis.SP, collective, int(size)), (Axis.DP, collective, int(size / s.sp))]
+    return [(Axis.SP, Collective.REDUCE_SCATTER, int(size)),
+            (Axis.DP, Collective.ALL_REDUCE, int(size / s.sp)),
+            (Axis.SP, Collective.ALL_GATHER, int(size / s.sp))]
+
+
+@dataclass(frozen=True, slots=True)
+class _OpCalls:
+    """The collectives of one forward or backward of one chunk."""
+
+    after_recompute: list[Call]
+    tp: list[Call]
+    """After the compute (forward) or beside the weight gradients (backward)."""
+    tail: list[Call]
+    """After everything else (the LM head's reduce-scatter backward)."""
+    beside: list[Call]
+    """Context parallelism and ZeRO-3, beside the op's compute."""
+
+
+def _op_calls(p: StepPlan, stage: int, chunk: int, backward: bool) -> _OpCalls:
+    s, model = p.s, p.model
+    k = model.layers // s.pp // s.v
+    full = int(p.tokens * model.hidden * p.training.bytes_per_activation)
+    first, last = stage == 0 and chunk == 0, stage == s.pp - 1 and chunk == s.v - 1
+    pairs = _tp_pair(p) * (2 * k)
+    head: list[Call] = []
+    if s.tp > 1 and s.sequence_parallel and last:
+        head = [(Axis.TP, Collective.ALL_GATHER, full // s.tp)] if not backward else [
+            (Axis.TP, Collective.REDUCE_SCATTER, full)]
+    beside: list[Call] = []
+    if s.sp > 1:
+        kv = int(2 * p.tokens * model.hidden * p.shape.kv_fraction
+                 * p.training.bytes_per_activation / s.tp)
+        layer = [(Axis.SP, Collective.ALL_GATHER, kv)]
+        if backward:
+            layer.append((Axis.SP, Collective.REDUCE_SCATTER, kv * s.sp))
+        beside += layer * k
+    if s.zero is ZeroStage.PARAMETERS and p.dp_group > 1:
+        params = p.shape.layer_params / s.tp
+        layer = _over_dp(p, Collective.ALL_GATHER,
+                         params * p.training.bytes_per_param_weights / p.dp_group)
+        if backward:
+            layer += _over_dp(p, Collective.REDUCE_SCATTER,
+                              params * p.training.bytes_per_param_grads)
+        beside += layer * k
+    if not backward:
+        embedding: list[Call] = []
+        if first and s.tp > 1:
+            kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
+            embedding = [(Axis.TP, kind, full)]
+        return _OpCalls([], embedding + pairs + head, [], beside)
+    again = pairs if s.recompute is Recompute.FULL else []
+    return _OpCalls(again, pairs, head, beside)
+
+
+# -- building one stage's nodes -----------------------------------------------------------------
+class _Nodes:
+    """Appends nodes with ids in issue order."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+
+    def add(self, kind: NodeKind, name: str, deps: Iterable[int], **fields: object) -> int:
+        node = Node(len(self.nodes), kind, name, deps=sorted(set(deps)), **fields)
+        self.nodes.append(node)
+        return node.id
+
+    def compute(self, name: str, seconds: float, deps: list[int]) -> list[int]:
+        """A compute node, or nothing (the deps pass through) when it takes no time."""
+        micros = _micros(seconds)
+        if micros <= 0:
+            return deps
+        return [self.add(NodeKind.COMP, name, deps, duration_us=micros)]
+
+    def chain(self, name: str, calls: list[Call], deps: list[int]) -> list[int]:
+        for i, (axis, collective, size) in enumerate(calls):
+            if size > 0:
+                deps = [self.add(NodeKind.COLL, f"{name} {collective.value} {i}", deps,
+                                 collective=collective, axis=axis.value, size=size)]
+        return deps
+
+
+def _transfer(p: StepPlan, stage: int, chunk: int, backward: bool, sending: bool
+              ) -> tuple[int, int, int] | None:
+    """(other stage, the sender's virtual stage, direction) of the op's pipeline transfer, or
+    None: forwards go to the next virtual stage (chunk c on the last stage feeds chunk c + 1 on
+    stage 0), backwards to the previous one."""
+    pp, v = p.s.pp, p.s.v
+    g = chunk * pp + stage
+    towards_end = sending != backward  # a forward's send or a backward's receive
+    other = g + 1 if towards_end else g - 1
+    if pp == 1 or not 0 <= other < pp * v:
+        return None
+    sender = g if sending else other
+    return other % pp, sender, int(backward)
+
+
+class _Stage:
+    def __init__(self, p: StepPlan, stage: int) -> None:
+        self.p, self.stage = p, stage
+        self.phases = stage_phases(p.model, p.system, p.training, p.s)[stage]
+        self.message = int(p.tokens * p.model.hidden * p.training.bytes_per_activation / p.s.tp)
+        self.out = _Nodes()
+        self.peers: dict[int, tuple[int, int]] = {}
+        """Node id -> (peer stage, transfer key) of its sends and receives."""
+
+    def key(self, sender: int, backward: int, micro: int) -> int:
+        return (backward * self.p.s.pp * self.p.s.v + sender) * self.p.m + micro
+
+    def _p2p(self, kind: NodeKind, chunk: int, micro: int, backward: bool,
+             deps: list[int]) -> list[int]:
+        found = _transfer(self.p, self.stage, chunk, backward, kind is NodeKind.SEND)
+        if found is None:
+            return deps
+        other, sender, direction = found
+        word = "send" if kind is NodeKind.SEND else "recv"
+        name = f"{'bwd' if backward else 'fwd'} c{chunk} mb{micro} {word}"
+        node = self.out.add(kind, name, deps, size=self.message)
+        self.peers[node] = (other, self.key(sender, direction, micro))
+        return [node]
+
+    def op(self, chunk: int, micro: int, backward: bool, deps: list[int],
+           bucket_start: list[int] | None = None) -> tuple[list[int], list[int]]:
+        """One op's nodes; returns (its end, its start: what the overlapped gradient buckets
+        wait for)."""
+        times: OpTime = (self.phases.backward if backward else self.phases.forward)[chunk]
+        calls = _op_calls(self.p, self.stage, chunk, backward)
+        name = f"{'bwd' if backward else 'fwd'} c{chunk} mb{micro}"
+        start = self._p2p(NodeKind.RECV, chunk, micro, backward, deps)
+        n = self.out
+        if not backward:
+            done = n.compute(name, times.compute, start)
+            beside = n.chain(f"{name} beside", calls.beside, start)
+            end = n.chain(f"{name} tp", calls.tp, sorted(set(done + beside)))
+        else:
+            k = self.p.model.layers // self.p.s.pp // self.p.s.v
+            wgrad = k * self.p.kernels.wgrad
+            cur = n.compute(f"{name} recompute", times.recompute, start)
+            cur = n.chain(f"{name} recompute tp", calls.after_recompute, cur)
+            beside = n.chain(f"{name} beside", calls.beside, start)
+            cur = n.compute(f"{name} dgrad", times.compute - wgrad, cur)
+            grads = n.compute(f"{name} wgrad", wgrad, cur)
+            tp = n.chain(f"{name} tp", calls.tp, cur)
+            end = n.chain(f"{name} tail", calls.tail, sorted(set(grads + tp + beside)))
+        end = self._p2p(NodeKind.SEND, chunk, micro, backward, end)
+        return end, start
+
+    def dp_calls(self) -> list[Call]:
+        p, tr = self.p, self.p.training
+        if p.dp_group == 1 or p.s.zero is ZeroStage.PARAMETERS:
+            return []
+        params = _stage(p, _layer(p), _ends(p), self.stage).params
+        grads = params * tr.bytes_per_param_grads
+        if p.s.zero is ZeroStage.NONE:
+            return _over_dp(p, Collective.ALL_REDUCE, grads)
+        return (_over_dp(p, Collective.REDUCE_SCATTER, grads)
+                + _over_dp(p, Collective.ALL_GATHER,
+                           params * tr.bytes_per_param_weights / p.dp_group))
+
+    def buckets(self) -> int:
+        p = self.p
+        if not p.training.overlap_grad_reduce or p.dp_group == 1:
+            return 1
+        params = _stage(p, _layer(p), _ends(p), self.stage).params
+        return max(1, math.ceil(params / max(DDP_BUCKET_PARAMS, 1_000_000 * p.dp_group)))
+
+    def build(self) -> list[Node]:
+        p = self.p
+        order = stage_order(p.s.schedule, self.stage, p.s.pp, p.m, p.s.v)
+        deps: list[int] = []
+        last = len(order.backward) - 1
+        start: list[int] = []
+        for i, (bwd, chunk, micro) in enumerate(zip(order.backward, order.chunk,
+                                                    order.micro_batch)):
+            deps, start = self.op(int(chunk), int(micro), bool(bwd), deps)
+            if i == last:
+                break
+        calls, n = self.dp_calls(), self.buckets()
+        split = [(a, c, size // n) for a, c, size in calls]
+        hidden = self.out.chain("dp grad reduce (overlapped)", split * (n - 1), start)
+        end = self.out.chain("dp grad reduce", split if n > 1 else calls,
+                             sorted(set(deps + hidden)) if n > 1 else deps)
+        stage_time = _stage(p, _layer(p), _ends(p), self.stage)
+        self.out.compute("optimizer", _optimizer_time(p, stage_time), end)
+        return self.out.nodes
+
+
+def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                strategy: Strategy) -> StepGraphs:
+    """Every NPU's graph of one step (see the module docstring); raises ValueError when the plan
+    does not divide."""
+    p = StepPlan(model, system, training, strategy)
+    stages = [_Stage(p, i) for i in range(strategy.pp)]
+    nodes = [tuple(st.build()) for st in stages]
+    npus = strategy.devices
+    replicas = npus // strategy.pp
+    strides = _replica_strides(strategy)
+    graphs = []
+    for npu in range(npus):
+        coords = npu_coordinates(strategy, npu)
+        st = stages[coords[Axis.PP]]
+        replica = sum(coords[a] * w for a, w in strides.items())
+        own = list(nodes[st.stage])
+        peers = {}
+        for node_id, (other, key) in st.peers.items():
+            link = key * replicas + replica
+            own[node_id] = replace(own[node_id], link=link)
+            peers[link] = _npu(strategy, {**coords, Axis.PP: other})
+        graphs.append(RankGraph(st.stage, npu, tuple(own), _groups(strategy, npu), peers))
+    return StepGraphs(tuple(graphs), p.m, replicas)
+
+
+def _replica_strides(strategy: Strategy) -> dict[Axis, int]:
+    """Strides numbering an NPU among the NPUs of its stage (every axis but pp)."""
+    out, stride = {}, 1
+    for axis in strategy.placement:
+        if axis is not Axis.PP:
+            out[axis] = stride
+            stride *= _degree(strategy, axis)
+    return out

@@ -1,0 +1,201 @@
+"""`planner export --format chakra`: a plan's step as Chakra traces, replayed.
+
+- ``stage`` convention: the traces are STAGE's graph; replayed, they give the estimate to the
+  nanosecond (the estimate is itself ASTRA-sim's replay of that graph, checked against measured
+  ASTRA-sim runs in tests/test_stage*.py).
+- ``megatron`` convention: the traces are the project's own step. Replayed as ASTRA-sim would,
+  they must end where the step's pipeline schedule ends when the network has no per-call
+  latency (ASTRA-sim has none): the expected figure below is built independently of the graph,
+  from the estimate's per-op times (:func:`simcore.megatron.phases.stage_phases`) scheduled by
+  the timeline's max-plus scan (:func:`simcore.timeline.schedule_pipeline`), with the one
+  documented difference (ops that send nothing are not charged a transfer), within the rounding
+  of runtimes to whole microseconds (Chakra's ``duration_micros``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.catalog import load_catalog
+from planner.chakra.io import read_trace
+from planner.cli import main
+from planner.exports import export_files, exporter
+from planner.exports._chakra import export_chakra
+from planner.plan import Plan, make_plan
+from simcore.megatron.phases import stage_phases
+from simcore.specs import (
+    Convention,
+    Recompute,
+    Schedule,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
+from simcore.timeline import schedule_pipeline
+from tests.test_chakra import _fields, _varint
+
+LAB = TrainingSpec(global_batch=512, seq_len=1024)
+SMALL = TrainingSpec(global_batch=32, seq_len=2048, overlap_grad_reduce=False)
+
+
+@pytest.fixture(autouse=True)
+def user_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "user-catalog"
+    monkeypatch.setenv("PLANNER_CATALOG", str(folder))
+    return folder
+
+
+def _no_call_latency(system: SystemSpec) -> SystemSpec:
+    """The system as ASTRA-sim can express it: no per-call latency, no collective launch."""
+    dims = tuple(replace(d, call_latency_s=0.0) for d in system.network.dims)
+    return replace(system, device=replace(system.device, collective_launch_s=0.0),
+                   network=replace(system.network, dims=dims))
+
+
+def _write(files: dict[str, str | bytes], folder: Path) -> Path:
+    for name, data in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
+    return folder
+
+
+def _replay(capsys, folder: Path) -> list[dict]:
+    assert main(["replay", str(folder / "traces" / "workload"), "--system-json",
+                 str(folder / "system.json"), "--network-yml", str(folder / "network.yml"),
+                 "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_registered_as_chakra() -> None:
+    assert exporter("chakra") is export_chakra
+
+
+def test_stage_plan_replays_to_its_estimate(tmp_path, capsys) -> None:
+    c = load_catalog()
+    plan = make_plan(c.model("stage-1024x4"), c.system("dgx-a100-8"), LAB,
+                     Strategy(dp=4, pp=2), Convention.STAGE)
+    folder = _write(export_files(plan, "chakra"), tmp_path)
+    assert len(list((folder / "traces").glob("workload.*.et"))) == 8
+    npus = _replay(capsys, folder)
+    assert max(r["wall_time"] for r in npus) == round(plan.estimate.step_time * 1e9)
+    assert json.loads((folder / "system.json").read_text())["roofline-enabled"] == 1
+
+
+def _megatron(system: str = "dgx-a100-16", **knobs: object) -> Plan:
+    c = load_catalog()
+    return make_plan(c.model("gpt-1.7b"), _no_call_latency(c.system(system)), SMALL,
+                     Strategy(**knobs), Convention.MEGATRON)  # type: ignore[arg-type]
+
+
+def _schedule_end(plan: Plan) -> float:
+    """When the last stage's optimizer step ends: each stage's ops scheduled as the estimate
+    times them, less the transfer of the ops that send nothing (the last virtual stage's
+    forward, the first one's backward), then its own gradient reduction and optimizer."""
+    s = plan.strategy
+    phases = stage_phases(plan.model, plan.system, plan.training, s)
+    forward = np.array([[op.total for op in st.forward] for st in phases])
+    backward = np.array([[op.total for op in st.backward] for st in phases])
+    forward[s.pp - 1, s.v - 1] -= phases[-1].forward[-1].p2p
+    backward[0, 0] -= phases[0].backward[0].p2p
+    m = plan.training.global_batch // (s.dp * s.micro_batch)
+    ends = schedule_pipeline(s.schedule, forward, backward, m).end.max(axis=1)
+    return max(end + st.dp_exposed + st.optimizer for end, st in zip(ends, phases))
+
+
+@pytest.mark.parametrize("knobs", [
+    {"dp": 2, "tp": 8},
+    {"dp": 2, "tp": 8, "recompute": Recompute.FULL},
+    {"dp": 2, "tp": 8, "zero": ZeroStage.OPTIMIZER},
+    {"dp": 4, "tp": 2, "pp": 2},
+    {"dp": 2, "tp": 4, "pp": 2, "sequence_parallel": True},
+    {"dp": 4, "tp": 2, "pp": 2, "schedule": Schedule.INTERLEAVED, "v": 2},
+    {"dp": 2, "tp": 4, "pp": 2, "schedule": Schedule.GPIPE, "recompute": Recompute.SELECTIVE},
+], ids=str)
+def test_megatron_plan_replays_to_its_schedule(tmp_path, capsys, knobs) -> None:
+    plan = _megatron(**knobs)
+    folder = _write(export_files(plan, "chakra"), tmp_path)
+    npus = _replay(capsys, folder)
+    assert len(npus) == 16
+    wall = max(r["wall_time"] for r in npus) * 1e-9
+    computes = sum(1 for path in (folder / "traces").glob("workload.*.et")
+                   for n in read_trace(path).nodes if n.type == 4)
+    rounding = 0.5e-6 * computes / 16 * plan.strategy.pp  # every compute node of one path
+    assert abs(wall - _schedule_end(plan)) <= rounding
+    if plan.strategy.pp == 1:  # nothing charged that is not sent: the estimate itself
+        assert abs(wall - plan.estimate.step_time) <= rounding
+    assert json.loads((folder / "system.json").read_text())["roofline-enabled"] == 0
+
+
+def test_megatron_traces_are_valid_protobuf_by_an_independent_decoder(tmp_path) -> None:
+    plan = _megatron(dp=4, tp=2, pp=2)
+    data = export_files(plan, "chakra")["traces/workload.0.et"]
+    assert isinstance(data, bytes)
+    messages, pos = [], 0
+    while pos < len(data):
+        size, pos = _varint(data, pos)
+        messages.append(_fields(data[pos:pos + size]))
+        pos += size
+    assert pos == len(data)
+    assert (1, b"0.0.4") in messages[0]  # GlobalMetadata.version
+    nodes = [dict(n) for n in messages[1:]]
+    assert {n[3] for n in nodes} == {4, 5, 6, 7}  # COMP, SEND, RECV, COLL
+    # compute nodes carry duration_micros (field 7); m = 32 / 4 = 8 micro-batches, each with a
+    # forward and a data- and weight-gradient backward node on stage 0, and the optimizer
+    computes = [n for n in nodes if n[3] == 4]
+    assert all(n.get(7, 0) > 0 for n in computes)
+    assert len(computes) == 8 * 3 + 1
+    # stage 0 of 2 sends its 8 forward outputs and receives 8 output gradients
+    assert sum(1 for n in nodes if n[3] == 5) == sum(1 for n in nodes if n[3] == 6) == 8
+
+
+def test_comm_groups_follow_the_placement(tmp_path) -> None:
+    # placement tp, sp, dp, pp (Megatron-LM's rank order, tp fastest): with dp 4, tp 2, pp 2,
+    # NPU = tp + 2 dp + 8 pp, so tp groups are {0, 1}, ..., dp groups {0, 2, 4, 6}, ...
+    files = export_files(_megatron(dp=4, tp=2, pp=2), "chakra")
+    groups = sorted(json.loads(files["traces/comm_group.json"]).values())
+    tp = [[2 * i, 2 * i + 1] for i in range(8)]
+    dp = [[base + 2 * k for k in range(4)] for base in (0, 1, 8, 9)]
+    pp = [[i, i + 8] for i in range(8)]
+    assert groups == sorted(tp + dp + pp)
+
+
+def test_mlp_convention_is_refused_with_a_reason() -> None:
+    c = load_catalog()
+    plan = make_plan(c.model("distir-mlp"), c.system("lab-system1"), LAB, Strategy(dp=64),
+                     Convention.MLP)
+    with pytest.raises(ValueError, match="no per-op step"):
+        export_chakra(plan)
+
+
+def test_too_large_an_export_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr("planner.exports._chakra.MAX_NODES", 100)
+    with pytest.raises(ValueError, match="trace nodes over 16 NPUs"):
+        export_chakra(_megatron(dp=2, tp=8))
+
+
+def test_export_command_writes_the_traces(tmp_path, capsys) -> None:
+    study = Path(__file__).resolve().parent.parent / "studies" / "lab4b-llama70b-system1.yaml"
+    storage = ["--storage", str(tmp_path / "s.db")]
+    assert main(["run", str(study), *storage]) == 0
+    out = tmp_path / "out"
+    assert main(["export", "lab4b-llama70b-system1", "--format", "chakra", "--out", str(out),
+                 *storage]) == 0
+    printed = capsys.readouterr().out
+    assert "traces/ (65 files)" in printed  # 64 NPUs of lab-system1 and the groups file
+    (folder,) = out.iterdir()
+    assert {p.name for p in folder.iterdir()} == {
+        "traces", "system.json", "network.yml", "remote_memory.json", "run-astra-sim.sh",
+        "README-chakra.txt"}
+    script = (folder / "run-astra-sim.sh").read_text()
+    assert '--workload-configuration="$HERE/traces/workload"' in script
+    assert '--comm-group-configuration="$HERE/traces/comm_group.json"' in script

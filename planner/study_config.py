@@ -6,6 +6,7 @@
     model: llama70b                  # a catalog name or a YAML path
     system: lab-system1
     convention: stage                # default: the model family's (megatron for gpt / llama)
+    congestion: unaware              # or aware: flows that share a link queue on it
     training: {global_batch: 512}    # seq_len defaults to the model's
     hbm_gb: unlimited                # default: the device's HBM
     objectives: [step_time]          # or [step_time, peak_memory]
@@ -25,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
 from simcore import convention_of
+from simcore.network import Congestion
 from simcore.specs import (
     Axis,
     Convention,
@@ -56,7 +59,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["StudyConfig", "load_study_config", "SAMPLERS", "OBJECTIVES"]
+__all__ = ["StudyConfig", "load_study_config", "with_congestion", "SAMPLERS", "OBJECTIVES"]
 
 SAMPLERS = ("exhaustive", "tpe", "nsga2", "gp", "random")
 OBJECTIVES = ("step_time", "peak_memory")
@@ -64,7 +67,7 @@ METRIC_NAMES = {"step_time": "step_time_s", "peak_memory": "peak_memory_gb"}
 
 _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
-             "seed", "vocab_multiple"}
+             "seed", "vocab_multiple", "congestion"}
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
@@ -111,6 +114,8 @@ class StudyConfig:
             "global_batch": self.training.global_batch, "seq_len": self.training.seq_len,
             **({"flash_attention": self.training.flash_attention}
                if self.training.flash_attention is not None else {}),
+            **({"congestion": self.system.network.congestion.value}
+               if self.system.network.congestion is not Congestion.UNAWARE else {}),
             "hbm_gb": self.hbm_gb, "objectives": list(self.objectives), "sampler": self.sampler,
             "n_trials": self.n_trials, "seed": self.seed, "vocab": self.model.vocab,
             "space": {
@@ -250,6 +255,9 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
         model = replace(model, vocab=math.ceil(model.vocab / k) * k)
     convention = (choice(path, "convention", e["convention"], Convention)
                   if "convention" in e else convention_of(model))
+    if "congestion" in e:
+        system = with_congestion(system, choice(path, "congestion", e["congestion"], Congestion),
+                                 convention, lambda m: fail(path, "congestion", m))
     t = fields(path, "training", e["training"], _TRAINING, _TRAINING_OPTIONAL)
     overlap = t.get("overlap_grad_reduce", True)
     if not isinstance(overlap, bool):
@@ -291,6 +299,16 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
                        convention=convention, hbm_gb=limit, objectives=objectives,
                        sampler=sampler, n_trials=n_trials, seed=seed, space=space,
                        description=str(description), hbm_override=hbm_gb)
+
+
+def with_congestion(system: SystemSpec, congestion: Congestion, convention: Convention,
+                    problem: Callable[[str], PlannerUsageError]) -> SystemSpec:
+    """The system with its collectives timed by ``congestion``; the stage convention replays
+    ASTRA-sim's congestion-unaware runs, so it refuses the aware model."""
+    if congestion is Congestion.AWARE and convention is Convention.STAGE:
+        raise problem("the stage convention replays ASTRA-sim's congestion-unaware backend;"
+                      " use congestion: unaware, or convention: megatron")
+    return replace(system, network=replace(system.network, congestion=congestion))
 
 
 def _hbm(path: Path, value: Any, system: SystemSpec) -> float | None:

@@ -25,6 +25,7 @@ __all__ = [
     "SchedulingPolicy",
     "MultiDimOptimization",
     "CollectiveScheduling",
+    "Congestion",
     "Network",
 ]
 
@@ -217,16 +218,33 @@ class CollectiveScheduling:
             raise ValueError(f"`local_reduction_bandwidth > 0` must hold, but got {bw} B/s")
 
 
+class Congestion(StrEnum):
+    """Which network model times the messages (ASTRA-sim's two analytical backends)."""
+
+    UNAWARE = "unaware"
+    """ASTRA-sim's congestion-unaware backend: every message has its links to itself."""
+    AWARE = "aware"
+    """Flows that share a link queue on it; store-and-forward through switches and hops
+    (ASTRA-sim's congestion-aware backend, :mod:`simcore.collectives._contention`)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class Network:
     """The network of a system: dimensions innermost first, and the collective scheduling."""
 
     dims: tuple[NetworkDim, ...]
     scheduling: CollectiveScheduling = field(default_factory=CollectiveScheduling)
+    congestion: Congestion = Congestion.UNAWARE
+    """How an estimate times this network's collectives and point-to-point messages (the
+    study's ``congestion``, ``planner estimate --congestion``); ``collective_time`` and
+    ``p2p_time`` take it as an argument."""
 
     def __post_init__(self) -> None:
         if not self.dims:
             raise ValueError("a network needs at least one dimension")
+        if not isinstance(self.congestion, Congestion):
+            raise TypeError(f"congestion must be one of {', '.join(Congestion)}, but got"
+                             f" {self.congestion!r}")
 
     @property
     def npus(self) -> int:

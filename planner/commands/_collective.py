@@ -38,7 +38,9 @@ class CollectiveCommand(BaseCommand):
         parser.add_argument("--congestion", choices=[c.value for c in Congestion],
                             default=Congestion.UNAWARE.value,
                             help="network model: ASTRA-sim's congestion-unaware backend"
-                            " (default) or the link-contention model")
+                            " (default) or its congestion-aware one (flows that share a link"
+                            " queue on it; Mesh2D/Torus2D routed XY, several dimensions and"
+                            " --group too)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def run(self, args: argparse.Namespace) -> int:

@@ -13,8 +13,10 @@ from planner.errors import PlannerUsageError
 from planner.fields import placement_axes
 from planner.plan import read_plan, strategy_dict
 from planner.units import GB
-from simcore import estimate
+from planner.study_config import with_congestion
+from simcore import convention_of, estimate
 from simcore.estimate import Estimate
+from simcore.network import Congestion
 from simcore.specs import (
     Axis,
     ModelSpec,
@@ -121,6 +123,10 @@ class EstimateCommand(BaseCommand):
         parser.add_argument("--system", help="catalog name or YAML path (required without"
                             " --plan)")
         parser.add_argument("--hbm-gb", type=hbm_gb, help="HBM per device (default: the device's)")
+        parser.add_argument("--congestion", choices=[c.value for c in Congestion],
+                            help="time collectives as ASTRA-sim's congestion-unaware backend"
+                            " (the default) or its congestion-aware one: flows that share a"
+                            " link queue on it")
         add_strategy_arguments(parser)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -140,6 +146,9 @@ class EstimateCommand(BaseCommand):
             if not args.hbm_gb > 0:
                 raise PlannerUsageError(f"--hbm-gb must be > 0, but got {args.hbm_gb}")
             system = replace(system, device=replace(system.device, hbm_bytes=args.hbm_gb * GB))
+        if args.congestion is not None:
+            system = with_congestion(system, Congestion(args.congestion), convention_of(model),
+                                     lambda m: PlannerUsageError(f"--congestion: {m}"))
         strategy = strategy_from_args(args, system.devices)
         try:
             training = TrainingSpec(global_batch=args.global_batch,
@@ -156,12 +165,15 @@ class EstimateCommand(BaseCommand):
     def _print(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
                strategy: Strategy, est: Estimate) -> None:
         if args.json:
+            aware = system.network.congestion is Congestion.AWARE
             out = {"model": model.name, "system": system.name,
+                   **({"congestion": Congestion.AWARE.value} if aware else {}),
                    "strategy": strategy_dict(strategy), **est.to_dict()}
             print(json.dumps(out, indent=2))
         else:
-            print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}):"
-                  f" {_describe(strategy)}")
+            aware = system.network.congestion is Congestion.AWARE
+            print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
+                  f"{', congestion-aware' if aware else ''}): {_describe(strategy)}")
             print(_table(est))
 
 

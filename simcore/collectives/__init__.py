@@ -4,9 +4,10 @@
 congestion-unaware) reports for sys[0] when every NPU issues the collective at t = 0:
 the collective is chunked, each chunk runs one phase per network dimension with that
 dimension's algorithm, and the chunks are scheduled through per-dimension queues
-(:mod:`._schedule`). With ``congestion=Congestion.AWARE`` the link-contention model of
-:mod:`._contention` replaces the per-message times (ASTRA-sim's congestion-aware backend is its
-check; like that backend it covers one-dimensional networks).
+(:mod:`._schedule`). With ``congestion=Congestion.AWARE`` the link-contention model replaces
+the per-message times (ASTRA-sim's congestion-aware backend is its check): one representative
+NPU on a Ring, Switch or FullyConnected network (:mod:`._contention`), every NPU of a mesh, a
+sub-group or several dimensions otherwise (:mod:`._flows`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from simcore.network import (
     AlgorithmChoice,
     Collective,
     CollectiveAlgorithm,
+    Congestion,
     Network,
     PerNetwork,
 )
@@ -30,6 +31,7 @@ from ._contention import aware_time_ns
 from ._direct import DirectCollective
 from ._double_binary_tree import DoubleBinaryTreeCollective
 from ._flat import FlatLink
+from ._flows import MESHES, flow_phase, group_phase, p2p_aware_ns, simulate, whole_system_agents
 from ._group import GROUP_HANDOFF_NS, group_ring_ns, p2p_ns
 from ._halving_doubling import HalvingDoublingCollective
 from ._ring import RingCollective
@@ -44,15 +46,6 @@ __all__ = [
     "p2p_time",
     "algorithm_for",
 ]
-
-
-class Congestion(StrEnum):
-    """Which network model times the messages."""
-
-    UNAWARE = "unaware"
-    """ASTRA-sim's congestion-unaware backend: every message has its links to itself."""
-    AWARE = "aware"
-    """Flows that share a link queue on it; store-and-forward through switches and hops."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +164,9 @@ def collective_time(
 
     ``group``: the ranks of a sub-group, in ring order; None or every rank means the whole
     system, which uses the per-dimension algorithms and phases.
+
+    ``congestion=Congestion.AWARE``: the time the last NPU (of the group) finishes, as the
+    measured runs' ``cycles_max``; where every NPU acts alike that is sys[0]'s time too.
     """
     _check_size(size_bytes)
     if group is not None:
@@ -178,12 +174,7 @@ def collective_time(
         if len(group) == network.npus:
             group = None
     if congestion is Congestion.AWARE:
-        if group is not None:
-            raise ValueError("the contention model covers whole-system collectives, not"
-                             " sub-groups; use --congestion unaware for a group")
-        total_ns, chunk, chunks = aware_time_ns(network, collective, size_bytes)
-        return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
-                                congestion)
+        return _aware_timing(network, collective, size_bytes, group)
     scheduling = network.scheduling
     compiled = _compiled(network)
     chunk, chunks = chunking(
@@ -293,9 +284,7 @@ def _dbt_timing(plan: PhasePlan, collective: Collective, size_bytes: int, chunk:
                             Congestion.UNAWARE, (plan,), (chunk,), (total_ns // chunks,))
 
 
-def _group_timing(network: Network, links: list[Link], collective: Collective, size_bytes: int,
-                  group: Sequence[int], chunk: int, chunks: int, n_waves: int
-                  ) -> CollectiveTiming:
+def _check_group_algorithm(network: Network, collective: Collective) -> None:
     only = network.dims[0].algorithm(collective)
     rings = (CollectiveAlgorithm.RING, CollectiveAlgorithm.ONE_RING)
     if len(network.dims) == 1 and only.algorithm not in rings:
@@ -305,6 +294,12 @@ def _group_timing(network: Network, links: list[Link], collective: Collective, s
             f"{only} over a sub-group is not modelled (ASTRA-sim keeps a single listed"
             " implementation for groups); list ring for this collective"
         )
+
+
+def _group_timing(network: Network, links: list[Link], collective: Collective, size_bytes: int,
+                  group: Sequence[int], chunk: int, chunks: int, n_waves: int
+                  ) -> CollectiveTiming:
+    _check_group_algorithm(network, collective)
     costs = Costs.of(network.scheduling, endpoint_ns=GROUP_HANDOFF_NS)
     total_ns = group_ring_ns(network, links, collective, group, chunk, n_waves, costs, group[0])
     plan = PhasePlan(None, collective, _ALGORITHMS[CollectiveAlgorithm.RING], None, len(group))
@@ -312,9 +307,57 @@ def _group_timing(network: Network, links: list[Link], collective: Collective, s
                             Congestion.UNAWARE, (plan,), (chunk,), (total_ns // n_waves,))
 
 
-def p2p_time(network: Network, src: int, dst: int, size_bytes: int) -> float:
+def _aware_timing(network: Network, collective: Collective, size_bytes: int,
+                  group: Sequence[int] | None) -> CollectiveTiming:
+    """The link-contention model: one representative NPU where every NPU acts alike (a
+    whole-system collective on one Ring, Switch or FullyConnected dimension), else NPU by NPU
+    (:mod:`._flows`): meshes, several dimensions, sub-groups."""
+    if group is None and len(network.dims) == 1 and network.dims[0].topology not in MESHES:
+        total_ns, chunk, chunks = aware_time_ns(network, collective, size_bytes)
+        return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
+                                Congestion.AWARE)
+    scheduling = network.scheduling
+    compiled = _compiled(network)
+    chunk, chunks = chunking(
+        collective, size_bytes, scheduling.preferred_dataset_splits, compiled.npus
+    )
+    active = scheduling.active_chunks_per_dim
+    if group is not None:
+        _check_group_algorithm(network, collective)
+        costs = Costs.of(scheduling, endpoint_ns=GROUP_HANDOFF_NS)
+        phase = group_phase(network, compiled.links, group, collective, chunk, costs)
+        total_ns = simulate([phase], len(group), chunks, active, GROUP_HANDOFF_NS)
+        return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
+                                Congestion.AWARE)
+    plans, phases, _ = compiled.plan(collective)
+    if plans and isinstance(plans[0].link, FlatLink):
+        raise ValueError(
+            f"{network.dims[0].algorithm(collective)} is modelled with contention on one Ring,"
+            " Switch or FullyConnected dimension only; list ring (or direct) per dimension"
+        )
+    agents = whole_system_agents(network)
+    flow = []
+    data = chunk
+    for plan, (_, output_bytes) in zip(plans, phases):
+        flow.append(flow_phase(network, compiled.links, agents, plan, data, compiled.costs))
+        data = output_bytes(data)
+    total_ns = simulate(flow, len(agents.addresses), chunks, active, compiled.costs.endpoint_ns)
+    return CollectiveTiming(collective, size_bytes, total_ns / NS_PER_S, chunk, chunks,
+                            Congestion.AWARE)
+
+
+def p2p_time(network: Network, src: int, dst: int, size_bytes: int, *,
+             congestion: Congestion = Congestion.UNAWARE) -> float:
     """Seconds for one point-to-point message (a SEND node): no hand-off, no reduction, timed on
-    the lowest network dimension in which the two ranks differ."""
+    the lowest network dimension in which the two ranks differ; with ``Congestion.AWARE``,
+    store-and-forward over every link of its route (dimension by dimension, lowest first)."""
     _check_size(size_bytes)
-    return p2p_ns(network, _compiled(network).links, src, dst, size_bytes) / NS_PER_S
+    links = _compiled(network).links
+    if congestion is Congestion.AWARE:
+        network.check_rank(src)
+        network.check_rank(dst)
+        if src == dst:
+            raise ValueError(f"src and dst must differ, but both are {src}")
+        return p2p_aware_ns(network, links, src, dst, size_bytes) / NS_PER_S
+    return p2p_ns(network, links, src, dst, size_bytes) / NS_PER_S
 

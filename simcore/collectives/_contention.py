@@ -13,7 +13,9 @@ The rules of that backend, for one network dimension:
 Every NPU of a Ring, Switch or FullyConnected dimension carries the same traffic, so one NPU's
 outgoing links stand for all of them: the model replays the sends of one representative NPU
 through those links (O(chunks x sends x hops) queue operations, not a network simulation).
-Covers whole-system collectives on one-dimensional networks, as the backend itself does.
+This module times whole-system collectives on one such dimension, the networks ASTRA-sim's
+backend itself runs (every measured congestion-aware row); meshes, several dimensions and
+sub-groups go NPU by NPU (:mod:`._flows`), which reuses the programs and paths defined here.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ Hop = tuple[object, int, int]
 
 
 @dataclass(frozen=True, slots=True)
-class _Dim:
+class RepDim:
     """One dimension's link timing, store-and-forward, and the per-NPU costs."""
 
     link: Link
@@ -60,13 +62,13 @@ class _Dim:
         return self.link.hops(offset)
 
 
-def _ring_program(op: Collective, chunk: int, n: int) -> list[tuple[int, int, int]]:
+def ring_program(op: Collective, chunk: int, n: int) -> list[tuple[int, int, int]]:
     """Sends of one chunk: (message bytes, peer offset, bytes reduced after the receive)."""
     sends, reduce_steps, m = ring_steps(op, n, chunk)
     return [(m, 1, m)] * reduce_steps + [(m, 1, 0)] * (sends - reduce_steps)
 
 
-def _hd_program(op: Collective, chunk: int, n: int) -> list[tuple[int, int, int]]:
+def hd_program(op: Collective, chunk: int, n: int) -> list[tuple[int, int, int]]:
     """Halving-doubling sends; the reduction after a receive is sized by the *next* message
     (ASTRA-sim releases the bundle after halving), and only the first log2(n) - 1 receives
     are reduced."""
@@ -86,7 +88,7 @@ def _hd_program(op: Collective, chunk: int, n: int) -> list[tuple[int, int, int]
     ]
 
 
-def _paths(dim: _Dim, program: Sequence[tuple[int, int, int]], hd: bool) -> list[list[Hop]]:
+def step_paths(dim: RepDim, program: Sequence[tuple[int, int, int]], hd: bool) -> list[list[Hop]]:
     paths = []
     for m, off, _ in program:
         s, c = dim.busy(m), dim.deliver(m)
@@ -143,7 +145,19 @@ def _streams(paths: list[list[Hop]], after: list[int], chunks: int, active: int,
     return end
 
 
-def _direct(dim: _Dim, op: Collective, chunk: int, chunks: int, active: int) -> int:
+def direct_path(dim: RepDim, d: int, m: int) -> list[Hop]:
+    """The representative links a direct message of m bytes to offset d queues on: both links
+    through a Switch, the pair's own FullyConnected link, and on a Ring the neighbour link
+    (clockwise up to n/2, the tie included, as ``Ring::route``) once per hop."""
+    s, c = dim.busy(m), dim.deliver(m)
+    if dim.topology is Topology.SWITCH:
+        return [("up", s, c), ("down", s, c)]
+    if dim.topology is Topology.FULLY_CONNECTED:
+        return [(("fc", d), s, c)]
+    return [("cw" if d <= dim.n // 2 else "acw", s, c)] * dim.hops(d)
+
+
+def _direct(dim: RepDim, op: Collective, chunk: int, chunks: int, active: int) -> int:
     """ASTRA-sim ``AllToAll`` on the representative NPU: the first burst goes to offsets
     1..n-1 at once; every receive, after its hand-off (and reduction, for reducing steps),
     adds a send token; an all-reduce's second burst waits until all n-1 first-burst messages
@@ -152,18 +166,8 @@ def _direct(dim: _Dim, op: Collective, chunk: int, chunks: int, active: int) -> 
     every hop (its neighbour forwards the same traffic)."""
     n, ed = dim.n, dim.costs.endpoint_ns
     m = chunk if op is Collective.ALL_GATHER else chunk // n
-    s, c = dim.busy(m), dim.deliver(m)
     red = dim.costs.reduce_ns(m)
-    half = n // 2
-
-    def path(d: int) -> list[Hop]:
-        if dim.topology is Topology.SWITCH:
-            return [("up", s, c), ("down", s, c)]
-        if dim.topology is Topology.FULLY_CONNECTED:
-            return [(("fc", d), s, c)]
-        return [("cw" if d <= half else "acw", s, c)] * dim.hops(d)
-
-    paths = {d: path(d) for d in range(1, n)}
+    paths = {d: direct_path(dim, d, m) for d in range(1, n)}
     all_reduce = op is Collective.ALL_REDUCE
     events: list[tuple[int, int, str, int, int, int]] = []
     seq = 0
@@ -230,7 +234,7 @@ def aware_time_ns(network: Network, op: Collective, size_bytes: int) -> tuple[in
     if nd.npus == 1:
         return 0, size_bytes, 1
     costs = Costs.of(scheduling)
-    dim = _Dim(Link(nd), costs)
+    dim = RepDim(Link(nd), costs)
     chunk, chunks = chunking(op, size_bytes, scheduling.preferred_dataset_splits, nd.npus)
     active = scheduling.active_chunks_per_dim
     choice = nd.algorithm(op)
@@ -242,7 +246,7 @@ def aware_time_ns(network: Network, op: Collective, size_bytes: int) -> tuple[in
     if kind is CollectiveAlgorithm.DOUBLE_BINARY_TREE:
         raise ValueError("doubleBinaryTree is not modelled with contention")
     hd = kind in (CollectiveAlgorithm.HALVING_DOUBLING, CollectiveAlgorithm.ONE_HALVING_DOUBLING)
-    program = _hd_program(op, chunk, dim.n) if hd else _ring_program(op, chunk, dim.n)
+    program = hd_program(op, chunk, dim.n) if hd else ring_program(op, chunk, dim.n)
     after = [costs.endpoint_ns + costs.reduce_ns(r) if r else costs.endpoint_ns
              for _, _, r in program]
     if min(active, chunks) == 1:
@@ -250,6 +254,6 @@ def aware_time_ns(network: Network, op: Collective, size_bytes: int) -> tuple[in
             dim.hops(off) * dim.deliver(m) + a for (m, off, _), a in zip(program, after)
         )
         return chunks * per_chunk, chunk, chunks
-    paths = _paths(dim, program, hd)
+    paths = step_paths(dim, program, hd)
     return _streams(paths, after, chunks, active, costs.endpoint_ns), chunk, chunks
 

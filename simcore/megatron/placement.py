@@ -8,8 +8,9 @@ tp = 8 fills the NVSwitch dimension, and dp = 64, pp = 2 share the InfiniBand di
 An axis's collectives then run on the sub-network made of its pieces: the same topologies, links
 and algorithms, with the piece's size. A partial Mesh2D/Torus2D piece is timed as a Ring of that
 size on the same links (a sub-mesh has no single shape). Collective times come from
-:func:`simcore.collectives.collective_time`, so they follow ASTRA-sim's analytical backend, plus
-each spanned dimension's ``call_latency_s`` per call (0 in ASTRA-sim's own systems).
+:func:`simcore.collectives.collective_time`, so they follow ASTRA-sim's analytical backend (the
+congestion-unaware one, or the congestion-aware one when the network's ``congestion`` says so),
+plus each spanned dimension's ``call_latency_s`` per call (0 in ASTRA-sim's own systems).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class AxisNetworks:
                 self.networks[axis] = None
                 continue
             dims = tuple(_sub_dim(network.dims[i], size) for i, size in mine)
-            self.networks[axis] = Network(dims=dims, scheduling=network.scheduling)
+            self.networks[axis] = Network(dims=dims, scheduling=network.scheduling,
+                                          congestion=network.congestion)
         self._call = {axis: sum(d.call_latency_s for d in net.dims) if net is not None else 0.0
                       for axis, net in self.networks.items()}
         """Per call on the axis: the call latency of every dimension it spans."""
@@ -90,7 +92,8 @@ class AxisNetworks:
         key = (axis, collective, size)
         cached = self._times.get(key)
         if cached is None:
-            cached = collective_time(network, collective, size).time_s + self._call[axis]
+            cached = (collective_time(network, collective, size,
+                                      congestion=network.congestion).time_s + self._call[axis])
             self._times[key] = cached
         return cached
 
@@ -102,7 +105,8 @@ class AxisNetworks:
             return 0.0
         cached = self._p2p.get((axis, size))
         if cached is None:
-            cached = p2p_time(network, 0, 1, size) + network.dims[0].call_latency_s
+            cached = (p2p_time(network, 0, 1, size, congestion=network.congestion)
+                      + network.dims[0].call_latency_s)
             self._p2p[(axis, size)] = cached
         return cached
 

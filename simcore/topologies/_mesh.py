@@ -6,8 +6,10 @@ from ._base import BaseTopology, Link
 class Mesh2D(BaseTopology):
     """A ``width x height`` mesh, node ``x + width * y``, with XY (dimension-order) routing.
 
-    A message first moves along X to the destination's column, then along Y. On a 4 x 4 mesh the
-    route from 1 to 7 is 1 -> 2 -> 3 -> 7, and from 14 to 5 is 14 -> 13 -> 9 -> 5.
+    Links join X and Y neighbours only, both ways: a corner NPU has 2, an edge NPU 3, the others
+    4. A message first moves along X to the destination's column, then along Y. On a 4 x 4 mesh
+    the route from 1 to 7 is 1 -> 2 -> 3 -> 7, and from 14 to 5 is 14 -> 13 -> 9 -> 5 (the
+    ASTRA-sim lab, Part 1, "Connectivity of 2D Mesh" and "xy routing of 2D Mesh").
     """
 
     wraps = False
@@ -41,6 +43,10 @@ class Mesh2D(BaseTopology):
 
 
 class Torus2D(Mesh2D):
-    """A ``width x height`` torus: the mesh with wrap-around links, shortest way along X, then Y."""
+    """A ``width x height`` torus: the mesh with wrap-around links, shortest way along X, then Y.
+
+    A tie (half-way round) goes forward, +1: a torus in ASTRA-sim is Ring x Ring, and its
+    congestion-aware ``Ring::route`` turns anticlockwise only when that is strictly shorter
+    (astra-network-analytical 599a047, ``congestion_aware/basic-topology/Ring.cpp``)."""
 
     wraps = True

@@ -22,6 +22,7 @@ from planner.astra_io import network_yml_text, remote_memory_json_text, system_j
 from planner.chakra.stage_et import COMM_GROUP_FILE
 from planner.errors import PlannerUsageError
 from planner.plan import Plan
+from simcore.network import Congestion
 from simcore.specs import Convention
 
 __all__ = ["TRACE_FOLDER", "export_chakra", "run_script"]
@@ -29,6 +30,7 @@ __all__ = ["TRACE_FOLDER", "export_chakra", "run_script"]
 TRACE_FOLDER = "traces"
 TRACE_NAME = "workload"
 ASTRA_BINARY = "AstraSim_Analytical_Congestion_Unaware"
+ASTRA_AWARE_BINARY = "AstraSim_Analytical_Congestion_Aware"
 MAX_NODES = 10_000_000
 """Nodes over all NPUs above which the export refuses (about 400 MB of traces, kept in memory
 until written: about 40 bytes and 3 us a node)."""
@@ -80,15 +82,17 @@ def run_script(plan: Plan) -> str:
     """``run-astra-sim.sh``: ASTRA-sim's analytical backend on the traces, and the same replay
     with ``planner replay``."""
     prefix = f"{TRACE_FOLDER}/{TRACE_NAME}"
+    aware = plan.system.network.congestion is Congestion.AWARE
+    binary = ASTRA_AWARE_BINARY if aware else ASTRA_BINARY
     return f"""#!/bin/sh
 # Plan {plan.label} of {plan.model.name} on {plan.system.name} ({plan.system.devices} NPUs),
 # {plan.convention.value} convention, written by `planner export --format chakra`.
-#   ASTRA_SIM  the {ASTRA_BINARY} binary (default: on PATH)
+#   ASTRA_SIM  the {binary} binary (default: on PATH)
 # Without ASTRA-sim: planner replay "$HERE/{prefix}" --system-json "$HERE/system.json" \\
 #     --network-yml "$HERE/network.yml"
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
-"${{ASTRA_SIM:-{ASTRA_BINARY}}}" \\
+"${{ASTRA_SIM:-{binary}}}" \\
     --workload-configuration="$HERE/{prefix}" \\
     --comm-group-configuration="$HERE/{TRACE_FOLDER}/{COMM_GROUP_FILE}" \\
     --system-configuration="$HERE/system.json" \\

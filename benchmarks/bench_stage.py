@@ -2,8 +2,8 @@
 
 Prints, for llama70b on lab-system1 and gpt175b (vocabulary padded to 50304) on lab-system2, the
 time of the ASTRA-sim lab's study loop: ``estimate_stage`` for every dp * tp * sp = 64 split,
-recompute off and on (56 strategies; those whose shapes do not divide raise ValueError and are
-counted). "first pass" runs the loop in a fresh interpreter (what a new study pays, including the
+recompute off and on (56 strategies; STAGE takes splits that do not divide, so all of them
+run). "first pass" runs the loop in a fresh interpreter (what a new study pays, including the
 layouts it builds once); "again" is the best of ``--repeat`` further passes. Then the median time
 of one estimate for gpt175b on lab-system2 at dp=64 and at dp=16 tp=4.
 

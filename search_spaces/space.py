@@ -3,7 +3,7 @@
 A :class:`StrategySpace` holds the allowed values of every knob. The degrees' constraints
 (dp * tp * pp * sp = devices; tp divides the heads, kv heads and FFN width; pp * v divides the
 layers; sp divides the sequence; micro-batches tile the global batch; the interleaved
-schedule's rules; for the ``stage`` convention, every split STAGE makes is whole) are simcore's
+schedule's rules; for the ``stage`` convention, STAGE's own: at least one element per rank) are simcore's
 own (:func:`simcore.check`), so the space and the simulator can never disagree.
 """
 

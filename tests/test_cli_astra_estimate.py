@@ -76,7 +76,9 @@ def test_flag_equals_value_spelling(capsys) -> None:
         (["--dp", "8", "--vocab", "3", *MODEL], "--vocab: not a STAGE main.py flag"),
         (["--dp", "eight", *MODEL], "--dp: 'eight' is not a whole number"),
         (["--dp", "8", "--weight_sharded", "maybe", *MODEL], "use 0/1 or True/False"),
-        (["--dp", "8", *MODEL, "--head", "5"], "--dmodel 1024 is not divisible by --head 5"),
+        # Batch/dp * Seq/sp * Dmodel/tp = 4/8 * 1 * 1 = 0.5: STAGE would write a size of 0
+        (["--dp", "8", *MODEL, "--batch", "4", "--seq", "1", "--dmodel", "1"],
+         "below one element per rank"),
         (["--dp", "8", *MODEL, "--num_stacks", "1"], "num_stacks >= 2"),
         (["--dp", "8", *MODEL, "--batch"], "--batch: missing its value"),
     ],

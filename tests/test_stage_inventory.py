@@ -99,8 +99,13 @@ def test_invalid_args(changes: dict[str, int], message: str) -> None:
         StageArgs(**{**base, **changes})
 
 
-def test_shape_that_does_not_divide_names_the_flags() -> None:
-    # Dmodel/Head = 64/5 is not whole
-    args = StageArgs(din=64, dout=64, dmodel=64, dff=128, head=5, seq=32, batch=4, num_stacks=2)
-    with pytest.raises(ValueError, match="--dmodel 64 is not divisible by --head 5"):
-        build_model(args)
+def test_heads_that_do_not_divide_dmodel() -> None:
+    # 5 heads for dmodel 64: a head is 64/5 = 12.8 wide. STAGE keeps the fraction and only
+    # evaluates whole products: at batch 4, seq 32, tp 2, the scores qk (Batch, Seq, Seq/sp,
+    # Head/tp) hold 4 * 32 * 32 * 5/2 = 10,240 elements, and computing them contracts a head's
+    # width: 10,240 * 64/5 = 131,072 ops (= 4 * 32 * 32 * 64/2: the heads cancel)
+    args = StageArgs(din=64, dout=64, dmodel=64, dff=128, head=5, seq=32, batch=4, tp=2,
+                     num_stacks=2)
+    qk = next(n for n in build_model(args).ranks[0].nodes if n.name == "stack_0_mha_qk@0")
+    assert qk.num_ops == 131_072
+    assert dict(qk.outputs) == {"stack_0_mha_qk@0": 10_240}

@@ -25,14 +25,29 @@ _INT_FLAGS = ("dp", "tp", "pp", "sp", "din", "dout", "dmodel", "dff", "head", "s
               "num_stacks")
 _BOOL_FLAGS = ("weight_sharded", "activation_recompute")
 _IGNORED_FLAGS = ("output_dir", "output_name", "comm_group_file", "chakra_schema_version")
-_TRUE = ("1", "true", "True", "TRUE")
-_FALSE = ("0", "false", "False", "FALSE")
+_TRUE = ("true", "t", "1", "yes", "y")  # STAGE main.py str_to_bool, lowercased (main.py line 16)
+_FALSE = ("false", "f", "0", "no", "n")  # STAGE reads any other text as False too: refused here
+_ALL_FLAGS = (*_INT_FLAGS, *_BOOL_FLAGS, *_IGNORED_FLAGS)
+
+
+def _flag_name(name: str) -> str:
+    """A flag's full name; like main.py's argparse, a unique prefix (``--num 4``) names it."""
+    if name in _ALL_FLAGS:
+        return name
+    matches = [f for f in _ALL_FLAGS if name and f.startswith(name)]
+    if len(matches) == 1:
+        return matches[0]
+    known = ", ".join(f"--{f}" for f in _ALL_FLAGS)
+    if matches:
+        raise PlannerUsageError(f"--{name}: ambiguous, could be " + ", ".join(
+            f"--{f}" for f in matches))
+    raise PlannerUsageError(f"--{name}: not a STAGE main.py flag; known: {known}")
 
 
 def parse_stage_args(tokens: Sequence[str]) -> StageArgs:
     """STAGE ``main.py`` flags (``--flag value`` or ``--flag=value``) -> :class:`StageArgs`;
-    unset flags take main.py's defaults."""
-    known = ", ".join(f"--{f}" for f in (*_INT_FLAGS, *_BOOL_FLAGS, *_IGNORED_FLAGS))
+    unset flags take main.py's defaults. Sizes that a degree does not divide are accepted as
+    STAGE accepts them (:mod:`simcore.stage._counts`)."""
     values: dict[str, object] = {}
     i = 0
     while i < len(tokens):
@@ -47,13 +62,14 @@ def parse_stage_args(tokens: Sequence[str]) -> StageArgs:
             value = tokens[i + 1]
             i += 1
         i += 1
+        name = _flag_name(name)
         if name in _IGNORED_FLAGS:
             continue
         if name in _BOOL_FLAGS:
-            if value not in (*_TRUE, *_FALSE):
+            if value.lower() not in (*_TRUE, *_FALSE):
                 raise PlannerUsageError(f"--{name}: {value!r} is not a boolean; use 0/1 or"
-                                        " True/False")
-            values[name] = value in _TRUE
+                                        " True/False (STAGE would read it as False)")
+            values[name] = value.lower() in _TRUE
         elif name in _INT_FLAGS:
             try:
                 number = int(value)
@@ -63,8 +79,6 @@ def parse_stage_args(tokens: Sequence[str]) -> StageArgs:
             if number < 1:
                 raise PlannerUsageError(f"--{name}: must be >= 1, but got {number}")
             values[name] = number
-        else:
-            raise PlannerUsageError(f"--{name}: not a STAGE main.py flag; known: {known}")
     try:
         return StageArgs(**values)  # type: ignore[arg-type]
     except ValueError as e:

@@ -1,7 +1,11 @@
-"""Which STAGE arguments give whole tensor splits, decided from the block tables alone.
+"""Which STAGE arguments give a trace, decided from the block tables alone.
 
-Building the graph finds the same thing (``_Builder.size``), but a search space asks for every
-candidate layout; reading the shapes of the three block tables is enough and takes microseconds.
+STAGE takes any sizes and degrees: a dimension that a degree does not divide stays a fraction,
+and only the number written for a whole product is truncated (:mod:`._counts`). What is refused
+is what :func:`~simcore.stage._counts.number` refuses: a count below one element, or one too
+large for the trace's integer fields. Building the graph finds the same thing, but a search
+space asks for every candidate layout; evaluating the expressions of the three block tables is
+enough.
 """
 
 from __future__ import annotations
@@ -9,31 +13,17 @@ from __future__ import annotations
 from functools import cache
 
 from simcore.stage._args import StageArgs
-from simcore.stage._graph import _not_whole
-from simcore.stage._shapes import Dim, parse_shape
-from simcore.stage._templates import attention, embedding, feed_forward
+from simcore.stage._counts import Count, Total, numbers
+from simcore.stage._symbolic import stage_numbers
 
 __all__ = ["check_args"]
 
 
 @cache
-def _dims(weight_sharded: bool, recompute: bool) -> tuple[Dim, ...]:
-    """Every dimension the blocks read, with the embeddings' renames (``build_tensors``)."""
-    found: dict[Dim, None] = {}
-    emb = embedding(weight_sharded=weight_sharded)
-    blocks = [(emb, ("Dout", "Dmodel")), (emb, ("Din", "Dmodel")),
-              (attention(weight_sharded=weight_sharded, recompute=recompute), None),
-              (feed_forward(weight_sharded=weight_sharded, recompute=recompute), None)]
-    for rows, rename in blocks:
-        for row in rows:
-            for text in (row.x1_shape, row.x2_shape):
-                for d in parse_shape(text):
-                    found[d.renamed(*rename) if rename else d] = None
-    return tuple(found)
+def _numbers(weight_sharded: bool, recompute: bool) -> tuple[Count | Total, ...]:
+    return stage_numbers(weight_sharded, recompute)
 
 
 def check_args(args: StageArgs) -> None:
-    """Raise ValueError (naming the flags) unless every split STAGE makes is whole."""
-    for d in _dims(args.weight_sharded, args.activation_recompute):
-        if d.value(args.value_of).denominator != 1:
-            raise ValueError(_not_whole(d, args))
+    """Raise ValueError (naming the flags) if STAGE's trace for ``args`` cannot be estimated."""
+    numbers(_numbers(args.weight_sharded, args.activation_recompute), args.value_of)

@@ -92,7 +92,7 @@ def repeated_rank(
         return None
     short = replace(args, num_stacks=K)
     rank = rank0(short)
-    if rank is None:  # a split that is not whole: the builder raises its error
+    if rank is None:  # a number from 2^53 on: the builder computes it (or raises)
         rank0_graph(short)
         return None
     if not rank.names:

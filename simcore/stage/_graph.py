@@ -26,14 +26,8 @@ from itertools import pairwise
 
 from simcore.network import Collective
 from simcore.stage._args import StageArgs
-from simcore.stage._shapes import (
-    PARALLEL_AXES,
-    Shape,
-    einsum,
-    match_collectives,
-    parse_shape,
-    size_of,
-)
+from simcore.stage._counts import Total, count_of, entry_size, number
+from simcore.stage._shapes import PARALLEL_AXES, Shape, einsum, match_collectives, parse_shape
 from simcore.stage._templates import Row, attention, embedding, feed_forward
 
 __all__ = ["SKIPPED", "Node", "NodeKind", "RankGraph", "StageModel", "build_model"]
@@ -63,6 +57,8 @@ class _Tensor:
     ops: int = 0
     tensor_size: int = 0
     y_size: int = 0
+    io_size: int = 0
+    """The size an input/output entry names (``y_size`` but for STAGE's str(float) quirk)."""
     tag: str = ""
     """Which instantiation of the row (embeddings rename symbols): tensors with equal row, op
     and tag have equal layouts, so they are evaluated once."""
@@ -120,20 +116,23 @@ class StageModel:
 class _Builder:
     def __init__(self, args: StageArgs) -> None:
         self.args = args
-        self._sizes: dict[Shape, int] = {}
         self._evaluated: dict[tuple[int, str, str], tuple] = {}
         self._update_rows: dict[int, Row] = {}
         self.axes = tuple(a for a in PARALLEL_AXES if args.value_of(a) > 1)
 
-    def size(self, shape: Shape) -> int:
-        n = self._sizes.get(shape)
-        if n is None:
-            for d in shape:
-                v = d.value(self.args.value_of)
-                if v.denominator != 1:
-                    raise ValueError(_not_whole(d, self.args))
-            n = self._sizes[shape] = size_of(shape, self.args.value_of)
-        return n
+    # The numbers STAGE writes for a shape (:mod:`._counts`: a remainder is truncated once, on
+    # the whole product); overridden by the symbolic builder, which keeps them as expressions.
+    def count(self, shape: Shape, amp: int | None = None) -> int:
+        """num_ops or comm_size: ``int(float(evalf(amp * prod(shape))))``."""
+        return number(count_of(shape, amp), self.args.value_of)
+
+    def total(self, *shapes: Shape) -> int:
+        """A compute node's tensor_size: its output's and inputs' sizes added as floats."""
+        return number(Total(tuple(count_of(s) for s in shapes)), self.args.value_of)
+
+    def entry(self, shape: Shape) -> int:
+        """The size of an input/output entry, as ASTRA-sim reads it."""
+        return entry_size(count_of(shape), self.args.value_of)
 
     # -- 1. blocks, links, updates ------------------------------------------------------------
     def instantiate(self, rows: list[Row], prefix: str, rename: tuple[str, str] | None
@@ -218,9 +217,9 @@ class _Builder:
         if done is None:
             self._evaluate(t)
             self._evaluated[key] = (t.x1_shape, t.x2_shape, t.y_shape, t.y_hidden, t.ops,
-                                    t.y_size, t.tensor_size)
+                                    t.y_size, t.io_size, t.tensor_size)
         else:
-            (t.x1_shape, t.x2_shape, t.y_shape, t.y_hidden, t.ops, t.y_size,
+            (t.x1_shape, t.x2_shape, t.y_shape, t.y_hidden, t.ops, t.y_size, t.io_size,
              t.tensor_size) = done
 
     def _evaluate(self, t: _Tensor) -> None:
@@ -228,20 +227,22 @@ class _Builder:
         if t.x1_shape == () and op == "A":  # a weight update reads W and dW as W is stored
             assert t.x1 is not None
             t.x1_shape = t.x2_shape = t.x1.x1_shape
+        # op counts: ops/einsum.py lines 64-68, add.py 31, element.py 26-28, reshape.py 28;
+        # leaves, identities and shadows count 0
         if op == "M":
             t.y_shape, t.y_hidden = einsum(t.row.spec, t.x1_shape, t.x2_shape)
-            ops = self.size(t.y_shape) * self.size(t.y_hidden)
+            ops = self.count(t.y_shape + t.y_hidden)
         elif op == "R":
             t.y_shape = t.x2_shape
-            ops = self.size(t.y_shape)
+            ops = self.count(t.y_shape)
         else:
             t.y_shape = t.x1_shape
-            n = self.size(t.x1_shape)
-            ops = n if op == "A" else n * t.row.amp if op == "E" else 0
+            ops = (self.count(t.x1_shape) if op == "A" else
+                   self.count(t.x1_shape, t.row.amp) if op == "E" else 0)
         t.ops = ops
-        t.y_size = self.size(t.y_shape)
-        t.tensor_size = t.y_size + (self.size(t.x1_shape) if t.x1_shape else 0) + (
-            self.size(t.x2_shape) if t.x2_shape else 0)
+        t.y_size = self.count(t.y_shape)
+        t.io_size = self.entry(t.y_shape)
+        t.tensor_size = self.total(t.y_shape, *(s for s in (t.x1_shape, t.x2_shape) if s))
 
     # -- 3.-5. one rank per stage ------------------------------------------------------------
     def rank_graphs(self) -> tuple[RankGraph, ...]:
@@ -263,7 +264,7 @@ class _Builder:
                     if x is not None and x.stage != s and id(x) not in shadows[s]:
                         sh = _Tensor("shadow_" + x.id, x.row, None, None, x.y_shape, (),
                                      stage=s, op="S", y_shape=x.y_shape, y_hidden=x.y_hidden,
-                                     y_size=x.y_size)
+                                     y_size=x.y_size, io_size=x.io_size)
                         shadows[s][id(x)] = sh
                         links.append((x, s))
 
@@ -291,7 +292,7 @@ class _Builder:
             if x.op == "I":
                 assert x.x1 is not None
                 x = view(x.x1)
-            return (x.id, x.y_size)
+            return (x.id, x.io_size)
 
         nodes: list[Node] = []
         comp_of: dict[int, Node] = {}
@@ -330,7 +331,7 @@ class _Builder:
             elif dst == s:
                 sh = shadows[id(x)]
                 n = Node(len(nodes), NodeKind.RECV, sh.id, size=sh.y_size, link=k,
-                         outputs=((sh.id, sh.y_size),))
+                         outputs=((sh.id, sh.io_size),))
                 nodes.append(n)
                 recv_of[id(sh)] = n
 
@@ -408,18 +409,6 @@ def _link(source: _Tensor, leaf: _Tensor) -> None:
     """A leaf fed by another block's tensor becomes an identity of it (``ConnectGraph``)."""
     leaf.op = "I"
     leaf.x1 = source
-
-
-_FLAGS = {"Batch": "--batch", "Seq": "--seq", "Dmodel": "--dmodel", "Dff": "--dff",
-          "Head": "--head", "Din": "--din", "Dout": "--dout", "dp": "--dp", "tp": "--tp",
-          "sp": "--sp"}
-
-
-def _not_whole(dim, args: StageArgs) -> str:
-    num = " * ".join(f"{_FLAGS[s]} {args.value_of(s)}" for s in dim.num)
-    den = " * ".join(f"{_FLAGS[s]} {args.value_of(s)}" for s in dim.den)
-    return (f"STAGE splits {dim} but {num} is not divisible by {den}; choose values for which"
-            " every split is whole")
 
 
 def build_model(args: StageArgs) -> StageModel:

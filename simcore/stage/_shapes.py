@@ -8,9 +8,8 @@ inserts (``graph/coll_comm_matcher.py``; shared reference NOTES.md section 5.3).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from enum import Enum
-from fractions import Fraction
 from functools import cache
 from typing import NamedTuple
 
@@ -33,14 +32,6 @@ class Dim(NamedTuple):
     @property
     def symbols(self) -> frozenset[str]:
         return frozenset(self.num) | frozenset(self.den)
-
-    def value(self, lookup: Callable[[str], int]) -> Fraction:
-        v = Fraction(1)
-        for s in self.num:
-            v *= lookup(s)
-        for s in self.den:
-            v /= lookup(s)
-        return v
 
     def renamed(self, old: str, new: str) -> Dim:
         return Dim(
@@ -136,12 +127,3 @@ def match_collectives(
             result.append((Collective.ALL_REDUCE, axis))
     return tuple(result)
 
-
-def size_of(shape: Iterable[Dim], lookup: Callable[[str], int]) -> int:
-    """Elements of a shape (exact; a non-whole product is the caller's error)."""
-    v = Fraction(1)
-    for d in shape:
-        v *= d.value(lookup)
-    if v.denominator != 1:
-        raise ValueError(f"shape {', '.join(map(str, shape))} has a fractional size {v}")
-    return int(v)

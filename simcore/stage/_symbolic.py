@@ -2,27 +2,26 @@
 
 Which nodes STAGE writes, their names, dependencies, collectives and axes follow from the block
 tables, ``weight_sharded``, ``activation_recompute`` and which parallel axes are > 1; the sizes
-only fill in numbers. So :class:`_Builder` is run once per such layout with every size kept as a
-polynomial over the tables' symbolic shapes (:class:`Poly`: ``size(shape)`` is the monomial
-``shape``; the builder only adds sizes, multiplies them with each other or with an int, and asks
-whether one is zero, and a polynomial of sizes is zero exactly when it has no terms, because
-every shape's size is a whole number >= 1). Evaluating the polynomials for the actual sizes gives
-the same integers :func:`build_model` computes, from the same code path.
-
-The builder's other use of the sizes is its error for a split that is not whole: every dimension
-the symbolic build asked the size of is checked first, and if one is not whole the concrete build
-runs (and raises its own error).
+only fill in numbers. So :class:`_Builder` is run once per such layout with every number kept as
+the expression STAGE evaluates (:class:`~simcore.stage._counts.Count`, or a
+:class:`~simcore.stage._counts.Total` for a tensor_size): the builder asks for numbers only
+through ``count``, ``total`` and ``entry``, and only asks whether a count is zero, which a count
+never is (:func:`~simcore.stage._counts.number` refuses one below one element). Evaluating the
+expressions for the actual sizes with :func:`~simcore.stage._counts.number` gives the same
+integers :func:`build_model` computes, from the same code path. An entry's size is its count's
+number below 2^53 (``std::stoull(str(float))`` differs only from 1e16 on), so layouts with a
+number from 2^53 on are left to :func:`build_model`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from math import prod
 from typing import NamedTuple
 
 from simcore.network import Collective
 from simcore.stage._args import StageArgs
+from simcore.stage._counts import EXACT_BELOW, Count, Total, count_of, numbers
 from simcore.stage._graph import (
     Node,
     NodeKind,
@@ -32,65 +31,33 @@ from simcore.stage._graph import (
     build_model,
     stage_groups,
 )
-from simcore.stage._shapes import PARALLEL_AXES, Dim, Shape
+from simcore.stage._shapes import PARALLEL_AXES, Shape
 
-__all__ = ["Poly", "Rank0", "layout_key", "rank0", "rank0_graph"]
+__all__ = ["Rank0", "layout_key", "rank0", "rank0_graph", "stage_numbers"]
 
-
-class Poly(NamedTuple):
-    """``sum(coef * size(monomial))`` with positive coefficients; never zero (zero is ``0``).
-
-    A tuple underneath, so that the many lookups of a build hash and compare it in C."""
-
-    terms: tuple[tuple[Shape, int], ...]
-    """(monomial as sorted dims, coefficient), sorted by monomial."""
-
-    @staticmethod
-    def of(shape: Shape) -> Poly:
-        return Poly(((tuple(sorted(shape)), 1),))
-
-    def __add__(self, other: Poly | int) -> Poly:  # type: ignore[override]
-        if isinstance(other, int):
-            if other == 0:
-                return self
-            other = Poly((((), other),))
-        merged: dict[Shape, int] = dict(self.terms)
-        for mono, c in other.terms:
-            merged[mono] = merged.get(mono, 0) + c
-        return Poly(tuple(sorted(merged.items())))
-
-    __radd__ = __add__
-
-    def __mul__(self, other: Poly | int) -> Poly | int:  # type: ignore[override]
-        if isinstance(other, int):
-            return 0 if other == 0 else Poly(tuple((m, c * other) for m, c in self.terms))
-        merged: dict[Shape, int] = {}
-        for m1, c1 in self.terms:
-            for m2, c2 in other.terms:
-                mono = tuple(sorted(m1 + m2))
-                merged[mono] = merged.get(mono, 0) + c1 * c2
-        return Poly(tuple(sorted(merged.items())))
-
-    __rmul__ = __mul__
-
-    def __bool__(self) -> bool:
-        return True
-
-    def value(self, dims: dict[Dim, int]) -> int:
-        return sum(c * prod(dims[d] for d in mono) for mono, c in self.terms)
+Number = Count | Total
+"""An unevaluated number of the trace."""
 
 
 class _SymbolicBuilder(_Builder):
-    """:class:`_Builder` with every size a :class:`Poly`; records the dimensions it sized."""
+    """:class:`_Builder` with every number an expression; records the expressions it made."""
 
     def __init__(self, args: StageArgs) -> None:
         super().__init__(args)
-        self.dims: dict[Dim, None] = {}
+        self.numbers: dict[Number, None] = {}
 
-    def size(self, shape: Shape) -> Poly:  # type: ignore[override]
-        for d in shape:
-            self.dims[d] = None
-        return Poly.of(shape)
+    def count(self, shape: Shape, amp: int | None = None) -> Count:  # type: ignore[override]
+        c = count_of(shape, amp)
+        self.numbers[c] = None
+        return c
+
+    def total(self, *shapes: Shape) -> Total:  # type: ignore[override]
+        t = Total(tuple(count_of(s) for s in shapes))
+        self.numbers[t] = None
+        return t
+
+    def entry(self, shape: Shape) -> Count:  # type: ignore[override]
+        return self.count(shape)
 
     def build_tensors(self) -> list[_Tensor]:
         """The evaluated tensors, shared by the layouts that differ only in their axes: the
@@ -98,13 +65,22 @@ class _SymbolicBuilder(_Builder):
         a = self.args
         key = (a.weight_sharded, a.activation_recompute, a.pp, a.num_stacks)
         if key not in _TENSORS:
-            _TENSORS[key] = (super().build_tensors(), tuple(self.dims))
-        tensors, dims = _TENSORS[key]
-        self.dims.update(dict.fromkeys(dims))
+            _TENSORS[key] = (super().build_tensors(), tuple(self.numbers))
+        tensors, numbers = _TENSORS[key]
+        self.numbers.update(dict.fromkeys(numbers))
         return tensors
 
 
-_TENSORS: dict[tuple, tuple[list[_Tensor], tuple[Dim, ...]]] = {}  # per (ws, rc, pp, blocks)
+_TENSORS: dict[tuple, tuple[list[_Tensor], tuple[Number, ...]]] = {}  # per (ws, rc, pp, blocks)
+
+
+def stage_numbers(weight_sharded: bool, recompute: bool) -> tuple[Number, ...]:
+    """Every number STAGE evaluates for the tensors of a model with these switches (the same
+    expressions for any number of blocks and stages)."""
+    builder = _SymbolicBuilder(StageArgs(weight_sharded=weight_sharded,
+                                         activation_recompute=recompute, num_stacks=2))
+    builder.build_tensors()
+    return tuple(builder.numbers)
 
 
 class _Row(NamedTuple):
@@ -128,9 +104,9 @@ class _Row(NamedTuple):
 class _Recipe:
     """One symbolic rank graph: its nodes with every number as an index into ``values``."""
 
-    dims: tuple[Dim, ...]
-    polys: tuple[Poly, ...]
-    """``values`` = the polynomials evaluated, then the constants."""
+    numbers: tuple[Number, ...]
+    """``values`` = these evaluated, then the constants: the nodes' numbers, then the other
+    numbers the build evaluated."""
     constants: tuple[int, ...]
     nodes: tuple[_Row, ...]
     names: tuple[str, ...]
@@ -165,18 +141,21 @@ def _recipe(args: StageArgs) -> _Recipe | None:
 def _build_recipe(args: StageArgs) -> _Recipe:
     builder = _SymbolicBuilder(args)
     graph = builder.rank_graphs()[0]
-    index: dict[Poly | int, int] = {}  # every number, in order of appearance
+    index: dict[Number | int, int] = {}  # every number, in order of appearance
 
-    def ref(v: Poly | int) -> int:
+    def ref(v: Number | int) -> int:
         return index.setdefault(v, len(index))
 
     rows = [_Row(n.id, n.kind, n.name, ref(n.num_ops), ref(n.tensor_size), n.collective,
                  n.axis, ref(n.size), n.link, tuple(n.deps),
                  tuple((name, ref(s)) for name, s in n.inputs),
                  tuple((name, ref(s)) for name, s in n.outputs)) for n in graph.nodes]
-    polys = [v for v in index if isinstance(v, Poly)]
-    constants = [v for v in index if not isinstance(v, Poly)]
-    order = {v: i for i, v in enumerate([*polys, *constants])}
+    numbers = [v for v in index if not isinstance(v, int)]
+    # and the numbers of tensors no node shows (leaves, identities): evaluated so that rank0
+    # refuses what build_model refuses
+    numbers += [v for v in builder.numbers if v not in index]
+    constants = [v for v in index if isinstance(v, int)]
+    order = {v: i for i, v in enumerate([*numbers, *constants])}
     at = [order[v] for v in index]  # ref -> value index
 
     nodes = tuple(row._replace(
@@ -185,7 +164,7 @@ def _build_recipe(args: StageArgs) -> _Recipe:
         outputs=tuple((nm, at[r]) for nm, r in row.outputs)) for row in rows)
     timings, timing = _timings(nodes)
     return _Recipe(
-        tuple(builder.dims), tuple(polys), tuple(constants),  # type: ignore[arg-type]
+        tuple(numbers), tuple(constants),  # type: ignore[arg-type]
         nodes, names=tuple(row.name for row in nodes), timings=timings, timing=timing,
         in_values=tuple(r for row in nodes for _, r in row.inputs),
         out_values=tuple(r for row in nodes for _, r in row.outputs))
@@ -205,18 +184,6 @@ def _timings(nodes: tuple[_Row, ...]) -> tuple[tuple, tuple[int, ...]]:
             return (), ()
         timing.append(timings.setdefault(key, len(timings)))
     return tuple(timings), tuple(timing)
-
-
-def _dim_values(dims: tuple[Dim, ...], value_of: Callable[[str], int]) -> dict[Dim, int] | None:
-    """Each dimension's size, or ``None`` if one is not whole."""
-    out: dict[Dim, int] = {}
-    for d in dims:
-        num = prod(value_of(s) for s in d.num)
-        den = prod(value_of(s) for s in d.den)
-        if num % den:
-            return None
-        out[d] = num // den
-    return out
 
 
 class Rank0:
@@ -272,13 +239,14 @@ class Rank0:
 
 def rank0(args: StageArgs) -> Rank0 | None:
     """Rank 0 of a single-stage ``args`` from its layout's symbolic graph (built once), or
-    ``None`` for several stages or a split that is not whole (:func:`build_model` then builds,
-    or raises)."""
+    ``None`` for several stages or a number from 2^53 on (:func:`build_model` then builds);
+    raises :class:`~simcore.stage._counts.Refused` as :func:`build_model` would."""
     recipe = _recipe(args)
-    dims = None if recipe is None else _dim_values(recipe.dims, args.value_of)
-    if recipe is None or dims is None or (recipe.nodes and not recipe.timings):
+    if recipe is None or (recipe.nodes and not recipe.timings):
         return None
-    values = [p.value(dims) for p in recipe.polys]
+    values = numbers(recipe.numbers, args.value_of)
+    if values and max(values) >= EXACT_BELOW:
+        return None
     values += recipe.constants
     return Rank0(recipe, values, stage_groups(args, 0))
 

@@ -39,6 +39,7 @@ from planner.fields import fields as check_fields
 from planner.tables import best_frame
 from search_spaces import strategy_label
 from simcore.estimate import Estimate
+from simcore.network import Congestion
 from simcore.specs import (
     Axis,
     Convention,
@@ -102,7 +103,9 @@ def specs_dict(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
         "model": {"name": model.name, **model_entry(model)},
         "system": {"name": system.name,
                    "device": {"name": system.device.name, **device_entry(system.device)},
-                   **{k: v for k, v in system_entry(system).items() if k != "device"}},
+                   **{k: v for k, v in system_entry(system).items() if k != "device"},
+                   **({"congestion": system.network.congestion.value}
+                      if system.network.congestion is not Congestion.UNAWARE else {})},
         "training": training_dict(training),
     }
 
@@ -145,8 +148,11 @@ def specs_from_dict(path: Path, data: dict[str, Any]
     device_name = _name(path, "system.device", raw_device.pop("name", None))
     device = replace(device_from_entry(path, "system.device", raw_device), name=device_name)
     raw_system["device"] = device_name
+    congestion = choice(path, "system.congestion", raw_system.pop("congestion", "unaware"),
+                        Congestion)
     system = system_from_entry(path, "system", raw_system, {device_name: device})
-    system = replace(system, name=system_name)
+    system = replace(system, name=system_name,
+                     network=replace(system.network, congestion=congestion))
     t = check_fields(path, "training", data.get("training"), {"global_batch", "seq_len"},
                      {f.name for f in fields(TrainingSpec)})
     if not isinstance(t.get("overlap_grad_reduce", True), bool):

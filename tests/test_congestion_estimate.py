@@ -144,3 +144,19 @@ def test_study_congestion_bad_value_is_one_line(tmp_path, files) -> None:
                     "space: {dp: [64]}\ncongestion: aware\n")
     with pytest.raises(PlannerUsageError, match=r"stage.yaml: congestion: the stage convention"):
         load_study_config(path)
+
+
+def test_aware_study_plans_keep_their_congestion(tmp_path, capsys, files) -> None:
+    # The study stores its specs; plans re-estimated from them (best, export, report) and plan
+    # files read back must stay congestion-aware: the dp part stays AWARE_DP_NS.
+    storage = ("--storage", str(tmp_path / "s.db"))
+    path = study(tmp_path, files, "congestion: aware\nname: aware-mesh\n")
+    assert run(capsys, "run", str(path), *storage)[0] == 0
+    code, out, _ = run(capsys, "export", "aware-mesh", "--format", "plan", "--out",
+                       str(tmp_path / "out"), *storage)
+    assert code == 0
+    (plan_file,) = (tmp_path / "out").glob("*/plan.yaml")
+    code, out, _ = run(capsys, "estimate", "--plan", str(plan_file), "--json")
+    data = json.loads(out)
+    assert (code, data["congestion"]) == (0, "aware")
+    assert round(data["time"]["dp"] * 1e9) == AWARE_DP_NS

@@ -232,3 +232,73 @@ def test_every_parallelism_converts_and_replays(tmp_path, capsys, parallelism, c
     npus = _replay(capsys, tmp_path / "w")
     computes = 0 if parallelism == "MICRO" else 3 + 3 + (2 if parallelism == "DATA" else 3)
     assert npus[0]["gpu_time"] == computes * 10_000  # every compute node is 10 us
+
+
+DLRM = """HYBRID_DLRM 1
+4
+emb -1 10 ALLTOALL 1024 11 ALLTOALL 1024 12 NONE 0 1
+bot -1 20 NONE 0 21 NONE 0 22 ALLREDUCE 1024 1
+top0 -1 30 NONE 0 31 NONE 0 32 ALLREDUCE 1024 1
+top1 -1 40 NONE 0 41 NONE 0 42 ALLREDUCE 1024 1
+"""
+
+
+def test_dlrm_graph_is_the_converters(tmp_path):
+    # mlcommons/chakra@21585d8 convert_hybrid_dlrm, read by hand, last bottom layer 1:
+    # forward: each layer's compute after the one before; emb's all-to-all after its compute;
+    # bot (index 1 = last bottom layer) also awaits that all-to-all. Backward, top1 first: its
+    # weight gradient after the last forward; a collective after each weight gradient unless
+    # NONE; an input gradient after each weight gradient but emb's; each weight gradient after
+    # the input gradient of the layer above; after top0's input gradient (index last bottom + 1)
+    # emb's backward all-to-all, which emb's weight gradient also awaits.
+    from planner.chakra.text import read_text_workload, text_nodes
+
+    path = tmp_path / "dlrm.txt"
+    path.write_text(DLRM)
+    nodes = text_nodes(read_text_workload(path))
+    name = {n.id: n.name.replace("COMP_NODE_", "").replace("COMM_COLL_NODE_", "coll ")
+            for n in nodes}
+    got = [(name[n.id], sorted(name[d] for d in n.data_deps)) for n in nodes]
+    assert got == [
+        ("emb_FWD", []),
+        ("coll emb_ALLTOALL", ["emb_FWD"]),
+        ("bot_FWD", ["coll emb_ALLTOALL", "emb_FWD"]),
+        ("top0_FWD", ["bot_FWD"]),
+        ("top1_FWD", ["top0_FWD"]),
+        ("top1_BWD_WG", ["top1_FWD"]),
+        ("coll top1_ALLREDUCE", ["top1_BWD_WG"]),
+        ("top1_BWD_IG", ["top1_BWD_WG"]),
+        ("top0_BWD_WG", ["top1_BWD_IG"]),
+        ("coll top0_ALLREDUCE", ["top0_BWD_WG"]),
+        ("top0_BWD_IG", ["top0_BWD_WG"]),
+        ("coll emb_ALLTOALL", ["top0_BWD_IG"]),
+        ("bot_BWD_WG", ["top0_BWD_IG"]),
+        ("coll bot_ALLREDUCE", ["bot_BWD_WG"]),
+        ("bot_BWD_IG", ["bot_BWD_WG"]),
+        ("emb_BWD_WG", ["bot_BWD_IG", "coll emb_ALLTOALL"]),
+    ]
+
+
+def test_dlrm_replays_with_the_tutorials_converter(tmp_path, capsys):
+    # With --hoti2024 the collectives take no time and one compute runs at a time, so the step
+    # is the sum of the compute times: forward 10+20+30+40, weight gradients 12+22+32+42, input
+    # gradients (not emb's) 21+31+41 = 301 us; two passes twice that (pass 2 waits on pass 1).
+    path = tmp_path / "dlrm.txt"
+    path.write_text(DLRM)
+    npus = _replay(capsys, path, system=[*TUTORIAL, "--hoti2024"])
+    assert [r["finished_cycles"] for r in npus] == [301_000] * 8
+    npus = _replay(capsys, path, system=[*TUTORIAL, "--hoti2024", "--passes", "2"])
+    assert npus[0]["finished_cycles"] == 602_000
+
+
+@pytest.mark.parametrize("first, message", [
+    ("HYBRID_DLRM", "takes the index of the last bottom-MLP layer"),
+    ("HYBRID_DLRM 3", "must be after the embedding and before the last"),
+    ("HYBRID_TRANSFORMER", "nor by Chakra's text converter"),
+])
+def test_a_bad_dlrm_line_is_one_line(tmp_path, capsys, first, message):
+    path = tmp_path / "w.txt"
+    path.write_text(first + DLRM[DLRM.index("\n"):])
+    assert main(["replay", str(path), *TUTORIAL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

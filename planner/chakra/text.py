@@ -1,8 +1,10 @@
 """ASTRA-sim 1.0's text workloads, converted to Chakra nodes as Chakra's text converter does.
 
 The format (mlcommons/chakra@21585d8 ``src/converter/text_converter.py``): line 1 the
-parallelism (``MICRO``, ``DATA``, ``MODEL``, ``HYBRID_DATA_MODEL``, ``HYBRID_MODEL_DATA``;
-``HYBRID_DLRM`` is refused), line 2 the layer count, then one line per layer: name, a reserved
+parallelism (``MICRO``, ``DATA``, ``MODEL``, ``HYBRID_DATA_MODEL``, ``HYBRID_MODEL_DATA``,
+``HYBRID_DLRM`` / ``HYBRID_DLRM_ENHANCED`` followed by the last bottom-MLP layer's index; ASTRA-sim
+1.0's ``HYBRID_TRANSFORMER`` and ``HYBRID_CUSTOMIZED`` are refused, as the converter refuses
+them), line 2 the layer count, then one line per layer: name, a reserved
 field, then forward compute time, comm type and size, input-gradient compute time, comm type and
 size, weight-gradient compute time, comm type and size, and the update time (unused). Times are
 microseconds (``duration_micros``), sizes bytes; comm types ``ALLREDUCE``, ``ALLGATHER``,
@@ -19,7 +21,13 @@ nodes):
 - ``MODEL``: forward compute then its collective per layer; backward per layer input-gradient
   compute, its collective (not for the first layer), weight-gradient compute;
 - ``HYBRID_DATA_MODEL`` / ``HYBRID_MODEL_DATA``: ``MODEL`` plus each layer's weight-gradient
-  collective.
+  collective;
+- ``HYBRID_DLRM`` (``_ENHANCED`` alike): forward compute chain, an all-to-all after every layer
+  whose forward comm type is ``ALLTOALL`` (the embedding), which the last bottom-MLP layer's
+  forward awaits; backward per layer (last first) weight-gradient compute, its collective unless
+  ``NONE``, then input-gradient compute (not for the first layer); after the input gradient of
+  the first top-MLP layer, the embedding's backward collective, which the embedding's weight
+  gradient awaits (``convert_hybrid_dlrm``, lines 368-442).
 
 ``hoti2024``: write what the converter of the HOTI 2024 tutorial wrote (its Chakra,
 willjwon/chakra-tutorial@2ba2969): no ``comm_size`` on collectives. ASTRA-sim at that tutorial
@@ -38,7 +46,9 @@ from planner.errors import PlannerUsageError
 
 __all__ = ["PARALLELISMS", "TextWorkload", "read_text_workload", "text_nodes"]
 
-PARALLELISMS = ("MICRO", "DATA", "MODEL", "HYBRID_DATA_MODEL", "HYBRID_MODEL_DATA")
+PARALLELISMS = ("MICRO", "DATA", "MODEL", "HYBRID_DATA_MODEL", "HYBRID_MODEL_DATA",
+                "HYBRID_DLRM", "HYBRID_DLRM_ENHANCED")
+_DLRM = ("HYBRID_DLRM", "HYBRID_DLRM_ENHANCED")
 _COMM = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER",
          "REDUCESCATTER": "REDUCE_SCATTER", "ALLTOALL": "ALL_TO_ALL"}
 
@@ -57,6 +67,8 @@ class TextWorkload:
     parallelism: str
     layer_count: int
     layers: tuple[Layer, ...]
+    last_bottom_layer: int = -1
+    """``HYBRID_DLRM``: index of the last bottom-MLP layer (line 1's second field)."""
 
 
 def read_text_workload(path: Path) -> TextWorkload:
@@ -71,8 +83,16 @@ def read_text_workload(path: Path) -> TextWorkload:
                                 " layer count, then one line per layer")
     parallelism = lines[0].split()[0]
     if parallelism not in PARALLELISMS:
-        raise PlannerUsageError(f"{path}, line 1: parallelism {parallelism!r} is not supported;"
+        raise PlannerUsageError(f"{path}, line 1: parallelism {parallelism!r} is not supported"
+                                " (nor by Chakra's text converter);"
                                 f" use one of {', '.join(PARALLELISMS)}")
+    bottom = -1
+    if parallelism in _DLRM:
+        try:
+            bottom = int(lines[0].split()[1])
+        except (ValueError, IndexError):
+            raise PlannerUsageError(f"{path}, line 1: {parallelism} takes the index of the last"
+                                    " bottom-MLP layer after it") from None
     try:
         count = int(lines[1].split()[0])
     except (ValueError, IndexError):
@@ -91,7 +111,20 @@ def read_text_workload(path: Path) -> TextWorkload:
                 " and comm size for forward, input gradient and weight gradient") from None
     if count != len(layers):
         raise PlannerUsageError(f"{path}, line 2: says {count} layers but {len(layers)} follow")
-    return TextWorkload(parallelism, count, tuple(layers))
+    if parallelism in _DLRM:
+        _check_dlrm(path, layers, bottom)
+    return TextWorkload(parallelism, count, tuple(layers), bottom)
+
+
+def _check_dlrm(path: Path, layers: list[Layer], bottom: int) -> None:
+    """What the converter needs of a DLRM workload, where it would crash without it."""
+    if not 0 < bottom < len(layers) - 1:
+        raise PlannerUsageError(f"{path}, line 1: the last bottom-MLP layer {bottom} must be"
+                                f" after the embedding and before the last of {len(layers)}"
+                                " layers")
+    if layers[0].fwd[1] != "ALLTOALL":
+        raise PlannerUsageError(f"{path}, line 3: a DLRM's first layer (the embedding) needs"
+                                " the forward comm type ALLTOALL")
 
 
 @dataclass
@@ -122,6 +155,8 @@ class _Nodes:
 
 def text_nodes(w: TextWorkload, passes: int = 1, hoti2024: bool = False) -> list[Any]:
     """One NPU's Chakra nodes (every NPU runs the same)."""
+    if w.parallelism in _DLRM:
+        return _dlrm_nodes(w, passes, _Nodes(hoti2024))
     out = _Nodes(hoti2024)
     layers, n = w.layers, len(w.layers)
     wg_comm: list[Any | None] = [None] * n  # the previous pass's, which the next forward awaits
@@ -161,4 +196,34 @@ def text_nodes(w: TextWorkload, passes: int = 1, hoti2024: bool = False) -> list
             wg_comp[i] = out.comp(layer, "BWD_WG", layer.wg[0], [ig])
             if hybrid:
                 wg_comm[i] = out.coll(layer.name, layer.wg[1], layer.wg[2], [wg_comp[i]])
+    return out.nodes
+
+
+def _dlrm_nodes(w: TextWorkload, passes: int, out: _Nodes) -> list[Any]:
+    """``convert_hybrid_dlrm``: see the module docstring."""
+    layers, n, bottom = w.layers, len(w.layers), w.last_bottom_layer
+    wg_comm: list[Any | None] = [None] * n  # the previous pass's, which the next forward awaits
+    wg_comp: list[Any | None] = [None] * n
+    fwd_comm: list[Any | None] = [None] * n
+    for _ in range(passes):
+        fwd: list[Any] = []
+        for i, layer in enumerate(layers):
+            deps = [wg_comm[i] if wg_comm[i] is not None else wg_comp[i],
+                    fwd[i - 1] if i else None, fwd_comm[0] if i == bottom else None]
+            fwd.append(out.comp(layer, "FWD", layer.fwd[0], deps))
+            if layer.fwd[1] == "ALLTOALL":
+                fwd_comm[i] = out.coll(layer.name, layer.fwd[1], layer.fwd[2], [fwd[i]])
+        ig_comp: list[Any | None] = [None] * n
+        ig_comm: Any | None = None
+        for i in reversed(range(n)):
+            layer = layers[i]
+            deps = [fwd[-1]] if i == n - 1 else [ig_comp[i + 1], ig_comm if i == 0 else None]
+            wg_comp[i] = out.comp(layer, "BWD_WG", layer.wg[0], deps)
+            if layer.wg[1] != "NONE":
+                wg_comm[i] = out.coll(layer.name, layer.wg[1], layer.wg[2], [wg_comp[i]])
+            if i != 0:
+                ig_comp[i] = out.comp(layer, "BWD_IG", layer.ig[0], [wg_comp[i]])
+            if i == bottom + 1:
+                first = layers[0]
+                ig_comm = out.coll(first.name, first.ig[1], first.ig[2], [ig_comp[i]])
     return out.nodes

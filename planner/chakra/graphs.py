@@ -76,11 +76,15 @@ def _node(path: Path, npu: int, npus: int, node: Any, index: int,
     kind_name = NODE_TYPES[node.type] if node.type < len(NODE_TYPES) else "?"
     if kind_name not in _KINDS:
         raise PlannerUsageError(f"{_where(path, node)}: {kind_name} nodes (remote memory) are"
-                                " not replayed; simulate this trace with ASTRA-sim itself")
+                                " not replayed (ASTRA-sim 518bd51 itself stops on them after the"
+                                " run: Statistics::extract_comp_comm_overlap takes GPU and COMM"
+                                " nodes only)")
     kind = _KINDS[kind_name]
     if kind_name == "COMP_NODE" and bool(attr_value(node, "is_cpu_op", False)):
         raise PlannerUsageError(f"{_where(path, node)}: CPU operators (is_cpu_op) are not"
-                                " replayed; simulate this trace with ASTRA-sim itself")
+                                " replayed (ASTRA-sim 518bd51 itself stops on them after the run:"
+                                " Statistics::extract_comp_comm_overlap takes GPU and COMM nodes"
+                                " only)")
     out = Node(index, kind, node.name, inputs=_side(node, "inputs"),
                outputs=_side(node, "outputs"))
     if kind_name in ("METADATA_NODE", "INVALID_NODE"):

@@ -16,7 +16,7 @@ from pathlib import Path
 from planner.errors import PlannerUsageError
 from planner.storage import RESULTS_DIR
 
-__all__ = ["RESULTS_DIR", "atomic_write", "default_path", "slug", "write_folders"]
+__all__ = ["RESULTS_DIR", "atomic_write", "default_path", "slug", "write_files", "write_folders"]
 
 
 
@@ -62,6 +62,21 @@ def _check_folder(folder: Path) -> None:
         raise PlannerUsageError(f"{folder}: exists and is not a folder; choose another --out")
 
 
+def write_files(folder: Path, files: Mapping[str, str | bytes]) -> list[Path]:
+    """Write ``{file: text or bytes}`` under ``folder`` (names may hold sub-folders); the paths
+    written. Not atomic: :func:`write_folders` wraps it for that."""
+    written = []
+    for file, data in files.items():
+        path = folder / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
+        written.append(path)
+    return written
+
+
 def write_folders(root: Path, folders: Mapping[str, Mapping[str, str | bytes]]) -> list[Path]:
     """Write ``{folder: {file: text or bytes}}`` under ``root`` (file names may hold
     sub-folders, ``traces/workload.0.et``); each folder appears whole (an existing one of the
@@ -78,13 +93,7 @@ def write_folders(root: Path, folders: Mapping[str, Mapping[str, str | bytes]]) 
         for name, files in folders.items():
             folder = staging / name
             folder.mkdir()
-            for file, data in files.items():
-                path = folder / file
-                path.parent.mkdir(parents=True, exist_ok=True)
-                if isinstance(data, bytes):
-                    path.write_bytes(data)
-                else:
-                    path.write_text(data)
+            write_files(folder, files)
         for name in folders:
             target = root / name
             if target.is_dir():

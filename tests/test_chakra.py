@@ -206,6 +206,12 @@ def test_text_workload_with_comm_sizes_times_its_collectives(capsys):
     ("PIPELINE\n1\nl -1 1 NONE 0 1 NONE 0 1 NONE 0 1\n", "line 1: parallelism 'PIPELINE'"),
     ("DATA\n2\nl -1 1 NONE 0 1 NONE 0 1 NONE 0 1\n", "says 2 layers but 1 follow"),
     ("DATA\n1\nl -1 x NONE 0 1 NONE 0 1 NONE 0 1\n", "line 3: expected name"),
+    ("HYBRID_DLRM\n3\n" + "l -1 1 ALLTOALL 1 1 NONE 0 1 NONE 0 1\n" * 3,
+     "takes the index of the last bottom-MLP layer"),
+    ("HYBRID_DLRM 2\n3\n" + "l -1 1 ALLTOALL 1 1 NONE 0 1 NONE 0 1\n" * 3,
+     "must be after the embedding and before the last"),
+    ("HYBRID_TRANSFORMER model_parallel_NPU_group: 4\n1\nl -1 1 NONE 0 1 NONE 0 1 NONE 0 1\n",
+     "nor by Chakra's text converter"),
 ])
 def test_a_bad_text_workload_is_one_line(tmp_path, capsys, text, message):
     path = tmp_path / "w.txt"
@@ -289,16 +295,3 @@ def test_dlrm_replays_with_the_tutorials_converter(tmp_path, capsys):
     assert [r["finished_cycles"] for r in npus] == [301_000] * 8
     npus = _replay(capsys, path, system=[*TUTORIAL, "--hoti2024", "--passes", "2"])
     assert npus[0]["finished_cycles"] == 602_000
-
-
-@pytest.mark.parametrize("first, message", [
-    ("HYBRID_DLRM", "takes the index of the last bottom-MLP layer"),
-    ("HYBRID_DLRM 3", "must be after the embedding and before the last"),
-    ("HYBRID_TRANSFORMER", "nor by Chakra's text converter"),
-])
-def test_a_bad_dlrm_line_is_one_line(tmp_path, capsys, first, message):
-    path = tmp_path / "w.txt"
-    path.write_text(first + DLRM[DLRM.index("\n"):])
-    assert main(["replay", str(path), *TUTORIAL]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0]

@@ -26,6 +26,7 @@ from planner.chakra.io import read_trace
 from planner.cli import main
 from planner.exports import export_files, exporter
 from planner.exports._chakra import export_chakra
+from planner.outputs import write_files
 from planner.plan import Plan, make_plan
 from simcore.megatron.phases import stage_phases
 from simcore.specs import (
@@ -59,13 +60,7 @@ def _no_call_latency(system: SystemSpec) -> SystemSpec:
 
 
 def _write(files: dict[str, str | bytes], folder: Path) -> Path:
-    for name, data in files.items():
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, bytes):
-            path.write_bytes(data)
-        else:
-            path.write_text(data)
+    write_files(folder, files)
     return folder
 
 

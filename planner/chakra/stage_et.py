@@ -119,13 +119,7 @@ def comm_group_text(groups: dict[tuple[int, ...], int]) -> str:
 def write_stage_traces(model: StageModel, folder: Path, name: str) -> list[Path]:
     """``folder/name.<npu>.et`` for every NPU and ``folder/comm_group.json``; the paths
     written."""
+    from planner.outputs import write_files
+
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for file, data in stage_trace_files(model, name).items():
-        path = folder / file
-        if isinstance(data, bytes):
-            path.write_bytes(data)
-        else:
-            path.write_text(data)
-        written.append(path)
-    return written
+    return write_files(folder, stage_trace_files(model, name))

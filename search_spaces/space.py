@@ -14,7 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 import simcore
+from simcore.conventions import implementation
 from simcore.specs import (
     DEFAULT_PLACEMENT,
     Axis,
@@ -28,7 +31,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["StrategySpace", "Layout", "PipelineChoice", "divisors", "powers_of_two"]
+__all__ = ["Layout", "PipelineChoice", "StrategySpace", "divisors", "powers_of_two"]
 
 DEGREES = ("dp", "tp", "pp", "sp")
 
@@ -144,8 +147,56 @@ class StrategySpace:
 
     @cached_property
     def valid(self) -> tuple[Strategy, ...]:
-        """Every valid strategy, in a fixed order (the lists' order)."""
-        return tuple(s for s in self.candidates() if self.reason_invalid(s) is None)
+        """Every valid strategy, in a fixed order (the lists' order). Where the convention checks
+        arrays of strategies (``valid_plans``), the candidates are never built one by one: the
+        rules run once over (layout, micro-batch, pipeline, sequence parallelism), the knobs
+        they read, and only valid strategies become objects."""
+        if implementation(self.convention).valid_plans is None:
+            return tuple(s for s in self.candidates() if self.reason_invalid(s) is None)
+        return tuple(self._strategies(self._valid_indices()))
+
+    def _shape(self) -> tuple[int, ...]:
+        """The candidates' product, in :meth:`candidates`' order (the last knob fastest)."""
+        return (len(self.layouts()), len(self.zero), len(self.recompute),
+                len(self.micro_batch), len(self.pipelines()), len(self.placement),
+                len(self.sequence_parallel))
+
+    def _valid_indices(self) -> np.ndarray:
+        """Flat indices (into :meth:`_shape`) of the valid candidates, ascending."""
+        layouts, pipes = self.layouts(), self.pipelines()
+        if not layouts or not pipes:
+            return np.empty(0, np.int64)
+        lay = np.array([(x.dp, x.tp, x.pp, x.sp) for x in layouts], np.int64)
+        grid = np.ix_(np.arange(len(layouts)), np.arange(len(self.micro_batch)),
+                      np.arange(len(pipes)), np.arange(len(self.sequence_parallel)))
+        li, mi, pi, si = (np.broadcast_to(g, tuple(len(a) for a in (
+            layouts, self.micro_batch, pipes, self.sequence_parallel))).ravel() for g in grid)
+        columns = {
+            "dp": lay[li, 0], "tp": lay[li, 1], "pp": lay[li, 2], "sp": lay[li, 3],
+            "micro_batch": np.asarray(self.micro_batch, np.int64)[mi],
+            "v": np.array([p.v for p in pipes], np.int64)[pi],
+            "interleaved": np.array([p.schedule is Schedule.INTERLEAVED for p in pipes])[pi],
+            "sequence_parallel": np.asarray(self.sequence_parallel, bool)[si],
+        }
+        check = implementation(self.convention).valid_plans
+        assert check is not None
+        ok = check(self.model, self.system, self.training, columns)
+        ok = ok.reshape(len(layouts), 1, 1, len(self.micro_batch), len(pipes), 1,
+                        len(self.sequence_parallel))
+        return np.flatnonzero(np.broadcast_to(ok, self._shape()))
+
+    def _strategies(self, flat: np.ndarray) -> Iterator[Strategy]:
+        """The strategies at these flat indices."""
+        layouts, pipes = self.layouts(), self.pipelines()
+        shape = self._shape()
+        for li, zi, ri, mi, pi, ci, si in zip(*(a.tolist() for a in np.unravel_index(flat,
+                                                                                     shape))):
+            layout, pipe = layouts[li], pipes[pi]
+            yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp,
+                           zero=self.zero[zi], recompute=self.recompute[ri],
+                           micro_batch=self.micro_batch[mi], schedule=pipe.schedule, v=pipe.v,
+                           placement=self.placement[ci],
+                           sequence_parallel=self.sequence_parallel[si])
 
     def enumerate(self) -> tuple[Strategy, ...]:
         """Every valid strategy exactly once."""

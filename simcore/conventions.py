@@ -12,18 +12,20 @@ priced by the ``megatron`` convention's stage model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from simcore.estimate import Estimate
 from simcore.megatron import estimate_megatron
-from simcore.megatron.checks import check_plan
-from simcore.mlp import check_mlp, estimate_mlp
+from simcore.megatron.checks import check_plan, valid_plans
+from simcore.mlp import check_mlp, estimate_mlp, valid_mlp_plans
 from simcore.specs import Convention, ModelSpec, Strategy, SystemSpec, TrainingSpec
 from simcore.stage_adapter import check_stage, estimate_stage
 from simcore.timeline import Timeline, _megatron_timeline, _mlp_timeline, _stage_timeline
 
-__all__ = ["ConventionImpl", "CONVENTIONS", "register", "implementation"]
+__all__ = ["CONVENTIONS", "ConventionImpl", "implementation", "register"]
 
 Plan = tuple[ModelSpec, SystemSpec, TrainingSpec, Strategy]
 
@@ -36,6 +38,10 @@ class ConventionImpl:
     check: Callable[[ModelSpec, SystemSpec, TrainingSpec, Strategy], None]
     estimate: Callable[[ModelSpec, SystemSpec, TrainingSpec, Strategy], Estimate]
     timeline: Callable[[ModelSpec, SystemSpec, TrainingSpec, Strategy, Estimate], Timeline]
+    valid_plans: Callable[[ModelSpec, SystemSpec, TrainingSpec, Mapping[str, np.ndarray]],
+                          np.ndarray] | None = None
+    """``check`` over arrays of strategies (see :func:`simcore.megatron.checks.valid_plans`);
+    None where only the one-by-one check exists."""
 
 
 CONVENTIONS: dict[Convention, ConventionImpl] = {}
@@ -54,11 +60,11 @@ def implementation(convention: Convention) -> ConventionImpl:
 
 
 register(Convention.MEGATRON, ConventionImpl(
-    check=check_plan, estimate=estimate_megatron,
+    check=check_plan, estimate=estimate_megatron, valid_plans=valid_plans,
     timeline=lambda model, system, training, strategy, est: _megatron_timeline(
         model, system, training, strategy, est.step_time)))
 register(Convention.MLP, ConventionImpl(
-    check=check_mlp, estimate=estimate_mlp,
+    check=check_mlp, estimate=estimate_mlp, valid_plans=valid_mlp_plans,
     timeline=lambda model, system, training, strategy, est: _mlp_timeline(
         training, strategy, est)))
 register(Convention.STAGE, ConventionImpl(

@@ -11,13 +11,17 @@ gradients are fp32 (4 bytes), plain SGD (no optimizer state).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
+
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
 from simcore.megatron.pipeline import in_flight, pipeline_time
 from simcore.megatron.placement import axis_networks
 from simcore.network import Collective
 from simcore.specs import Axis, ModelSpec, Strategy, SystemSpec, TrainingSpec
 
-__all__ = ["estimate_mlp", "check_mlp", "BYTES"]
+__all__ = ["BYTES", "check_mlp", "estimate_mlp", "valid_mlp_plans"]
 
 BYTES = 4
 """fp32 weights, activations and gradients."""
@@ -40,6 +44,16 @@ def check_mlp(model: ModelSpec, system: SystemSpec, training: TrainingSpec, s: S
             f"dp*micro_batch={s.dp * s.micro_batch} must divide"
             f" global_batch={training.global_batch}"
         )
+
+
+def valid_mlp_plans(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                    columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """:func:`check_mlp` over arrays of strategies (columns as
+    :func:`simcore.megatron.checks.valid_plans` takes them): True where it would pass."""
+    dp, tp, pp, sp = (np.asarray(columns[k], np.int64) for k in ("dp", "tp", "pp", "sp"))
+    mb = np.asarray(columns["micro_batch"], np.int64)
+    return ((dp * tp * pp * sp == system.devices) & (sp == 1) & (model.hidden % tp == 0)
+            & (model.layers % pp == 0) & (training.global_batch % (dp * mb) == 0))
 
 
 def estimate_mlp(model: ModelSpec, system: SystemSpec, training: TrainingSpec,

@@ -3,9 +3,13 @@ and what is allowed (a ValueError)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
+
 from simcore.specs import ModelSpec, Schedule, Strategy, SystemSpec, TrainingSpec
 
-__all__ = ["check_plan", "micro_batches"]
+__all__ = ["check_plan", "micro_batches", "valid_plans"]
 
 
 def _divisors(n: int) -> str:
@@ -65,3 +69,25 @@ def check_plan(
                 f"schedule=interleaved needs the micro-batch count ({m}) to be a multiple of"
                 f" pp={s.pp}; change micro_batch or dp, or use schedule=1f1b"
             )
+
+
+def valid_plans(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """:func:`check_plan` over many strategies at once: True where it would pass. ``columns``
+    holds equal-length integer arrays ``dp``, ``tp``, ``pp``, ``sp``, ``micro_batch``, ``v`` and
+    boolean arrays ``interleaved`` and ``sequence_parallel`` (the rules in the same order)."""
+    dp, tp, pp, sp = (np.asarray(columns[k], np.int64) for k in ("dp", "tp", "pp", "sp"))
+    mb, v = np.asarray(columns["micro_batch"], np.int64), np.asarray(columns["v"], np.int64)
+    interleaved = np.asarray(columns["interleaved"], bool)
+    seqpar = np.asarray(columns["sequence_parallel"], bool)
+    seq, batch = training.seq_len, training.global_batch
+    ok = dp * tp * pp * sp == system.devices
+    for total in (model.heads, model.n_kv_heads, model.ffn_hidden):
+        ok &= total % tp == 0
+    ok &= model.layers % (pp * v) == 0
+    ok &= seq % sp == 0
+    ok &= ~(seqpar & (tp > 1)) | ((seq // sp) % tp == 0)
+    ok &= batch % (dp * mb) == 0
+    m = batch // (dp * mb)
+    ok &= ~interleaved | ((pp >= 2) & (m % pp == 0))
+    return ok

@@ -1,0 +1,77 @@
+"""Issue 17's scale figures, each beside its baseline, in one run.
+
+Run: python benchmarks/bench_scale.py [--quick]
+
+The space: Calculon's GPT-3 175B / 1,024-GPU search space in the project's knobs
+(benchmarks/studies/gpt3-175b-calculon-1024.yaml: 5,930,496 candidates, 1,109,952 valid).
+
+1. Listing the valid strategies, CPU seconds: one by one (every candidate built as a Strategy
+   and passed to simcore.check, the path before issue 17) and as arrays (the shape rules run
+   once over the knobs they read, only valid strategies built). ``--quick`` times the one-by-one
+   path on a sixteenth of the candidates and scales it.
+2. Estimating every valid strategy with ``simcore.estimate`` one at a time: CPU seconds and ms
+   per strategy, on a sample of 20,000 valid strategies (spread over the list), scaled.
+
+Not yet here (issue 17 items 1, 3-6): the batched estimate, results streamed to Parquet and
+`planner run` of the whole space; the 120 s / 2 GB target is for that end-to-end path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import simcore
+from planner.study_config import load_study_config
+
+SPACE = Path(__file__).resolve().parent / "studies" / "gpt3-175b-calculon-1024.yaml"
+
+
+def cpu(fn):
+    start = time.process_time()
+    out = fn()
+    return out, time.process_time() - start
+
+
+def one_by_one(space) -> int:
+    return sum(1 for s in space.candidates() if space.reason_invalid(s) is None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="time the one-by-one listing on a sixteenth of the space")
+    args = parser.parse_args()
+    config = load_study_config(SPACE)
+    space = config.space
+    print(f"space: {SPACE.name}: {space.size:,} candidates")
+
+    valid, arrays_s = cpu(lambda: space.valid)
+    if args.quick:
+        part = replace(space, micro_batch=space.micro_batch[:1])  # a sixteenth: 1 of 16 micro-batch sizes
+        _, part_s = cpu(lambda: one_by_one(part))
+        scale = space.size / part.size
+        old_s, old_note = part_s * scale, f" (scaled from {part.size:,} candidates)"
+    else:
+        n_old, old_s = cpu(lambda: one_by_one(space))
+        assert n_old == len(valid), (n_old, len(valid))
+        old_note = ""
+    print("\n1. listing the valid strategies (CPU s)")
+    print(f"   one by one (before)   {old_s:8.2f}{old_note}")
+    print(f"   as arrays             {arrays_s:8.2f}   {len(valid):,} valid;"
+          f" {old_s / arrays_s:.1f}x faster")
+
+    step = max(1, len(valid) // 20_000)
+    sample = valid[::step]
+    model, system, training, conv = config.model, config.system, config.training, config.convention
+    _, est_s = cpu(lambda: [simcore.estimate(model, system, training, s, conv) for s in sample])
+    per = est_s / len(sample)
+    print("\n2. simcore.estimate, one strategy at a time")
+    print(f"   {per * 1e3:.3f} ms per strategy ({len(sample):,} sampled);"
+          f" {per * len(valid):.0f} CPU s for all {len(valid):,}")
+
+
+if __name__ == "__main__":
+    main()

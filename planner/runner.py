@@ -83,11 +83,11 @@ from planner.storage import (
 )
 from planner.study_config import StudyConfig
 from search_spaces import LayoutEncoding, StrategySpace, strategy_label
+from search_spaces.frameworks import ANY
 from simcore.specs import Axis, Recompute, Schedule, Strategy, ZeroStage
 
-__all__ = ["RunReport", "WorkerReport", "StopRequest", "make_sampler", "run_study",
-           "open_study", "run_worker", "join_study", "config_from_study", "coverage",
-           "queue_state"]
+__all__ = ["RunReport", "StopRequest", "WorkerReport", "config_from_study", "coverage",
+           "join_study", "make_sampler", "open_study", "queue_state", "run_study", "run_worker"]
 
 BATCH = 512
 """Strategies per add_trials batch (and per worker task) on the exhaustive path."""
@@ -825,7 +825,8 @@ def config_from_study(study: optuna.Study) -> StudyConfig:
     if not isinstance(summary, dict) or not isinstance(specs, dict):
         raise PlannerUsageError(f"{where}: stores no specs; give the study YAML instead")
     model, system, training, convention = specs_from_dict(where, specs)
-    space = _space_from_summary(summary["space"], model, system, training, convention)
+    space = _space_from_summary(summary["space"], model, system, training, convention,
+                                framework=summary.get("framework", ANY))
     config = StudyConfig(
         name=study.study_name, path=where, model=model, system=system, training=training,
         convention=convention, hbm_gb=summary.get("hbm_gb"),
@@ -837,7 +838,7 @@ def config_from_study(study: optuna.Study) -> StudyConfig:
     return config
 
 
-def _space_from_summary(sp: dict[str, Any], *specs: Any) -> StrategySpace:
+def _space_from_summary(sp: dict[str, Any], *specs: Any, framework: str = ANY) -> StrategySpace:
     model, system, training, convention = specs
     return StrategySpace(
         model=model, system=system, training=training, convention=convention,
@@ -847,4 +848,4 @@ def _space_from_summary(sp: dict[str, Any], *specs: Any) -> StrategySpace:
         micro_batch=tuple(sp["micro_batch"]),
         schedule=tuple(Schedule(s) for s in sp["schedule"]), v=tuple(sp["v"]),
         placement=tuple(tuple(Axis(a) for a in p.split(",")) for p in sp["placement"]),
-        sequence_parallel=tuple(sp["sequence_parallel"]))
+        sequence_parallel=tuple(sp["sequence_parallel"]), framework=framework)

@@ -7,6 +7,7 @@
     system: lab-system1
     convention: stage                # default: the model family's (megatron for gpt / llama)
     congestion: unaware              # or aware: flows that share a link queue on it
+    framework: any                   # or megatron, deepspeed, torchtitan: plans it can run
     training: {global_batch: 512}    # seq_len defaults to the model's
     hbm_gb: unlimited                # default: the device's HBM
     objectives: [step_time]          # or [step_time, peak_memory]
@@ -46,6 +47,7 @@ from planner.fields import (
 from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
+from search_spaces.frameworks import ANY, FRAMEWORKS
 from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
@@ -59,7 +61,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["StudyConfig", "load_study_config", "with_congestion", "SAMPLERS", "OBJECTIVES"]
+__all__ = ["OBJECTIVES", "SAMPLERS", "StudyConfig", "load_study_config", "with_congestion"]
 
 SAMPLERS = ("exhaustive", "tpe", "nsga2", "gp", "random")
 OBJECTIVES = ("step_time", "peak_memory")
@@ -67,7 +69,7 @@ METRIC_NAMES = {"step_time": "step_time_s", "peak_memory": "peak_memory_gb"}
 
 _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
-             "seed", "vocab_multiple", "congestion"}
+             "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
@@ -116,6 +118,7 @@ class StudyConfig:
                if self.training.flash_attention is not None else {}),
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
+            **({"framework": sp.framework} if sp.framework != ANY else {}),
             "hbm_gb": self.hbm_gb, "objectives": list(self.objectives), "sampler": self.sampler,
             "n_trials": self.n_trials, "seed": self.seed, "vocab": self.model.vocab,
             "space": {
@@ -189,7 +192,7 @@ def _placements(path: Path, field: str, value: Any) -> tuple[tuple[Axis, ...], .
 
 
 def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
-           convention: Convention) -> StrategySpace:
+           convention: Convention, framework: str) -> StrategySpace:
     e = fields(path, "space", raw, set(), _SPACE_KNOBS)
     n = system.devices
     if "zero" in e and "fsdp" in e:
@@ -221,7 +224,7 @@ def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training:
     if "sequence_parallel" in e:
         kw["sequence_parallel"] = _bools(path, "space.sequence_parallel", e["sequence_parallel"])
     space = StrategySpace(model=model, system=system, training=training, convention=convention,
-                          **kw)
+                          framework=framework, **kw)
     if Schedule.INTERLEAVED in space.schedule and not any(v > 1 for v in space.v):
         raise fail(path, "space.v", "the interleaved schedule needs model chunks v > 1; add"
                    " e.g. v: [2, 4]")
@@ -293,7 +296,11 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
                    f" {', '.join(SAMPLERS)}")
     n_trials = integer(path, "n_trials", e.get("n_trials", DEFAULT_N_TRIALS), minimum=1)
     seed = integer(path, "seed", e.get("seed", 0), minimum=0)
-    space = _space(path, e["space"], model, system, training, convention)
+    framework = e.get("framework", ANY)
+    if framework not in FRAMEWORKS:
+        raise fail(path, "framework", f"unknown framework {framework!r}; use one of"
+                   f" {', '.join(FRAMEWORKS)}")
+    space = _space(path, e["space"], model, system, training, convention, framework)
     description = e.get("description", "")
     return StudyConfig(name=name, path=path, model=model, system=system, training=training,
                        convention=convention, hbm_gb=limit, objectives=objectives,

@@ -3,8 +3,10 @@
 A :class:`StrategySpace` holds the allowed values of every knob. The degrees' constraints
 (dp * tp * pp * sp = devices; tp divides the heads, kv heads and FFN width; pp * v divides the
 layers; sp divides the sequence; micro-batches tile the global batch; the interleaved
-schedule's rules; for the ``stage`` convention, STAGE's own: at least one element per rank) are simcore's
-own (:func:`simcore.check`), so the space and the simulator can never disagree.
+schedule's rules; for the ``stage`` convention, STAGE's own: at least one element per rank)
+are simcore's own (:func:`simcore.check`), so the space and the simulator can never disagree.
+A space's ``framework`` then keeps only the plans that framework can run
+(:mod:`search_spaces.frameworks`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from functools import cached_property
 import numpy as np
 
 import simcore
+from search_spaces.frameworks import ANY, why_not
 from simcore.conventions import implementation
 from simcore.specs import (
     DEFAULT_PLACEMENT,
@@ -94,6 +97,8 @@ class StrategySpace:
     """Model chunks per device for the interleaved schedule (other schedules use 1)."""
     placement: tuple[tuple[Axis, ...], ...] = (DEFAULT_PLACEMENT,)
     sequence_parallel: tuple[bool, ...] = (True,)
+    framework: str = ANY
+    """Only plans this framework can run (:mod:`search_spaces.frameworks`); ``any``: all."""
 
     @property
     def devices(self) -> int:
@@ -143,7 +148,12 @@ class StrategySpace:
             simcore.check(self.model, self.system, self.training, strategy, self.convention)
         except ValueError as e:
             return str(e)
-        return None
+        return self._framework_refuses(strategy)
+
+    def _framework_refuses(self, strategy: Strategy) -> str | None:
+        if self.framework == ANY:
+            return None
+        return why_not(self.framework, self.model, self.training, strategy)
 
     @cached_property
     def valid(self) -> tuple[Strategy, ...]:
@@ -153,7 +163,10 @@ class StrategySpace:
         they read, and only valid strategies become objects."""
         if implementation(self.convention).valid_plans is None:
             return tuple(s for s in self.candidates() if self.reason_invalid(s) is None)
-        return tuple(self._strategies(self._valid_indices()))
+        found = self._strategies(self._valid_indices())
+        if self.framework == ANY:
+            return tuple(found)
+        return tuple(s for s in found if self._framework_refuses(s) is None)
 
     def _shape(self) -> tuple[int, ...]:
         """The candidates' product, in :meth:`candidates`' order (the last knob fastest)."""

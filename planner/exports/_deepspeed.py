@@ -17,6 +17,9 @@ Key names were checked in deepspeedai/DeepSpeed at commit edaa7221 (2026-08-22):
   pipeline engine; ``deepspeed/runtime/engine.py``: it turns ``overlap_comm`` off under pipeline
   parallelism for stages 1 and 2.
 
+Plans DeepSpeed cannot run (ZeRO 2-3, GPipe or interleaved with pp > 1; Ulysses with tp or pp)
+are refused: :func:`search_spaces.frameworks.why_not`.
+
 Launcher options (``deepspeed-launch.txt``) were checked in deepspeedai/Megatron-DeepSpeed at commit
 4efb479d (2025-07-16), ``megatron/arguments.py``: ``--tensor-model-parallel-size``,
 ``--pipeline-model-parallel-size``, ``--no-pipeline-parallel``, ``--sequence-parallel``,
@@ -33,7 +36,8 @@ from typing import Any
 
 from planner.exports._megatron import header_lines, micro_batches
 from planner.plan import Plan
-from simcore.specs import Recompute, Schedule, ZeroStage
+from search_spaces.frameworks import why_not
+from simcore.specs import Recompute, ZeroStage
 
 __all__ = ["ds_config", "export_deepspeed"]
 
@@ -42,7 +46,11 @@ LAUNCHER_SOURCE = "deepspeedai/Megatron-DeepSpeed 4efb479d (2025-07-16), megatro
 
 
 def export_deepspeed(plan: Plan) -> dict[str, str]:
-    """``ds_config.json`` (the JSON DeepSpeed reads) and ``deepspeed-launch.txt`` (the rest)."""
+    """``ds_config.json`` (the JSON DeepSpeed reads) and ``deepspeed-launch.txt`` (the rest);
+    raises ValueError if DeepSpeed cannot run the plan."""
+    refused = why_not("deepspeed", plan.model, plan.training, plan.strategy)
+    if refused is not None:
+        raise ValueError(refused)
     config = ds_config(plan)
     return {"ds_config.json": json.dumps(config, indent=2) + "\n",
             "deepspeed-launch.txt": _readme(plan, config)}
@@ -142,28 +150,13 @@ def _notes(plan: Plan) -> list[str]:
     if s.sp > 1:
         notes += [f"- Sequence (context) parallelism sp={s.sp} is DeepSpeed-Ulysses, set by the",
                   "  launcher (--ds-sequence-parallel-size), not the JSON. (Without Megatron, the",
-                  "  HF/ALST path reads \"sequence_parallel_size\" from the JSON instead.)",
-                  "  DeepSpeed's tutorial (docs/_tutorials/ds-sequence.md) says Ulysses does not",
-                  "  work with Megatron's tensor or pipeline parallelism."]
-        if s.tp > 1 and s.sequence_parallel:
-            notes += ["- The plan's Megatron sequence parallelism inside tp is left out:",
-                      "  Megatron-DeepSpeed raises if --sequence-parallel comes with",
-                      "  --ds-sequence-parallel-size > 1 (megatron/initialize.py)."]
+                  "  HF/ALST path reads \"sequence_parallel_size\" from the JSON instead.)"]
     if s.pp > 1:
         notes += [f"- Pipeline parallelism pp={s.pp}: each step runs gradient_accumulation_steps",
                   "  micro-batches through the pipeline. DeepSpeed's pipeline engine reads an",
                   "  optional \"pipeline\" section (stages, partition,",
                   "  activation_checkpoint_interval); Megatron-DeepSpeed sets the stages from",
                   "  --pipeline-model-parallel-size."]
-        if s.zero >= ZeroStage.GRADIENTS:
-            notes += [f"- ZeRO {int(s.zero)} is incompatible with DeepSpeed's pipeline engine",
-                      "  (only ZeRO 0-1 with pp > 1, deepspeed/runtime/pipe/engine.py)."]
-        if s.schedule is Schedule.GPIPE:
-            notes += ["- DeepSpeed's pipeline engine has no GPipe schedule: its TrainSchedule",
-                      "  is 1F1B (same bubble, fewer micro-batches in flight)."]
-        if s.schedule is Schedule.INTERLEAVED:
-            notes += ["- DeepSpeed's pipeline engine has no interleaved schedule: it runs 1F1B",
-                      f"  with one stage per rank (the plan has v={s.v} chunks per rank)."]
     if s.zero is ZeroStage.PARAMETERS:
         notes += ["- ZeRO 3 (stage 3) is DeepSpeed's FSDP: parameters, gradients and optimizer",
                   "  state sharded over the data-parallel ranks."]

@@ -22,13 +22,16 @@ Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
   (``--micro-batch-size``, ``--global-batch-size``) and
   ``megatron/training/config/common_config.py`` (``--use-megatron-fsdp``, ``--use-torch-fsdp2``).
 - ``docs/user-guide/features/megatron_fsdp.md``: Megatron-FSDP is ``--use-megatron-fsdp`` with
-  ``--data-parallel-sharding-strategy optim_grads_params`` (ZeRO-3) and sets the distributed
-  optimizer itself.
+  ``--data-parallel-sharding-strategy optim_grads`` (ZeRO-2) or ``optim_grads_params`` (ZeRO-3)
+  and sets the distributed optimizer itself.
+
+Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.frameworks.why_not`.
 """
 
 from __future__ import annotations
 
 from planner.plan import Plan
+from search_spaces.frameworks import why_not
 from simcore.megatron import uses_flash_attention
 from simcore.specs import Activation, Family, ModelSpec, Recompute, Schedule, ZeroStage
 
@@ -36,6 +39,9 @@ __all__ = ["export_megatron", "header_lines", "micro_batches", "model_args", "re
 
 GIB = 2**30
 SOURCE = "NVIDIA/Megatron-LM d98e8a64 (2026-08-22), megatron/training/arguments.py"
+_FSDP = {ZeroStage.GRADIENTS: ("optim_grads", "gradients and optimizer state"),
+         ZeroStage.PARAMETERS: ("optim_grads_params", "parameters, gradients and optimizer state")}
+"""ZeRO stage -> Megatron-FSDP's --data-parallel-sharding-strategy (megatron_fsdp.md)."""
 
 
 # -- shared with the other framework exporters ------------------------------------------------
@@ -67,7 +73,11 @@ def header_lines(plan: Plan) -> list[str]:
 
 # -- the script -------------------------------------------------------------------------------
 def export_megatron(plan: Plan) -> dict[str, str]:
-    """``megatron.sh``: torchrun + ``pretrain_gpt.py`` with the plan's arguments."""
+    """``megatron.sh``: torchrun + ``pretrain_gpt.py`` with the plan's arguments; raises
+    ValueError if Megatron-LM cannot run the plan."""
+    refused = why_not("megatron", plan.model, plan.training, plan.strategy)
+    if refused is not None:
+        raise ValueError(refused)
     return {"megatron.sh": _script(plan)}
 
 
@@ -95,7 +105,7 @@ def _launcher(plan: Plan) -> list[str]:
     lines = [f"WORLD_SIZE={s.devices}  # dp*tp*pp*sp",
              f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{per_node}}}",
              "NNODES=$(( WORLD_SIZE / GPUS_PER_NODE ))"]
-    if s.zero is ZeroStage.PARAMETERS:
+    if s.zero in _FSDP:
         lines += ["# Megatron-FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset (or > 1).",
                   "unset CUDA_DEVICE_MAX_CONNECTIONS"]
     elif s.tp > 1 or s.sp > 1:
@@ -118,11 +128,7 @@ def _parallel_args(plan: Plan) -> list[str]:
             f"--context-parallel-size {s.sp}"]
     if s.tp > 1 and s.sequence_parallel:
         args.append("--sequence-parallel")
-    if s.pp > 1 and s.schedule is Schedule.GPIPE:
-        args += ["# Megatron-LM has no GPipe schedule: it runs the 1F1B equivalent",
-                 "# (PipeDream-Flush) over the same micro-batches, with the same bubble and",
-                 "# at most pp micro-batches of activations in flight (<= GPipe's memory)."]
-    elif s.pp > 1 and s.schedule is Schedule.ONE_F_ONE_B:
+    if s.pp > 1 and s.schedule is Schedule.ONE_F_ONE_B:
         args.append("# 1F1B is Megatron's default schedule when pp > 1")
     if s.schedule is Schedule.INTERLEAVED:
         per_chunk = layers // (s.pp * s.v)
@@ -159,21 +165,17 @@ def _data_parallel_args(plan: Plan) -> list[str]:
     zero = plan.strategy.zero
     if zero is ZeroStage.NONE:
         args = ["# ZeRO 0: plain data parallel, every rank holds the optimizer state"]
-    elif zero is ZeroStage.PARAMETERS:
-        args = ["# ZeRO 3: Megatron-FSDP shards parameters, gradients and optimizer state and",
-                "# turns on the distributed optimizer itself (--use-torch-fsdp2 is the PyTorch",
-                "# FSDP2 alternative; it needs pp=1)",
+    elif zero in _FSDP:
+        args = [f"# ZeRO {int(zero)}: Megatron-FSDP shards {_FSDP[zero][1]} and turns on the",
+                "# distributed optimizer itself (--use-torch-fsdp2 is the PyTorch FSDP2",
+                "# alternative; it needs pp=1)",
                 "--use-megatron-fsdp",
-                "--data-parallel-sharding-strategy optim_grads_params",
+                f"--data-parallel-sharding-strategy {_FSDP[zero][0]}",
                 "--ckpt-format fsdp_dtensor"]
     else:
-        args = [f"# ZeRO {int(zero)}: Megatron's distributed optimizer shards the optimizer state",
-                "# (fp32 master weights, Adam moments) over data-parallel ranks: ZeRO-1-like"]
-        if zero is ZeroStage.GRADIENTS:
-            args += ["# (gradients are reduce-scattered, but the full gradient buffer stays;",
-                     "# Megatron-FSDP with --data-parallel-sharding-strategy optim_grads shards",
-                     "# it too)"]
-        args.append("--use-distributed-optimizer")
+        args = ["# ZeRO 1: Megatron's distributed optimizer shards the optimizer state",
+                "# (fp32 master weights, Adam moments) over data-parallel ranks: ZeRO-1-like",
+                "--use-distributed-optimizer"]
     if plan.training.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     return args

@@ -49,6 +49,7 @@ import json
 
 from planner.exports._megatron import header_lines, micro_batches
 from planner.plan import Plan
+from search_spaces.frameworks import why_not
 from simcore.specs import Family, Recompute, Schedule, ZeroStage
 
 __all__ = ["SCHEDULES", "export_torchtitan", "llama3_flavor"]
@@ -70,7 +71,11 @@ _RESHARD = {ZeroStage.OPTIMIZER: "never", ZeroStage.GRADIENTS: "never",
 
 
 def export_torchtitan(plan: Plan) -> dict[str, str]:
-    """``torchtitan.toml`` (v0.2.2 and earlier) and ``torchtitan_config.py`` (main, 2026)."""
+    """``torchtitan.toml`` (v0.2.2 and earlier) and ``torchtitan_config.py`` (main, 2026);
+    raises ValueError if torchtitan cannot run the plan."""
+    refused = why_not("torchtitan", plan.model, plan.training, plan.strategy)
+    if refused is not None:
+        raise ValueError(refused)
     if not plan.system.device.bf16:
         raise ValueError(f"torchtitan trains in bfloat16 (FSDP2 mixed precision, no loss"
                          f" scaling) and {plan.system.device.name} has no bf16 tensor cores;"

@@ -1,0 +1,65 @@
+"""Which plans a training framework can run as written: a study's ``framework:``.
+
+:func:`why_not` gives one short reason naming the knob and what the framework offers, or None.
+Each rule cites the framework source it was read from. Only refusals are rules: where the
+framework runs the same plan under another name (torchtitan's FSDP that never reshards for
+ZeRO-1 and ZeRO-2: the same collectives, gradients sharded too), the exporter maps it and says
+so in a comment.
+
+- ``megatron``: NVIDIA/Megatron-LM d98e8a64 (2026-08-22).
+- ``deepspeed``: deepspeedai/DeepSpeed edaa7221 (2026-08-22), as cited in
+  :mod:`planner.exports._deepspeed`; Megatron-DeepSpeed 4efb479d runs the model.
+- ``torchtitan``: pytorch/torchtitan b5bcd76c (2026-08-22); it runs every ZeRO stage (DDP or
+  FSDP), the GPipe, 1F1B and interleaved schedules, and context parallelism with tp and pp, so
+  nothing in the space is refused (its exporter refuses devices without bf16).
+"""
+
+from __future__ import annotations
+
+from simcore.specs import ModelSpec, Schedule, Strategy, TrainingSpec, ZeroStage
+
+__all__ = ["ANY", "FRAMEWORKS", "why_not"]
+
+ANY = "any"
+FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
+
+
+def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
+            strategy: Strategy) -> str | None:
+    """Why ``framework`` cannot run ``strategy`` as written, or None if it can."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {framework!r}; use one of {', '.join(FRAMEWORKS)}")
+    if framework == "megatron":
+        return _megatron(strategy)
+    if framework == "deepspeed":
+        return _deepspeed(strategy)
+    return None  # any, torchtitan
+
+
+def _megatron(s: Strategy) -> str | None:
+    # megatron/core/pipeline_parallel/schedules.py (d98e8a64) get_forward_backward_func: no
+    # pipelining, 1F1B (forward_backward_pipelining_without_interleaving) or interleaved 1F1B;
+    # there is no GPipe schedule (all forwards, then all backwards).
+    if s.pp > 1 and s.schedule is Schedule.GPIPE:
+        return ("schedule gpipe: Megatron-LM has no GPipe schedule; it offers 1f1b and"
+                " interleaved")
+    return None
+
+
+def _deepspeed(s: Strategy) -> str | None:
+    # deepspeed/runtime/pipe/engine.py (edaa7221): ZeRO-2 and ZeRO-3 are incompatible with the
+    # pipeline engine.
+    if s.pp > 1 and s.zero >= ZeroStage.GRADIENTS:
+        return (f"zero {int(s.zero)} with pp {s.pp}: DeepSpeed's pipeline engine offers ZeRO 0"
+                " or 1 with pp > 1")
+    # deepspeed/runtime/pipe/schedule.py, as planner/exports/_deepspeed.py notes (edaa7221):
+    # TrainSchedule is 1F1B with one stage per rank; no GPipe or interleaved schedule.
+    if s.pp > 1 and s.schedule is not Schedule.ONE_F_ONE_B:
+        return (f"schedule {s.schedule.value}: DeepSpeed's pipeline engine offers only 1f1b"
+                " (TrainSchedule)")
+    # docs/_tutorials/ds-sequence.md (edaa7221): DeepSpeed-Ulysses does not work with
+    # Megatron's tensor or pipeline parallelism.
+    if s.sp > 1 and (s.tp > 1 or s.pp > 1):
+        return (f"sp {s.sp} with tp {s.tp} and pp {s.pp}: DeepSpeed-Ulysses (sp > 1) offers"
+                " only tp 1 and pp 1")
+    return None

@@ -1,0 +1,144 @@
+"""``framework:`` in a study and the framework exporters' refusals (search_spaces/frameworks.py).
+
+Each rule is checked on a plan that breaks it and one that does not. The rules' sources:
+Megatron-LM d98e8a64 ``megatron/core/pipeline_parallel/schedules.py`` (no GPipe); DeepSpeed
+edaa7221 ``deepspeed/runtime/pipe/engine.py`` (ZeRO 2-3 refused with pp > 1),
+``deepspeed/runtime/pipe/schedule.py`` (TrainSchedule is 1F1B) and
+``docs/_tutorials/ds-sequence.md`` (Ulysses without tp or pp).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import load_catalog
+from planner.cli import main
+from planner.errors import PlannerUsageError
+from planner.study_config import load_study_config
+from search_spaces.frameworks import FRAMEWORKS, why_not
+from simcore.specs import Schedule, Strategy, TrainingSpec, ZeroStage
+
+MODEL = load_catalog().model("llama70b")  # 80 layers, 64 heads
+TRAINING = TrainingSpec(global_batch=512, seq_len=1024)
+
+STUDY = """\
+name: {name}
+model: llama70b
+system: lab-system1
+training: {{global_batch: 512, seq_len: 1024}}
+hbm_gb: unlimited
+{extra}space:
+  pp: {pp}
+  zero: {zero}
+"""
+
+
+def _study(tmp: Path, name: str, extra: str = "", zero: str = "[0, 1, 2, 3]",
+           pp: str = "[1, 2]") -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(STUDY.format(name=name, extra=extra, zero=zero, pp=pp))
+    return path
+
+
+def _why(framework: str, **knobs: object) -> str | None:
+    return why_not(framework, MODEL, TRAINING, Strategy(**knobs))  # type: ignore[arg-type]
+
+
+# -- the rules --------------------------------------------------------------------------------
+def test_megatron_has_no_gpipe() -> None:
+    reason = _why("megatron", dp=32, pp=2, schedule=Schedule.GPIPE)
+    assert reason is not None and "schedule gpipe" in reason and "1f1b" in reason
+    assert _why("megatron", dp=32, pp=2, schedule=Schedule.ONE_F_ONE_B) is None
+    assert _why("megatron", dp=16, pp=2, sp=2, zero=ZeroStage.PARAMETERS) is None
+    assert _why("torchtitan", dp=32, pp=2, schedule=Schedule.GPIPE) is None
+
+
+def test_deepspeed_pipeline_takes_zero_0_or_1() -> None:
+    for zero in (ZeroStage.GRADIENTS, ZeroStage.PARAMETERS):
+        reason = _why("deepspeed", dp=32, pp=2, zero=zero)
+        assert reason is not None and f"zero {int(zero)} with pp 2" in reason
+        assert "ZeRO 0 or 1" in reason
+    assert _why("deepspeed", dp=32, pp=2, zero=ZeroStage.OPTIMIZER) is None
+    assert _why("deepspeed", dp=64, pp=1, zero=ZeroStage.PARAMETERS) is None
+
+
+def test_deepspeed_pipeline_runs_only_1f1b() -> None:
+    for schedule, v in ((Schedule.GPIPE, 1), (Schedule.INTERLEAVED, 2)):
+        reason = _why("deepspeed", dp=32, pp=2, schedule=schedule, v=v)
+        assert reason is not None and f"schedule {schedule.value}" in reason
+        assert "only 1f1b" in reason
+    assert _why("deepspeed", dp=32, pp=2, schedule=Schedule.ONE_F_ONE_B) is None
+
+
+def test_deepspeed_ulysses_without_tp_or_pp() -> None:
+    for knobs in ({"tp": 2, "pp": 1}, {"tp": 1, "pp": 2}):
+        reason = _why("deepspeed", dp=16, sp=2, **knobs)
+        assert reason is not None and "sp 2" in reason and "tp 1 and pp 1" in reason
+    assert _why("deepspeed", dp=32, sp=2) is None
+    assert _why("deepspeed", dp=16, tp=2, pp=2) is None  # no Ulysses: tp and pp are fine
+
+
+def test_any_runs_everything_and_unknown_is_an_error() -> None:
+    assert _why("any", dp=16, pp=2, sp=2, zero=ZeroStage.PARAMETERS,
+                schedule=Schedule.GPIPE) is None
+    with pytest.raises(ValueError, match="unknown framework 'jax'"):
+        _why("jax")
+
+
+# -- the study field --------------------------------------------------------------------------
+def test_deepspeed_study_space_drops_what_deepspeed_refuses(tmp_path) -> None:
+    # 64 devices, tp = sp = 1: layouts (dp 64, pp 1) and (dp 32, pp 2), times ZeRO 0-3 = 8 plans,
+    # all valid for simcore (80 layers split in 2; 512 sequences tile dp 64 and dp 32).
+    # DeepSpeed's pipeline engine drops (pp 2, ZeRO 2) and (pp 2, ZeRO 3): 8 - 2 = 6 plans.
+    any_ = load_study_config(_study(tmp_path, "any"))
+    ds = load_study_config(_study(tmp_path, "ds", "framework: deepspeed\n"))
+    assert len(any_.space.valid) == 2 * 4
+    dropped = set(any_.space.valid) - set(ds.space.valid)
+    assert {(s.pp, s.zero) for s in dropped} == {(2, ZeroStage.GRADIENTS),
+                                                 (2, ZeroStage.PARAMETERS)}
+    assert len(ds.space.valid) == 6 and set(ds.space.valid) <= set(any_.space.valid)
+    refused = next(iter(dropped))
+    assert "DeepSpeed's pipeline engine" in str(ds.space.reason_invalid(refused))
+    assert ds.summary()["framework"] == "deepspeed"
+    assert "framework" not in any_.summary()  # existing studies keep their fingerprint
+    assert ds.fingerprint() != any_.fingerprint()
+
+
+def test_bad_framework_is_one_line(tmp_path) -> None:
+    path = _study(tmp_path, "bad", "framework: megatronn\n")
+    with pytest.raises(PlannerUsageError) as e:
+        load_study_config(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: framework: ") and "'megatronn'" in message
+    assert ", ".join(FRAMEWORKS) in message and len(message.splitlines()) == 1
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+def test_export_of_a_refused_plan_is_one_line_exit_2(tmp_path, capsys) -> None:
+    # One plan: dp 32, pp 2, ZeRO 3. Megatron-LM runs it (Megatron-FSDP), DeepSpeed does not.
+    storage = ("--storage", str(tmp_path / "s.db"))
+    path = _study(tmp_path, "zero3pp2", zero="[3]", pp="[2]")
+    assert main(["run", str(path), "--quiet", *storage]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert main(["export", "zero3pp2", "--format", "deepspeed", "--out", str(out),
+                 *storage]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "zero 3 with pp 2" in err and "ZeRO 0 or 1" in err
+    assert not out.exists()
+    assert main(["export", "zero3pp2", "--format", "megatron", "--out", str(out),
+                 *storage]) == 0
+    assert "--use-megatron-fsdp" in next(out.glob("*/megatron.sh")).read_text()
+
+
+def test_study_with_framework_runs_and_exports(tmp_path, capsys) -> None:
+    # The stored study rebuilds its space (with its framework) from what it stores.
+    storage = ("--storage", str(tmp_path / "s.db"))
+    path = _study(tmp_path, "dsrun", "framework: deepspeed\n")
+    assert main(["run", str(path), "--quiet", *storage]) == 0
+    assert main(["export", "dsrun", "--top", "6", "--format", "deepspeed", "--out",
+                 str(tmp_path / "out"), *storage]) == 0
+    assert len(list((tmp_path / "out").glob("*/ds_config.json"))) == 6

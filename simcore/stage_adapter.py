@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
 from simcore.specs import ModelSpec, Recompute, Strategy, SystemSpec, TrainingSpec, ZeroStage
-from simcore.stage import StageArgs, astra_estimate, check_args
+from simcore.stage import StageArgs, astra_estimate, check_args, model_num_ops
 
-__all__ = ["estimate_stage", "stage_args", "check_stage"]
+__all__ = ["check_stage", "estimate_stage", "stage_args"]
 
 NS = 1e-9
 
@@ -53,14 +53,23 @@ def estimate_stage(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     gpu = result.gpu_time * NS
     time = TimeParts(compute=gpu, comm=max(0.0, step - gpu))
     memory = MemoryParts(weights=0.0, tracked=float(result.max_peak_memory_all_ranks))
-    flops = 2.0 * result.et0.sum_num_ops * strategy.devices  # MACs -> FLOP, rank 0 as typical
+    # MACs -> FLOP, rank 0 as typical. MFU counts the model's work (no recompute), HFU what ran.
+    hardware_flops = 2.0 * result.et0.sum_num_ops * strategy.devices
+    model_ops = model_num_ops(args) if args.activation_recompute else result.et0.sum_num_ops
+    model_flops = 2.0 * model_ops * strategy.devices
     capacity = device.peak_flops_per_s * 2 * strategy.devices * step
     fits = memory.total <= device.hbm_bytes
-    reason = "" if fits else (f"the tracker's peak {memory.total / 1e9:.1f} G elements exceeds"
-                              f" {device.hbm_bytes / 1e9:.1f} GB of HBM")
+    reason = "" if fits else _reason(result.max_peak_memory_all_ranks, device.hbm_bytes)
     stages = (StageEstimate(0, model.layers, step, 1.0, memory),)
     return Estimate(convention="stage", step_time=step, time=time, memory=memory, peak_stage=0,
-                    stages=stages, model_flops=flops, hardware_flops=flops,
-                    mfu=flops / capacity, hfu=flops / capacity,
+                    stages=stages, model_flops=model_flops, hardware_flops=hardware_flops,
+                    mfu=model_flops / capacity, hfu=hardware_flops / capacity,
                     tokens_per_s=training.global_batch * training.seq_len / step,
                     hbm_bytes=device.hbm_bytes, fits=fits, reason=reason)
+
+
+def _reason(tracked: int, hbm: float) -> str:
+    """Why the plan does not fit, in GB (1e9 bytes) like the other conventions; the tracker's
+    own figure (elements, one byte each in STAGE) on its own, labelled."""
+    return (f"the worst rank needs {tracked / 1e9:.1f} GB > {hbm / 1e9:.1f} GB of HBM"
+            f" (ASTRA-sim's memory tracker: {tracked:,} elements of one byte)")

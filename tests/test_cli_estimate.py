@@ -106,3 +106,17 @@ def test_bad_catalog_yaml_names_file_and_field(capsys, tmp_path: Path) -> None:
                        "--global-batch", "8")
     assert code == 2
     assert f"{model}: bad.layers: must be >= 1" in err
+
+
+def test_stage_plan_that_does_not_fit_prints_one_unit(capsys) -> None:
+    # Issue 19: the line mixed "G elements" with GB. tests/data/astra_results.csv row
+    # R4S2_dp8_tp1_pp1_sp1_ws0_rc0: max peak 1,515,978,752 tracker units, elements of one byte
+    # in STAGE, so 1,515,978,752 B = 1.52 GB (1.5 to one decimal) against 1 GB of HBM.
+    code, out, _ = run(capsys, "estimate", "--model", "stage-1024x4", "--system", "R4S2",
+                       "--dp", "8", "--global-batch", "64", "--hbm-gb", "1")
+    assert code == 0
+    line = next(line for line in out.splitlines() if line.startswith("peak memory"))
+    assert line.split()[2:4] == ["1.52", "GB"]
+    assert "DOES NOT FIT: the worst rank needs 1.5 GB > 1.0 GB of HBM" in line
+    assert "(ASTRA-sim's memory tracker: 1,515,978,752 elements of one byte)" in line
+    assert "GiB" not in line and "G elements" not in line

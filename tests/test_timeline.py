@@ -3,6 +3,7 @@ loop, plans' timelines against their estimates, the figure, and `planner show`."
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -216,6 +217,19 @@ def test_one_stage_timeline_ends_at_the_step_time() -> None:
     assert tl.bubble == pytest.approx(0.0, abs=1e-9 * est.step_time)
 
 
+def test_one_stage_bubble_is_zero_not_rounding() -> None:
+    # Issue 19: `planner show` titled this plan "bubble -1.78e-12 ms". One stage has no bubble:
+    # the schedule's end (a running sum of m = 512 / 16 = 32 micro-batches' op times) equals
+    # m * t up to the last bits, so the bubble must be exactly 0 and never negative.
+    from planner.plots.timeline import timeline_figure
+
+    strategy = Strategy(dp=16, tp=4)
+    _, tl = _timeline(512, strategy)
+    assert tl.micro_batches == 32
+    assert tl.bubble == 0.0
+    assert "; bubble 0 ms" in timeline_figure(_plan(512, strategy)).layout.title.text
+
+
 @pytest.mark.parametrize("strategy", PLANS[1:5], ids=lambda s: f"{s.schedule}-sp{s.sp}-z{s.zero}")
 def test_gpipe_and_1f1b_timelines_end_at_the_step_time(strategy) -> None:
     # Stages are equal but the first (embedding) and the last (LM head, the slowest): the last
@@ -289,6 +303,37 @@ def test_figure_draws_every_span_with_hover() -> None:
     forward = next(t for t in fig.data if t.name == "forward, chunk 0")
     assert "micro-batch" in forward.hovertemplate and "stage" in forward.hovertemplate
     assert "demo trial 3" in fig.layout.title.text and "estimate" in fig.layout.title.text
+
+
+def _hover_value(trace, i: int, label: str) -> float:
+    """The number the hover of bar ``i`` prints after ``label``, as plotly fills it in: a
+    ``customdata[k]`` field is that column; ``x`` on a bar drawn from a ``base`` is where the
+    bar ends, base + x (plotly's hover gives the bar's end, not its length)."""
+    field = re.search(label + r" %\{([a-z]+)(?:\[(\d+)\])?[:}]", trace.hovertemplate)
+    assert field is not None, trace.hovertemplate
+    if field.group(1) == "customdata":
+        return float(trace.customdata[i][int(field.group(2))])
+    assert field.group(1) == "x"
+    return float(trace.base[i] + trace.x[i])
+
+
+def test_figure_hover_duration_is_the_spans_own_duration() -> None:
+    # Issue 19: the hover printed start + duration. pp = 8: stage 1's first forward starts once
+    # stage 0 has sent its activations, so it does not start at 0.
+    from planner.plots.timeline import timeline_figure
+
+    plan = _plan(64, PLANS[1])
+    fig = timeline_figure(plan)
+    tl = step_timeline(plan.model, plan.system, plan.training, plan.strategy,
+                       estimate=plan.estimate)
+    forward = next(t for t in fig.data if t.name == "forward")
+    i = int(np.flatnonzero(np.asarray(forward.base) > 0)[0])
+    row = int(forward.y[i])  # the row index (tick labels are tl.rows)
+    span = np.flatnonzero((tl.row == row) & np.isclose(tl.start * 1e3, forward.base[i]))
+    assert len(span) == 1
+    expected = tl.duration[span[0]] * 1e3  # that span's own duration, in ms
+    assert forward.base[i] > 0
+    assert _hover_value(forward, i, "duration") == pytest.approx(expected, rel=1e-12)
 
 
 def test_figure_of_a_huge_step_merges_the_steady_state(monkeypatch) -> None:

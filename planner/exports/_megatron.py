@@ -31,13 +31,13 @@ Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.framework
 from __future__ import annotations
 
 from planner.plan import Plan
+from planner.units import GB
 from search_spaces.frameworks import why_not
 from simcore.megatron import uses_flash_attention
 from simcore.specs import Activation, Family, ModelSpec, Recompute, Schedule, ZeroStage
 
 __all__ = ["export_megatron", "header_lines", "micro_batches", "model_args", "recompute_args"]
 
-GIB = 2**30
 SOURCE = "NVIDIA/Megatron-LM d98e8a64 (2026-08-22), megatron/training/arguments.py"
 _FSDP = {ZeroStage.GRADIENTS: ("optim_grads", "gradients and optimizer state"),
          ZeroStage.PARAMETERS: ("optim_grads_params", "parameters, gradients and optimizer state")}
@@ -65,7 +65,7 @@ def header_lines(plan: Plan) -> list[str]:
     reason = " ".join(est.reason.split())  # one line, whatever the reason holds
     fits = "fits" if est.fits else f"does NOT fit: {reason}"
     lines.append(f"estimate: step time {est.step_time:.3f} s,"
-                 f" peak memory {est.peak_memory / GIB:.1f} GiB ({fits})")
+                 f" peak memory {est.peak_memory / GB:.1f} GB ({fits})")
     lines.append(f"world size = dp * tp * pp * sp = {s.dp} * {s.tp} * {s.pp} * {s.sp}"
                  f" = {s.devices}")
     return lines

@@ -24,7 +24,7 @@ import simcore
 from planner.plan import Plan
 from simcore.timeline import PHASES, Timeline
 
-__all__ = ["timeline_figure", "MAX_BARS"]
+__all__ = ["MAX_BARS", "timeline_figure"]
 
 MAX_BARS = 12_000
 """Bars drawn at most (the HTML stays a few MB); more spans are merged."""
@@ -139,23 +139,26 @@ def _style(key: int, v: int) -> tuple[str, str, bool]:
 
 
 def _hovertemplate(name: str, key: int, per_op: bool, v: int) -> str:
-    """customdata: stage, chunk, first and last micro-batch, spans, busy ms, start ms."""
+    """customdata: stage, chunk, first and last micro-batch, spans, busy ms, start ms, length ms.
+
+    The length is the bar's own (end - start), not plotly's ``%{x}``: on a bar drawn from a
+    ``base`` the hover's x is where the bar ends (start + length)."""
     when = "start %{customdata[6]:,.3f} ms<br>"
     if key < 0:
         return ("<b>steady state</b>: %{customdata[4]:,} spans merged<br>stage %{customdata[0]},"
                 " micro-batches %{customdata[2]}-%{customdata[3]}<br>" + when
-                + "length %{x:,.1f} ms, busy %{customdata[5]:,.1f} ms<extra></extra>")
+                + "length %{customdata[7]:,.1f} ms, busy %{customdata[5]:,.1f} ms<extra></extra>")
     head = f"<b>{name}</b><br>"
     if per_op:
         head += "stage %{customdata[0]}" + (", chunk %{customdata[1]}" if v > 1 else "")
         head += ", micro-batch %{customdata[2]}<br>"
-    return head + when + "duration %{x:,.3f} ms<extra></extra>"
+    return head + when + "duration %{customdata[7]:,.3f} ms<extra></extra>"
 
 
 def _traces(tl: Timeline, bars: _Bars) -> list[go.Bar]:
     keys = _group(bars, tl.v)
     data = np.column_stack([bars.stage, bars.chunk, bars.first, bars.last, bars.count,
-                            bars.busy * 1e3, bars.start * 1e3])
+                            bars.busy * 1e3, bars.start * 1e3, (bars.end - bars.start) * 1e3])
     styles = {int(key): _style(int(key), tl.v) for key in np.unique(keys)}
     traces = []
     for key in sorted(styles, key=lambda k: (k < 0, k)):

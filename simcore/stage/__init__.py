@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from simcore.stage._args import StageArgs
 from simcore.stage._check import check_args
-from simcore.stage._estimate import Inventory, StageResult, astra_estimate, inventory
+from simcore.stage._estimate import (
+    Inventory,
+    StageResult,
+    astra_estimate,
+    inventory,
+    model_num_ops,
+)
 from simcore.stage._graph import SKIPPED, Node, NodeKind, RankGraph, StageModel, build_model
 from simcore.stage._inventory import RooflineTotals
 from simcore.stage._replay import RankTimes, roofline_ns
@@ -34,6 +40,7 @@ __all__ = [
     "build_model",
     "check_args",
     "inventory",
+    "model_num_ops",
     "replay_traces",
     "roofline_ns",
 ]

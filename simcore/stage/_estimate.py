@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from simcore.collectives import Congestion, collective_time, p2p_time
 from simcore.network import Collective, Network, PerNetwork
 from simcore.stage._args import StageArgs
-from simcore.stage._fast import repeated_rank
+from simcore.stage._fast import repeated_inventory, repeated_rank
 from simcore.stage._graph import Node, RankGraph, build_model
 from simcore.stage._inventory import (
     Inventory,
@@ -20,8 +20,9 @@ from simcore.stage._inventory import (
     roofline_totals,
 )
 from simcore.stage._replay import RankTimes, replay, replay_flat, roofline_ns
+from simcore.stage._symbolic import rank0, rank0_graph
 
-__all__ = ["Inventory", "StageResult", "astra_estimate", "inventory"]
+__all__ = ["Inventory", "StageResult", "astra_estimate", "inventory", "model_num_ops"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,21 @@ def astra_estimate(
         if paused:
             gc.enable()
     return _result(times, inv, totals)
+
+
+def model_num_ops(args: StageArgs) -> int:
+    """Rank 0's multiply-accumulates without activation recompute: the model's work, forward
+    and backward once. STAGE's recompute adds ops to the trace (``q_recomp``, ``k_recomp``,
+    ``v_recomp``, ``qk_recomp`` per attention block, ``x1_recomp`` per feed-forward block:
+    :mod:`._templates`), forward ops run again; ``StageResult.et0.sum_num_ops`` counts them."""
+    plain = replace(args, activation_recompute=False)
+    fast = repeated_inventory(plain)  # a long model from its short one, as the replay does
+    if fast is not None:
+        return fast.sum_num_ops
+    rank = rank0(plain)  # the layout's symbolic graph: no nodes built
+    if rank is None:
+        return inventory(rank0_graph(plain)).sum_num_ops
+    return inventory_of(rank.inventory_rows()).sum_num_ops
 
 
 _CollectiveTimes = dict[tuple[Collective, int, tuple[int, ...]], int]

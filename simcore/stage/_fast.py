@@ -43,7 +43,7 @@ from simcore.stage._periodic import Geometry
 from simcore.stage._replay import FlatRank, Repeated
 from simcore.stage._symbolic import Rank0, layout_key, rank0, rank0_graph
 
-__all__ = ["K", "add_scaled", "repeated_rank"]
+__all__ = ["K", "add_scaled", "repeated_inventory", "repeated_rank"]
 
 K = 4
 """Blocks of the short model: block 0, two middle blocks to compare, the last block."""
@@ -78,6 +78,29 @@ def _tensor(name: str) -> tuple[int, str]:
     return found
 
 
+def repeated_inventory(args: StageArgs) -> Inventory | None:
+    """Rank 0's inventory of ``args`` from its short model, as :func:`repeated_rank` scales
+    it (the middle blocks' nodes are the same whatever their times), or ``None`` where that
+    path does not apply."""
+    n = args.num_stacks
+    if args.pp != 1 or n <= K:
+        return None
+    short = replace(args, num_stacks=K)
+    rank = rank0(short)
+    if rank is None or not rank.names:
+        return None
+    plan = _plan(short, rank, n)
+    if plan is None:
+        return None
+    return _scaled_inventory(rank, plan, n)
+
+
+def _scaled_inventory(rank: Rank0, plan: _Plan, n: int) -> Inventory:
+    """The inventory of ``n`` blocks: the short model's plus n - K middle blocks."""
+    return add_scaled(inventory_of(rank.inventory_rows()),
+                      inventory_of(rank.inventory_rows(plan.middle)), n - K)
+
+
 def repeated_rank(
     args: StageArgs,
     comp_ns: Callable[[Node], int],
@@ -104,8 +127,7 @@ def repeated_rank(
     in_sizes, out_sizes = rank.entry_sizes()
     if not plan.numbers_repeat(dur, in_sizes, out_sizes):
         return None
-    inv = add_scaled(inventory_of(rank.inventory_rows()),
-                     inventory_of(rank.inventory_rows(plan.middle)), n - K)
+    inv = _scaled_inventory(rank, plan, n)
     totals = add_scaled(roofline_totals(rank.inventory_rows(), *roofline),
                         roofline_totals(rank.inventory_rows(plan.middle), *roofline), n - K)
     flat = plan.long_rank(rank.names, dur, in_sizes, out_sizes)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Parallel Planner plan: dp8-tp8-pp4-sp4 mb1 interleaved-v2 selective zero1
 # model llama3-70b on dgx-h100-1024 (1024 devices), global batch 2048 x seq 8192
-# estimate: step time <STEP_TIME> s, peak memory <PEAK_MEMORY> GiB (fits)
+# estimate: step time <STEP_TIME> s, peak memory <PEAK_MEMORY> GB (fits)
 # world size = dp * tp * pp * sp = 8 * 8 * 4 * 4 = 1024
 # Option names: NVIDIA/Megatron-LM d98e8a64 (2026-08-22), megatron/training/arguments.py.
 # Add data, tokenizer and optimizer arguments after the script's name, e.g.

@@ -3,6 +3,7 @@ file, the field and the fix (raised as PlannerUsageError)."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import reprlib
@@ -92,14 +93,22 @@ def fields(path: Path, where: str, entry: Any, required: set[str], optional: set
                    f"must be a mapping of fields, but got {type(entry).__name__}")
     prefix = f"{where}." if where else ""
     keys = set(map(str, entry))
+    unknown = sorted(keys - required - optional)
+    if unknown:  # before the missing ones: a misspelt field is both
+        raise fail(path, f"{prefix}{unknown[0]}",
+                   _unknown_field(unknown[0], required | optional, required - keys))
     missing = sorted(required - keys)
     if missing:
         raise fail(path, f"{prefix}{missing[0]}", "missing; add it")
-    unknown = sorted(keys - required - optional)
-    if unknown:
-        allowed = ", ".join(sorted(required | optional))
-        raise fail(path, f"{prefix}{unknown[0]}", f"unknown field; allowed: {allowed}")
     return {str(k): v for k, v in entry.items()}
+
+
+def _unknown_field(name: str, allowed: set[str], missing: set[str]) -> str:
+    """"unknown field", the closest allowed names (a missing one first), then all of them."""
+    close = difflib.get_close_matches(name, sorted(missing), n=1)
+    close += [c for c in difflib.get_close_matches(name, sorted(allowed), n=3) if c not in close]
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"unknown field{hint}; allowed: {', '.join(sorted(allowed))}"
 
 
 MAX_NUMBER = 1e12

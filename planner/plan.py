@@ -256,13 +256,14 @@ def _plan(study: optuna.Study, specs: tuple[ModelSpec, SystemSpec, TrainingSpec,
                      study=study.study_name, trial=int(row["number"]))
 
 
-def plan_at(study: optuna.Study, rank: int) -> Plan:
-    """The ``rank``-th best plan (1 is the best), or a one-line error if there are fewer."""
+def plan_at(study: optuna.Study, rank: int, storage_option: str = "") -> Plan:
+    """The ``rank``-th best plan (1 is the best), or a one-line error if there are fewer;
+    ``storage_option`` (:func:`planner.storage.storage_option`) goes into its hint."""
     if rank < 1:
         raise PlannerUsageError(f"--plan must be >= 1 (1 is the best plan), but got {rank}")
     best = best_frame(study, rank)
     if len(best) < rank:
         raise PlannerUsageError(f"--plan {rank}: study {study.study_name!r} has only"
                                 f" {len(best)} feasible plan(s); `planner best"
-                                f" {study.study_name}` lists them")
+                                f" {study.study_name}{storage_option}` lists them")
     return _plan(study, study_specs(study), best.iloc[rank - 1])

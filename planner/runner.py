@@ -79,6 +79,7 @@ from planner.storage import (
     batched,
     retry_stale,
     shown,
+    storage_option,
     study_names,
 )
 from planner.study_config import StudyConfig
@@ -511,8 +512,8 @@ def _wait_ready(study: optuna.Study, config: StudyConfig, label: str) -> None:
                 raise PlannerUsageError(
                     f"{config.path}: the study {config.name!r} in {shown(label)} was made by"
                     f" `planner run` and has no work queue for workers; finish it with `planner"
-                    f" run {config.path} --storage URL --resume`, or give the workers' study"
-                    " another name")
+                    f" run {config.path}{storage_option(label)} --resume`, or give the workers'"
+                    " study another name")
             if isinstance(queue, dict):
                 _check_plans(queue, config)
                 return
@@ -521,7 +522,7 @@ def _wait_ready(study: optuna.Study, config: StudyConfig, label: str) -> None:
                 f"the study {config.name!r} in {shown(label)} is still being set up after"
                 f" {READY_WAIT_S:g} s: its creator stopped midway; delete it and"
                 f" '{config.name}{QUEUE_SUFFIX}' (optuna delete-study --study-name NAME"
-                " --storage URL) and start the workers again")
+                f"{storage_option(label)}) and start the workers again")
         time.sleep(0.2)
 
 

@@ -32,6 +32,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import threading
 import time
 import warnings
@@ -69,6 +70,7 @@ __all__ = [
     "repair_tail",
     "shown",
     "storage_label",
+    "storage_option",
     "study_names",
 ]
 
@@ -83,6 +85,14 @@ QUEUE_SUFFIX = " (work queue)"
 def storage_label(arg: str | None) -> str:
     """The storage the user meant: ``--storage``, else ``$PLANNER_STORAGE``, else the default."""
     return arg or os.environ.get("PLANNER_STORAGE") or str(DEFAULT_STORAGE)
+
+
+def storage_option(label: str) -> str:
+    """`` --storage LABEL`` for a command the planner suggests, or "" for the default storage:
+    a hint run as printed reads the storage the user gave (a URL without its password)."""
+    if label == str(DEFAULT_STORAGE):
+        return ""
+    return f" --storage {shlex.quote(shown(label))}"
 
 
 def is_url(label: str) -> bool:
@@ -113,7 +123,8 @@ def open_storage(arg: str | None, *, create: bool, heartbeat: int | None = None
     path = Path(label)
     if not create and not path.exists():
         raise PlannerUsageError(f"--storage {label}: no studies there yet; run `planner run"
-                                " STUDY.yaml` first, or give --storage")
+                                f" STUDY.yaml{storage_option(label)}` first, or give another"
+                                " --storage")
     if path.is_dir():
         raise PlannerUsageError(f"--storage {label}: is a directory; give a file path such as"
                                 f" {path / 'studies.journal'}")

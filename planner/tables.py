@@ -6,12 +6,15 @@ from __future__ import annotations
 import optuna
 import pandas as pd
 
-__all__ = ["trials_frame", "best_frame", "format_best", "KNOBS"]
+__all__ = ["KNOBS", "PLACEMENTS", "best_frame", "format_best", "trials_frame"]
 
 KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
          "placement", "sequence_parallel"]
 _FIRST = ["number", "state", "plan", *KNOBS, "feasible", "step_time_s", "peak_memory_gb"]
 _LAST = ["reason"]
+_NOT_FIGURES = {"number", "state", "plan", "feasible", "reason", *KNOBS}
+PLACEMENTS = "placements"
+"""best_frame's column: the placements of the plans a row stands for, its own first."""
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
@@ -41,19 +44,42 @@ def best_frame(study: optuna.Study, top: int | None = None,
         df = df[df["number"].isin(front)]
     df = df.sort_values(["step_time_s", "peak_memory_gb", "number"], kind="stable")
     df = df.drop_duplicates(subset="plan")  # a sampler may run one plan more than once
+    df = _group_placements(df)
     return df.head(top) if top else df
+
+
+def _group_placements(df: pd.DataFrame) -> pd.DataFrame:
+    """One row for plans that differ only in placement and have every figure of their
+    estimate identical: the first (best-ranked) one, listing all their placements."""
+    if df.empty or "placement" not in df.columns:
+        return df.assign(**{PLACEMENTS: [[] for _ in range(len(df))]})
+    key = [k for k in KNOBS if k != "placement" and k in df.columns]
+    key += [c for c in df.columns if c not in _NOT_FIGURES]
+    ids = df.groupby(key, sort=False, dropna=False).ngroup()
+    lists = df["placement"].groupby(ids).agg(list)
+    first = ~ids.duplicated()
+    return df[first].assign(**{PLACEMENTS: [lists[i] for i in ids[first]]})
 
 
 def format_best(df: pd.DataFrame) -> str:
     """The best plans as a short text table."""
     if df.empty:
         return "no feasible plan"
-    show = pd.DataFrame({
+    columns = {
         "trial": df["number"].to_numpy(),
         "plan": df["plan"].to_numpy(),
         "step s": df["step_time_s"].map(lambda v: f"{v:.4g}").to_numpy(),
         "tokens/s": df["tokens_per_s"].map(lambda v: f"{v:,.0f}").to_numpy(),
         "MFU": df["mfu"].map(lambda v: f"{v:.1%}").to_numpy(),
         "peak GB": df["peak_memory_gb"].map(lambda v: f"{v:.1f}").to_numpy(),
-    }, index=range(1, len(df) + 1))
+    }
+    others = [len(p) - 1 for p in df[PLACEMENTS]] if PLACEMENTS in df.columns else []
+    if any(others):
+        columns["same figures"] = [_others(n) for n in others]
+    show = pd.DataFrame(columns, index=range(1, len(df) + 1))
     return show.to_string()
+
+
+def _others(n: int) -> str:
+    return f"+{n} placement{'s' if n > 1 else ''}" if n else ""
+

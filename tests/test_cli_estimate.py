@@ -120,3 +120,36 @@ def test_stage_plan_that_does_not_fit_prints_one_unit(capsys) -> None:
     assert "DOES NOT FIT: the worst rank needs 1.5 GB > 1.0 GB of HBM" in line
     assert "(ASTRA-sim's memory tracker: 1,515,978,752 elements of one byte)" in line
     assert "GiB" not in line and "G elements" not in line
+
+
+BASE = ["estimate", "--model", "gpt175b", "--system", "lab-system2", "--global-batch", "512"]
+
+
+@pytest.mark.parametrize("flag", ["--dp", "--tp", "--pp", "--sp", "--micro-batch", "--v"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_degrees_below_one_say_so(capsys, flag, value) -> None:
+    code, out, err = run(capsys, *BASE, flag, value)
+    assert code == 2 and out == ""
+    assert err.strip() == f"planner estimate: error: {flag} must be >= 1, but got {value}"
+
+
+def test_convention_overrides_the_family(capsys) -> None:
+    results = {}
+    for convention in (None, "megatron", "stage"):
+        extra = ["--convention", convention] if convention else []
+        code, out, _ = run(capsys, *BASE, *extra, "--json")
+        assert code == 0
+        results[convention] = json.loads(out)
+    assert results[None]["convention"] == "megatron"  # the gpt family's
+    assert results[None]["step_time"] == results["megatron"]["step_time"]
+    assert results["stage"]["convention"] == "stage"
+    assert results["stage"]["step_time"] != results["megatron"]["step_time"]
+
+
+@pytest.mark.parametrize("model, convention", [("gpt175b", "mlp"), ("distir-mlp", "megatron")])
+def test_convention_the_model_cannot_use_is_one_line(capsys, model, convention) -> None:
+    code, out, err = run(capsys, "estimate", "--model", model, "--system", "lab-system2",
+                         "--global-batch", "512", "--convention", convention)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert f"--convention {convention}: model {model}" in err and "cannot use it" in err

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pandas as pd
 import pytest
 
 from planner.cli import main
+from planner.storage import DEFAULT_STORAGE, storage_option
 from tests.study_files import lab_study
 
 
@@ -104,3 +107,33 @@ def test_catalog_counts_llama2_70b_parameters(capsys):
     main(["catalog", "models"])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.split()[0] == "llama2-70b")
     assert "69.0" in line.split()
+
+
+def test_hints_carry_the_storage_given(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("PLANNER_STORAGE", raising=False)
+    journal = str(tmp_path / "my results" / "s.journal")  # a space: the hint must quote it
+    assert main(["run", str(lab_study(tmp_path)), "--quiet", "--top", "2",
+                 "--storage", journal]) == 0
+    more = capsys.readouterr().out.splitlines()[-1]
+    assert more.startswith("more: ")
+    hints = more.removeprefix("more: ").split("; ")
+    assert len(hints) == 2
+    for hint in hints:  # each runs as printed, on the storage given
+        words = shlex.split(hint)
+        assert words[0] == "planner" and words[words.index("--storage") + 1] == journal
+    best = shlex.split(hints[0])[1:]
+    assert main(best) == 0 and "dp" in capsys.readouterr().out
+    assert main(["show", "lab", "--plan", "999", "--storage", journal]) == 2
+    err = capsys.readouterr().err
+    assert f"`planner best lab --storage {shlex.quote(journal)}`" in err
+
+
+def test_hint_for_an_empty_storage_names_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("PLANNER_STORAGE", raising=False)
+    journal = str(tmp_path / "empty.journal")
+    assert main(["best", "lab", "--storage", journal]) == 2
+    assert f"planner run STUDY.yaml --storage {journal}`" in capsys.readouterr().err
+
+
+def test_default_storage_adds_no_option():
+    assert storage_option(str(DEFAULT_STORAGE)) == ""

@@ -177,3 +177,47 @@ def test_pareto_png(tmp_path, storage, capsys):
     png = tmp_path / "pareto.png"
     assert main(["pareto", "lab", "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the PNG signature (RFC 2083)
+
+
+def _placement_study(tmp_path: Path) -> Path:
+    """The lab study with three placements: on this system some plans' figures do not depend
+    on the placement, others' do."""
+    path = lab_study(tmp_path)
+    path.write_text(path.read_text() + "  placement: [[tp,sp,dp,pp], [sp,tp,dp,pp],"
+                    " [dp,tp,sp,pp]]\n")
+    return path
+
+
+def test_best_groups_plans_that_differ_only_in_placement(tmp_path, storage, capsys):
+    from planner.plan import plan_at
+    from planner.tables import KNOBS, PLACEMENTS, best_frame, trials_frame
+
+    assert main(["run", str(_placement_study(tmp_path)), "--quiet"]) == 0
+    study = optuna.load_study(study_name="lab", storage=open_storage(str(storage), create=False))
+    best = best_frame(study)
+    figures = ["step_time_s", "peak_memory_gb", "tokens_per_s", "mfu"]
+    figures += [c for c in best.columns if c.startswith(("time_", "memory_"))]
+    others = [k for k in KNOBS if k != "placement"]
+    assert not best.duplicated(subset=others + figures).any()
+    # Every feasible plan is still there, under the row that stands for it.
+    feasible = trials_frame(study).query("state == 'COMPLETE' and feasible")
+    assert sum(len(p) for p in best[PLACEMENTS]) == feasible["plan"].nunique()
+    assert all(row["placement"] == row[PLACEMENTS][0] for _, row in best.iterrows())
+    grouped = best[best[PLACEMENTS].map(len) > 1]
+    assert len(grouped) > 0
+    capsys.readouterr()
+    assert main(["best", "lab", "--top", str(len(best))]) == 0
+    table = capsys.readouterr().out
+    assert "same figures" in table
+    n = len(grouped[PLACEMENTS].iloc[0]) - 1
+    assert f"+{n} placement" in table
+    # export --top K and plan_at give the plans `best` lists, in its order.
+    top = 4
+    out = tmp_path / "exports"
+    assert main(["export", "lab", "--top", str(top), "--out", str(out)]) == 0
+    folders = sorted(out.iterdir())
+    assert len(folders) == top
+    for rank, (folder, (_, row)) in enumerate(zip(folders, best.head(top).iterrows()), 1):
+        exported = read_plan(folder / "plan.yaml")
+        assert exported.trial == row["number"]
+        assert plan_at(study, rank).trial == row["number"]

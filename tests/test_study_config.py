@@ -88,3 +88,23 @@ def test_bad_hbm_override(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(PlannerUsageError, match="no such file"):
         load_study_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("wrong, right, where", [
+    ("training:", "traning:", "traning"),
+    ("space:", "spcae:", "spcae"),
+    ("global_batch", "global_bach", "training.global_bach"),
+    ("space: {tp: [1]}", "space: {tp: [1], micro_bath: [1]}", "space.micro_bath"),
+])
+def test_misspelt_fields_suggest_the_right_one(tmp_path, wrong, right, where):
+    message = _error(tmp_path, GOOD.replace(wrong, right))
+    meant = where.rsplit(".", 1)[-1]
+    expected = {"traning": "training", "spcae": "space", "global_bach": "global_batch",
+                "micro_bath": "micro_batch"}[meant]
+    assert f"bad.yaml: {where}: unknown field; did you mean {expected}" in message
+    assert "missing" not in message
+
+
+def test_far_off_fields_get_no_suggestion(tmp_path):
+    message = _error(tmp_path, GOOD + "colour: red\n")
+    assert "did you mean" not in message and "allowed:" in message

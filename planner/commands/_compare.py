@@ -20,7 +20,7 @@ from planner.commands._run import _positive_int, add_storage_argument
 from planner.compare import CellRun, Comparison, limit_label, load_comparison, run_comparison
 from planner.errors import PlannerUsageError
 from planner.plots._write import atomic_write
-from planner.storage import RESULTS_DIR, open_storage, storage_label
+from planner.storage import RESULTS_DIR, open_storage, storage_label, storage_option
 
 
 def _check_out(out: Path) -> None:
@@ -113,7 +113,8 @@ class CompareCommand(BaseCommand):
                                    progress=not args.quiet, on_cell=_cell_line)
         except KeyboardInterrupt:
             print(f"interrupted: finished trials are kept in {label}; run `planner compare"
-                  f" {args.comparison}` again to continue", file=sys.stderr)
+                  f" {args.comparison}{storage_option(label)}` again to continue",
+                  file=sys.stderr)
             raise
         print(f"{len(comparison.cells)} cells in {time.perf_counter() - start:.1f} s, stored in"
               f" {label}")

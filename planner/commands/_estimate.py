@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from dataclasses import fields, replace
+from pathlib import Path
 
 from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
 from planner.fields import placement_axes
 from planner.plan import read_plan, strategy_dict
-from planner.units import GB
 from planner.study_config import with_congestion
+from planner.units import GB
 from simcore import convention_of, estimate
 from simcore.estimate import Estimate
 from simcore.network import Congestion
 from simcore.specs import (
     Axis,
+    Convention,
+    Family,
     ModelSpec,
     Recompute,
     Schedule,
@@ -38,6 +40,26 @@ def _placement(text: str) -> tuple[Axis, ...]:
     if axes is None:
         raise problem
     return axes
+
+
+_TRANSFORMER = (Convention.MEGATRON, Convention.STAGE)
+CONVENTIONS_OF_FAMILY = {Family.GPT: _TRANSFORMER, Family.LLAMA: _TRANSFORMER,
+                         Family.STAGE: _TRANSFORMER, Family.MLP: (Convention.MLP,)}
+"""The conventions each model family can be estimated with: a transformer as Megatron-LM or
+STAGE builds it, the DistIR MLP only as itself."""
+
+
+def convention_for(model: ModelSpec, name: str | None) -> Convention:
+    """``--convention`` if the model can use it, else the model family's."""
+    if name is None:
+        return convention_of(model)
+    convention = Convention(name)
+    allowed = CONVENTIONS_OF_FAMILY[model.family]
+    if convention not in allowed:
+        raise PlannerUsageError(
+            f"--convention {name}: model {model.name} ({model.family.value} family) cannot use"
+            f" it; use {' or '.join(c.value for c in allowed)}")
+    return convention
 
 
 def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +90,20 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " gradients as Megatron-LM keeps them)")
 
 
+DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v")
+"""Flags that take a degree or a count: each must be >= 1 when given."""
+
+
+def check_degrees(args: argparse.Namespace) -> None:
+    """One line for the first degree flag below 1, before anything divides by it."""
+    for name in DEGREE_FLAGS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise PlannerUsageError(f"--{name.replace('_', '-')} must be >= 1, but got {value}")
+
+
 def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
+    check_degrees(args)
     dp = args.dp
     if dp is None:
         others = args.tp * args.pp * args.sp
@@ -127,6 +162,10 @@ class EstimateCommand(BaseCommand):
                             help="time collectives as ASTRA-sim's congestion-unaware backend"
                             " (the default) or its congestion-aware one: flows that share a"
                             " link queue on it")
+        parser.add_argument("--convention", choices=[c.value for c in Convention],
+                            help="the step model: megatron (Megatron-LM's transformer), stage"
+                            " (STAGE's graph on ASTRA-sim) or mlp (default: the model family's,"
+                            " as in studies)")
         add_strategy_arguments(parser)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -146,8 +185,9 @@ class EstimateCommand(BaseCommand):
             if not args.hbm_gb > 0:
                 raise PlannerUsageError(f"--hbm-gb must be > 0, but got {args.hbm_gb}")
             system = replace(system, device=replace(system.device, hbm_bytes=args.hbm_gb * GB))
+        convention = convention_for(model, args.convention)
         if args.congestion is not None:
-            system = with_congestion(system, Congestion(args.congestion), convention_of(model),
+            system = with_congestion(system, Congestion(args.congestion), convention,
                                      lambda m: PlannerUsageError(f"--congestion: {m}"))
         strategy = strategy_from_args(args, system.devices)
         try:
@@ -155,7 +195,7 @@ class EstimateCommand(BaseCommand):
                                     seq_len=args.seq_len or model.seq_len,
                                     bytes_per_param_grads=args.grad_bytes,
                                     flash_attention=args.flash_attention)
-            est = estimate(model, system, training, strategy)
+            est = estimate(model, system, training, strategy, convention)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None
         self._print(args, model, system, strategy, est)

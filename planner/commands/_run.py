@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
 from planner.runner import run_study
-from planner.storage import DEFAULT_STORAGE, is_url, open_storage, shown, storage_label
+from planner.storage import is_url, open_storage, shown, storage_label, storage_option
 from planner.study_config import StudyConfig, load_study_config
 from planner.tables import best_frame, format_best
 
@@ -44,10 +44,15 @@ def where_results_are(config: StudyConfig, storage: BaseStorage, label: str, com
     args = [command, study_arg]
     if hbm_gb is not None:
         args += ["--hbm-gb", f"{hbm_gb:g}"]
-    if label != str(DEFAULT_STORAGE):
-        args += ["--storage", shown(label)]
     return (f"interrupted: {count} of study {config.name!r} are kept in {shown(label)};"
-            f" continue with: planner {shlex.join(args)}")
+            f" continue with: planner {shlex.join(args)}{storage_option(label)}")
+
+
+def more_hint(name: str, label: str) -> str:
+    """The line after a study's best plans: the commands that read more of it, on its storage."""
+    where = storage_option(label)
+    return (f"more: planner best {shlex.quote(name)} --top 20{where}; planner trials"
+            f" {shlex.quote(name)} --csv trials.csv{where}")
 
 
 def _positive_int(text: str) -> int:
@@ -115,6 +120,5 @@ class RunCommand(BaseCommand):
         title = "Pareto front" if len(config.objectives) > 1 else "best plans"
         print(f"{title} ({limit}):")
         print(format_best(best))
-        print(f"more: planner best {config.name} --top 20; planner trials {config.name} --csv"
-              " trials.csv")
+        print(more_hint(config.name, label))
         return 0

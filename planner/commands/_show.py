@@ -8,9 +8,10 @@ from pathlib import Path
 from planner.commands._base import BaseCommand
 from planner.commands._results import _study
 from planner.commands._run import add_storage_argument
-from planner.plan import plan_at
 from planner.outputs import default_path
+from planner.plan import plan_at
 from planner.plots import FORMATS, figure_format, write_figure
+from planner.storage import storage_label, storage_option
 
 
 class ShowCommand(BaseCommand):
@@ -35,7 +36,7 @@ class ShowCommand(BaseCommand):
 
         fmt = figure_format(args.out, args.format)
         study = _study(args)
-        plan = plan_at(study, args.plan)
+        plan = plan_at(study, args.plan, storage_option(storage_label(args.storage)))
         fig = timeline_figure(plan)
         out = args.out or default_path(args.name, f"plan-{args.plan}-timeline", fmt)
         if args.out is None:

@@ -29,7 +29,14 @@ from planner.commands._run import (
 )
 from planner.errors import PlannerUsageError
 from planner.runner import config_from_study, queue_state, run_worker
-from planner.storage import is_url, load_existing, open_storage, shown, storage_label
+from planner.storage import (
+    is_url,
+    load_existing,
+    open_storage,
+    shown,
+    storage_label,
+    storage_option,
+)
 from planner.study_config import StudyConfig, load_study_config
 
 
@@ -86,10 +93,10 @@ class WorkerCommand(BaseCommand):
               f" work items done: {done:,} of {items:,} ({what})")
         if lost:
             print(f"{lost:,} work items lost (a worker stopped while handing its item back);"
-                  f" finish with `planner run {config.path} --storage URL --resume` once no"
-                  " worker runs", file=sys.stderr)
+                  f" finish with `planner run {config.path}{storage_option(label)} --resume`"
+                  " once no worker runs", file=sys.stderr)
             return 1
         if report.created:
             print("created the study and its work queue")
-        print(f"the best plans: planner best {config.name} --storage URL")
+        print(f"the best plans: planner best {config.name}{storage_option(label)}")
         return 0

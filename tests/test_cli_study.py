@@ -86,6 +86,18 @@ def test_trials_csv_and_parquet(tmp_path, storage, capsys):
     assert len(pd.read_parquet(pq)) == 56
 
 
+def test_trials_into_a_missing_folder_is_one_line(tmp_path, storage, capsys):
+    # issue 19: "--csv /nonexistent-dir/t.csv prints 'cannot write: None'"
+    main(["run", str(lab_study(tmp_path)), "--quiet"])
+    capsys.readouterr()
+    for flag in ("--csv", "--parquet"):
+        target = tmp_path / "missing" / "t.out"
+        assert main(["trials", "lab", flag, str(target)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"the folder {target.parent} does not exist" in err[0]
+        assert "None" not in err[0]
+
+
 def test_unknown_study_and_empty_storage(tmp_path, storage, capsys):
     assert main(["best", "lab"]) == 2
     assert "no studies there yet" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 from pathlib import Path
 
 import optuna
@@ -11,6 +12,7 @@ import pandas as pd
 from planner.commands._base import BaseCommand
 from planner.commands._run import _positive_int, add_storage_argument
 from planner.errors import PlannerUsageError
+from planner.outputs import atomic_write
 from planner.storage import load_existing, open_storage, storage_label
 from planner.tables import best_frame, format_best, trials_frame
 
@@ -36,16 +38,26 @@ class BestCommand(BaseCommand):
         return 0
 
 
+def _check_target(path: Path, kind: str) -> None:
+    """Refuse an output path whose folder does not exist before reading anything."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise PlannerUsageError(f"--{kind} {path}: the folder {folder} does not exist; create"
+                                " it or choose another path")
+
+
 def _write(df: pd.DataFrame, path: Path, kind: str) -> None:
+    """The table as CSV or Parquet, written whole or not at all."""
     try:
         if kind == "csv":
-            df.to_csv(path, index=False)
+            data: str | bytes = df.to_csv(index=False)
         else:
-            df.to_parquet(path, index=False)
+            buffer = io.BytesIO()
+            df.to_parquet(buffer, index=False)
+            data = buffer.getvalue()
     except ImportError as e:
         raise PlannerUsageError(f"--parquet: {e}; install pyarrow") from None
-    except OSError as e:
-        raise PlannerUsageError(f"--{kind} {path}: cannot write: {e.strerror}") from None
+    atomic_write(path, data)
     print(f"wrote {len(df):,} trials to {path}")
 
 
@@ -60,6 +72,9 @@ class TrialsCommand(BaseCommand):
         add_storage_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        for path, kind in ((args.csv, "csv"), (args.parquet, "parquet")):
+            if path:
+                _check_target(path, kind)
         df = trials_frame(_study(args))
         if args.csv:
             _write(df, args.csv, "csv")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from pathlib import Path
@@ -14,6 +15,7 @@ from planner.catalog import load_catalog
 from planner.cli import main
 from planner.compare import COLUMNS, load_comparison
 from planner.plots.breakdown import breakdown_figure
+from planner.plots.compare import comparison_figure
 from planner.study_config import load_study_config
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two, strategy_label
@@ -117,7 +119,7 @@ def test_a_tighter_limit_is_never_faster(ran):
         rows = table[table["system"] == system].copy()
         rows["limit"] = rows["hbm_gb"].map(_limit)
         times = rows.sort_values("limit")["step_time_s"].fillna(math.inf).tolist()
-        assert all(a >= b for a, b in zip(times, times[1:])), (system, times)
+        assert all(a >= b for a, b in itertools.pairwise(times)), (system, times)
 
 
 def test_the_parts_sum_to_the_step_time(ran):
@@ -142,6 +144,27 @@ def test_the_page_holds_two_figures_and_plotly_once(ran):
     assert page.count("Plotly.newPlot") == 2
     assert len(re.findall(r"plotly\.js v\d", page)) == 1
     assert "no feasible" in page and "a test comparison" in page
+
+
+def test_each_bar_shows_its_winning_plan_and_keeps_the_hover(ran):
+    table = ran["table"]
+    fig = comparison_figure(table, "t")
+    bars = [t for t in fig.data if t.type == "bar"]
+    shown = 0
+    for bar in bars:
+        assert "%{text}" in bar.texttemplate and "%{y" in bar.texttemplate
+        for system, text, hover in zip(bar.x, bar.text, bar.hovertext):
+            limit = bar.name.removeprefix("HBM ")
+            row = table[(table["system"] == system)
+                        & (table["hbm_gb"].map(lambda v: f"{v:g} GB" if not isinstance(v, str)
+                                               else v) == limit)].iloc[0]
+            if pd.notna(row["step_time_s"]):
+                assert text.replace("<br>", " ") == row["plan"] and row["plan"] in hover
+                shown += 1
+            else:
+                assert text == ""
+    winners = table.loc[table["step_time_s"].notna(), "plan"]
+    assert shown == len(winners) > 0
 
 
 def test_a_second_run_resumes_every_cell(ran, capsys):
@@ -255,7 +278,7 @@ def test_breakdown_figure_is_general():
     bars = [t for t in fig.data if t.type == "bar"]
     assert [b.name for b in bars] == ["compute", "comm (exposed, all kinds)"]  # zero parts go
     assert list(bars[0].x) == ["a", "a #2", "b"]  # one bar per row, even for a repeated label
-    text = [t for t in fig.data if t.type == "scatter"][0].text
+    text = next(t for t in fig.data if t.type == "scatter").text
     assert "no feasible plan" in text[2] and "3 s" in text[0]
     with pytest.raises(ValueError, match="nope"):
         breakdown_figure(df, "nope")

@@ -15,7 +15,7 @@ from planner.catalog import load_catalog, model_from_entry, system_from_entry
 from planner.catalog_write import model_entry, system_entry
 from planner.cli import main
 from planner.plan import FORMAT, make_plan, read_plan, write_plan
-from planner.plots.pareto import pareto_figure
+from planner.plots.pareto import INFEASIBLE, log_ticks, pareto_figure
 from planner.storage import open_storage
 from simcore.specs import Convention, Recompute, Schedule, Strategy, TrainingSpec, ZeroStage
 from tests.study_files import lab_study
@@ -154,9 +154,56 @@ def test_pareto_page_draws_the_front_of_feasible_trials(tmp_path, storage, capsy
     drawn = set(zip(traces["Pareto front"].x, traces["Pareto front"].y))
     assert drawn == front
     infeasible = [t for t in study.trials if not t.user_attrs["feasible"]]
-    assert len(traces["infeasible (over the HBM limit)"].x) == len(infeasible) > 0
-    assert all(y > 40 for y in traces["infeasible (over the HBM limit)"].y)
+    assert len(traces[INFEASIBLE].x) == len(infeasible) > 0
+    assert all(y > 40 for y in traces[INFEASIBLE].y)
     assert "dp=" not in traces["Pareto front"].text[0] and "trial" in traces["Pareto front"].text[0]
+
+
+def test_pareto_hbm_flag_adds_a_limit_and_keeps_the_studys(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path, hbm="40")), "--quiet"]) == 0
+    page = tmp_path / "pareto.html"
+    assert main(["pareto", "lab", "--out", str(page), "--hbm-gb", "20"]) == 0
+    study = optuna.load_study(study_name="lab", storage=open_storage(str(storage), create=False))
+    fig = pareto_figure(study, 20)
+    lines = {t.name: set(t.y) for t in fig.data if t.mode == "lines" and "limit" in t.name}
+    assert sorted(lines.values(), key=min) == [{20}, {40}]
+    study_line = next(name for name, ys in lines.items() if ys == {40})
+    asked_line = next(name for name, ys in lines.items() if ys == {20})
+    assert "study" in study_line and "asked" in asked_line
+    assert study_line in page.read_text() and asked_line in page.read_text()
+    # The colours still follow the study's 40 GB: feasible points between 20 and 40 stay blue.
+    traces = {t.name: t for t in fig.data}
+    assert all(y > 40 for y in traces[INFEASIBLE].y)
+    assert "study's" in INFEASIBLE
+    same = pareto_figure(study, 40)
+    assert len([t for t in same.data if t.mode == "lines" and "limit" in t.name]) == 1
+
+
+def _reads_as(label: str, value: float, unit: str) -> bool:
+    number, _, suffix = label.partition(" ")
+    return suffix == unit and float(number) == pytest.approx(value)
+
+
+def test_pareto_axis_labels_are_values_with_units(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path, hbm="40")), "--quiet"]) == 0
+    study = optuna.load_study(study_name="lab", storage=open_storage(str(storage), create=False))
+    fig = pareto_figure(study)
+    for axis, unit in ((fig.layout.xaxis, "s"), (fig.layout.yaxis, "GB")):
+        assert axis.type == "log" and axis.tickmode == "array"
+        assert len(axis.tickvals) == len(axis.ticktext) >= 2
+        assert all(_reads_as(t, v, unit) for v, t in zip(axis.tickvals, axis.ticktext))
+
+
+@pytest.mark.parametrize(("low", "high", "expected"), [
+    (0.3, 700.0, [1, 10, 100]),
+    (1.5, 30.0, [2, 5, 10, 20]),
+    (21.0, 48.0, [30, 40]),
+    (1.1, 1.4, [1.1, 1.4]),
+])
+def test_log_ticks_1_2_5_then_finer_then_the_ends(low, high, expected):
+    values, labels = log_ticks(low, high, "GB")
+    assert values == pytest.approx(expected)
+    assert labels == [f"{v:g} GB" for v in expected]
 
 
 def test_pareto_errors(tmp_path, storage, capsys):

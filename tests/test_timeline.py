@@ -305,6 +305,25 @@ def test_figure_draws_every_span_with_hover() -> None:
     assert "demo trial 3" in fig.layout.title.text and "estimate" in fig.layout.title.text
 
 
+PLOTLY_LEGEND_ROW_PX = 19
+"""About the height of one plotly legend entry at its default 12 px font."""
+
+
+def test_figure_of_an_interleaved_plan_has_room_for_every_legend_entry() -> None:
+    from planner.plots.timeline import timeline_figure
+
+    plan = _plan(32, Strategy(dp=4, tp=8, pp=2, schedule=INTERLEAVED, v=8))
+    fig = timeline_figure(plan)
+    entries = [t.name for t in fig.data if t.showlegend is not False]
+    assert {f"forward, chunk {c}" for c in range(8)} <= set(entries)
+    layout = fig.layout
+    # A vertical legend beside the plot may be as tall as the plot area, no taller (plotly's
+    # legend.maxheight); the rows alone would leave about half that room.
+    assert layout.legend.orientation in (None, "v")
+    plot_area = layout.height - layout.margin.t - layout.margin.b
+    assert plot_area >= PLOTLY_LEGEND_ROW_PX * len(entries)
+
+
 def _hover_value(trace, i: int, label: str) -> float:
     """The number the hover of bar ``i`` prints after ``label``, as plotly fills it in: a
     ``customdata[k]`` field is that column; ``x`` on a bar drawn from a ``base`` is where the

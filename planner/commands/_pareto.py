@@ -32,7 +32,8 @@ class ParetoCommand(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("name", help="the study's name (`planner studies` lists them)")
         parser.add_argument("--hbm-gb", type=hbm_gb,
-                            help="draw this HBM limit (default: the study's own)")
+                            help="draw this HBM limit too, next to the study's own (which still colours"
+                            " the points)")
         add_figure_arguments(parser, "pareto")
         add_storage_argument(parser)
 

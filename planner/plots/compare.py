@@ -1,8 +1,9 @@
 """The comparison figure (best step time per system per HBM limit) and its HTML page.
 
 :func:`comparison_figure` draws a comparison table (:mod:`planner.compare`, one row per cell):
-grouped bars, one group per system, one bar per HBM limit, the plan, MFU and peak memory in the
-hover; a cell without a feasible plan is marked "no feasible plan" where its bar would be.
+grouped bars, one group per system, one bar per HBM limit, each labelled with its step time and
+winning plan (MFU and peak memory too in the hover); a cell without a feasible plan is marked
+"no feasible plan" where its bar would be.
 :func:`figures_page` puts several figures in one self-contained page (plotly.js inlined once).
 """
 
@@ -16,7 +17,7 @@ import plotly.graph_objects as go
 
 from planner.plots._write import figure_html
 
-__all__ = ["comparison_figure", "figures_page"]
+__all__ = ["cell_text", "comparison_figure", "figures_page"]
 
 NO_PLAN = "no feasible plan"
 _COLORS = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B")
@@ -39,6 +40,15 @@ def _hover(row: pd.Series) -> str:
             f" {row['trials']}")
 
 
+def cell_text(plan: object, words_per_line: int = 2) -> str:
+    """The winning plan as a bar's label: its words, a few per line ("" for no plan)."""
+    if not isinstance(plan, str):
+        return ""
+    words = plan.split()
+    return "<br>".join(" ".join(words[i:i + words_per_line])
+                       for i in range(0, len(words), words_per_line))
+
+
 def comparison_figure(table: pd.DataFrame, title: str | None = None) -> go.Figure:
     """Best step time per system (groups) per HBM limit (bars), from a comparison table with
     columns system, hbm_gb, plan, step_time_s, mfu, tokens_per_s, peak_memory_gb,
@@ -50,12 +60,13 @@ def comparison_figure(table: pd.DataFrame, title: str | None = None) -> go.Figur
         rows = table[table["hbm_gb"].map(_limit_text) == limit]
         rows = rows.set_index("system").reindex(systems).reset_index()
         color = _COLORS[i % len(_COLORS)]
-        times = rows["step_time_s"].tolist()
+        times, plans = rows["step_time_s"].tolist(), rows["plan"].tolist()
         hover = [_hover(r) if pd.notna(r["hbm_gb"]) else "" for _, r in rows.iterrows()]
         fig.add_trace(go.Bar(
             x=systems, y=times, name=f"HBM {limit}", marker_color=color, offsetgroup=limit,
-            text=[f"{t:.3g} s" if not math.isnan(t) else "" for t in times],
-            textposition="outside", hovertext=hover, hoverinfo="text", cliponaxis=False))
+            text=[cell_text(p) if not math.isnan(t) else "" for t, p in zip(times, plans)],
+            texttemplate="<b>%{y:.3g} s</b><br>%{text}", textposition="outside",
+            textfont={"size": 10}, hovertext=hover, hoverinfo="text", cliponaxis=False))
         empty = [(s, h) for s, t, h in zip(systems, times, hover) if math.isnan(t)]
         if empty:
             fig.add_trace(go.Scatter(
@@ -69,8 +80,14 @@ def comparison_figure(table: pd.DataFrame, title: str | None = None) -> go.Figur
         barmode="group", scattermode="group", title=title, template="plotly_white",
         yaxis_title="best step time (s)", xaxis_title="system", legend_title_text="limit",
         height=480, margin={"t": 90 if title else 50})
-    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero", range=_headroom(table["step_time_s"]))
     return fig
+
+
+def _headroom(times: pd.Series) -> list[float] | None:
+    """A y range with room above the tallest bar for its label (time and plan, four lines)."""
+    top = times.max()
+    return None if pd.isna(top) else [0.0, float(top) * 1.4]
 
 
 def figures_page(title: str, figures: list[go.Figure], intro: str = "") -> str:

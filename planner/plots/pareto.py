@@ -3,16 +3,18 @@
 Built on ``optuna.visualization.plot_pareto_front``, which shades the trials that break the HBM
 constraint by itself (Optuna 5 reads ``trial.constraints``). A study with one objective is
 plotted through ``targets=`` (its step time and the peak memory each trial stored), so both
-kinds of study give the same picture. On top of Optuna's figure: the front as a line, the HBM
-limit as a line, and a hover that shows the strategy with its time and memory parts.
+kinds of study give the same picture. On top of Optuna's figure: the front as a line, the
+study's HBM limit (and one asked for) as lines, axis labels with units, and a hover that shows
+the strategy with its time and memory parts.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 import plotly.graph_objects as go
@@ -20,8 +22,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from planner.errors import PlannerUsageError
 
-__all__ = ["pareto_figure", "hover_text"]
+__all__ = ["INFEASIBLE", "LimitLine", "hover_text", "limit_lines", "log_ticks", "pareto_figure"]
 
+INFEASIBLE = "infeasible (over the study's HBM limit)"
 _NUMBER = re.compile(r'"number": (\d+)')
 
 
@@ -62,11 +65,10 @@ def _plottable(study: optuna.Study) -> dict[int, FrozenTrial]:
 
 
 def pareto_figure(study: optuna.Study, hbm_gb: float | None = None) -> go.Figure:
-    """The study's trials in the (step time, peak memory) plane; ``hbm_gb`` draws the limit
-    (default: the limit the study was run with, none when it was unlimited)."""
+    """The study's trials in the (step time, peak memory) plane, with the study's own HBM limit
+    (the one that colours the points; none when it ran unlimited) and, when ``hbm_gb`` differs,
+    that limit too."""
     trials = _plottable(study)
-    if hbm_gb is None:
-        hbm_gb = (study.user_attrs.get("config") or {}).get("hbm_gb")
     with warnings.catch_warnings():  # plot_pareto_front is marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         fig = optuna.visualization.plot_pareto_front(
@@ -88,18 +90,69 @@ def pareto_figure(study: optuna.Study, hbm_gb: float | None = None) -> go.Figure
         fig.add_trace(go.Scatter(x=[x for x, _ in front], y=[y for _, y in front],
                                  mode="lines", line={"color": "#d62728", "shape": "hv"},
                                  name="front", hoverinfo="skip"))
-    if hbm_gb is not None:  # a trace, not add_hline: its annotation misplaces on log axes
-        times = [t.user_attrs["step_time_s"] for t in trials.values()]
-        fig.add_trace(go.Scatter(x=[min(times), max(times)], y=[hbm_gb, hbm_gb], mode="lines",
-                                 line={"color": "#444", "dash": "dash"},
-                                 name=f"HBM limit {hbm_gb:g} GB", hoverinfo="name"))
+    times = [t.user_attrs["step_time_s"] for t in trials.values()]
+    for line in limit_lines(study, hbm_gb):
+        fig.add_trace(_limit_trace(line, min(times), max(times)))
     fig.update_layout(title=f"{study.study_name}: step time against peak memory per device"
                       f" ({len(trials):,} trials)", hoverlabel={"align": "left"},
                       legend={"orientation": "h", "y": -0.15})
-    # Times and memories span decades (a bad plan is 100x slower): log axes keep the front apart.
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+    _log_axes(fig)
     return fig
+
+
+class LimitLine(NamedTuple):
+    """A horizontal HBM limit on the Pareto page: its height (GB), legend entry and dash."""
+
+    gb: float
+    name: str
+    dash: str
+
+
+def limit_lines(study: optuna.Study, hbm_gb: float | None) -> list[LimitLine]:
+    """The study's own limit (the one the points are coloured by), then ``hbm_gb`` when it is
+    another."""
+    own = (study.user_attrs.get("config") or {}).get("hbm_gb")
+    lines = []
+    if own is not None:
+        lines.append(LimitLine(own, f"study's HBM limit {own:g} GB (colours the points)", "dash"))
+    if hbm_gb is not None and hbm_gb != own:
+        lines.append(LimitLine(hbm_gb, f"asked HBM limit {hbm_gb:g} GB (--hbm-gb)", "dot"))
+    return lines
+
+
+def _limit_trace(line: LimitLine, low: float, high: float) -> go.Scatter:
+    """A trace, not add_hline: its annotation misplaces on log axes."""
+    return go.Scatter(x=[low, high], y=[line.gb, line.gb], mode="lines", name=line.name,
+                      line={"color": "#444", "dash": line.dash}, hoverinfo="name")
+
+
+_MANTISSAS = ((1.0,), (1.0, 2.0, 5.0), tuple(float(m) for m in range(1, 10)))
+
+
+def log_ticks(low: float, high: float, unit: str) -> tuple[list[float], list[str]]:
+    """Tick values and labels (``"2 s"``, ``"50 GB"``) for a log axis over [low, high]: the
+    decades, 1-2-5 or 1..9 per decade, the coarsest giving at least three ticks; else the two
+    ends."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    values: list[float] = []
+    for mantissas in _MANTISSAS:
+        values = [float(f"{m * 10.0 ** d:.12g}") for d in decades for m in mantissas]
+        values = [v for v in values if low <= v <= high]
+        if len(values) >= 3:
+            break
+    if len(values) < 2:
+        values = sorted({float(f"{low:.3g}"), *values, float(f"{high:.3g}")})
+    return values, [f"{v:g} {unit}" for v in values]
+
+
+def _log_axes(fig: go.Figure) -> None:
+    """Log axes (times and memories span decades: a bad plan is 100x slower) whose every label
+    reads as a value with its unit (plotly's own minor labels are bare digits)."""
+    xs = [float(x) for t in fig.data for x in (t.x or ()) if x is not None]
+    ys = [float(y) for t in fig.data for y in (t.y or ()) if y is not None]
+    for update, points, unit in ((fig.update_xaxes, xs, "s"), (fig.update_yaxes, ys, "GB")):
+        values, labels = log_ticks(min(points), max(points), unit)
+        update(type="log", tickmode="array", tickvals=values, ticktext=labels)
 
 
 _COLORS = {"Pareto front": ("#d62728", 9), "feasible": ("#1f77b4", 6)}
@@ -136,7 +189,7 @@ def _trace_name(trace: Any) -> str:
     kind = str(trace.hovertemplate or "")
     marker_color = getattr(trace.marker, "color", None)
     if marker_color == "#cccccc" or "Infeasible" in kind:
-        return "infeasible (over the HBM limit)"
+        return INFEASIBLE
     if "Best" in kind:
         return "Pareto front"
     return "feasible"

@@ -24,7 +24,7 @@ import simcore
 from planner.plan import Plan
 from simcore.timeline import PHASES, Timeline
 
-__all__ = ["MAX_BARS", "timeline_figure"]
+__all__ = ["LEGEND_ROW_PX", "MAX_BARS", "timeline_figure"]
 
 MAX_BARS = 12_000
 """Bars drawn at most (the HTML stays a few MB); more spans are merged."""
@@ -35,6 +35,9 @@ _COLOURS = {
     "dp overlapped": "#F2A6A7", "optimizer": "#79706E", "compute": "#4C78A8", "comm": "#E45756",
 }
 _MERGED = "#8C8C8C"
+LEGEND_ROW_PX = 22
+"""Height reserved per legend entry (plotly's rows are about 19 px at its 12 px font)."""
+_MARGIN = {"t": 110, "b": 110}
 _CHUNKED = {"forward", "backward", "recompute"}
 """Phases shaded by model chunk when the schedule interleaves."""
 
@@ -200,6 +203,13 @@ def _title(plan: Plan | str, tl: Timeline, bars: _Bars,
     return "<br>".join([lines[0]] + [f"<sup>{line}</sup>" for line in lines[1:]])
 
 
+def _height(rows: int, entries: int) -> int:
+    """Tall enough for the rows and for the legend beside the plot, one row per entry (an
+    interleaved plan has one per phase and chunk): plotly cuts a taller legend off."""
+    legend = _MARGIN["t"] + _MARGIN["b"] + LEGEND_ROW_PX * entries
+    return max(380, 190 + 24 * rows, legend)
+
+
 def figure_from_timeline(plan: Plan | str, tl: Timeline) -> go.Figure:
     """The figure of a timeline already computed for ``plan`` (or a plan described by a
     label, e.g. a plan on a mixed cluster)."""
@@ -209,14 +219,14 @@ def figure_from_timeline(plan: Plan | str, tl: Timeline) -> go.Figure:
     fig.update_layout(
         title={"text": _title(plan, tl, bars, window), "x": 0.01},
         barmode="overlay", template="plotly_white",
-        height=max(380, 190 + 24 * len(tl.rows)),
+        height=_height(len(tl.rows), len(fig.data)),
         xaxis={"title": "time (ms)", "rangemode": "tozero"},
         yaxis={"tickmode": "array", "tickvals": list(range(len(tl.rows))),
                "ticktext": list(tl.rows), "autorange": "reversed", "zeroline": False,
                "showgrid": False},
         uniformtext={"minsize": 8, "mode": "hide"},
         legend={"traceorder": "normal"},
-        margin={"t": 110, "b": 110},
+        margin=_MARGIN,
         annotations=[{"text": note, "xref": "paper", "yref": "paper", "x": 0, "y": 0, "yshift": -48,
                       "yanchor": "top", "xanchor": "left", "showarrow": False,
                       "align": "left", "font": {"size": 11}}],

@@ -211,11 +211,16 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label:
                resume: bool) -> tuple[optuna.Study, int]:
     """Create the study, or load it to resume; returns it and how many trials were re-queued."""
     exists = config.name in study_names(storage)
+    sampler = make_sampler(config.sampler, config.seed)
+    if exists and _orphan(storage, config.name):
+        # created by a run killed before it described the study: nothing is stored in it
+        study = optuna.load_study(study_name=config.name, storage=storage, sampler=sampler)
+        _describe(study, config)
+        return study, 0
     if exists and not resume:
         raise PlannerUsageError(
             f"{config.path}: name: a study {config.name!r} already exists in {label}; add"
             " --resume to continue it, or set another name (or --storage)")
-    sampler = make_sampler(config.sampler, config.seed)
     if exists:
         study = optuna.load_study(study_name=config.name, storage=storage, sampler=sampler)
         _check_fingerprint(study, config)
@@ -224,6 +229,23 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label:
                                 directions=["minimize"] * len(config.objectives))
     _describe(study, config)
     return study, 0
+
+
+ORPHAN_WAIT_S = 2.0
+"""How long a study without its fingerprint may still be in the hands of the run creating it
+(create, then three attributes: milliseconds) before it counts as that run's orphan."""
+
+
+def _orphan(storage: BaseStorage, name: str) -> bool:
+    """A study a killed run created but never described, with no trial: safe to take over.
+    A live run describes its new study within milliseconds, so wait for that first."""
+    study_id = storage.get_study_id_from_name(name)
+    deadline = time.monotonic() + ORPHAN_WAIT_S
+    while "fingerprint" not in storage.get_study_user_attrs(study_id):
+        if time.monotonic() > deadline:
+            return not storage.get_all_trials(study_id, deepcopy=False)
+        time.sleep(0.1)
+    return False
 
 
 def _check_fingerprint(study: optuna.Study, config: StudyConfig) -> None:

@@ -18,6 +18,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from planner.errors import PlannerUsageError
 from planner.runner import run_study
 from planner.storage import JournalLock, open_storage
 from planner.study_config import load_study_config
@@ -226,3 +227,33 @@ def test_resume_after_a_finished_run_changes_nothing(tmp_path, sampler):
     again = run_study(config, open_storage(label, create=True), label, resume=True,
                       progress=False)
     assert again.added == 0 and len(again.study.trials) == len(first.study.trials)
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_study_killed_before_it_was_described_is_taken_over(tmp_path, resume, monkeypatch):
+    # Issue 20 #3: a run killed after optuna.create_study but before the study's attributes
+    # (fingerprint last) were written left a study that `run` called existing and `run --resume`
+    # called different. It holds nothing, so the next run of that name takes it over.
+    monkeypatch.setattr("planner.runner.ORPHAN_WAIT_S", 0.2)
+    path = lab_study(tmp_path)
+    config = load_study_config(path)
+    label = str(tmp_path / "s.journal")
+    optuna.create_study(study_name=config.name, storage=open_storage(label, create=True))
+    report = run_study(config, open_storage(label, create=True), label, resume=resume,
+                       progress=False)
+    assert report.added == len(config.space.enumerate()) == 56
+    assert report.study.user_attrs["fingerprint"] == config.fingerprint()
+
+
+def test_a_described_study_is_not_taken_over(tmp_path):
+    # the same name with its fingerprint (a real study, even without trials yet) stays guarded
+    path = lab_study(tmp_path)
+    config = load_study_config(path)
+    label = str(tmp_path / "s.journal")
+    storage = open_storage(label, create=True)
+    study = optuna.create_study(study_name=config.name, storage=storage)
+    study.set_user_attr("fingerprint", "another")
+    with pytest.raises(PlannerUsageError, match="already exists"):
+        run_study(config, open_storage(label, create=True), label, progress=False)
+    with pytest.raises(PlannerUsageError, match="different"):
+        run_study(config, open_storage(label, create=True), label, resume=True, progress=False)

@@ -411,8 +411,15 @@ class JournalLock:
             if e.errno in (errno.ENOENT, errno.EINVAL):
                 return
             raise
-        if target == self._marker:
+        if target == self._marker or self._is_marker(target):
             os.unlink(self.lock_file)
+
+    def _is_marker(self, target: str) -> bool:
+        """A planner marker made where the journal used to be (its folder since moved or
+        reached by another path): ``<any dir>/./<name>``. Plain Optuna writers point at the
+        journal's own path, which has no ``/./``."""
+        name = os.path.basename(self._journal)
+        return target.endswith(os.path.join(os.sep + ".", name)) and target != self._journal
 
 
 def repair_tail(path: str) -> int:

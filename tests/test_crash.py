@@ -257,3 +257,21 @@ def test_a_described_study_is_not_taken_over(tmp_path):
         run_study(config, open_storage(label, create=True), label, progress=False)
     with pytest.raises(PlannerUsageError, match="different"):
         run_study(config, open_storage(label, create=True), label, resume=True, progress=False)
+
+
+def test_a_lock_left_before_the_folder_was_moved_is_taken_at_once(tmp_path):
+    # Issue 20 #5: a killed planner's lock is a symlink to "<old folder>/./s.journal"; after the
+    # results folder moved, it no longer matched the marker made from the new path and resume
+    # waited for it forever. Any "<dir>/./<journal name>" is a planner marker: while this
+    # process holds the journal's kernel lock, no live planner can hold that symlink.
+    label = tmp_path / "moved" / "s.journal"
+    label.parent.mkdir()
+    label.touch()
+    lock_file = Path(str(label) + ".lock")
+    os.symlink(os.path.join(str(tmp_path / "before"), ".", "s.journal"), lock_file)
+    start = time.monotonic()
+    lock = JournalLock(str(label))
+    lock.acquire()
+    lock.release()
+    assert time.monotonic() - start < 2
+    assert not lock_file.exists()

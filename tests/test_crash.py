@@ -275,3 +275,30 @@ def test_a_lock_left_before_the_folder_was_moved_is_taken_at_once(tmp_path):
     lock.release()
     assert time.monotonic() - start < 2
     assert not lock_file.exists()
+
+
+@pytest.mark.parametrize("what", ["deleted", "replaced"])
+def test_a_journal_gone_during_the_run_is_a_failure_not_success(tmp_path, monkeypatch, capsys,
+                                                                what):
+    # Issue 20 #6: the journal deleted (or swapped for another file) mid-run gave exit 0 and
+    # printed best plans, with nothing on disk
+    import planner.commands._run as run_command
+    from planner.cli import main
+
+    label = tmp_path / "s.journal"
+    real = run_command.run_study
+
+    def run_then_lose_the_journal(*args, **kwargs):
+        report = real(*args, **kwargs)
+        label.unlink()
+        if what == "replaced":
+            label.write_text("")
+        return report
+
+    monkeypatch.setattr(run_command, "run_study", run_then_lose_the_journal)
+    code = main(["run", str(lab_study(tmp_path)), "--storage", str(label), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 1
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "the journal was deleted or replaced" in err[0]
+    assert "best plans" not in captured.out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -102,15 +103,25 @@ class RunCommand(BaseCommand):
         print(f"{valid:,} valid strategies (of {space.size:,} candidates); {how}")
         storage = open_storage(args.storage, create=True,
                                heartbeat=HEARTBEAT_S if is_url(label) else None)
+        journal = _hold(label)
         start = time.perf_counter()
         try:
             report = run_study(config, storage, label, resume=args.resume, jobs=args.jobs,
                                progress=not args.quiet)
+            kept = journal is None or _still_there(label, journal)
         except KeyboardInterrupt:
             print(where_results_are(config, storage, label, "run", str(args.study),
                                     args.hbm_gb) + " --resume", file=sys.stderr)
             raise
+        finally:
+            if journal is not None:
+                os.close(journal)
         elapsed = time.perf_counter() - start
+        if not kept:
+            print(f"planner run: {label}: the journal was deleted or replaced while the study"
+                  f" ran; its {report.added:,} new trials are not stored there. Run the study"
+                  " again (or give --storage)", file=sys.stderr)
+            return 1
         if report.requeued:
             print(f"resumed: {report.requeued} trial(s) left RUNNING by a stopped process were"
                   " failed and re-queued")
@@ -122,3 +133,24 @@ class RunCommand(BaseCommand):
         print(format_best(best))
         print(more_hint(config.name, label))
         return 0
+
+
+def _hold(label: str) -> int | None:
+    """A read-only descriptor on the journal file, held for the run so that its inode cannot be
+    reused by a file put in its place; None for a database URL."""
+    if is_url(label):
+        return None
+    try:
+        return os.open(label, os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def _still_there(label: str, fd: int) -> bool:
+    """Whether ``label`` is still the file ``fd`` holds."""
+    try:
+        held = os.fstat(fd)
+        now = os.stat(label)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)

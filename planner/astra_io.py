@@ -13,7 +13,7 @@ YAML with one flow list per key. Reading what they write gives back the same net
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,10 +244,12 @@ def _astra_dims(system: SystemSpec) -> tuple[NetworkDim, ...]:
     return system.network.dims
 
 
-def system_json_text(system: SystemSpec) -> str:
+def system_json_text(system: SystemSpec,
+                     switches: Mapping[str, int] = WRITTEN_SWITCHES) -> str:
     """ASTRA-sim's system JSON for ``system``: its collective scheduling, the algorithms per
     dimension, the NPU's ``local-mem-bw`` (decimal GB/s, its HBM bandwidth) and ``peak-perf``
-    (decimal TFLOP/s), and :data:`WRITTEN_SWITCHES`, in the lab's key order."""
+    (decimal TFLOP/s), and ``switches`` (default :data:`WRITTEN_SWITCHES`), in the lab's key
+    order."""
     dims = _astra_dims(system)
     s = system.network.scheduling
     data: dict[str, Any] = {
@@ -262,7 +264,7 @@ def system_json_text(system: SystemSpec) -> str:
     data["local-mem-bw"] = _short(system.device.hbm_bandwidth_bytes_per_s,
                                   bytes_per_s_to_decimal_gbps, decimal_gbps_to_bytes_per_s)
     data["peak-perf"] = _tflops(system.device.peak_flops_per_s)
-    data.update(WRITTEN_SWITCHES)
+    data.update(switches)
     return json.dumps(data, indent=4) + "\n"
 
 

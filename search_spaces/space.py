@@ -180,10 +180,8 @@ class StrategySpace:
         if not layouts or not pipes:
             return np.empty(0, np.int64)
         lay = np.array([(x.dp, x.tp, x.pp, x.sp) for x in layouts], np.int64)
-        grid = np.ix_(np.arange(len(layouts)), np.arange(len(self.micro_batch)),
-                      np.arange(len(pipes)), np.arange(len(self.sequence_parallel)))
-        li, mi, pi, si = (np.broadcast_to(g, tuple(len(a) for a in (
-            layouts, self.micro_batch, pipes, self.sequence_parallel))).ravel() for g in grid)
+        read = (len(layouts), len(self.micro_batch), len(pipes), len(self.sequence_parallel))
+        li, mi, pi, si = np.indices(read).reshape(len(read), -1)
         columns = {
             "dp": lay[li, 0], "tp": lay[li, 1], "pp": lay[li, 2], "sp": lay[li, 3],
             "micro_batch": np.asarray(self.micro_batch, np.int64)[mi],
@@ -194,8 +192,7 @@ class StrategySpace:
         check = implementation(self.convention).valid_plans
         assert check is not None
         ok = check(self.model, self.system, self.training, columns)
-        ok = ok.reshape(len(layouts), 1, 1, len(self.micro_batch), len(pipes), 1,
-                        len(self.sequence_parallel))
+        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3])
         return np.flatnonzero(np.broadcast_to(ok, self._shape()))
 
     def _strategies(self, flat: np.ndarray) -> Iterator[Strategy]:

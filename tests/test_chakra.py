@@ -124,17 +124,22 @@ def _fields(data: bytes) -> list[tuple[int, object]]:
     return out
 
 
-def test_traces_are_valid_protobuf_by_an_independent_decoder(tmp_path, capsys):
-    assert main(["astra-estimate", *R4S2, "--et-out", str(tmp_path), "--", "--dp", "4",
-                 "--pp", "2", *MODEL]) == 0
-    capsys.readouterr()
-    data = (tmp_path / "workload.0.et").read_bytes()
+def _messages(data: bytes) -> list[list[tuple[int, object]]]:
+    """A trace file's length-delimited messages, each as its (field, value) pairs."""
     messages, pos = [], 0
     while pos < len(data):
         size, pos = _varint(data, pos)
         messages.append(_fields(data[pos:pos + size]))
         pos += size
     assert pos == len(data)
+    return messages
+
+
+def test_traces_are_valid_protobuf_by_an_independent_decoder(tmp_path, capsys):
+    assert main(["astra-estimate", *R4S2, "--et-out", str(tmp_path), "--", "--dp", "4",
+                 "--pp", "2", *MODEL]) == 0
+    capsys.readouterr()
+    messages = _messages((tmp_path / "workload.0.et").read_bytes())
     # GlobalMetadata: field 1 version "0.0.4" (et_def.proto)
     assert (1, b"0.0.4") in messages[0]
     nodes = messages[1:]

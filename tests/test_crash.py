@@ -184,6 +184,11 @@ def test_a_lock_left_by_a_killed_process_is_taken_at_once(tmp_path):
     holder.kill()
     holder.wait()
     assert lock_file.is_symlink()  # left behind: Optuna alone would wait 30 s for it
+    _taken_at_once(label, lock_file)
+
+
+def _taken_at_once(label: Path, lock_file: Path) -> None:
+    """The journal's lock is taken within 2 s and the dead symlink is gone."""
     start = time.monotonic()
     lock = JournalLock(str(label))
     lock.acquire()
@@ -269,12 +274,7 @@ def test_a_lock_left_before_the_folder_was_moved_is_taken_at_once(tmp_path):
     label.touch()
     lock_file = Path(str(label) + ".lock")
     os.symlink(os.path.join(str(tmp_path / "before"), ".", "s.journal"), lock_file)
-    start = time.monotonic()
-    lock = JournalLock(str(label))
-    lock.acquire()
-    lock.release()
-    assert time.monotonic() - start < 2
-    assert not lock_file.exists()
+    _taken_at_once(label, lock_file)
 
 
 @pytest.mark.parametrize("what", ["deleted", "replaced"])

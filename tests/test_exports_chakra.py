@@ -39,7 +39,7 @@ from simcore.specs import (
     ZeroStage,
 )
 from simcore.timeline import schedule_pipeline
-from tests.test_chakra import _fields, _varint
+from tests.test_chakra import _messages
 
 LAB = TrainingSpec(global_batch=512, seq_len=1024)
 SMALL = TrainingSpec(global_batch=32, seq_len=2048, overlap_grad_reduce=False)
@@ -135,12 +135,7 @@ def test_megatron_traces_are_valid_protobuf_by_an_independent_decoder(tmp_path) 
     plan = _megatron(dp=4, tp=2, pp=2)
     data = export_files(plan, "chakra")["traces/workload.0.et"]
     assert isinstance(data, bytes)
-    messages, pos = [], 0
-    while pos < len(data):
-        size, pos = _varint(data, pos)
-        messages.append(_fields(data[pos:pos + size]))
-        pos += size
-    assert pos == len(data)
+    messages = _messages(data)
     assert (1, b"0.0.4") in messages[0]  # GlobalMetadata.version
     nodes = [dict(n) for n in messages[1:]]
     assert {n[3] for n in nodes} == {4, 5, 6, 7}  # COMP, SEND, RECV, COLL

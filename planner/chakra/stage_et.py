@@ -24,24 +24,21 @@ number; group ids number the groups in rank order instead of STAGE's enumeration
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from planner.chakra.io import trace_bytes
-from planner.chakra.schema import COLLECTIVE_TYPES, message_class
-from simcore.network import Collective
+from planner.chakra.nodes import chakra_node, comm_group_text, number_groups
+from planner.chakra.schema import message_class
 from simcore.stage import NodeKind, RankGraph, StageModel
 from simcore.stage._graph import coordinates_of, rank_of, stage_groups
 
-__all__ = ["COMM_GROUP_FILE", "comm_group_text", "comm_groups", "rank_traces",
-           "stage_trace_files", "write_stage_traces"]
+__all__ = ["COMM_GROUP_FILE", "comm_groups", "rank_traces", "stage_trace_files",
+           "write_stage_traces"]
 
 COMM_GROUP_FILE = "comm_group.json"
-
-_NODE_TYPE = {NodeKind.COMP: 4, NodeKind.SEND: 5, NodeKind.RECV: 6, NodeKind.COLL: 7}
-_COMM_TYPE = {c: COLLECTIVE_TYPES.index(c.name) for c in Collective}
+STAGE_SCHEMA = {"schema": "parallel_planner stage convention (STAGE recomp graph)"}
 
 
 def _groups(model: StageModel, npu: int) -> dict[str, tuple[int, ...]]:
@@ -51,9 +48,8 @@ def _groups(model: StageModel, npu: int) -> dict[str, tuple[int, ...]]:
 
 def comm_groups(model: StageModel) -> dict[tuple[int, ...], int]:
     """Every communicator group of more than one NPU, numbered from 1 in rank order."""
-    found = sorted({g for npu in range(model.args.npus) for g in _groups(model, npu).values()
-                    if len(g) > 1})
-    return {g: i for i, g in enumerate(found, start=1)}
+    return number_groups(g for npu in range(model.args.npus)
+                         for g in _groups(model, npu).values())
 
 
 def _peer(model: StageModel, graph: RankGraph, npu: int, link: int) -> int:
@@ -72,33 +68,22 @@ def _io(attr: Any, name: str, side: tuple[tuple[str, int], ...]) -> Any:
 def rank_traces(model: StageModel, npu: int, groups: dict[tuple[int, ...], int]
                 ) -> Iterator[Any]:
     """The Chakra nodes of ``npu``'s trace."""
-    node_cls, attr = message_class("Node"), message_class("AttributeProto")
+    attr = message_class("AttributeProto")
     pos, *_ = coordinates_of(model.args, npu)
     graph = model.ranks[pos]
     own = _groups(model, npu)
     for n in graph.nodes:
-        out = node_cls(id=n.id + 1, name=n.name, type=_NODE_TYPE[n.kind],
-                       data_deps=[d + 1 for d in n.deps])
-        if n.kind is NodeKind.COMP:
+        if n.kind is NodeKind.COLL:
+            assert n.axis is not None
+            out = chakra_node(n, group=groups[own[n.axis]])
+        elif n.kind is NodeKind.COMP:
+            out = chakra_node(n)
             out.attr.extend([attr(name="num_ops", int64_val=n.num_ops),
                              attr(name="tensor_size", uint64_val=n.tensor_size)])
-        elif n.kind is NodeKind.COLL:
-            assert n.collective is not None and n.axis is not None
-            out.attr.extend([attr(name="comm_size", int64_val=n.size),
-                             attr(name="comm_type", int64_val=_COMM_TYPE[n.collective]),
-                             attr(name="pg_name", string_val=str(groups[own[n.axis]])),
-                             attr(name="is_cpu_op", int32_val=0)])
         else:
-            side = "comm_dst" if n.kind is NodeKind.SEND else "comm_src"
-            out.attr.extend([attr(name="comm_size", int64_val=n.size),
-                             attr(name="comm_tag", int32_val=n.link),
-                             attr(name=side, int32_val=_peer(model, graph, npu, n.link)),
-                             attr(name="is_cpu_op", int32_val=0)])
+            out = chakra_node(n, tag=n.link, peer=_peer(model, graph, npu, n.link))
         out.attr.extend([_io(attr, "inputs", n.inputs), _io(attr, "outputs", n.outputs)])
         yield out
-
-
-STAGE_SCHEMA = {"schema": "parallel_planner stage convention (STAGE recomp graph)"}
 
 
 def stage_trace_files(model: StageModel, name: str) -> dict[str, bytes | str]:
@@ -109,11 +94,6 @@ def stage_trace_files(model: StageModel, name: str) -> dict[str, bytes | str]:
         for npu in range(model.args.npus)}
     files[COMM_GROUP_FILE] = comm_group_text(groups)
     return files
-
-
-def comm_group_text(groups: dict[tuple[int, ...], int]) -> str:
-    """ASTRA-sim's ``--comm-group-configuration`` JSON: ``{"id": [npus]}``."""
-    return json.dumps({str(i): list(g) for g, i in groups.items()}) + "\n"
 
 
 def write_stage_traces(model: StageModel, folder: Path, name: str) -> list[Path]:

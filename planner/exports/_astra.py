@@ -42,7 +42,7 @@ from simcore.specs import (
 from simcore.stage import StageArgs
 from simcore.stage_adapter import check_stage
 
-__all__ = ["export_astra", "stage_script", "caveats"]
+__all__ = ["caveats", "export_astra", "stage_args_for", "stage_script"]
 
 STAGE_RANK_ORDER = (Axis.DP, Axis.TP, Axis.SP, Axis.PP)
 """STAGE recomp numbers ranks dp fastest, then tp, sp, pp (NOTES.md section 5.2)."""
@@ -60,11 +60,13 @@ runpy.run_path("main.py", run_name="__main__")
 '"""
 
 
-def _stage_args(plan: Plan) -> StageArgs:
+def stage_args_for(plan: Plan, fmt: str = "astra-sim") -> StageArgs:
+    """STAGE's arguments for the plan; one line naming ``--format fmt`` if STAGE cannot build
+    it."""
     try:
         return check_stage(plan.model, plan.system, plan.training, plan.strategy)
     except ValueError as e:
-        raise PlannerUsageError(f"--format astra-sim: plan {plan.label}: STAGE cannot build it:"
+        raise PlannerUsageError(f"--format {fmt}: plan {plan.label}: STAGE cannot build it:"
                                 f" {e}; export another plan") from None
 
 
@@ -98,7 +100,7 @@ def _continued(lines: list[str]) -> str:
 
 def stage_script(plan: Plan) -> str:
     """``stage.sh``: STAGE writes the traces, then ASTRA-sim runs them on the three files."""
-    args = _stage_args(plan)
+    args = stage_args_for(plan)
     name = output_name(plan, args)
     workload = shlex.quote(name)
     head = f"""#!/bin/sh

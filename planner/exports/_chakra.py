@@ -15,12 +15,15 @@ remote-memory files, and the command that runs them.
 
 from __future__ import annotations
 
-import json
 import textwrap
 
-from planner.astra_io import network_yml_text, remote_memory_json_text, system_json_text
+from planner.astra_io import (
+    WRITTEN_SWITCHES,
+    network_yml_text,
+    remote_memory_json_text,
+    system_json_text,
+)
 from planner.chakra.stage_et import COMM_GROUP_FILE
-from planner.errors import PlannerUsageError
 from planner.plan import Plan
 from simcore.network import Congestion
 from simcore.specs import Convention
@@ -38,14 +41,10 @@ until written: about 40 bytes and 3 us a node)."""
 
 def _stage_files(plan: Plan) -> dict[str, bytes | str]:
     from planner.chakra.stage_et import stage_trace_files
+    from planner.exports._astra import stage_args_for
     from simcore.stage import build_model
-    from simcore.stage_adapter import check_stage
 
-    try:
-        args = check_stage(plan.model, plan.system, plan.training, plan.strategy)
-    except ValueError as e:
-        raise PlannerUsageError(f"--format chakra: plan {plan.label}: STAGE cannot build it:"
-                                f" {e}; export another plan") from None
+    args = stage_args_for(plan, "chakra")
     model = build_model(args)
     _check_size(args.npus * max(len(r.nodes) for r in model.ranks), plan)
     return stage_trace_files(model, TRACE_NAME)
@@ -67,15 +66,12 @@ def _check_size(nodes: int, plan: Plan) -> None:
 
 
 def _system_json(plan: Plan) -> str:
-    """The system file; the roofline off for the megatron step, whose compute nodes carry
-    runtimes."""
-    text = system_json_text(plan.system)
+    """The system file; the roofline and memory tracking off for the megatron step, whose
+    compute nodes carry runtimes and no tensors."""
     if plan.convention is Convention.STAGE:
-        return text
-    data = json.loads(text)
-    data["roofline-enabled"] = 0
-    data["track-local-mem"] = 0
-    return json.dumps(data, indent=4) + "\n"
+        return system_json_text(plan.system)
+    off = {**WRITTEN_SWITCHES, "roofline-enabled": 0, "track-local-mem": 0}
+    return system_json_text(plan.system, off)
 
 
 def run_script(plan: Plan) -> str:

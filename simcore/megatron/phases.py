@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from simcore.megatron.calls import embedding_calls, head_calls
 from simcore.megatron.checks import check_plan
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.step import _dp_time, _Ends, _ends, _Layer, _layer, _optimizer_time, _stage
-from simcore.network import Collective
 from simcore.specs import Axis, ModelSpec, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["OpTime", "StagePhases", "stage_phases"]
@@ -74,18 +74,13 @@ def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends,
                   tp=k * layer.tp_bwd, sp=k * layer.sp_bwd, fsdp=k * layer.fsdp_bwd, p2p=p2p)
            for _ in range(v)]
     if i == 0:
-        embedding = 0.0
-        if t > 1:
-            kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
-            embedding = p.comm.collective(Axis.TP, kind, activation)
+        embedding = p.comm.total(embedding_calls(p))
         fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,
                          tp=fwd[0].tp + embedding)
         bwd[0] = replace(bwd[0], compute=bwd[0].compute + ends.embedding_bwd)
     if i == s.pp - 1:
-        gather = scatter = 0.0
-        if t > 1 and s.sequence_parallel:
-            gather = p.comm.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
-            scatter = p.comm.collective(Axis.TP, Collective.REDUCE_SCATTER, activation)
+        gather = p.comm.total(head_calls(p, False))
+        scatter = p.comm.total(head_calls(p, True))
         last_f, last_b = fwd[-1], bwd[-1]
         fwd[-1] = replace(last_f, compute=last_f.compute + ends.head_fwd, tp=last_f.tp + gather)
         bwd[-1] = replace(last_b, compute=last_b.compute + ends.head_bwd, tp=last_b.tp + scatter)

@@ -4,6 +4,7 @@ activations, and the axes' collectives with the device's launch cost."""
 from __future__ import annotations
 
 from simcore.megatron.activations import LayerActivations, layer_activations
+from simcore.megatron.calls import Call
 from simcore.megatron.checks import micro_batches
 from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
 from simcore.megatron.layers import LayerShape, layer_shape
@@ -24,6 +25,13 @@ class Comm:
         t = self.nets.collective(axis, collective, size_bytes)
         return t + self.launch if t else 0.0
 
+    def total(self, calls: list[Call]) -> float:
+        """Seconds for these collectives one after the other."""
+        seconds = 0.0
+        for axis, collective, size in calls:
+            seconds += self.collective(axis, collective, size)
+        return seconds
+
     def p2p(self, axis: Axis, size_bytes: float) -> float:
         t = self.nets.p2p(axis, size_bytes)
         return t + self.launch if t else 0.0
@@ -38,6 +46,8 @@ class StepPlan:
         self.shape: LayerShape = layer_shape(model)
         self.seq = training.seq_len
         self.m = micro_batches(training, strategy)
+        self.grad_links: dict[float, float] = {}
+        """Seconds of a stage's gradient reduction, by the parameters it holds (memoised)."""
         self.tokens = strategy.micro_batch * self.seq / strategy.sp
         """Tokens of one micro-batch on one device (the sequence split by sp)."""
         device = system.device

@@ -29,12 +29,19 @@ import math
 from dataclasses import dataclass
 
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
+from simcore.megatron.calls import (
+    cp_kv_calls,
+    embedding_calls,
+    fsdp_layer_calls,
+    grad_reduction_calls,
+    head_calls,
+    tp_pair_calls,
+)
 from simcore.megatron.checks import check_plan
 from simcore.megatron.layers import LayerShape
 from simcore.megatron.pipeline import in_flight, pipeline_time
 from simcore.megatron.plan import StepPlan, uses_flash_attention
 from simcore.megatron.states import model_state_bytes
-from simcore.network import Collective
 from simcore.specs import (
     Axis,
     ModelSpec,
@@ -80,21 +87,11 @@ class _Layer:
 
 def _tp_layer_comm(p: StepPlan) -> float:
     """Two all-reduces (or all-gather + reduce-scatter pairs) of a (b, s, h) activation."""
-    s = p.s
-    if s.tp == 1:
-        return 0.0
-    full = p.tokens * p.model.hidden * p.training.bytes_per_activation
-    if s.sequence_parallel:
-        pair = (p.comm.collective(Axis.TP, Collective.ALL_GATHER, full / s.tp)
-                + p.comm.collective(Axis.TP, Collective.REDUCE_SCATTER, full))
-    else:
-        pair = p.comm.collective(Axis.TP, Collective.ALL_REDUCE, full)
-    return 2 * pair
+    return 2 * p.comm.total(tp_pair_calls(p))
 
 
 def _layer(p: StepPlan) -> _Layer:
-    model, s, shape = p.model, p.s, p.shape
-    h, t = model.hidden, s.tp
+    s = p.s
     kernels = p.kernels
     fwd, bwd = kernels.forward, kernels.backward
     tp = _tp_layer_comm(p)
@@ -104,9 +101,8 @@ def _layer(p: StepPlan) -> _Layer:
 
     sp_fwd = sp_bwd = 0.0
     if s.sp > 1:
-        kv_bytes = 2 * p.tokens * h * shape.kv_fraction * p.training.bytes_per_activation / t
-        gather = p.comm.collective(Axis.SP, Collective.ALL_GATHER, kv_bytes)
-        scatter = p.comm.collective(Axis.SP, Collective.REDUCE_SCATTER, kv_bytes * s.sp)
+        gathers, scatters = cp_kv_calls(p)
+        gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
         core = p.kernels.core_forward
         sp_fwd = max(0.0, gather - core)
         sp_bwd = max(0.0, gather + scatter - 2 * core)
@@ -122,33 +118,12 @@ def _layer(p: StepPlan) -> _Layer:
 
     fsdp_fwd = fsdp_bwd = 0.0
     if s.zero is ZeroStage.PARAMETERS and p.dp_group > 1:
-        params = shape.layer_params / t
-        gather = _group_collective(p, Collective.ALL_GATHER,
-                                   params * p.training.bytes_per_param_weights / p.dp_group)
-        scatter = _group_collective(p, Collective.REDUCE_SCATTER,
-                                    params * p.training.bytes_per_param_grads)
+        gathers, scatters = fsdp_layer_calls(p)
+        gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
         fsdp_fwd = max(0.0, gather - fwd)
         fsdp_bwd = max(0.0, gather + scatter - bwd - recompute)
     return _Layer(fwd, bwd, recompute, tp, tp_bwd + tp_recompute, sp_fwd, sp_bwd, fsdp_fwd,
                   fsdp_bwd)
-
-
-def _group_collective(p: StepPlan, collective: Collective, size: float) -> float:
-    """A collective over the data-parallel group (dp, and sp which shares the weights)."""
-    if p.s.sp == 1:
-        return p.comm.collective(Axis.DP, collective, size)
-    if p.s.dp == 1:
-        return p.comm.collective(Axis.SP, collective, size)
-    # dp x sp: the two axes in turn, as a hierarchical collective over both would run.
-    if collective is Collective.ALL_GATHER:
-        return (p.comm.collective(Axis.SP, collective, size)
-                + p.comm.collective(Axis.DP, collective, size * p.s.sp))
-    if collective is Collective.REDUCE_SCATTER:
-        return (p.comm.collective(Axis.SP, collective, size)
-                + p.comm.collective(Axis.DP, collective, size / p.s.sp))
-    return (p.comm.collective(Axis.SP, Collective.REDUCE_SCATTER, size)
-            + p.comm.collective(Axis.DP, Collective.ALL_REDUCE, size / p.s.sp)
-            + p.comm.collective(Axis.SP, Collective.ALL_GATHER, size / p.s.sp))
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,17 +190,12 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
     if first:
         params += shape.embedding_params / t
         compute += ends.embedding_fwd + ends.embedding_bwd
-        # Vocab-parallel embedding: its output all-reduced (reduce-scattered with SP).
-        if t > 1:
-            kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
-            tp += p.comm.collective(Axis.TP, kind, activation)
+        tp += p.comm.total(embedding_calls(p))
     if last:
         tied_here = model.tied_embeddings and pp == 1
         params += (2 * h if tied_here else shape.head_params) / t
         compute += ends.head_fwd + ends.head_bwd
-        if t > 1 and s.sequence_parallel:
-            tp += (p.comm.collective(Axis.TP, Collective.ALL_GATHER, activation / t)
-                   + p.comm.collective(Axis.TP, Collective.REDUCE_SCATTER, activation))
+        tp += p.comm.total(head_calls(p, False)) + p.comm.total(head_calls(p, True))
     sends = 0.0
     if pp_time is not None:
         sends = pp_time
@@ -239,21 +209,23 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
                   n * (layer.fsdp_fwd + layer.fsdp_bwd), bwd)
 
 
+def grad_buckets(p: StepPlan, params: float) -> int:
+    """Buckets a stage's gradients are reduced in, with ``overlap_grad_reduce``
+    (:data:`DDP_BUCKET_PARAMS`)."""
+    return max(1, math.ceil(params / max(DDP_BUCKET_PARAMS, 1_000_000 * p.dp_group)))
+
+
 def _dp_time(p: StepPlan, stage: _Stage) -> tuple[float, float]:
     """(link, exposed) seconds of the stage's gradient reduction."""
-    s, tr = p.s, p.training
-    if p.dp_group == 1 or s.zero is ZeroStage.PARAMETERS:
+    link = p.grad_links.get(stage.params)
+    if link is None:  # the stages between the first and last hold the same parameters
+        reduce, gather = grad_reduction_calls(p, stage.params)
+        link = p.grad_links[stage.params] = p.comm.total(reduce) + p.comm.total(gather)
+    if not link:
         return 0.0, 0.0
-    grads = stage.params * tr.bytes_per_param_grads
-    if s.zero is ZeroStage.NONE:
-        link = _group_collective(p, Collective.ALL_REDUCE, grads)
-    else:
-        link = (_group_collective(p, Collective.REDUCE_SCATTER, grads)
-                + _group_collective(p, Collective.ALL_GATHER,
-                                    stage.params * tr.bytes_per_param_weights / p.dp_group))
-    if not tr.overlap_grad_reduce:
+    if not p.training.overlap_grad_reduce:
         return link, link
-    buckets = max(1, math.ceil(stage.params / max(DDP_BUCKET_PARAMS, 1_000_000 * p.dp_group)))
+    buckets = grad_buckets(p, stage.params)
     return link, max(link / buckets, link - stage.bwd)
 
 

@@ -17,8 +17,8 @@ groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
 - context parallelism's K/V all-gathers (and reduce-scatters backward) and ZeRO-3's per-layer
   weight all-gathers (and gradient reduce-scatters) run beside the op's compute;
 - after the stage's last backward: the gradient all-reduce (reduce-scatter + all-gather with a
-  distributed optimizer / ZeRO-1/2), over dp x sp as :func:`simcore.megatron.step._group_
-  collective` splits it; with ``overlap_grad_reduce`` in buckets, all but the last running beside
+  distributed optimizer / ZeRO-1/2), over dp x sp as the estimate splits it
+  (:mod:`simcore.megatron.calls`, shared with the estimate); with ``overlap_grad_reduce`` in buckets, all but the last running beside
   the last backward (the estimate's ``max(link / buckets, link - backward)``); then the optimizer.
 
 The estimate and this graph agree op by op where the estimate's terms are sums and maxima of the
@@ -31,23 +31,27 @@ microseconds (Chakra's ``duration_micros``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from simcore.megatron.phases import OpTime, stage_phases
+from simcore.megatron.calls import (
+    Call,
+    cp_kv_calls,
+    embedding_calls,
+    fsdp_layer_calls,
+    grad_reduction_calls,
+    head_calls,
+    tp_pair_calls,
+)
+from simcore.megatron.phases import OpTime, StagePhases, stage_phases
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.step import DDP_BUCKET_PARAMS, _ends, _layer, _optimizer_time, _stage
-from simcore.network import Collective
+from simcore.megatron.step import _ends, _layer, _optimizer_time, _stage, grad_buckets
+from simcore.megatron.step import _Stage as _StageSums
 from simcore.specs import Axis, ModelSpec, Recompute, Strategy, SystemSpec, TrainingSpec, ZeroStage
 from simcore.stage._graph import Node, NodeKind, RankGraph
 from simcore.timeline import stage_order
 
-__all__ = ["Call", "StepGraphs", "npu_coordinates", "step_graphs"]
-
-Call = tuple[Axis, Collective, int]
-"""One collective: the axis whose group runs it, the collective, its size in bytes (ASTRA-sim's
-``comm_size``: the per-rank input of an all-gather, the whole tensor otherwise)."""
+__all__ = ["StepGraphs", "npu_coordinates", "step_graphs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,32 +101,6 @@ def _micros(seconds: float) -> int:
 
 
 # -- the collectives of one op ----------------------------------------------------------------
-def _tp_pair(p: StepPlan) -> list[Call]:
-    if p.s.tp == 1:
-        return []
-    full = int(p.tokens * p.model.hidden * p.training.bytes_per_activation)
-    if p.s.sequence_parallel:
-        return [(Axis.TP, Collective.ALL_GATHER, full // p.s.tp),
-                (Axis.TP, Collective.REDUCE_SCATTER, full)]
-    return [(Axis.TP, Collective.ALL_REDUCE, full)]
-
-
-def _over_dp(p: StepPlan, collective: Collective, size: float) -> list[Call]:
-    """A collective over the data-parallel group (dp x sp), split as the estimate splits it."""
-    s = p.s
-    if s.sp == 1:
-        return [(Axis.DP, collective, int(size))]
-    if s.dp == 1:
-        return [(Axis.SP, collective, int(size))]
-    if collective is Collective.ALL_GATHER:
-        return [(Axis.SP, collective, int(size)), (Axis.DP, collective, int(size * s.sp))]
-    if collective is Collective.REDUCE_SCATTER:
-        return [(Axis.SP, collective, int(size)), (Axis.DP, collective, int(size / s.sp))]
-    return [(Axis.SP, Collective.REDUCE_SCATTER, int(size)),
-            (Axis.DP, Collective.ALL_REDUCE, int(size / s.sp)),
-            (Axis.SP, Collective.ALL_GATHER, int(size / s.sp))]
-
-
 @dataclass(frozen=True, slots=True)
 class _OpCalls:
     """The collectives of one forward or backward of one chunk."""
@@ -137,36 +115,20 @@ class _OpCalls:
 
 
 def _op_calls(p: StepPlan, stage: int, chunk: int, backward: bool) -> _OpCalls:
-    s, model = p.s, p.model
-    k = model.layers // s.pp // s.v
-    full = int(p.tokens * model.hidden * p.training.bytes_per_activation)
+    s = p.s
+    k = p.model.layers // s.pp // s.v
     first, last = stage == 0 and chunk == 0, stage == s.pp - 1 and chunk == s.v - 1
-    pairs = _tp_pair(p) * (2 * k)
-    head: list[Call] = []
-    if s.tp > 1 and s.sequence_parallel and last:
-        head = [(Axis.TP, Collective.ALL_GATHER, full // s.tp)] if not backward else [
-            (Axis.TP, Collective.REDUCE_SCATTER, full)]
+    pairs = tp_pair_calls(p) * (2 * k)
+    head = head_calls(p, backward) if last else []
     beside: list[Call] = []
     if s.sp > 1:
-        kv = int(2 * p.tokens * model.hidden * p.shape.kv_fraction
-                 * p.training.bytes_per_activation / s.tp)
-        layer = [(Axis.SP, Collective.ALL_GATHER, kv)]
-        if backward:
-            layer.append((Axis.SP, Collective.REDUCE_SCATTER, kv * s.sp))
-        beside += layer * k
+        gathers, scatters = cp_kv_calls(p)
+        beside += (gathers + scatters if backward else gathers) * k
     if s.zero is ZeroStage.PARAMETERS and p.dp_group > 1:
-        params = p.shape.layer_params / s.tp
-        layer = _over_dp(p, Collective.ALL_GATHER,
-                         params * p.training.bytes_per_param_weights / p.dp_group)
-        if backward:
-            layer += _over_dp(p, Collective.REDUCE_SCATTER,
-                              params * p.training.bytes_per_param_grads)
-        beside += layer * k
+        gathers, scatters = fsdp_layer_calls(p)
+        beside += (gathers + scatters if backward else gathers) * k
     if not backward:
-        embedding: list[Call] = []
-        if first and s.tp > 1:
-            kind = Collective.REDUCE_SCATTER if s.sequence_parallel else Collective.ALL_REDUCE
-            embedding = [(Axis.TP, kind, full)]
+        embedding = embedding_calls(p) if first else []
         return _OpCalls([], embedding + pairs + head, [], beside)
     again = pairs if s.recompute is Recompute.FULL else []
     return _OpCalls(again, pairs, head, beside)
@@ -192,10 +154,11 @@ class _Nodes:
         return [self.add(NodeKind.COMP, name, deps, duration_us=micros)]
 
     def chain(self, name: str, calls: list[Call], deps: list[int]) -> list[int]:
+        """The collectives one after the other (sizes truncated to bytes, as the estimate's)."""
         for i, (axis, collective, size) in enumerate(calls):
-            if size > 0:
+            if int(size) > 0:
                 deps = [self.add(NodeKind.COLL, f"{name} {collective.value} {i}", deps,
-                                 collective=collective, axis=axis.value, size=size)]
+                                 collective=collective, axis=axis.value, size=int(size))]
         return deps
 
 
@@ -215,9 +178,8 @@ def _transfer(p: StepPlan, stage: int, chunk: int, backward: bool, sending: bool
 
 
 class _Stage:
-    def __init__(self, p: StepPlan, stage: int) -> None:
-        self.p, self.stage = p, stage
-        self.phases = stage_phases(p.model, p.system, p.training, p.s)[stage]
+    def __init__(self, p: StepPlan, stage: int, phases: StagePhases, sums: _StageSums) -> None:
+        self.p, self.stage, self.phases, self.sums = p, stage, phases, sums
         self.message = int(p.tokens * p.model.hidden * p.training.bytes_per_activation / p.s.tp)
         self.out = _Nodes()
         self.peers: dict[int, tuple[int, int]] = {}
@@ -238,8 +200,8 @@ class _Stage:
         self.peers[node] = (other, self.key(sender, direction, micro))
         return [node]
 
-    def op(self, chunk: int, micro: int, backward: bool, deps: list[int],
-           bucket_start: list[int] | None = None) -> tuple[list[int], list[int]]:
+    def op(self, chunk: int, micro: int, backward: bool,
+           deps: list[int]) -> tuple[list[int], list[int]]:
         """One op's nodes; returns (its end, its start: what the overlapped gradient buckets
         wait for)."""
         times: OpTime = (self.phases.backward if backward else self.phases.forward)[chunk]
@@ -264,43 +226,26 @@ class _Stage:
         end = self._p2p(NodeKind.SEND, chunk, micro, backward, end)
         return end, start
 
-    def dp_calls(self) -> list[Call]:
-        p, tr = self.p, self.p.training
-        if p.dp_group == 1 or p.s.zero is ZeroStage.PARAMETERS:
-            return []
-        params = _stage(p, _layer(p), _ends(p), self.stage).params
-        grads = params * tr.bytes_per_param_grads
-        if p.s.zero is ZeroStage.NONE:
-            return _over_dp(p, Collective.ALL_REDUCE, grads)
-        return (_over_dp(p, Collective.REDUCE_SCATTER, grads)
-                + _over_dp(p, Collective.ALL_GATHER,
-                           params * tr.bytes_per_param_weights / p.dp_group))
-
     def buckets(self) -> int:
         p = self.p
         if not p.training.overlap_grad_reduce or p.dp_group == 1:
             return 1
-        params = _stage(p, _layer(p), _ends(p), self.stage).params
-        return max(1, math.ceil(params / max(DDP_BUCKET_PARAMS, 1_000_000 * p.dp_group)))
+        return grad_buckets(p, self.sums.params)
 
     def build(self) -> list[Node]:
         p = self.p
         order = stage_order(p.s.schedule, self.stage, p.s.pp, p.m, p.s.v)
         deps: list[int] = []
-        last = len(order.backward) - 1
         start: list[int] = []
-        for i, (bwd, chunk, micro) in enumerate(zip(order.backward, order.chunk,
-                                                    order.micro_batch)):
+        for bwd, chunk, micro in zip(order.backward, order.chunk, order.micro_batch):
             deps, start = self.op(int(chunk), int(micro), bool(bwd), deps)
-            if i == last:
-                break
-        calls, n = self.dp_calls(), self.buckets()
-        split = [(a, c, size // n) for a, c, size in calls]
+        reduce, gather = grad_reduction_calls(p, self.sums.params)
+        calls, n = reduce + gather, self.buckets()
+        split = [(a, c, size / n) for a, c, size in calls]
         hidden = self.out.chain("dp grad reduce (overlapped)", split * (n - 1), start)
         end = self.out.chain("dp grad reduce", split if n > 1 else calls,
                              sorted(set(deps + hidden)) if n > 1 else deps)
-        stage_time = _stage(p, _layer(p), _ends(p), self.stage)
-        self.out.compute("optimizer", _optimizer_time(p, stage_time), end)
+        self.out.compute("optimizer", _optimizer_time(p, self.sums), end)
         return self.out.nodes
 
 
@@ -309,7 +254,9 @@ def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     """Every NPU's graph of one step (see the module docstring); raises ValueError when the plan
     does not divide."""
     p = StepPlan(model, system, training, strategy)
-    stages = [_Stage(p, i) for i in range(strategy.pp)]
+    layer, ends = _layer(p), _ends(p)
+    phases = stage_phases(model, system, training, strategy)
+    stages = [_Stage(p, i, phases[i], _stage(p, layer, ends, i)) for i in range(strategy.pp)]
     nodes = [tuple(st.build()) for st in stages]
     npus = strategy.devices
     replicas = npus // strategy.pp

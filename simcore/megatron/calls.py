@@ -1,0 +1,110 @@
+"""Which collectives each part of a Megatron-style step runs, as (axis, collective, bytes):
+what the estimate times (:meth:`simcore.megatron.plan.Comm.total`) and what the step's Chakra
+graph writes as nodes (:mod:`simcore.megatron.step_graph`), from one place.
+
+Sizes are as ASTRA-sim takes them (the per-rank input of an all-gather, the whole tensor
+otherwise) and may be fractional; both users truncate them to whole bytes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from simcore.network import Collective
+from simcore.specs import Axis, ZeroStage
+
+if TYPE_CHECKING:
+    from simcore.megatron.plan import StepPlan
+
+__all__ = ["Call", "cp_kv_calls", "dp_group_calls", "embedding_calls", "fsdp_layer_calls",
+           "grad_reduction_calls", "head_calls", "tp_pair_calls"]
+
+Call = tuple[Axis, Collective, float]
+
+
+def _activation(p: StepPlan) -> float:
+    """One micro-batch's (b, s, h) activation on a device, in bytes."""
+    return p.tokens * p.model.hidden * p.training.bytes_per_activation
+
+
+def tp_pair_calls(p: StepPlan) -> list[Call]:
+    """Half a layer's tp communication: an all-reduce of the (b, s, h) activation, or an
+    all-gather and a reduce-scatter with sequence parallelism (two per layer each way)."""
+    t = p.s.tp
+    if t == 1:
+        return []
+    full = _activation(p)
+    if p.s.sequence_parallel:
+        return [(Axis.TP, Collective.ALL_GATHER, full / t),
+                (Axis.TP, Collective.REDUCE_SCATTER, full)]
+    return [(Axis.TP, Collective.ALL_REDUCE, full)]
+
+
+def embedding_calls(p: StepPlan) -> list[Call]:
+    """The vocab-parallel embedding's output all-reduced (reduce-scattered with SP)."""
+    if p.s.tp == 1:
+        return []
+    kind = Collective.REDUCE_SCATTER if p.s.sequence_parallel else Collective.ALL_REDUCE
+    return [(Axis.TP, kind, _activation(p))]
+
+
+def head_calls(p: StepPlan, backward: bool) -> list[Call]:
+    """Sequence parallelism's gather before the LM head (and its reduce-scatter backward)."""
+    if p.s.tp == 1 or not p.s.sequence_parallel:
+        return []
+    full = _activation(p)
+    if backward:
+        return [(Axis.TP, Collective.REDUCE_SCATTER, full)]
+    return [(Axis.TP, Collective.ALL_GATHER, full / p.s.tp)]
+
+
+def cp_kv_calls(p: StepPlan) -> tuple[list[Call], list[Call]]:
+    """Context parallelism per layer: K and V all-gathered (forward, and again in backward),
+    and their gradients reduce-scattered (backward)."""
+    s = p.s
+    kv = (2 * p.tokens * p.model.hidden * p.shape.kv_fraction * p.training.bytes_per_activation
+          / s.tp)
+    return ([(Axis.SP, Collective.ALL_GATHER, kv)],
+            [(Axis.SP, Collective.REDUCE_SCATTER, kv * s.sp)])
+
+
+def dp_group_calls(p: StepPlan, collective: Collective, size: float) -> list[Call]:
+    """A collective over the data-parallel group (dp, and sp which shares the weights); over
+    dp x sp the two axes in turn, as a hierarchical collective over both would run."""
+    s = p.s
+    if s.sp == 1:
+        return [(Axis.DP, collective, size)]
+    if s.dp == 1:
+        return [(Axis.SP, collective, size)]
+    if collective is Collective.ALL_GATHER:
+        return [(Axis.SP, collective, size), (Axis.DP, collective, size * s.sp)]
+    if collective is Collective.REDUCE_SCATTER:
+        return [(Axis.SP, collective, size), (Axis.DP, collective, size / s.sp)]
+    return [(Axis.SP, Collective.REDUCE_SCATTER, size),
+            (Axis.DP, Collective.ALL_REDUCE, size / s.sp),
+            (Axis.SP, Collective.ALL_GATHER, size / s.sp)]
+
+
+def fsdp_layer_calls(p: StepPlan) -> tuple[list[Call], list[Call]]:
+    """ZeRO-3 per layer: its weights all-gathered (before forward, and again before backward)
+    and its gradients reduce-scattered (after backward)."""
+    params = p.shape.layer_params / p.s.tp
+    tr = p.training
+    return (dp_group_calls(p, Collective.ALL_GATHER,
+                           params * tr.bytes_per_param_weights / p.dp_group),
+            dp_group_calls(p, Collective.REDUCE_SCATTER, params * tr.bytes_per_param_grads))
+
+
+def grad_reduction_calls(p: StepPlan, params: float) -> tuple[list[Call], list[Call]]:
+    """A stage's gradient reduction over the data-parallel group for its ``params``: the
+    gradients all-reduced (ZeRO-0) or reduce-scattered, then the updated weights all-gathered
+    (ZeRO-1/2); nothing for one replica or ZeRO-3 (its layers reduce their own)."""
+    s, tr = p.s, p.training
+    if p.dp_group == 1 or s.zero is ZeroStage.PARAMETERS:
+        return [], []
+    grads = params * tr.bytes_per_param_grads
+    if s.zero is ZeroStage.NONE:
+        return dp_group_calls(p, Collective.ALL_REDUCE, grads), []
+    return (dp_group_calls(p, Collective.REDUCE_SCATTER, grads),
+            dp_group_calls(p, Collective.ALL_GATHER,
+                           params * tr.bytes_per_param_weights / p.dp_group))

@@ -1,5 +1,6 @@
-"""One HTML page for a study: its inputs, the best plans, the Pareto front, the step-time
-breakdown of the best plans and the timeline of the best one.
+"""One HTML page for a study: the recommended plan and why (:mod:`planner.report_decision`), its
+inputs, the best plans, the Pareto front, the step-time breakdown of the best plans and the
+timeline of the best one.
 
 The page is self-contained: plotly.js is inlined once (the first figure) and every other figure
 refers to it, so it opens offline and weighs about 5 MB plus the points.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import optuna
 import pandas as pd
@@ -21,7 +22,8 @@ from planner.plots import figure_html
 from planner.plots.breakdown import breakdown_figure
 from planner.plots.pareto import pareto_figure
 from planner.plots.timeline import timeline_figure
-from planner.tables import best_frame, format_best, trials_frame
+from planner.report_decision import Decision, decide, decision_html
+from planner.tables import PLACEMENTS, best_frame, trials_frame
 
 __all__ = ["Report", "build_report", "report_html"]
 
@@ -45,6 +47,7 @@ class Report:
     counts: dict[str, int]
     best: pd.DataFrame
     figures: list[tuple[str, go.Figure]]
+    decision: Decision
 
 
 def _counts(df: pd.DataFrame) -> dict[str, int]:
@@ -54,8 +57,9 @@ def _counts(df: pd.DataFrame) -> dict[str, int]:
             "infeasible": len(complete) - feasible}
 
 
-def build_report(study: optuna.Study, top: int = 10) -> Report:
-    """Gather the page's parts; a study with no feasible plan is a one-line error."""
+def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Report:
+    """Gather the page's parts; a study with no feasible plan is a one-line error. ``storage``:
+    the ``--storage`` option the page's commands carry ("" for the default storage)."""
     frame = trials_frame(study)
     best = best_frame(study, top, frame)
     if best.empty:
@@ -68,14 +72,15 @@ def build_report(study: optuna.Study, top: int = 10) -> Report:
         (f"One step of the best plan ({plans[0].label}), as a timeline",
          timeline_figure(plans[0])),
     ]
-    return Report(study.study_name, dict(study.user_attrs.get("config") or {}), _counts(frame),
-                  best, figures)
+    summary = dict(study.user_attrs.get("config") or {})
+    decision = decide(study.study_name, frame, best, summary, storage)
+    return Report(study.study_name, summary, _counts(frame), best, figures, decision)
 
 
 def _inputs(report: Report) -> str:
     s = report.summary
-    rows = [("model", s.get("model")), ("system", f"{s.get('system')} ({s.get('devices')}"
-                                                   " devices)"),
+    system = f"{s.get('system')} ({s.get('devices')} devices)"
+    rows = [("model", s.get("model")), ("system", system),
             ("convention", s.get("convention")), ("global batch", s.get("global_batch")),
             ("sequence length", s.get("seq_len")),
             ("HBM limit", f"{s['hbm_gb']:g} GB" if s.get("hbm_gb") else "unlimited"),
@@ -91,18 +96,34 @@ def _inputs(report: Report) -> str:
     return f"<table>{body}</table><h3>Search space</h3><table>{space}</table>"
 
 
+def _best_table(best: pd.DataFrame) -> str:
+    """The best plans as an HTML table; plans equal in every figure but their placement are one
+    row listing the others."""
+    rows = []
+    for i, (_, r) in enumerate(best.iterrows(), 1):
+        others = list(r[PLACEMENTS])[1:] if PLACEMENTS in r.index else []
+        same = ", ".join(others)
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
+            i, r["plan"], f"{r['step_time_s']:.4g}", f"{r['tokens_per_s']:,.0f}",
+            f"{r['mfu']:.1%}", f"{r['peak_memory_gb']:.1f}", same or "-", r["number"])) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("#", "plan", "step s", "tokens/s", "MFU",
+                                            "peak GB", "same figures with placement", "trial"))
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
 def _values(values: object) -> str:
     return ", ".join(map(str, values)) if isinstance(values, list) else str(values)
 
 
 def report_html(report: Report) -> str:
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
-             f"<title>{html.escape(report.study)}: Parallel Planner report</title>"
-             f"<style>{_STYLE}</style></head><body>",
-             f"<h1>Study {html.escape(report.study)}</h1>",
-             f"<p>Made by Parallel Planner on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC."
-             "</p>", "<h2>Inputs</h2>", _inputs(report),
-             "<h2>Best plans</h2>", f"<pre>{html.escape(format_best(report.best))}</pre>"]
+    title = html.escape(report.study)
+    head = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}: Parallel Planner"
+            f" report</title><style>{_STYLE}</style></head><body>")
+    made = f"<p>Made by Parallel Planner on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.</p>"
+    parts = [head, f"<h1>Study {title}</h1>", made,
+             "<h2>Recommendation</h2>", decision_html(report.decision),
+             "<h2>Inputs</h2>", _inputs(report),
+             "<h2>Best plans</h2>", _best_table(report.best)]
     for i, (title, fig) in enumerate(report.figures):
         div = figure_html(fig, full_html=False, include_plotlyjs=(i == 0))
         parts += [f"<h2>{html.escape(title)}</h2>", f"<div class='figure'>{div}</div>"]

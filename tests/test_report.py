@@ -29,7 +29,8 @@ def report(tmp_path, storage, capsys):
 def test_report_holds_inputs_best_plans_and_three_figures(report):
     text = report.read_text()
     for part in ("llama70b", "lab-system1", "HBM limit", "40 GB", "Best plans", "Pareto front",
-                 "timeline", "Search space"):
+                 "timeline", "Search space", "Recommendation", "The runner-up",
+                 "planner export lab --format megatron"):
         assert part in text, part
     # plotly.js inlined once (the page opens offline), three figures use it.
     assert text.count("plotly.js v") <= 2 and len(plots(text)) == 3

@@ -1,0 +1,176 @@
+"""The report's first section: which plan to run, why, how sure, and what would change it.
+
+Read from the study's stored trials (nothing is estimated again): the recommended plan is the
+fastest feasible one; the runner-up is the next row of the best plans; "close" is within the
+estimate's stated error (:data:`ESTIMATE_ERROR`); what would change the answer is the HBM limit
+when the recommended plan nearly fills it or a faster plan does not fit, and the largest part of
+its step that is not compute.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import pandas as pd
+
+__all__ = ["ESTIMATE_ERROR", "Decision", "decide", "decision_html", "export_formats"]
+
+ESTIMATE_ERROR = 0.075
+"""The estimate's step-time error to weigh close plans against: its mean absolute error on the
+A100 and H100 check runs it was not fit on (7.4% and 7.5%; README, "How right is it")."""
+
+MEMORY_BINDS = 0.95
+"""A plan using this much of the HBM limit or more is held by memory."""
+
+PARTS = {
+    "compute": "compute",
+    "tp": "tensor-parallel communication",
+    "sp": "context-parallel communication",
+    "dp": "data-parallel gradient reduction",
+    "pp": "pipeline sends",
+    "fsdp": "ZeRO-3 / FSDP gathers",
+    "bubble": "the pipeline bubble",
+    "optimizer": "the optimizer step",
+    "comm": "exposed communication",
+}
+"""Each time part of a stored trial (``time_<part>_s``) in words."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    study: str
+    best: pd.Series
+    runner_up: pd.Series | None
+    close: pd.DataFrame
+    """Other best plans within :data:`ESTIMATE_ERROR` of the recommended one."""
+    hbm_gb: float | None
+    faster_unfit: pd.Series | None
+    """The fastest finished plan that does not fit, when it beats the recommended one."""
+    exports: tuple[str, ...]
+    description: str
+
+
+def _parts(row: pd.Series) -> dict[str, float]:
+    return {p: float(row[f"time_{p}_s"]) for p in PARTS
+            if f"time_{p}_s" in row.index and pd.notna(row[f"time_{p}_s"])}
+
+
+def export_formats(summary: dict) -> tuple[str, ...]:
+    """The `planner export` formats that can run the study's plans: the framework the study
+    names, or every framework of its convention."""
+    convention = summary.get("convention")
+    if convention == "stage":
+        return ("astra-sim", "chakra", "plan")
+    if convention == "mlp":
+        return ("plan",)
+    framework = (summary.get("space") or {}).get("framework", "any")
+    frameworks = ("megatron", "deepspeed", "torchtitan") if framework == "any" else (framework,)
+    return (*frameworks, "chakra", "plan")
+
+
+def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
+           storage: str = "") -> Decision:
+    """The decision from the study's :func:`~planner.tables.trials_frame` and its
+    :func:`~planner.tables.best_frame` (fastest first, non-empty). ``storage`` is the
+    ``--storage`` option the printed commands carry ("" for the default)."""
+    top = best.iloc[0]
+    runner_up = best.iloc[1] if len(best) > 1 else None
+    limit = top["step_time_s"] * (1 + ESTIMATE_ERROR)
+    close = best.iloc[1:][best.iloc[1:]["step_time_s"] <= limit]
+    done = frame[frame["state"] == "COMPLETE"] if not frame.empty else frame
+    unfit = done[~done["feasible"].astype(bool)] if "feasible" in done else done.iloc[0:0]
+    unfit = unfit[unfit["step_time_s"] < top["step_time_s"]].sort_values("step_time_s")
+    exports = tuple(f"planner export {study} --format {f}{storage}"
+                    for f in export_formats(summary))
+    hbm = summary.get("hbm_gb")
+    return Decision(study, top, runner_up, close, float(hbm) if hbm else None,
+                    unfit.iloc[0] if len(unfit) else None, exports,
+                    str(summary.get("description") or ""))
+
+
+def _why(d: Decision) -> str:
+    top, other = d.best, d.runner_up
+    if other is None:
+        return "It is the only feasible plan the study found."
+    gap = other["step_time_s"] / top["step_time_s"] - 1
+    shown = f"{gap:.1%}" if gap >= 0.001 else f"{gap:.2%}"
+    mine, theirs = _parts(top), _parts(other)
+    deltas = sorted(((theirs.get(p, 0.0) - mine.get(p, 0.0), p) for p in PARTS
+                     if p in mine or p in theirs), key=lambda x: -abs(x[0]))
+    said = [f"{PARTS[p]} {'+' if dt > 0 else '-'}{_ms(abs(dt))}" for dt, p in deltas[:3]
+            if abs(dt) > 1e-3 * top["step_time_s"]]
+    text = (f"The runner-up, <code>{html.escape(str(other['plan']))}</code>, is {shown}"
+            " slower")
+    return text + (f": it spends {', '.join(said)} per step against the recommended plan."
+                   if said else ", with the same parts.")
+
+
+def _sureness(d: Decision) -> str:
+    n = len(d.close)
+    if not n:
+        return (f"No other plan comes within the estimate's error ({ESTIMATE_ERROR:.1%}): the"
+                " choice holds if the estimate is as right as on the runs it was checked on.")
+    return (f"{n} other plan{'s' if n > 1 else ''} come{'s' if n == 1 else ''} within the"
+            f" estimate's error ({ESTIMATE_ERROR:.1%} on measured runs it was not fit on)"
+            + (" (the first five)" if n > 5 else "") + ": <code>"
+            + "</code>, <code>".join(html.escape(str(p)) for p in d.close["plan"][:5])
+            + "</code>. The estimate cannot tell them apart; if the step matters, time the"
+            " first steps of each on the cluster (or <code>planner calibrate</code> the device"
+            " on a few measured runs).")
+
+
+def _changes(d: Decision) -> list[str]:
+    top, out = d.best, []
+    if d.hbm_gb:
+        used = top["peak_memory_gb"] / d.hbm_gb
+        if used >= MEMORY_BINDS:
+            out.append(f"Memory binds: the plan needs {top['peak_memory_gb']:.1f} of"
+                       f" {d.hbm_gb:g} GB; a framework that needs a few GB more than the"
+                       " estimate's allowance (memory_overhead_gb) will not fit it."
+                       + _roomier(d))
+    if d.faster_unfit is not None:
+        f = d.faster_unfit
+        gain = 1 - f["step_time_s"] / top["step_time_s"]
+        out.append(f"More HBM would change the answer: <code>{html.escape(str(f['plan']))}"
+                   f"</code> is {gain:.1%} faster but needs {f['peak_memory_gb']:.1f} GB.")
+    overheads = {p: t for p, t in _parts(top).items() if p not in ("compute",) and t > 0}
+    if overheads:
+        part, t = max(overheads.items(), key=lambda kv: kv[1])
+        out.append(f"Its largest cost besides compute is {PARTS[part]}: {_ms(t)},"
+                   f" {t / top['step_time_s']:.1%} of the step.")
+    return out
+
+
+def _roomier(d: Decision) -> str:
+    """The close plan with the most room in HBM, when it has a useful margin."""
+    roomy = d.close[d.close["peak_memory_gb"] < MEMORY_BINDS * (d.hbm_gb or 0) - 5]
+    if roomy.empty:
+        return ""
+    r = roomy.iloc[0]  # the fastest of them (best plans come fastest first)
+    gap = r["step_time_s"] / d.best["step_time_s"] - 1
+    return (f" Within the estimate's error and safer: <code>{html.escape(str(r['plan']))}"
+            f"</code>, {gap:.2%} slower at {r['peak_memory_gb']:.1f} GB.")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.3f} s"
+
+
+def decision_html(d: Decision) -> str:
+    top = d.best
+    head = (f"<p><b>Run <code>{html.escape(str(top['plan']))}</code></b>: {_ms(top['step_time_s'])}"
+            f" per step, {top['tokens_per_s']:,.0f} tokens/s, MFU {top['mfu']:.1%},"
+            f" {top['peak_memory_gb']:.1f} GB peak per device"
+            + (f" of {d.hbm_gb:g} GB" if d.hbm_gb else "") + ".</p>")
+    parts = [head]
+    if d.description:
+        parts.insert(0, f"<p class='description'>{html.escape(d.description)}</p>")
+    parts += [f"<p>{_why(d)}</p>", f"<p>{_sureness(d)}</p>"]
+    changes = _changes(d)
+    if changes:
+        parts.append("<h3>What would change the answer</h3><ul>"
+                     + "".join(f"<li>{c}</li>" for c in changes) + "</ul>")
+    parts.append("<h3>Run it</h3><pre>" + html.escape("\n".join(d.exports)) + "</pre>"
+                 "<p>Each export refuses, in one line, a plan its framework cannot run.</p>")
+    return "\n".join(parts)

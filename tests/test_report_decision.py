@@ -1,0 +1,83 @@
+"""The report's recommendation (planner/report_decision.py) on hand-made trial tables: every
+figure below is written in the test, so each sentence's numbers are checked by hand."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from planner.report_decision import ESTIMATE_ERROR, decide, decision_html, export_formats
+
+
+def _row(number: int, plan: str, step: float, memory: float, feasible: bool = True,
+         **parts: float) -> dict:
+    times = {f"time_{p}_s": 0.0 for p in ("compute", "tp", "dp", "pp", "bubble", "optimizer")}
+    times.update({f"time_{p}_s": v for p, v in parts.items()})
+    return {"number": number, "state": "COMPLETE", "plan": plan, "feasible": feasible,
+            "step_time_s": step, "peak_memory_gb": memory, "tokens_per_s": 1000 / step,
+            "mfu": 0.4, **times}
+
+
+# A: 10 s (compute 9, tp 1) at 78 of 80 GB; B: 10.2 s (compute 9, bubble 1.2) at 50 GB, within
+# the error; C: 12 s, outside it; D: 8 s but 120 GB, does not fit.
+ROWS = [
+    _row(1, "A", 10.0, 78.0, compute=9.0, tp=1.0),
+    _row(2, "B", 10.2, 50.0, compute=9.0, bubble=1.2),
+    _row(3, "C", 12.0, 40.0, compute=11.0, dp=1.0),
+    _row(4, "D", 8.0, 120.0, feasible=False, compute=8.0),
+]
+SUMMARY = {"convention": "megatron", "hbm_gb": 80, "description": "a <b>test</b> study",
+           "space": {"framework": "megatron"}}
+
+
+def _text(page: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))
+
+
+def _decision(rows: list[dict] = ROWS, summary: dict = SUMMARY, storage: str = ""):
+    frame = pd.DataFrame(rows)
+    best = frame[frame["feasible"]].sort_values("step_time_s")
+    return decide("s", frame, best, summary, storage)
+
+
+def test_recommends_the_fastest_feasible_plan_and_says_why() -> None:
+    text = _text(decision_html(_decision()))
+    assert "Run A : 10.000 s per step" in text
+    assert "78.0 GB peak per device of 80 GB" in text
+    # B - A: tp -1 s, bubble +1.2 s; B is 10.2 / 10 - 1 = 2.0% slower.
+    assert "The runner-up, B , is 2.0% slower" in text
+    assert "the pipeline bubble +1.200 s" in text and "tensor-parallel communication -1.000"\
+        " s" in text
+
+
+def test_plans_within_the_estimate_s_error_are_named() -> None:
+    d = _decision()
+    assert ESTIMATE_ERROR < 0.2  # C (12 s, +20%) is outside, B (+2%) inside
+    assert list(d.close["plan"]) == ["B"]
+    assert "1 other plan comes within the estimate's error" in _text(decision_html(d))
+
+
+def test_what_would_change_the_answer() -> None:
+    text = _text(decision_html(_decision()))
+    # 78 / 80 = 97.5% >= 95%: memory binds, and B (50 GB < 0.95 * 80 - 5) is the safer choice.
+    assert "Memory binds: the plan needs 78.0 of 80 GB" in text
+    assert "safer: B , 2.00% slower at 50.0 GB" in text
+    # D: 1 - 8 / 10 = 20% faster at 120 GB.
+    assert "D is 20.0% faster but needs 120.0 GB" in text
+    # A's largest part besides compute: tp 1 s = 10% of the step.
+    assert "tensor-parallel communication: 1.000 s, 10.0% of the step" in text
+
+
+def test_the_export_commands_carry_the_storage_and_the_framework() -> None:
+    d = _decision(storage=" --storage x.journal")
+    assert d.exports[0] == "planner export s --format megatron --storage x.journal"
+    assert export_formats({"convention": "stage"}) == ("astra-sim", "chakra", "plan")
+    assert export_formats({"convention": "megatron"})[:3] == ("megatron", "deepspeed",
+                                                             "torchtitan")
+
+
+def test_the_description_is_escaped_and_one_plan_says_so() -> None:
+    page = decision_html(_decision(ROWS[:1]))
+    assert "a &lt;b&gt;test&lt;/b&gt; study" in page
+    assert "only feasible plan" in page and "No other plan comes within" in page

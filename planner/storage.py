@@ -33,13 +33,14 @@ import fcntl
 import json
 import os
 import shlex
+import stat
 import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import optuna
 from optuna.storages import (
@@ -59,8 +60,8 @@ from planner.errors import PlannerUsageError
 __all__ = [
     "DEFAULT_STORAGE",
     "QUEUE_SUFFIX",
-    "WORK_QUEUE",
     "RESULTS_DIR",
+    "WORK_QUEUE",
     "BatchedJournalFileBackend",
     "JournalLock",
     "PlannerRDBStorage",
@@ -128,8 +129,34 @@ def open_storage(arg: str | None, *, create: bool, heartbeat: int | None = None
     if path.is_dir():
         raise PlannerUsageError(f"--storage {label}: is a directory; give a file path such as"
                                 f" {path / 'studies.journal'}")
+    _check_journal(path, label)
     path.parent.mkdir(parents=True, exist_ok=True)
     return BatchedJournalStorage(BatchedJournalFileBackend(str(path)))
+
+
+JOURNAL_START = b'{"op_code":'
+"""How every line of an Optuna journal begins (``json.dumps`` of a log, ``op_code`` first)."""
+
+
+def _check_journal(path: Path, label: str) -> None:
+    """Refuse a file that exists and is neither empty nor an Optuna journal: a journal would be
+    written into it (after its torn-looking last line was cut), destroying the user's file."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise PlannerUsageError(f"--storage {label}: is not a regular file; give a journal"
+                                    " file path such as planner-results/studies.journal")
+        with open(path, "rb") as f:
+            start = f.read(2 * len(JOURNAL_START))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise PlannerUsageError(f"--storage {label}: cannot be read ({e.strerror})") from None
+    start = start.replace(b" ", b"")[:len(JOURNAL_START)]
+    if start and start != JOURNAL_START[:len(start)]:
+        raise PlannerUsageError(
+            f"--storage {label}: is not an Optuna journal, and planner would overwrite it;"
+            " give a new file (such as planner-results/studies.journal) or a journal a planner"
+            " run made")
 
 
 def _open_rdb(label: str, heartbeat: int | None, attempts: int = 4) -> PlannerRDBStorage:
@@ -270,7 +297,7 @@ def _utc(moment: datetime.datetime | None) -> datetime.datetime | None:
     """Optuna's RDB datetimes: naive UTC."""
     if moment is None:
         return None
-    return moment.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return moment.astimezone(datetime.UTC).replace(tzinfo=None)
 
 
 @dataclass
@@ -364,7 +391,7 @@ class JournalLock:
     writer and is waited for (Optuna's grace period applies).
     """
 
-    _thread_locks: dict[str, threading.Lock] = {}
+    _thread_locks: ClassVar[dict[str, threading.Lock]] = {}
     _guard = threading.Lock()
 
     def __init__(self, path: str) -> None:
@@ -467,6 +494,10 @@ class BatchedJournalFileBackend(BaseJournalBackend):
         self._file = JournalFileBackend(path, lock_obj=self._lock)  # type: ignore[arg-type]
         self._buffer: list[dict[str, Any]] | None = None
         self._file_lines: int | None = None
+
+    @property
+    def path(self) -> str:
+        return self._path
 
     def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
         if self._buffer is None:

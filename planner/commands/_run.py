@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
-from planner.runner import run_study
+from planner.runner import WorkerDied, run_study
 from planner.storage import is_url, open_storage, shown, storage_label, storage_option
 from planner.study_config import StudyConfig, load_study_config
 from planner.tables import best_frame, format_best
@@ -33,9 +33,10 @@ failed and retried)."""
 
 
 def where_results_are(config: StudyConfig, storage: BaseStorage, label: str, command: str,
-                      study_arg: str, hbm_gb: float | None = None) -> str:
-    """One line after Ctrl-C: the trials kept, the storage, the study and the command that
-    continues it."""
+                      study_arg: str, hbm_gb: float | None = None, why: str = "interrupted"
+                      ) -> str:
+    """One line after Ctrl-C (or a dead worker): the trials kept, the storage, the study and
+    the command that continues it."""
     try:
         study = optuna.load_study(study_name=config.name, storage=storage)
         kept = storage.get_n_trials(study._study_id, TrialState.COMPLETE)
@@ -45,7 +46,7 @@ def where_results_are(config: StudyConfig, storage: BaseStorage, label: str, com
     args = [command, study_arg]
     if hbm_gb is not None:
         args += ["--hbm-gb", f"{hbm_gb:g}"]
-    return (f"interrupted: {count} of study {config.name!r} are kept in {shown(label)};"
+    return (f"{why}: {count} of study {config.name!r} are kept in {shown(label)};"
             f" continue with: planner {shlex.join(args)}{storage_option(label)}")
 
 
@@ -113,6 +114,11 @@ class RunCommand(BaseCommand):
             print(where_results_are(config, storage, label, "run", str(args.study),
                                     args.hbm_gb) + " --resume", file=sys.stderr)
             raise
+        except WorkerDied as e:
+            kept = where_results_are(config, storage, label, "run", str(args.study),
+                                     args.hbm_gb, why=str(e))
+            print(f"planner run: {kept} --resume", file=sys.stderr)
+            return 1
         finally:
             if journal is not None:
                 os.close(journal)

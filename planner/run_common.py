@@ -1,0 +1,186 @@
+"""What every way of running a study shares (``planner.runner``, ``planner.run_jobs``,
+``planner.run_queue``): the sampler by name, Ctrl-C handling, the objective, and how a study is
+described and checked against its YAML."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
+from typing import Any, Self
+
+import optuna
+from optuna.trial import FrozenTrial
+from tqdm.auto import tqdm
+
+from planner.errors import PlannerUsageError
+from planner.plan import specs_dict
+from planner.record import Evaluator, Record
+from planner.storage import batched
+from planner.study_config import StudyConfig
+from search_spaces import LayoutEncoding
+from simcore.specs import Strategy
+
+ITEM = "planner:item"
+"""System attribute: a work item's index (on queue trials, and on a sampler item's trial)."""
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler of a study (``exhaustive`` samples nothing; its sampler is unused)."""
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name == "gp":
+        try:
+            import scipy  # noqa: F401 - GPSampler's own dependencies
+            import torch  # noqa: F401
+        except ImportError:
+            raise PlannerUsageError("sampler gp needs PyTorch: pip install"
+                                    " 'parallel-planner[gp]' (or choose tpe)") from None
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------
+class StopRequest:
+    """Ctrl-C while a study runs. The first sets :attr:`requested`: the runner lets the running
+    trials finish, then raises ``KeyboardInterrupt`` (and runs the hooks, e.g. to tell worker
+    processes). The second sets :attr:`now`: the running trial stops at its next safe point
+    (the objective's start, the next strategy of a batch) and Optuna marks it FAIL. The third
+    raises ``KeyboardInterrupt`` wherever the process is. Installed only in the main thread.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.now = False
+        self._count = 0
+        self._hooks: list[Callable[[], None]] = []
+        self._previous: Any = None
+        self._installed = False
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        self._hooks.append(hook)
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._count += 1
+        if self._count == 1:
+            self.requested = True
+            print("\nstopping after the running trials (Ctrl-C again: now)", file=sys.stderr)
+            for hook in self._hooks:
+                hook()
+        elif self._count == 2:
+            self.now = True
+            print("stopping now; the running trial is marked failed", file=sys.stderr)
+        else:
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise ``KeyboardInterrupt`` if a stop was requested (the running work is done)."""
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def check_now(self) -> None:
+        """Raise ``KeyboardInterrupt`` at a safe point after a second Ctrl-C."""
+        if self.now:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _children_ignore_sigint() -> Iterator[None]:
+    """Processes forked inside inherit an ignored SIGINT, so Ctrl-C at the terminal (sent to
+    the whole process group) reaches only this process, which relays it. A joblib call forks its
+    workers before it returns; a Ctrl-C during that instant is ignored. (Each task also ignores
+    SIGINT, for workers joblib starts later.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+
+def _check_fingerprint(study: optuna.Study, config: StudyConfig) -> None:
+    if study.user_attrs.get("fingerprint") != config.fingerprint():
+        raise PlannerUsageError(
+            f"{config.path}: the stored study {config.name!r} was made from a different"
+            " model, system, limit or space; set another name to start a new study")
+
+
+def _describe(study: optuna.Study, config: StudyConfig) -> None:
+    """What the study was made from, on the study; the fingerprint last (joiners wait for it)."""
+    with warnings.catch_warnings():  # experimental since 3.2, still so marked in 5.0
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(config.metric_names)
+    study.set_user_attr("config", config.summary())
+    study.set_user_attr("specs", specs_dict(config.model, config.system, config.training,
+                                            config.convention))
+    study.set_user_attr("fingerprint", config.fingerprint())
+
+
+
+def _evaluate_all(evaluator: Evaluator, strategies: Sequence[Strategy],
+                  stop: StopRequest | None = None) -> list[Record]:
+    records = []
+    for s in strategies:
+        if stop is not None:
+            stop.check_now()
+        records.append(evaluator(s))
+    return records
+
+
+
+def _objective(config: StudyConfig, storage: optuna.storages.BaseStorage | None = None,
+               stop: StopRequest | None = None) -> Callable[[optuna.Trial], Any]:
+    encoding = LayoutEncoding(config.space)
+    evaluator = config.evaluator()
+    seen: dict[Strategy, Record] = {}
+
+    def objective(trial: optuna.Trial) -> float | list[float]:
+        if stop is not None:
+            stop.check_now()  # inside Optuna's trial: it marks the trial FAIL
+        strategy = encoding.suggest(trial)
+        record = seen.get(strategy)
+        if record is None:
+            record = seen[strategy] = evaluator(strategy)
+        with batched(storage):  # some 40 attributes: one journal write instead of 40
+            for key, value in record.user_attrs.items():
+                trial.set_user_attr(key, value)
+            for key, value in record.constraints.items():
+                trial.set_constraint(key, value)
+        return record.values if len(record.values) > 1 else record.values[0]
+
+    return objective
+
+
+
+def _stop_when(stop: Callable[[], bool]) -> Callable[[optuna.Study, FrozenTrial], None]:
+    def callback(study: optuna.Study, _trial: FrozenTrial) -> None:
+        if stop():
+            study.stop()
+    return callback
+
+
+
+def _bar(total: int | None, progress: bool, what: str) -> tqdm:
+    return tqdm(total=total, unit="trial", desc=what, disable=not progress or None,
+                file=sys.stderr, dynamic_ncols=True, leave=False)
+

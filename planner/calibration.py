@@ -3,7 +3,8 @@
 The constants are the device entry's own (:data:`CONSTANTS`): the achievable fractions of peak
 FLOP/s on large GEMMs and of HBM bandwidth on element-wise kernels, the flash-attention
 kernels' fraction of peak, the per-kernel launch floor, the host's cost of issuing a collective,
-and the framework's memory allowance.
+and the framework's memory allowance; the compute's slowdown beside a collective
+(``overlap_slowdown``) only when asked for by name, as the catalog takes it from a measurement.
 Nothing per run: every run is estimated with the same device.
 
 The fit is an Optuna study (CMA-ES, seeded, so a fit is reproducible) over the constants the runs
@@ -54,6 +55,9 @@ class Constant:
     needs: str
     """Which runs tell it apart: ``time``, ``flash`` (timed with flash attention), ``comm`` (timed
     on more than one device) or ``memory``."""
+    by_default: bool = True
+    """Fitted unless ``--fit`` says otherwise; False for a constant the catalog takes from a
+    measurement of its own (fitted only when asked for by name)."""
 
     def value(self, device: DeviceSpec) -> float:
         raw = getattr(device, self.field)
@@ -71,6 +75,7 @@ CONSTANTS = (
     Constant("kernel_launch_us", "kernel_launch_s", 1e-6, 0.0, 100.0, "time"),
     Constant("collective_launch_us", "collective_launch_s", 1e-6, 0.0, 200.0, "comm"),
     Constant("attention_efficiency", "attention_efficiency", 1.0, 0.2, 1.0, "flash"),
+    Constant("overlap_slowdown", "overlap_slowdown", 1.0, 0.0, 0.5, "comm", by_default=False),
     Constant("memory_overhead_gb", "memory_overhead_bytes", GB, 0.0, 20.0, "memory"),
 )
 
@@ -124,6 +129,8 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
             raise ValueError(f"unknown constant {unknown[0]!r}; the constants are"
                              f" {', '.join(c.key for c in CONSTANTS)}")
         constants = tuple(c for c in constants if c.key in only)
+    else:
+        constants = tuple(c for c in constants if c.by_default)
     if not constants:
         raise ValueError("no constant to fit: the runs measure none of those asked for (time"
                          " constants need step_time_s, attention_efficiency runs with flash"

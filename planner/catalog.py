@@ -87,6 +87,7 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
 _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "source",
                     "notes", "calibration", "kernel_launch_us", "collective_launch_us", "sm_count",
+                    "overlap_slowdown", "fp8_peak_tflops",
                     "attention_efficiency", "flash_attention", "bf16"}
 
 
@@ -104,11 +105,14 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
     if not isinstance(bf16, bool):
         raise fail(path, f"{name}.bf16", f"must be true or false, but got {bf16!r}")
     attention = e.get("attention_efficiency")
+    fp8 = e.get("fp8_peak_tflops")
     sm_count = e.get("sm_count", 0)
     return _spec(path, name, lambda: DeviceSpec(
         name=name,
         kernel_launch_s=num("kernel_launch_us", 0.0, strict=False) * 1e-6,
         collective_launch_s=num("collective_launch_us", 0.0, strict=False) * 1e-6,
+        overlap_slowdown=num("overlap_slowdown", 0.0, strict=False),
+        fp8_peak_flops_per_s=None if fp8 is None else num("fp8_peak_tflops") * 1e12,
         sm_count=integer(path, f"{name}.sm_count", sm_count, minimum=0),
         attention_efficiency=None if attention is None else num("attention_efficiency"),
         flash_attention=flash,

@@ -98,6 +98,10 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         entry["kernel_launch_us"] = _scaled(device.kernel_launch_s, 1e-6)
     if device.collective_launch_s:
         entry["collective_launch_us"] = _scaled(device.collective_launch_s, 1e-6)
+    if device.overlap_slowdown:
+        entry["overlap_slowdown"] = device.overlap_slowdown
+    if device.fp8_peak_flops_per_s is not None:
+        entry["fp8_peak_tflops"] = _scaled(device.fp8_peak_flops_per_s, 1e12)
     if device.sm_count:
         entry["sm_count"] = device.sm_count
     if device.attention_efficiency is not None:

@@ -34,8 +34,8 @@ from planner.catalog import device_from_entry, model_from_entry, system_from_ent
 from planner.catalog_write import device_entry, model_entry, system_entry
 from planner.errors import PlannerUsageError
 from planner.fields import choice, fail, integer, load
-from planner.record import strategy_attrs
 from planner.fields import fields as check_fields
+from planner.record import strategy_attrs
 from planner.tables import best_frame
 from search_spaces import strategy_label
 from simcore.estimate import Estimate
@@ -44,6 +44,7 @@ from simcore.specs import (
     Axis,
     Convention,
     ModelSpec,
+    Precision,
     Recompute,
     Schedule,
     Strategy,
@@ -52,8 +53,18 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["Plan", "FORMAT", "make_plan", "plan_dict", "write_plan", "read_plan",
-           "plans_from_study", "specs_dict", "strategy_from_attrs", "strategy_dict"]
+__all__ = [
+    "FORMAT",
+    "Plan",
+    "make_plan",
+    "plan_dict",
+    "plans_from_study",
+    "read_plan",
+    "specs_dict",
+    "strategy_dict",
+    "strategy_from_attrs",
+    "write_plan",
+]
 
 FORMAT = "parallel-planner-plan/1"
 
@@ -88,6 +99,8 @@ def strategy_dict(s: Strategy) -> dict[str, Any]:
     out = strategy_attrs(s)
     del out["plan"]
     out["placement"] = [a.value for a in s.placement]
+    if s.precision is not Precision.BF16:  # bf16 plan files stay as they were before fp8
+        out["precision"] = s.precision.value
     return out
 
 
@@ -131,7 +144,14 @@ def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
                     zero=ZeroStage(int(a["zero"])), recompute=Recompute(a["recompute"]),
                     micro_batch=int(a["micro_batch"]), schedule=Schedule(a["schedule"]),
                     v=int(a["v"]), placement=tuple(Axis(p) for p in placement),
-                    sequence_parallel=bool(a["sequence_parallel"]))
+                    sequence_parallel=bool(a["sequence_parallel"]),
+                    precision=Precision(_precision(a.get("precision"))))
+
+
+def _precision(value: Any) -> str:
+    """A stored precision; trials and plan files from before fp8 hold none (bf16), and a
+    pandas frame of trials holds NaN where a trial has none."""
+    return value if isinstance(value, str) else Precision.BF16.value
 
 
 def specs_from_dict(path: Path, data: dict[str, Any]
@@ -183,7 +203,7 @@ _STRATEGY_FIELDS = set(strategy_dict(Strategy()))
 
 
 def _strategy(path: Path, data: Any) -> Strategy:
-    e = check_fields(path, "strategy", data, _STRATEGY_FIELDS, set())
+    e = check_fields(path, "strategy", data, _STRATEGY_FIELDS, {"precision"})
     if not isinstance(e["placement"], list):
         raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
     try:

@@ -19,7 +19,7 @@ import simcore
 from planner.units import GB
 from search_spaces import strategy_label
 from simcore.estimate import Estimate
-from simcore.specs import Convention, ModelSpec, Strategy, SystemSpec, TrainingSpec
+from simcore.specs import Convention, ModelSpec, Precision, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["Evaluator", "Record", "frozen_trial", "strategy_attrs", "CONSTRAINT"]
 
@@ -34,11 +34,16 @@ class Record:
 
 
 def strategy_attrs(s: Strategy) -> dict[str, Any]:
-    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp, "zero": int(s.zero),
-            "recompute": s.recompute.value, "micro_batch": s.micro_batch,
-            "schedule": s.schedule.value, "v": s.v,
-            "placement": ",".join(a.value for a in s.placement),
-            "sequence_parallel": s.sequence_parallel, "plan": strategy_label(s)}
+    """The strategy as a trial stores it; ``precision`` only when it is not bf16, so bf16
+    trials are stored as before fp8 (and read back as bf16)."""
+    out = {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp, "zero": int(s.zero),
+           "recompute": s.recompute.value, "micro_batch": s.micro_batch,
+           "schedule": s.schedule.value, "v": s.v,
+           "placement": ",".join(a.value for a in s.placement),
+           "sequence_parallel": s.sequence_parallel, "plan": strategy_label(s)}
+    if s.precision is not Precision.BF16:
+        out["precision"] = s.precision.value
+    return out
 
 
 def estimate_attrs(est: Estimate) -> dict[str, Any]:

@@ -64,7 +64,7 @@ def export_formats(summary: dict) -> tuple[str, ...]:
         return ("astra-sim", "chakra", "plan")
     if convention == "mlp":
         return ("plan",)
-    framework = (summary.get("space") or {}).get("framework", "any")
+    framework = summary.get("framework", "any")
     frameworks = ("megatron", "deepspeed", "torchtitan") if framework == "any" else (framework,)
     return (*frameworks, "chakra", "plan")
 

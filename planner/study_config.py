@@ -54,6 +54,7 @@ from simcore.specs import (
     Axis,
     Convention,
     ModelSpec,
+    Precision,
     Recompute,
     Schedule,
     SystemSpec,
@@ -73,7 +74,7 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
-                "v", "placement", "sequence_parallel"}
+                "v", "placement", "sequence_parallel", "precision"}
 _POWERS = ("powers_of_two", "powers of two")
 DEFAULT_N_TRIALS = 200
 
@@ -128,12 +129,16 @@ class StudyConfig:
                 "micro_batch": list(sp.micro_batch), "schedule": [s.value for s in sp.schedule],
                 "v": list(sp.v), "placement": [",".join(p) for p in sp.placement],
                 "sequence_parallel": list(sp.sequence_parallel),
+                **({"precision": [p.value for p in sp.precision]}
+                   if sp.precision != (Precision.BF16,) else {}),
             },
+            **({"description": self.description} if self.description else {}),
         }
 
     def fingerprint(self) -> str:
         """A hash of what decides the trials' results (not the sampler's budget)."""
-        keep = {k: v for k, v in self.summary().items() if k not in ("file", "n_trials")}
+        keep = {k: v for k, v in self.summary().items()
+                if k not in ("file", "n_trials", "description")}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -223,6 +228,8 @@ def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training:
         kw["placement"] = _placements(path, "space.placement", e["placement"])
     if "sequence_parallel" in e:
         kw["sequence_parallel"] = _bools(path, "space.sequence_parallel", e["sequence_parallel"])
+    if "precision" in e:
+        kw["precision"] = _enums(path, "space.precision", e["precision"], Precision)
     space = StrategySpace(model=model, system=system, training=training, convention=convention,
                           framework=framework, **kw)
     if Schedule.INTERLEAVED in space.schedule and not any(v > 1 for v in space.v):

@@ -9,7 +9,7 @@ import pandas as pd
 __all__ = ["KNOBS", "PLACEMENTS", "best_frame", "format_best", "trials_frame"]
 
 KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
-         "placement", "sequence_parallel"]
+         "placement", "sequence_parallel", "precision"]
 _FIRST = ["number", "state", "plan", *KNOBS, "feasible", "step_time_s", "peak_memory_gb"]
 _LAST = ["reason"]
 _NOT_FIGURES = {"number", "state", "plan", "feasible", "reason", *KNOBS}
@@ -23,6 +23,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=_FIRST + _LAST)
     df = df.rename(columns=lambda c: c.removeprefix("user_attrs_"))
+    if "plan" in df.columns:  # trials store precision only when it is not bf16
+        df["precision"] = df["precision"].fillna("bf16") if "precision" in df else "bf16"
     first = [c for c in _FIRST if c in df.columns]
     last = [c for c in _LAST if c in df.columns]
     rest = [c for c in df.columns if c not in first and c not in last]

@@ -23,7 +23,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from search_spaces.space import Layout, PipelineChoice, StrategySpace
-from simcore.specs import Axis, Strategy
+from simcore.specs import Axis, Precision, Strategy
 
 __all__ = ["LayoutEncoding", "strategy_label"]
 
@@ -46,6 +46,8 @@ def strategy_label(s: Strategy) -> str:
              f"zero{int(s.zero)}"]
     if not s.sequence_parallel:
         parts.append("no-seqpar")
+    if s.precision is not Precision.BF16:
+        parts.append(s.precision.value)
     if s.placement != Strategy().placement:
         parts.append("placement=" + _placement_label(s.placement))
     return " ".join(parts)
@@ -76,6 +78,7 @@ class LayoutEncoding:
             "pipeline": [p.label for p in sp.pipelines()],
             "placement": [_placement_label(p) for p in sp.placement],
             "sequence_parallel": list(sp.sequence_parallel),
+            "precision": [p.value for p in sp.precision],
         }
         return {k: v for k, v in knobs.items() if len(v) > 1}
 
@@ -88,7 +91,7 @@ class LayoutEncoding:
         full = {"layout": _layout_label(s), "zero": int(s.zero), "recompute": s.recompute.value,
                 "micro_batch": s.micro_batch, "pipeline": _pipeline_label(s),
                 "placement": _placement_label(s.placement),
-                "sequence_parallel": s.sequence_parallel}
+                "sequence_parallel": s.sequence_parallel, "precision": s.precision.value}
         return {k: full[k] for k in self._choices}
 
     def suggest(self, trial: optuna.Trial) -> Strategy:

@@ -10,13 +10,20 @@ so in a comment.
 - ``deepspeed``: deepspeedai/DeepSpeed edaa7221 (2026-08-22), as cited in
   :mod:`planner.exports._deepspeed`; Megatron-DeepSpeed 4efb479d runs the model.
 - ``torchtitan``: pytorch/torchtitan b5bcd76c (2026-08-22); it runs every ZeRO stage (DDP or
-  FSDP), the GPipe, 1F1B and interleaved schedules, and context parallelism with tp and pp, so
-  nothing in the space is refused (its exporter refuses devices without bf16).
+  FSDP), the GPipe, 1F1B and interleaved schedules, context parallelism with tp and pp, and fp8
+  (torchao's float8 linears, ``torchtitan/components/quantization/float8.md``), so nothing in
+  the space is refused (its exporter refuses devices without bf16).
+
+fp8: Megatron-LM runs it through Transformer Engine (``--fp8-format``,
+``megatron/core/transformer/transformer_config.py`` d98e8a64); torchtitan through torchao's
+``Float8Linear`` (the ``float8`` converter); DeepSpeed has no FP8 mode of its own (its engine's mixed
+precision is fp16 or bf16; FP8 needs Transformer Engine layers in the user's model,
+deepspeedai/DeepSpeed#6908), so a DeepSpeed study keeps bf16 only.
 """
 
 from __future__ import annotations
 
-from simcore.specs import ModelSpec, Schedule, Strategy, TrainingSpec, ZeroStage
+from simcore.specs import ModelSpec, Precision, Schedule, Strategy, TrainingSpec, ZeroStage
 
 __all__ = ["ANY", "FRAMEWORKS", "why_not"]
 
@@ -62,4 +69,10 @@ def _deepspeed(s: Strategy) -> str | None:
     if s.sp > 1 and (s.tp > 1 or s.pp > 1):
         return (f"sp {s.sp} with tp {s.tp} and pp {s.pp}: DeepSpeed-Ulysses (sp > 1) offers"
                 " only tp 1 and pp 1")
+    # deepspeedai/DeepSpeed#6908 (maintainer, 2025-01-02): FP8 training is "with the Transformer
+    # Engine on H100s", i.e. TE layers in the user's model; the engine's own mixed precision
+    # (ds_config, planner/exports/_deepspeed.py) is fp16 or bf16.
+    if s.precision is Precision.FP8:
+        return ("precision fp8: DeepSpeed has no FP8 training mode of its own; it offers bf16"
+                " and fp16 (export for megatron or torchtitan to train in fp8)")
     return None

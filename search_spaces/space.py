@@ -3,8 +3,9 @@
 A :class:`StrategySpace` holds the allowed values of every knob. The degrees' constraints
 (dp * tp * pp * sp = devices; tp divides the heads, kv heads and FFN width; pp * v divides the
 layers; sp divides the sequence; micro-batches tile the global batch; the interleaved
-schedule's rules; for the ``stage`` convention, STAGE's own: at least one element per rank)
-are simcore's own (:func:`simcore.check`), so the space and the simulator can never disagree.
+schedule's rules; for the ``stage`` convention, STAGE's own: at least one element per rank; fp8
+only on devices with an FP8 peak, in the megatron convention) are simcore's own
+(:func:`simcore.check`), so the space and the simulator can never disagree.
 A space's ``framework`` then keeps only the plans that framework can run
 (:mod:`search_spaces.frameworks`).
 """
@@ -26,6 +27,7 @@ from simcore.specs import (
     Axis,
     Convention,
     ModelSpec,
+    Precision,
     Recompute,
     Schedule,
     Strategy,
@@ -99,6 +101,8 @@ class StrategySpace:
     sequence_parallel: tuple[bool, ...] = (True,)
     framework: str = ANY
     """Only plans this framework can run (:mod:`search_spaces.frameworks`); ``any``: all."""
+    precision: tuple[Precision, ...] = (Precision.BF16,)
+    """The linear layers' GEMM format (:class:`simcore.specs.Precision`)."""
 
     @property
     def devices(self) -> int:
@@ -126,20 +130,20 @@ class StrategySpace:
 
     def candidates(self) -> Iterator[Strategy]:
         """Every combination of the allowed values with the right product, valid or not."""
-        for layout, zero, rc, mb, pipe, place, seqpar in itertools.product(
+        for layout, zero, rc, mb, pipe, place, seqpar, precision in itertools.product(
             self.layouts(), self.zero, self.recompute, self.micro_batch, self.pipelines(),
-            self.placement, self.sequence_parallel,
+            self.placement, self.sequence_parallel, self.precision,
         ):
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=zero,
                            recompute=rc, micro_batch=mb, schedule=pipe.schedule, v=pipe.v,
-                           placement=place, sequence_parallel=seqpar)
+                           placement=place, sequence_parallel=seqpar, precision=precision)
 
     @property
     def size(self) -> int:
         """How many candidates the lists make (before the shape rules)."""
         return (len(self.layouts()) * len(self.zero) * len(self.recompute)
                 * len(self.micro_batch) * len(self.pipelines()) * len(self.placement)
-                * len(self.sequence_parallel))
+                * len(self.sequence_parallel) * len(self.precision))
 
     # -- validity ------------------------------------------------------------------------------
     def reason_invalid(self, strategy: Strategy) -> str | None:
@@ -172,7 +176,7 @@ class StrategySpace:
         """The candidates' product, in :meth:`candidates`' order (the last knob fastest)."""
         return (len(self.layouts()), len(self.zero), len(self.recompute),
                 len(self.micro_batch), len(self.pipelines()), len(self.placement),
-                len(self.sequence_parallel))
+                len(self.sequence_parallel), len(self.precision))
 
     def _valid_indices(self) -> np.ndarray:
         """Flat indices (into :meth:`_shape`) of the valid candidates, ascending."""
@@ -192,21 +196,29 @@ class StrategySpace:
         check = implementation(self.convention).valid_plans
         assert check is not None
         ok = check(self.model, self.system, self.training, columns)
-        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3])
+        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1)
+        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1)
         return np.flatnonzero(np.broadcast_to(ok, self._shape()))
+
+    def _precision_ok(self) -> np.ndarray:
+        """Which of the allowed precisions the device and convention can run (the same rule as
+        :func:`simcore.check`, which needs a strategy)."""
+        return np.array([simcore.precision_problem(self.system.device, self.convention, p)
+                         is None for p in self.precision], bool)
 
     def _strategies(self, flat: np.ndarray) -> Iterator[Strategy]:
         """The strategies at these flat indices."""
         layouts, pipes = self.layouts(), self.pipelines()
         shape = self._shape()
-        for li, zi, ri, mi, pi, ci, si in zip(*(a.tolist() for a in np.unravel_index(flat,
-                                                                                     shape))):
+        for li, zi, ri, mi, pi, ci, si, qi in zip(*(a.tolist() for a in np.unravel_index(flat,
+                                                                                         shape))):
             layout, pipe = layouts[li], pipes[pi]
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp,
                            zero=self.zero[zi], recompute=self.recompute[ri],
                            micro_batch=self.micro_batch[mi], schedule=pipe.schedule, v=pipe.v,
                            placement=self.placement[ci],
-                           sequence_parallel=self.sequence_parallel[si])
+                           sequence_parallel=self.sequence_parallel[si],
+                           precision=self.precision[qi])
 
     def enumerate(self) -> tuple[Strategy, ...]:
         """Every valid strategy exactly once."""

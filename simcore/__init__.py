@@ -26,6 +26,7 @@ from simcore.collectives import (
 )
 from simcore.conventions import CONVENTIONS, ConventionImpl, implementation, register
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
+from simcore.megatron.precision import fp8_problem
 from simcore.mixed import (
     LayerProfiles,
     MixedPlan,
@@ -35,7 +36,6 @@ from simcore.mixed import (
     estimate_mixed,
 )
 from simcore.mixed.timeline import mixed_timeline
-from simcore.timeline import Timeline, step_timeline
 from simcore.network import (
     AlgorithmChoice,
     Collective,
@@ -52,10 +52,12 @@ from simcore.specs import (
     DeviceSpec,
     Family,
     ModelSpec,
+    Precision,
     Strategy,
     SystemSpec,
     TrainingSpec,
 )
+from simcore.timeline import Timeline, step_timeline
 
 
 def convention_of(model: ModelSpec) -> Convention:
@@ -82,8 +84,10 @@ def estimate(
     the plan's shapes do not divide; a plan that does not fit in HBM is an estimate with
     ``fits=False``.
     """
-    impl = implementation(convention or convention_of(model))
-    return impl.estimate(model, system, training, strategy)
+    convention = convention or convention_of(model)
+    if strategy.precision is not Precision.BF16:
+        _check_precision(system, strategy, convention)
+    return implementation(convention).estimate(model, system, training, strategy)
 
 
 def check(
@@ -95,48 +99,72 @@ def check(
 ) -> None:
     """Raise ValueError, naming the field and what is allowed, if ``estimate`` could not run
     this plan; much cheaper than estimating it (search spaces filter with it)."""
-    implementation(convention or convention_of(model)).check(model, system, training, strategy)
+    convention = convention or convention_of(model)
+    if strategy.precision is not Precision.BF16:
+        _check_precision(system, strategy, convention)
+    implementation(convention).check(model, system, training, strategy)
+
+
+def precision_problem(device: DeviceSpec, convention: Convention,
+                      precision: Precision) -> str | None:
+    """Why a plan in ``precision`` cannot run on ``device`` under ``convention``, or None. fp8 is
+    modelled in the megatron convention only: the stage convention replays STAGE's graph exactly
+    as ASTRA-sim runs it, in 16-bit."""
+    if precision is Precision.BF16:
+        return None
+    if convention is not Convention.MEGATRON:
+        return (f"precision {precision.value} needs the megatron convention, but the plan uses"
+                f" the {convention.value} convention (16-bit only); use precision bf16")
+    return fp8_problem(device)
+
+
+def _check_precision(system: SystemSpec, strategy: Strategy, convention: Convention) -> None:
+    problem = precision_problem(system.device, convention, strategy.precision)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 __all__ = [
-    "estimate",
-    "check",
-    "step_timeline",
     "CONVENTIONS",
-    "ConventionImpl",
-    "register",
-    "implementation",
-    "check_mixed",
-    "estimate_mixed",
-    "mixed_timeline",
-    "MixedPlan",
-    "MixedStage",
-    "MixedSystemSpec",
-    "LayerProfiles",
-    "Timeline",
-    "convention_of",
-    "Convention",
-    "Estimate",
-    "MemoryParts",
-    "StageEstimate",
-    "TimeParts",
-    "ModelSpec",
-    "DeviceSpec",
-    "SystemSpec",
-    "TrainingSpec",
-    "Strategy",
     "AlgorithmChoice",
     "Collective",
     "CollectiveAlgorithm",
     "CollectiveScheduling",
     "CollectiveTiming",
     "Congestion",
+    "Convention",
+    "ConventionImpl",
+    "DeviceSpec",
+    "Estimate",
+    "LayerProfiles",
+    "MemoryParts",
+    "MixedPlan",
+    "MixedStage",
+    "MixedSystemSpec",
+    "ModelSpec",
     "MultiDimOptimization",
     "Network",
     "NetworkDim",
     "PhaseTiming",
+    "Precision",
     "SchedulingPolicy",
+    "StageEstimate",
+    "Strategy",
+    "SystemSpec",
+    "TimeParts",
+    "Timeline",
     "Topology",
+    "TrainingSpec",
+    "check",
+    "check_mixed",
     "collective_time",
+    "convention_of",
+    "estimate",
+    "estimate_mixed",
+    "implementation",
+    "mixed_timeline",
     "p2p_time",
+    "precision_problem",
+    "register",
+    "step_timeline",
 ]

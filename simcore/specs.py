@@ -12,19 +12,20 @@ from enum import IntEnum, StrEnum
 from simcore.network import Network
 
 __all__ = [
-    "Axis",
-    "Family",
+    "DEFAULT_PLACEMENT",
     "Activation",
+    "Axis",
+    "Convention",
+    "DeviceSpec",
+    "Family",
+    "ModelSpec",
+    "Precision",
     "Recompute",
     "Schedule",
-    "ZeroStage",
-    "Convention",
-    "ModelSpec",
-    "DeviceSpec",
+    "Strategy",
     "SystemSpec",
     "TrainingSpec",
-    "Strategy",
-    "DEFAULT_PLACEMENT",
+    "ZeroStage",
 ]
 
 
@@ -105,6 +106,17 @@ class ZeroStage(IntEnum):
     """Optimizer states and gradients sharded: ZeRO-2."""
     PARAMETERS = 3
     """Everything sharded, weights gathered before use: ZeRO-3 / FSDP."""
+
+
+class Precision(_Named):
+    """The number format of the transformer layers' GEMMs."""
+
+    BF16 = "bf16"
+    """Every GEMM in 16-bit (bf16, or fp16 on parts without bf16 tensor cores)."""
+    FP8 = "fp8"
+    """The linear layers' GEMMs (QKV, projection, FC1, FC2: forward, input and weight gradients)
+    in FP8 as Transformer Engine runs them; attention, LM head, embedding and optimizer stay
+    16-bit (:mod:`simcore.megatron.precision`). Megatron convention only."""
 
 
 class Convention(_Named):
@@ -200,9 +212,17 @@ class DeviceSpec:
     matmul_efficiency."""
     flash_attention: bool = False
     """Plans on this device use flash attention unless the training says otherwise."""
+    overlap_slowdown: float = 0.0
+    """Fraction by which compute slows while a collective runs beside it (the two share the SMs
+    and HBM: Lee et al. 2025, arXiv:2507.03114, measured 18.9% on average on A100, H100, MI250
+    and MI210, up to 40%). A collective of ``c`` s hidden behind ``k`` s of compute then costs
+    ``max(0, c - k) + overlap_slowdown * min(c, k)``. 0 overlaps for free, as ASTRA-sim does."""
     bf16: bool = True
     """The part has bf16 tensor cores; False (Pascal, Volta, Turing) trains in fp16 with loss
     scaling. Both are 2 bytes, so the estimate is the same; exports pick the flag."""
+    fp8_peak_flops_per_s: float | None = None
+    """Peak dense FP8 FLOP/s (2 FLOP per multiply-accumulate); None: the part has no FP8 tensor
+    cores (A100, V100 and older), so a plan in fp8 cannot run on it."""
 
     def __post_init__(self) -> None:
         for name in ("peak_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s"):
@@ -228,6 +248,11 @@ class DeviceSpec:
             )
         _fraction("matmul_efficiency", self.matmul_efficiency)
         _fraction("memory_efficiency", self.memory_efficiency)
+        if not 0 <= self.overlap_slowdown < 1:
+            raise ValueError("`0 <= overlap_slowdown < 1` must hold, but got"
+                             f" overlap_slowdown={self.overlap_slowdown!r}")
+        if self.fp8_peak_flops_per_s is not None:
+            _positive("fp8_peak_flops_per_s", self.fp8_peak_flops_per_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,6 +326,8 @@ class Strategy:
     """Model chunks per device for the interleaved schedule; 1 otherwise."""
     placement: tuple[Axis, ...] = field(default=DEFAULT_PLACEMENT)
     """Axes onto the network dimensions, innermost first."""
+    precision: Precision = Precision.BF16
+    """The linear layers' GEMM format; FP8 needs a device with an FP8 peak."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "sp", "micro_batch", "v"):

@@ -53,10 +53,11 @@ def user_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _no_call_latency(system: SystemSpec) -> SystemSpec:
-    """The system as ASTRA-sim can express it: no per-call latency, no collective launch."""
+    """The system as ASTRA-sim can express it: no per-call latency, no collective launch, no
+    compute slowdown beside a collective."""
     dims = tuple(replace(d, call_latency_s=0.0) for d in system.network.dims)
-    return replace(system, device=replace(system.device, collective_launch_s=0.0),
-                   network=replace(system.network, dims=dims))
+    device = replace(system.device, collective_launch_s=0.0, overlap_slowdown=0.0)
+    return replace(system, device=device, network=replace(system.network, dims=dims))
 
 
 def _write(files: dict[str, str | bytes], folder: Path) -> Path:

@@ -28,7 +28,7 @@ ROWS = [
     _row(4, "D", 8.0, 120.0, feasible=False, compute=8.0),
 ]
 SUMMARY = {"convention": "megatron", "hbm_gb": 80, "description": "a <b>test</b> study",
-           "space": {"framework": "megatron"}}
+           "framework": "megatron"}
 
 
 def _text(page: str) -> str:

@@ -20,13 +20,15 @@ from planner.commands._report import ReportCommand
 from planner.commands._results import BestCommand, StudiesCommand, TrialsCommand
 from planner.commands._run import RunCommand
 from planner.commands._show import ShowCommand
+from planner.commands._sweep import SweepCommand
 from planner.commands._validate import ValidateCommand
 from planner.commands._worker import WorkerCommand
 
 COMMANDS: list[BaseCommand] = [
     RunCommand(), WorkerCommand(), MixedCommand(),
     BestCommand(), TrialsCommand(), StudiesCommand(), ParetoCommand(),
-    CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(), CatalogCommand(),
+    SweepCommand(), CompareCommand(), ExportCommand(), ShowCommand(), ReportCommand(),
+    CatalogCommand(),
     EstimateCommand(), ValidateCommand(), CalibrateCommand(), AstraEstimateCommand(),
     ReplayCommand(), ConvertTextCommand(), ImportAstraCommand(), ImportMetisCommand(), CollectiveCommand(),
 ]

@@ -199,6 +199,9 @@ def _model_caveats(plan: Plan) -> list[str]:
     if d.kernel_launch_s or d.collective_launch_s or d.sm_count:
         out.append("per-kernel and per-collective fixed costs (launch floor, wave quantisation,"
                    " collective launch): ASTRA-sim's roofline and network have none.")
+    if d.overlap_slowdown:
+        out.append(f"compute slowed by {d.overlap_slowdown:g} while a collective runs beside it"
+                   " (overlap_slowdown): ASTRA-sim overlaps them for free.")
     if any(dim.call_latency_s for dim in plan.system.network.dims):
         out.append("per-call collective latency (call_latency_us): ASTRA-sim's network.yml has"
                    " only per-hop latency; it is not written.")

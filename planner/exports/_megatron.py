@@ -25,6 +25,12 @@ Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
   ``--data-parallel-sharding-strategy optim_grads`` (ZeRO-2) or ``optim_grads_params`` (ZeRO-3)
   and sets the distributed optimizer itself.
 
+- fp8 (``megatron/core/transformer/transformer_config.py``: ``fp8`` is ``--fp8-format``,
+  ``fp8_amax_history_len``, ``fp8_amax_compute_algo``; ``fp8_recipe`` defaults to "delayed"):
+  ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``, as
+  ``examples/llama/train_llama3_8b_h100_fp8.sh`` runs Llama-3 8B in FP8 on H100s. Transformer
+  Engine runs the linear layers in FP8; ``--transformer-impl transformer_engine`` is the default.
+
 Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.frameworks.why_not`.
 """
 
@@ -34,9 +40,25 @@ from planner.plan import Plan
 from planner.units import GB
 from search_spaces.frameworks import why_not
 from simcore.megatron import uses_flash_attention
-from simcore.specs import Activation, Family, ModelSpec, Recompute, Schedule, ZeroStage
+from simcore.megatron.precision import AMAX_HISTORY_LEN
+from simcore.specs import (
+    Activation,
+    Family,
+    ModelSpec,
+    Precision,
+    Recompute,
+    Schedule,
+    ZeroStage,
+)
 
-__all__ = ["export_megatron", "header_lines", "micro_batches", "model_args", "recompute_args"]
+__all__ = [
+    "export_megatron",
+    "header_lines",
+    "micro_batches",
+    "model_args",
+    "precision_args",
+    "recompute_args",
+]
 
 SOURCE = "NVIDIA/Megatron-LM d98e8a64 (2026-08-22), megatron/training/arguments.py"
 _FSDP = {ZeroStage.GRADIENTS: ("optim_grads", "gradients and optimizer state"),
@@ -90,9 +112,12 @@ def _script(plan: Plan) -> str:
     lines += _launcher(plan)
     lines += ["", "ARGS=("]
     flash = uses_flash_attention(plan.model, plan.system, plan.training)
-    for section in (_parallel_args(plan), _batch_args(plan),
-                    recompute_args(plan.strategy.recompute), _data_parallel_args(plan),
-                    model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16)):
+    sections = [_parallel_args(plan), _batch_args(plan), recompute_args(plan.strategy.recompute),
+                _data_parallel_args(plan),
+                model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16)]
+    if plan.strategy.precision is not Precision.BF16:
+        sections.append(precision_args(plan.strategy.precision))
+    for section in sections:
         lines += [f"  {a}" for a in section] + [""]
     lines[-1] = ")"
     lines += ["", 'torchrun "${TORCHRUN_ARGS[@]}" pretrain_gpt.py "${ARGS[@]}" "$@"']
@@ -179,6 +204,17 @@ def _data_parallel_args(plan: Plan) -> list[str]:
     if plan.training.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     return args
+
+
+def precision_args(precision: Precision) -> list[str]:
+    """Megatron-LM's FP8 options (none in bf16), with a comment line."""
+    if precision is Precision.BF16:
+        return []
+    return ["# fp8: Transformer Engine runs the linear layers' GEMMs in FP8 (delayed scaling),",
+            "# as estimated; attention, LM head and optimizer stay bf16",
+            "--fp8-format hybrid",
+            f"--fp8-amax-history-len {AMAX_HISTORY_LEN}",
+            "--fp8-amax-compute-algo max"]
 
 
 def model_args(m: ModelSpec, seq: int, flash: bool, bf16: bool = True) -> list[str]:

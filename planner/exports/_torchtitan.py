@@ -39,6 +39,17 @@ commit 9810191b (2026-02-23, #2386). Field names from pytorch/torchtitan main at
 - ``torchtitan/distributed/activation_checkpoint.py``: ``SelectiveAC``, ``FullAC``.
 - ``torchtitan/models/llama3/config_registry.py``: ``llama3_8b``, ``llama3_70b``, ``llama3_405b``.
 
+fp8: torchao's ``Float8Linear`` swapped in for the linear layers by a model converter, the LM
+head left in bf16. TOML (v0.2.2): ``[model] converters = ["float8"]`` with
+``[quantize.linear.float8] filter_fqns = ["output"]``, as
+``torchtitan/models/llama3/train_configs/llama3_405b.toml`` at 73a0e697 does. Python (main):
+``model_registry(flavor, converters=[Float8LinearConverter.Config(filter_fqns=["lm_head"],
+model_compile_enabled=...)])`` as ``llama3_405b`` in ``torchtitan/models/llama3/config_registry.py``
+at b5bcd76c does (``torchtitan/components/quantization/float8.md``: torch.compile fuses the
+casts). That config already runs float8, so a bf16 plan on the 405B flavor is given
+``model_registry("405B")`` without converters. torchao scales dynamically (tensorwise or
+rowwise); the estimate models Transformer Engine's delayed scaling, with the same GEMMs in FP8.
+
 Schedule names: ``get_schedule_class`` in pytorch/pytorch (commit 00722e64)
 ``torch/distributed/pipelining/schedules.py`` maps "GPipe", "1F1B" and "Interleaved1F1B".
 """
@@ -50,7 +61,7 @@ import json
 from planner.exports._megatron import header_lines, micro_batches
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
-from simcore.specs import Family, Recompute, Schedule, ZeroStage
+from simcore.specs import Family, Precision, Recompute, Schedule, ZeroStage
 
 __all__ = ["SCHEDULES", "export_torchtitan", "llama3_flavor"]
 
@@ -65,6 +76,9 @@ SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
 _LLAMA3 = {(32, 4096, 14336, 32, 8): "8B", (80, 8192, 28672, 64, 8): "70B",
            (126, 16384, 53248, 128, 8): "405B"}
 """torchtitan's llama3 flavors by (layers, dim, ffn, heads, kv_heads); vocab 128256."""
+
+_FLOAT8_BUILTIN = {"405B"}
+"""Flavors whose config_registry function (main, b5bcd76c) already converts to float8."""
 
 _RESHARD = {ZeroStage.OPTIMIZER: "never", ZeroStage.GRADIENTS: "never",
             ZeroStage.PARAMETERS: "always"}
@@ -166,9 +180,19 @@ def _kv(key: str, value: float | str | bool) -> str:
 def _toml_model(plan: Plan) -> list[str]:
     flavor = llama3_flavor(plan)
     if flavor is None:
-        return ["[model]", (f"# no torchtitan flavor has model {plan.model.name}'s shape;"
-                " set name and flavor to yours")]
-    return ["[model]", _kv("name", "llama3"), _kv("flavor", flavor)]
+        lines = ["[model]", (f"# no torchtitan flavor has model {plan.model.name}'s shape;"
+                 " set name and flavor to yours")]
+    else:
+        lines = ["[model]", _kv("name", "llama3"), _kv("flavor", flavor)]
+    if plan.strategy.precision is Precision.FP8:
+        lines += ["# fp8: torchao Float8Linear for the linear layers, the LM head in bf16",
+                  'converters = ["float8"]', "", "[quantize.linear.float8]",
+                  _kv_list("filter_fqns", ["output"])]
+    return lines
+
+
+def _kv_list(key: str, values: list[str]) -> str:
+    return f"{key} = [{', '.join(json.dumps(v) for v in values)}]"
 
 
 def _toml_training(plan: Plan) -> list[str]:
@@ -239,11 +263,39 @@ def _ac_class(plan: Plan) -> str | None:
         plan.strategy.recompute)
 
 
+def _model_spec(plan: Plan) -> list[str]:
+    """``model_spec=...`` lines of ``apply_plan`` (none when the flavor's config is right)."""
+    flavor = llama3_flavor(plan)
+    fp8 = plan.strategy.precision is Precision.FP8
+    if flavor is None:
+        return (["        # fp8: add Float8LinearConverter.Config(filter_fqns=[\"lm_head\"])",
+                 "        # to your model_registry(..., converters=[...])"] if fp8 else [])
+    if fp8:
+        return ["        # fp8: torchao Float8Linear for the linear layers, the LM head in bf16",
+                f"        model_spec=model_registry({_py(flavor)}, converters=[",
+                "            Float8LinearConverter.Config(",
+                '                filter_fqns=["lm_head"],',
+                "                model_compile_enabled=(",
+                '                    config.compile.enable and "model" in config.compile.components',
+                "                ),",
+                "            ),",
+                "        ]),"]
+    if flavor in _FLOAT8_BUILTIN:
+        return [f"        # bf16: torchtitan's {flavor} config converts to float8; this plan does not",
+                f"        model_spec=model_registry({_py(flavor)}),"]
+    return []
+
+
 def _python_imports(plan: Plan) -> list[str]:
-    lines = ["from torchtitan.config import ParallelismConfig"]
+    lines = []
+    if plan.strategy.precision is Precision.FP8 and llama3_flavor(plan) is not None:
+        lines.append("from torchtitan.components.quantization import Float8LinearConverter")
+    lines.append("from torchtitan.config import ParallelismConfig")
     ac = _ac_class(plan)
     if ac is not None:
         lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac}")
+    if _model_spec(plan) and llama3_flavor(plan) is not None:
+        lines.append("from torchtitan.models.llama3 import model_registry")
     lines.append("from torchtitan.trainer import Trainer")
     return lines
 
@@ -282,6 +334,7 @@ def _python_apply(plan: Plan) -> list[str]:
     lines += ["    )",
               "    return dataclasses.replace(",
               "        config,",
+              *_model_spec(plan),
               "        parallelism=parallelism,",
               "        training=training,",
               f"        activation_checkpoint={'None' if ac is None else ac + '.Config()'},",

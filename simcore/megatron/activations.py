@@ -19,6 +19,11 @@ Flash attention (Dao et al. 2022, arXiv:2205.14135, section 3.1) never materiali
 the core keeps only the softmax's log-sum-exp per query and head (fp32, ``4 a s b`` bytes) and
 regenerates its dropout mask from the random state, so the ``5 a s / h`` term becomes ``2 a / h``
 and selective recompute has nothing left to drop.
+
+FP8 (:mod:`simcore.megatron.precision`): each linear layer saves its input for the weight
+gradient as Transformer Engine quantised it, 1 byte per element (``linear_input_bytes``): the QKV
+and MLP inputs (the norms' outputs), the projection input and the FC2 input (the activation
+function's output). The norms' inputs, Q, K, V, the attention core and FC1's outputs stay 16-bit.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ def layer_activations(
     sequence_parallel: bool,
     recompute: Recompute,
     flash: bool = False,
+    linear_input_bytes: float = 2,
 ) -> LayerActivations:
     h, f, a = model.hidden, model.ffn_hidden, model.heads
     sbh = seq_len / sp * micro_batch * h  # elements of one (s/sp, b, h) tensor
@@ -63,10 +69,13 @@ def layer_activations(
     scores = a * (seq_len / sp) * seq_len * micro_batch  # elements of the attention scores
     # Replicated over tp unless sequence parallel: LayerNorm inputs (2 x 2sbh), the QKV and MLP
     # inputs (2 x 2sbh), the dropout masks after attention and after the MLP.
-    replicated = (4 + 4) * sbh + 2 * mask * sbh
-    # Split over tp: Q (2sbh), K and V (2sbh * kv each), the projection input (2sbh) and the MLP.
+    # FP8 saves the linear layers' inputs in fewer bytes (0 saved in 16-bit).
+    saved = 2 - linear_input_bytes
+    replicated = (4 + 4) * sbh + 2 * mask * sbh - saved * 2 * sbh
+    # Split over tp: Q (2sbh), K and V (2sbh * kv each), the projection input (2sbh) and the MLP
+    # (FC1's outputs and the activation's output, FC2's input: 2sbf each).
     mlp_hidden = (6 if model.activation is Activation.SWIGLU else 4) * sbf
-    split = 2 * sbh + 4 * kv * sbh + 2 * sbh + mlp_hidden
+    split = 2 * sbh + 4 * kv * sbh + 2 * sbh + mlp_hidden - saved * (sbh + sbf)
     if flash:
         core = 4 * a * (seq_len / sp) * micro_batch  # fp32 log-sum-exp per query and head
     else:

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from simcore.specs import ModelSpec, Schedule, Strategy, SystemSpec, TrainingSpec
+from simcore.megatron.precision import fp8_problem
+from simcore.specs import ModelSpec, Precision, Schedule, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["check_plan", "micro_batches", "valid_plans"]
 
@@ -60,6 +61,10 @@ def check_plan(
             " (micro-batches tile the batch); allowed micro_batch:"
             f" divisors of {training.global_batch // s.dp if training.global_batch >= s.dp else 1}"
         )
+    if s.precision is Precision.FP8:
+        problem = fp8_problem(system.device)
+        if problem is not None:
+            raise ValueError(problem)
     if s.schedule is Schedule.INTERLEAVED:
         if s.pp < 2:
             raise ValueError("schedule=interleaved needs pp >= 2; use 1f1b with pp=1")

@@ -26,6 +26,10 @@ its fused kernels (``megatron/legacy/model/transformer.py``, ``fused_bias_gelu``
 kernels (input and weight gradients), per element-wise kernel one forward and
 :data:`BACKWARD_KERNELS` backward ones (the gradient and, where the op has weights or a bias,
 its reduction).
+
+In fp8 (:mod:`simcore.megatron.precision`) the four linear layers' GEMMs run at the device's FP8
+peak times the same ``matmul_efficiency`` and wave fraction (the efficiency depends on the shape
+only), reading 1-byte inputs and writing 16-bit outputs, plus their casts and scale updates.
 """
 
 from __future__ import annotations
@@ -34,10 +38,18 @@ import math
 from dataclasses import dataclass
 
 from simcore.megatron.layers import LayerShape
-from simcore.specs import Activation, DeviceSpec, Family, ModelSpec
+from simcore.megatron.precision import FP8_BYTES, fp8_overheads, fp8_problem
+from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, Precision
 
-__all__ = ["KernelCosts", "LayerKernels", "layer_kernels", "TILE", "BACKWARD_KERNELS",
-           "FLASH_BACKWARD_FLOPS", "CAUSAL_FRACTION"]
+__all__ = [
+    "BACKWARD_KERNELS",
+    "CAUSAL_FRACTION",
+    "FLASH_BACKWARD_FLOPS",
+    "TILE",
+    "KernelCosts",
+    "LayerKernels",
+    "layer_kernels",
+]
 
 TILE = 128
 """Output tile edge of a GEMM thread block (cuBLAS / CUTLASS's common 128 x 128 tile)."""
@@ -64,11 +76,20 @@ class KernelCosts:
     attention_rate: float
     launch: float
     sm_count: int
+    fp8_rate: float | None = None
+    """Achievable FP8 FLOP/s of the linear layers' GEMMs; None runs them in 16-bit."""
 
     @classmethod
-    def of(cls, device: DeviceSpec) -> KernelCosts:
+    def of(cls, device: DeviceSpec, precision: Precision = Precision.BF16) -> KernelCosts:
         flop_rate = device.peak_flops_per_s * device.matmul_efficiency
         attention = device.attention_efficiency
+        fp8_rate = None
+        if precision is Precision.FP8:
+            problem = fp8_problem(device)
+            if problem is not None:
+                raise ValueError(problem)
+            assert device.fp8_peak_flops_per_s is not None
+            fp8_rate = device.fp8_peak_flops_per_s * device.matmul_efficiency
         return cls(
             flop_rate=flop_rate,
             byte_rate=device.hbm_bandwidth_bytes_per_s * device.memory_efficiency,
@@ -76,6 +97,7 @@ class KernelCosts:
                             else device.peak_flops_per_s * attention),
             launch=device.kernel_launch_s,
             sm_count=device.sm_count,
+            fp8_rate=fp8_rate,
         )
 
     def waves(self, m: float, n: float, batch: float = 1) -> float:
@@ -91,6 +113,16 @@ class KernelCosts:
         flops = 2 * m * n * k * batch
         moved = element_bytes * batch * (m * k + k * n + m * n)
         work = max(flops / (self.flop_rate * self.waves(m, n, batch)), moved / self.byte_rate)
+        return max(self.launch, work)
+
+    def linear(self, m: float, n: float, k: float) -> float:
+        """A linear layer's GEMM: :meth:`gemm` in 16-bit, or in FP8 (1-byte inputs, a 16-bit
+        output) at the FP8 rate."""
+        if self.fp8_rate is None:
+            return self.gemm(m, n, k)
+        flops = 2 * m * n * k
+        moved = FP8_BYTES * (m * k + k * n) + 2 * m * n
+        work = max(flops / (self.fp8_rate * self.waves(m, n)), moved / self.byte_rate)
         return max(self.launch, work)
 
     def elementwise(self, bytes_moved: float) -> float:
@@ -120,12 +152,18 @@ def _gemm_pair(costs: KernelCosts, m: float, n: float, k: float,
     return (costs.gemm(m, n, k, batch), costs.gemm(m, k, n, batch), costs.gemm(k, n, m, batch))
 
 
+def _linear_pair(costs: KernelCosts, m: float, n: float, k: float) -> tuple[float, float, float]:
+    """:func:`_gemm_pair` of a linear layer, in the plan's precision."""
+    return (costs.linear(m, n, k), costs.linear(m, k, n), costs.linear(k, n, m))
+
+
 def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, micro_batch: int,
                   queries: float, seq_len: int, tp: int, sequence_parallel: bool, flash: bool,
-                  act_bytes: int) -> LayerKernels:
+                  act_bytes: int, micro_batches: int = 1) -> LayerKernels:
     """The layer's kernels for one micro-batch of ``micro_batch`` sequences, each with
     ``queries`` tokens on this rank (the sequence split by context parallelism) attending over
-    ``seq_len`` keys, on one of ``tp`` ranks."""
+    ``seq_len`` keys, on one of ``tp`` ranks; a step runs ``micro_batches`` of them (fp8 casts
+    the weights once a step)."""
     h, f, t = model.hidden, model.ffn_hidden, tp
     tokens = micro_batch * queries
     heads = model.heads / t
@@ -139,12 +177,13 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     full = tokens * h * a
     mlp_width = (2 if model.activation is Activation.SWIGLU else 1) * f / t
 
-    gemms = [
-        _gemm_pair(costs, tokens, (h + 2 * kv) / t, h),          # QKV
-        _gemm_pair(costs, tokens, h, h / t),                     # output projection
-        _gemm_pair(costs, tokens, mlp_width, h),                 # FC1 (gate and up for SwiGLU)
-        _gemm_pair(costs, tokens, h, f / t),                     # FC2
+    linears = [
+        (tokens, (h + 2 * kv) / t, h),          # QKV
+        (tokens, h, h / t),                     # output projection
+        (tokens, mlp_width, h),                 # FC1 (gate and up for SwiGLU)
+        (tokens, h, f / t),                     # FC2
     ]
+    gemms = [_linear_pair(costs, m, n, k) for m, n, k in linears]
     # Norm (read, write), residual add (2 reads, write), and the norm after it; GPT's dropout
     # adds its 1-byte mask.
     norm = 2 * outer
@@ -176,9 +215,16 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     wgrad = sum(g[2] for g in gemms)
     backward = sum(g[1] for g in gemms) + wgrad + sum(ew_bwd) + sum(core_bwd)
     n_core_fwd = sum(1 for x in core_fwd if x)
+    kernels_forward = len(gemms) + len(elementwise) + n_core_fwd
+    kernels_backward = (2 * len(gemms) + BACKWARD_KERNELS * len(elementwise)
+                        + sum(1 for x in core_bwd if x))
+    if costs.fp8_rate is not None:
+        fp8 = fp8_overheads(costs, linears, micro_batches)
+        forward += fp8.forward
+        backward += fp8.backward
+        kernels_forward += fp8.kernels_forward
+        kernels_backward += fp8.kernels_backward
     return LayerKernels(
         forward=forward, backward=backward, core_forward=sum(core_fwd), wgrad=wgrad,
-        kernels_forward=len(gemms) + len(elementwise) + n_core_fwd,
-        kernels_backward=(2 * len(gemms) + BACKWARD_KERNELS * len(elementwise)
-                          + sum(1 for x in core_bwd if x)),
+        kernels_forward=kernels_forward, kernels_backward=kernels_backward,
     )

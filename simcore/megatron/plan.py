@@ -9,8 +9,9 @@ from simcore.megatron.checks import micro_batches
 from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
 from simcore.megatron.layers import LayerShape, layer_shape
 from simcore.megatron.placement import AxisNetworks, axis_networks
+from simcore.megatron.precision import FP8_BYTES
 from simcore.network import Collective
-from simcore.specs import Axis, Family, ModelSpec, Strategy, SystemSpec, TrainingSpec
+from simcore.specs import Axis, Family, ModelSpec, Precision, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["Comm", "StepPlan", "uses_flash_attention"]
 
@@ -51,8 +52,10 @@ class StepPlan:
         self.tokens = strategy.micro_batch * self.seq / strategy.sp
         """Tokens of one micro-batch on one device (the sequence split by sp)."""
         device = system.device
-        self.costs = KernelCosts.of(device)
+        self.costs = KernelCosts.of(device, strategy.precision)
         self.flash = uses_flash_attention(model, system, training)
+        self.fp8 = strategy.precision is Precision.FP8
+        """The linear layers run in FP8 (:mod:`simcore.megatron.precision`)."""
         self.dp_group = strategy.dp * strategy.sp
         """Ranks that hold the same weights and share the gradient reduction."""
         degrees = {Axis.DP: strategy.dp, Axis.TP: strategy.tp, Axis.PP: strategy.pp,
@@ -63,12 +66,13 @@ class StepPlan:
             model, self.shape, micro_batch=strategy.micro_batch, seq_len=self.seq,
             tp=strategy.tp, sp=strategy.sp, sequence_parallel=strategy.sequence_parallel,
             recompute=strategy.recompute, flash=self.flash,
+            linear_input_bytes=FP8_BYTES if self.fp8 else 2,
         )
         self.kernels: LayerKernels = layer_kernels(
             model, self.shape, self.costs, micro_batch=strategy.micro_batch,
             queries=self.seq / strategy.sp, seq_len=self.seq, tp=strategy.tp,
             sequence_parallel=strategy.sequence_parallel, flash=self.flash,
-            act_bytes=training.bytes_per_activation,
+            act_bytes=training.bytes_per_activation, micro_batches=self.m,
         )
 
 

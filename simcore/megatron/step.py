@@ -21,6 +21,11 @@ Communication:
   bucket is always exposed.
 - fsdp (ZeRO-3): each layer's weights all-gathered before its forward and backward, its gradients
   reduce-scattered after backward, prefetched behind the layer's compute.
+
+Hiding is not free: while a collective runs beside compute the two share the SMs and HBM, and
+the compute slows by the device's ``overlap_slowdown`` (:func:`_hidden`). The exposed part of
+each hidden collective (tp behind the wgrad GEMMs, sp behind the attention core, fsdp behind the
+layer, dp behind the last backward) includes that slowdown.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from simcore.megatron.checks import check_plan
 from simcore.megatron.layers import LayerShape
 from simcore.megatron.pipeline import in_flight, pipeline_time
 from simcore.megatron.plan import StepPlan, uses_flash_attention
+from simcore.megatron.precision import FP8_BYTES
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import (
     Axis,
@@ -52,7 +58,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["estimate_megatron", "layer_time", "uses_flash_attention", "DDP_BUCKET_PARAMS"]
+__all__ = ["DDP_BUCKET_PARAMS", "estimate_megatron", "layer_time", "uses_flash_attention"]
 
 DDP_BUCKET_PARAMS = 40_000_000
 """Megatron-LM's default gradient bucket (``ddp_bucket_size``: max(40M, 1M * dp) parameters)."""
@@ -85,6 +91,12 @@ class _Layer:
                 + self.fsdp_fwd + self.fsdp_bwd)
 
 
+def _hidden(p: StepPlan, comm: float, compute: float) -> float:
+    """Exposed time of ``comm`` run beside ``compute``: what it outlasts it by, plus the compute's
+    slowdown while both run."""
+    return max(0.0, comm - compute) + p.system.device.overlap_slowdown * min(comm, compute)
+
+
 def _tp_layer_comm(p: StepPlan) -> float:
     """Two all-reduces (or all-gather + reduce-scatter pairs) of a (b, s, h) activation."""
     return 2 * p.comm.total(tp_pair_calls(p))
@@ -97,15 +109,15 @@ def _layer(p: StepPlan) -> _Layer:
     tp = _tp_layer_comm(p)
     # Backward hides its tp communication behind the weight-gradient GEMMs (Megatron-LM's
     # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5).
-    tp_bwd = max(0.0, tp - kernels.wgrad)
+    tp_bwd = _hidden(p, tp, kernels.wgrad)
 
     sp_fwd = sp_bwd = 0.0
     if s.sp > 1:
         gathers, scatters = cp_kv_calls(p)
         gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
         core = p.kernels.core_forward
-        sp_fwd = max(0.0, gather - core)
-        sp_bwd = max(0.0, gather + scatter - 2 * core)
+        sp_fwd = _hidden(p, gather, core)
+        sp_bwd = _hidden(p, gather + scatter, 2 * core)
 
     if s.recompute is Recompute.FULL:
         recompute = fwd
@@ -120,8 +132,8 @@ def _layer(p: StepPlan) -> _Layer:
     if s.zero is ZeroStage.PARAMETERS and p.dp_group > 1:
         gathers, scatters = fsdp_layer_calls(p)
         gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
-        fsdp_fwd = max(0.0, gather - fwd)
-        fsdp_bwd = max(0.0, gather + scatter - bwd - recompute)
+        fsdp_fwd = _hidden(p, gather, fwd)
+        fsdp_bwd = _hidden(p, gather + scatter, bwd + recompute)
     return _Layer(fwd, bwd, recompute, tp, tp_bwd + tp_recompute, sp_fwd, sp_bwd, fsdp_fwd,
                   fsdp_bwd)
 
@@ -226,7 +238,8 @@ def _dp_time(p: StepPlan, stage: _Stage) -> tuple[float, float]:
     if not p.training.overlap_grad_reduce:
         return link, link
     buckets = grad_buckets(p, stage.params)
-    return link, max(link / buckets, link - stage.bwd)
+    exposed = max(link / buckets, link - stage.bwd)  # the last bucket waits for the backward
+    return link, exposed + p.system.device.overlap_slowdown * (link - exposed)
 
 
 def _optimizer_time(p: StepPlan, stage: _Stage) -> float:
@@ -243,6 +256,10 @@ def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryPa
     group = p.dp_group
     zero = s.zero
     weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group)
+    if p.fp8:
+        # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights are.
+        fp8_copy = stage.layers * p.shape.matmul_params / s.tp * FP8_BYTES
+        weights += fp8_copy / (group if zero >= ZeroStage.PARAMETERS else 1)
     flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
     activations = stage.layers * act.stored * flight
     if s.recompute is Recompute.FULL:

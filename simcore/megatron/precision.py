@@ -1,0 +1,106 @@
+"""FP8 training as Transformer Engine runs it under Megatron-LM: what changes against bf16.
+
+Which GEMMs run in FP8: the linear layers' (QKV, attention projection, FC1, FC2), each with its
+forward, input-gradient and weight-gradient GEMM. Transformer Engine's docs ("Using FP8 with
+Transformer Engine", docs.nvidia.com/deeplearning/transformer-engine/user-guide/examples/
+fp8_primer.html): FP8 is used for the Linear layers' GEMMs, other operations stay in higher
+precision. Megatron-LM d98e8a64 ``megatron/core/transformer/transformer_config.py`` agrees by its
+defaults: ``fp8_wgrad = True`` (weight gradients in FP8), ``fp8_dot_product_attention = False``
+(attention's score and context GEMMs stay 16-bit), ``fp8_output_proj`` only under MXFP8 (the LM
+head stays 16-bit); the embedding and the optimizer never run GEMMs in FP8.
+
+The FP8 GEMMs take the device's ``matmul_efficiency`` and wave fraction unchanged (calibrated
+on bf16 runs). Measured GEMMs reach a somewhat smaller fraction of the FP8 peak than of the bf16
+one (stas00/ml-engineering@744d01e compute/accelerator, maximum achievable matmul FLOP/s: H100
+SXM 70.9% of FP8 peak against 80.3% of bf16), so fp8 estimates lean optimistic until a device is
+calibrated on FP8 runs.
+
+What FP8 costs on top of its GEMMs (each a memory-bound kernel at the device's achievable HBM
+bandwidth, with the launch floor of every kernel):
+
+- a cast of every FP8 GEMM input: the layer input x (forward), the weight w (once per step: TE
+  keeps the FP8 weight across the micro-batches of a step, Megatron-LM passing
+  ``is_first_microbatch``) and the output gradient dy (backward). Each reads the 16-bit tensor
+  and writes it in FP8 twice, row-wise and column-wise (transposed): Hopper's FP8 tensor cores
+  take only the "TN" layout (cuBLAS docs, cublasLtMatmul, FP8 data types: A transposed, B not),
+  so x, w and dy, each read transposed by one of the three GEMMs, are written in both
+  orientations (TE's fused cast-transpose). The cast computes the tensor's amax as it reads it.
+- the delayed-scaling update (Megatron-LM's default ``fp8_recipe = "delayed"``): per linear layer
+  and direction, one kernel rolls the amax history (``--fp8-amax-history-len`` entries, fp32)
+  of its FP8 tensors and computes their scales.
+
+Memory: TE keeps an FP8 copy of each linear layer's weight (1 byte per parameter, on top of the
+16-bit weights and fp32 master weights); each linear layer saves its input for the weight
+gradient in FP8 (1 byte per element instead of 2). Both are in
+:mod:`simcore.megatron.activations` and :mod:`simcore.megatron.step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from simcore.specs import DeviceSpec
+
+if TYPE_CHECKING:
+    from simcore.megatron.kernels import KernelCosts
+
+__all__ = [
+    "AMAX_HISTORY_LEN",
+    "CAST_BYTES",
+    "FP8_BYTES",
+    "Fp8Overheads",
+    "fp8_overheads",
+    "fp8_problem",
+]
+
+FP8_BYTES = 1
+"""Bytes of an FP8 element (E4M3 or E5M2; Micikevicius et al. 2022, arXiv:2209.05433)."""
+
+CAST_BYTES = 2 + 2 * FP8_BYTES
+"""Bytes moved per element by a cast to FP8: the 16-bit read, then the row-wise and column-wise
+FP8 copies written (see the module docstring)."""
+
+AMAX_HISTORY_LEN = 1024
+"""Entries of each FP8 tensor's amax history: ``--fp8-amax-history-len 1024`` as Megatron-LM's
+FP8 example uses it (examples/llama/train_llama3_8b_h100_fp8.sh, d98e8a64), and the exports."""
+
+TENSORS_PER_LINEAR = 3
+"""FP8 tensors of one linear layer with scaling state: input, weight and output gradient."""
+
+SCALE_UPDATE_BYTES = 2 * TENSORS_PER_LINEAR * AMAX_HISTORY_LEN * 4
+"""One linear layer's amax histories (fp32), read and written by the scale update."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Overheads:
+    """Seconds of one layer's FP8 casts and scale updates for one micro-batch, and their count."""
+
+    forward: float
+    backward: float
+    kernels_forward: int
+    kernels_backward: int
+
+
+def fp8_overheads(costs: KernelCosts, linears: Sequence[tuple[float, float, float]],
+                  micro_batches: int) -> Fp8Overheads:
+    """The overheads of the linear GEMMs ``y = x @ w``, given as (m, n, k) with x (m x k) and
+    w (k x n); a step of ``micro_batches`` micro-batches casts each weight once."""
+    forward = backward = 0.0
+    for m, n, k in linears:
+        forward += (costs.elementwise(CAST_BYTES * m * k)                  # x
+                    + costs.elementwise(CAST_BYTES * k * n) / micro_batches  # w, once a step
+                    + costs.elementwise(SCALE_UPDATE_BYTES))
+        backward += costs.elementwise(CAST_BYTES * m * n) + costs.elementwise(SCALE_UPDATE_BYTES)
+    n_linears = len(linears)
+    return Fp8Overheads(forward, backward, 2 * n_linears, 2 * n_linears)
+
+
+def fp8_problem(device: DeviceSpec) -> str | None:
+    """Why ``device`` cannot run a plan in fp8, or None if it can."""
+    if device.fp8_peak_flops_per_s is None:
+        return (f"precision fp8 needs FP8 tensor cores, but device {device.name} has none (no"
+                " fp8_peak_tflops in its catalog entry); use precision bf16, or an H100-class"
+                " device")
+    return None

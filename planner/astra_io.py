@@ -23,8 +23,8 @@ from planner.errors import PlannerUsageError
 from planner.fields import choice as _choice
 from planner.fields import fail as _fail
 from planner.fields import integer as _integer
-from planner.fields import load as _load
 from planner.fields import number as _number
+from planner.inputs import load as _load
 from planner.units import (
     astra_link_gbps_to_bytes_per_s,
     bytes_per_s_to_astra_link_gbps,
@@ -44,6 +44,12 @@ from simcore.network import (
     Topology,
 )
 from simcore.specs import SystemSpec
+from simcore.topologies import (
+    MAX_ACTIVE_CHUNKS,
+    MAX_DATASET_SPLITS,
+    algorithm_problem,
+    network_size_problem,
+)
 
 __all__ = ["AstraSystem", "load_astra_system", "read_system_json", "read_network_yml",
            "system_json_text", "network_yml_text", "remote_memory_json_text", "ASTRA_TOPOLOGIES",
@@ -102,10 +108,12 @@ def read_system_json(path: Path) -> tuple[dict[str, Any], CollectiveScheduling]:
         ),
         endpoint_delay_s=ns_to_s(ed_ns),
         active_chunks_per_dim=_integer(
-            path, "active-chunks-per-dimension", data["active-chunks-per-dimension"], minimum=1
+            path, "active-chunks-per-dimension", data["active-chunks-per-dimension"], minimum=1,
+            maximum=MAX_ACTIVE_CHUNKS,
         ),
         preferred_dataset_splits=_integer(
-            path, "preferred-dataset-splits", data["preferred-dataset-splits"], minimum=1
+            path, "preferred-dataset-splits", data["preferred-dataset-splits"], minimum=1,
+            maximum=MAX_DATASET_SPLITS,
         ),
         local_reduction_bandwidth_bytes_per_s=decimal_gbps_to_bytes_per_s(
             _number(path, "local-mem-bw", data["local-mem-bw"], minimum=0, strict=True)
@@ -146,7 +154,8 @@ def _dim_size(path: Path, topology: Topology, value: Any, i: int) -> tuple[int, 
     if topology in (Topology.MESH_2D, Topology.TORUS_2D):
         text = str(value)
         parts = text.lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        if len(parts) != 2 or not all(p.strip().isdigit() and len(p.strip()) <= 9
+                                      and int(p) >= 1 for p in parts):
             raise _fail(path, field, f"a {topology} dimension is sized WIDTHxHEIGHT, e.g. 4x4,"
                         f" but got {value!r}")
         width, height = (int(p) for p in parts)
@@ -183,10 +192,15 @@ def _network_dims(
     if algorithms is not None and len(algorithms) != dims:
         raise _fail(path, "topology", f"has {dims} dimension(s) but the system file lists"
                     f" {len(algorithms)} algorithm(s) per collective; make them agree")
+    sizes = [_dim_size(path, _choice(path, f"topology[{i}]", data["topology"][i], Topology),
+                       data["npus_count"][i], i) for i in range(dims)]
+    too_large = network_size_problem([npus for npus, _ in sizes])
+    if too_large:
+        raise _fail(path, "npus_count", too_large)
     result = []
     for i in range(dims):
         topology = _choice(path, f"topology[{i}]", data["topology"][i], Topology)
-        npus, width = _dim_size(path, topology, data["npus_count"][i], i)
+        npus, width = sizes[i]
         bandwidth = _number(path, f"bandwidth[{i}]", data["bandwidth"][i], minimum=0, strict=True)
         latency = _number(path, f"latency[{i}]", data["latency"][i], minimum=0, strict=False)
         kwargs: dict[str, Any] = {}
@@ -202,6 +216,10 @@ def _network_dims(
                 **kwargs,
             )
         )
+    bad = algorithm_problem(result) if algorithms is not None else None
+    if bad:
+        raise _fail(path, f"topology[{bad[0]}]", f"{bad[1]} (the system file's"
+                    " all-reduce-implementation etc.)")
     return result
 
 

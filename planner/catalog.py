@@ -21,15 +21,18 @@ here and nowhere else (:mod:`planner.units`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from planner.catalog_mixed import is_mixed_entry, mixed_system_from_entry
 from planner.errors import PlannerUsageError
-from planner.fields import choice, fail, fields, integer, load, number
+from planner.fields import choice, fail, fields, integer, number
+from planner.inputs import load
 from planner.units import GB, astra_link_gbps_to_bytes_per_s
+from simcore.mixed import MixedSystemSpec
 from simcore.network import (
     AlgorithmChoice,
     Collective,
@@ -40,11 +43,15 @@ from simcore.network import (
     SchedulingPolicy,
     Topology,
 )
-from planner.catalog_mixed import is_mixed_entry, mixed_system_from_entry
-from simcore.mixed import MixedSystemSpec
 from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, SystemSpec
+from simcore.topologies import (
+    MAX_ACTIVE_CHUNKS,
+    MAX_DATASET_SPLITS,
+    algorithm_problem,
+    network_size_problem,
+)
 
-__all__ = ["Catalog", "CATALOG_DIR", "KINDS", "load_catalog", "user_catalog_dir"]
+__all__ = ["CATALOG_DIR", "KINDS", "Catalog", "load_catalog", "user_catalog_dir"]
 
 CATALOG_DIR = Path(__file__).resolve().parent.parent / "studies" / "catalog"
 KINDS = ("device", "model", "system")
@@ -194,9 +201,11 @@ def _scheduling(path: Path, where: str, entry: Any, device: DeviceSpec) -> Colle
     local_bw = e.get("local_reduction_bandwidth_gbps")
     return _spec(path, where, lambda: CollectiveScheduling(
         preferred_dataset_splits=integer(path, f"{where}.preferred_dataset_splits",
-                                         e.get("preferred_dataset_splits", 4), minimum=1),
+                                         e.get("preferred_dataset_splits", 4), minimum=1,
+                                         maximum=MAX_DATASET_SPLITS),
         active_chunks_per_dim=integer(path, f"{where}.active_chunks_per_dim",
-                                      e.get("active_chunks_per_dim", 1), minimum=1),
+                                      e.get("active_chunks_per_dim", 1), minimum=1,
+                                      maximum=MAX_ACTIVE_CHUNKS),
         endpoint_delay_s=number(path, f"{where}.endpoint_delay_ns",
                                 e.get("endpoint_delay_ns", 10), minimum=0, strict=True) * 1e-9,
         local_reduction_bandwidth_bytes_per_s=(
@@ -238,9 +247,22 @@ def system_from_entry(path: Path, name: str, entry: Any,
     if not isinstance(dims_raw, list) or not dims_raw:
         raise fail(path, f"{name}.network", "must be a list of dimensions, innermost first")
     dims = tuple(_dim(path, f"{name}.network[{i}]", d) for i, d in enumerate(dims_raw))
+    check_network(path, f"{name}.network", dims)
     scheduling = _scheduling(path, f"{name}.scheduling", e.get("scheduling"), device)
     network = _spec(path, f"{name}.network", lambda: Network(dims=dims, scheduling=scheduling))
     return SystemSpec(name=name, device=device, network=network)
+
+
+def check_network(path: Path, where: str, dims: Sequence[NetworkDim]) -> None:
+    """Refuse a network too large to simulate, or whose algorithms cannot be modelled, when it
+    is read (before a study is made from it)."""
+    too_large = network_size_problem([d.npus for d in dims])
+    if too_large:
+        raise fail(path, where, too_large)
+    bad = algorithm_problem(dims)
+    if bad:
+        dim, why = bad
+        raise fail(path, f"{where}[{dim}].algorithm", why)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def _inter(path: Path, where: str, entry: Any, nodes: int) -> NetworkDim:
 
 def mixed_system_from_entry(path: Path, name: str, entry: Any,
                             devices: Mapping[str, DeviceSpec]) -> MixedSystemSpec:
-    from planner.catalog import _dim, _scheduling, _spec, system_device
+    from planner.catalog import _dim, _scheduling, _spec, check_network, system_device
 
     e = fields(path, name, entry, _FIELDS, _OPTIONAL)
     raw_groups = e["groups"]
@@ -70,6 +70,7 @@ def mixed_system_from_entry(path: Path, name: str, entry: Any,
         if nodes > 1:
             inter_where = f"{where}.inter_node" if "inter_node" in g else f"{name}.inter_node"
             dims.append(_inter(path, inter_where, g.get("inter_node", e["inter_node"]), nodes))
+        check_network(path, f"{where}.node", dims)
         scheduling = _scheduling(path, f"{name}.scheduling", e.get("scheduling"), device)
         group_name = str(g.get("name", device.name))
         network = _spec(path, where, lambda: Network(dims=tuple(dims), scheduling=scheduling))

@@ -161,7 +161,7 @@ def check_clash(name: str, target: Path) -> None:
     """Refuse a system name the shipped catalog or another file of the user's catalog (in the
     folder of ``target``) defines."""
     from planner.catalog import load_catalog
-    from planner.fields import load
+    from planner.inputs import load
 
     shipped = load_catalog(user=False)
     if name in shipped.systems or name in shipped.mixed:

@@ -47,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if getattr(args, "storage", None) == "":  # not the default: a variable that expanded empty
+        print(f"planner {args.command}: error: --storage is empty; give a journal path or a"
+              " database URL, or leave the option out for the default", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return args.handler.run(args)
     except PlannerUsageError as e:

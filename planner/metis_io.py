@@ -29,6 +29,7 @@ from typing import Any
 
 from planner.catalog import user_catalog_dir
 from planner.errors import PlannerUsageError
+from planner.inputs import read_text
 from simcore.mixed import LayerProfiles, ProfiledLayer
 
 __all__ = ["METIS_DEVICES", "METIS_GBPS", "MetisCluster", "read_hostfile", "read_clusterfile",
@@ -60,10 +61,7 @@ def _bad(path: Path, where: str, fix: str) -> PlannerUsageError:
 
 def read_hostfile(path: Path) -> list[tuple[str, int]]:
     """(address, GPUs) per node, in file order."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise _bad(path, "hostfile", f"cannot read it ({e.strerror})") from None
+    lines = read_text(path, "Metis hostfile").splitlines()
     nodes = []
     for i, line in enumerate(lines, start=1):
         if not line.strip():
@@ -79,11 +77,11 @@ def read_hostfile(path: Path) -> list[tuple[str, int]]:
 
 def _json(path: Path, what: str) -> Any:
     try:
-        return json.loads(path.read_text())
-    except OSError as e:
-        raise _bad(path, what, f"cannot read it ({e.strerror})") from None
+        return json.loads(read_text(path, f"Metis {what}"))
     except json.JSONDecodeError as e:
         raise _bad(path, what, f"is not JSON (line {e.lineno}: {e.msg})") from None
+    except ValueError as e:  # e.g. an integer over Python's 4,300 digits
+        raise _bad(path, what, f"holds a value Python cannot read ({e})") from None
 
 
 def read_clusterfile(path: Path) -> dict[str, dict[str, Any]]:

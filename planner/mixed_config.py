@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.catalog import Catalog, load_catalog
-from planner.fields import choice, fail, fields, integer, load
+from planner.fields import choice, fail, fields, integer
+from planner.inputs import load
 from planner.metis_io import profile_path, profiles_from_entry
 from planner.study_config import _bad_zero, _degrees, _enums, _list
 from search_spaces import powers_of_two

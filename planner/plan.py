@@ -21,6 +21,7 @@ numbers the file holds (a test checks it).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,16 @@ def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
                     micro_batch=int(a["micro_batch"]), schedule=Schedule(a["schedule"]),
                     v=int(a["v"]), placement=tuple(Axis(p) for p in placement),
                     sequence_parallel=bool(a["sequence_parallel"]),
-                    precision=Precision(_precision(a.get("precision"))))
+                    precision=Precision(_precision(a.get("precision"))),
+                    first_stage_layers=_layers(a.get("first_stage_layers")),
+                    last_stage_layers=_layers(a.get("last_stage_layers")))
+
+
+def _layers(value: Any) -> int | None:
+    """A stored first/last stage's layer count; even plans hold none (pandas: NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return int(value)
 
 
 def _precision(value: Any) -> str:
@@ -200,10 +210,11 @@ def _name(path: Path, field: str, value: Any) -> str:
 
 
 _STRATEGY_FIELDS = set(strategy_dict(Strategy()))
+_UNEVEN = {"first_stage_layers", "last_stage_layers"}
 
 
 def _strategy(path: Path, data: Any) -> Strategy:
-    e = check_fields(path, "strategy", data, _STRATEGY_FIELDS, {"precision"})
+    e = check_fields(path, "strategy", data, _STRATEGY_FIELDS, {"precision"} | _UNEVEN)
     if not isinstance(e["placement"], list):
         raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
     try:

@@ -21,7 +21,7 @@ from search_spaces import strategy_label
 from simcore.estimate import Estimate
 from simcore.specs import Convention, ModelSpec, Precision, Strategy, SystemSpec, TrainingSpec
 
-__all__ = ["Evaluator", "Record", "frozen_trial", "strategy_attrs", "CONSTRAINT"]
+__all__ = ["CONSTRAINT", "Evaluator", "Record", "frozen_trial", "strategy_attrs"]
 
 CONSTRAINT = "hbm_gb"
 
@@ -35,7 +35,8 @@ class Record:
 
 def strategy_attrs(s: Strategy) -> dict[str, Any]:
     """The strategy as a trial stores it; ``precision`` only when it is not bf16, so bf16
-    trials are stored as before fp8 (and read back as bf16)."""
+    trials are stored as before fp8 (and read back as bf16), and ``first_stage_layers`` /
+    ``last_stage_layers`` only when set (even stages are stored as before)."""
     out = {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp, "zero": int(s.zero),
            "recompute": s.recompute.value, "micro_batch": s.micro_batch,
            "schedule": s.schedule.value, "v": s.v,
@@ -43,6 +44,9 @@ def strategy_attrs(s: Strategy) -> dict[str, Any]:
            "sequence_parallel": s.sequence_parallel, "plan": strategy_label(s)}
     if s.precision is not Precision.BF16:
         out["precision"] = s.precision.value
+    for name in ("first_stage_layers", "last_stage_layers"):  # only on uneven plans
+        if getattr(s, name) is not None:
+            out[name] = getattr(s, name)
     return out
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from planner.catalog import Catalog
 from planner.errors import PlannerUsageError
 from planner.fields import MAX_INTEGER, MAX_NUMBER, placement_axes
+from planner.inputs import read_text
 from simcore.specs import (
     Axis,
     ModelSpec,
@@ -204,15 +205,7 @@ def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:
 
 
 def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise PlannerUsageError(f"{path}: no such file; give the CSV of measured runs") from None
-    except UnicodeDecodeError as e:
-        raise PlannerUsageError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8"
-                                ) from None
-    except OSError as e:
-        raise PlannerUsageError(f"{path}: cannot read the CSV: {e.strerror}") from None
+    text = read_text(path, "CSV of measured runs", encoding="utf-8-sig")
     reader = csv.reader(io.StringIO(text))
     try:
         header = [h.strip().lower() for h in next(reader, [])]

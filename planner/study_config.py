@@ -27,6 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,10 +42,10 @@ from planner.fields import (
     fail,
     fields,
     integer,
-    load,
     number,
     placement_axes,
 )
+from planner.inputs import load
 from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
@@ -74,9 +76,12 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
-                "v", "placement", "sequence_parallel", "precision"}
+                "v", "placement", "sequence_parallel", "precision", "uneven"}
 _POWERS = ("powers_of_two", "powers of two")
 DEFAULT_N_TRIALS = 200
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
+"""A study name is a safe file name: exports go to ``planner-results/exports/NAME``, so ``..``
+or a slash would write outside it."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,7 @@ class StudyConfig:
                 "sequence_parallel": list(sp.sequence_parallel),
                 **({"precision": [p.value for p in sp.precision]}
                    if sp.precision != (Precision.BF16,) else {}),
+                **({"uneven": list(sp.uneven)} if sp.uneven != (0,) else {}),
             },
             **({"description": self.description} if self.description else {}),
         }
@@ -140,6 +146,10 @@ class StudyConfig:
         keep = {k: v for k, v in self.summary().items()
                 if k not in ("file", "n_trials", "description")}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _short(value: Any) -> str:
+    return reprlib.repr(value)
 
 
 def _ref(path: Path, field: str, value: Any, kind: str, catalog: Catalog) -> Any:
@@ -230,6 +240,9 @@ def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training:
         kw["sequence_parallel"] = _bools(path, "space.sequence_parallel", e["sequence_parallel"])
     if "precision" in e:
         kw["precision"] = _enums(path, "space.precision", e["precision"], Precision)
+    if "uneven" in e:  # layers fewer on the first and last stage (search_spaces.space.short_ends)
+        kw["uneven"] = tuple(dict.fromkeys(integer(path, "space.uneven", k, minimum=0)
+                                           for k in _list(path, "space.uneven", e["uneven"])))
     space = StrategySpace(model=model, system=system, training=training, convention=convention,
                           framework=framework, **kw)
     if Schedule.INTERLEAVED in space.schedule and not any(v > 1 for v in space.v):
@@ -251,8 +264,10 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     raw = load(path, "study YAML")
     e = fields(path, "", raw, _FIELDS, _OPTIONAL)
     name = e.get("name", path.stem)
-    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
-        raise fail(path, "name", f"must be a name without spaces, but got {name!r}")
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
+        raise fail(path, "name", f"must be a name of letters, digits, '.', '_', '+' or '-' that"
+                   f" starts with a letter or digit (it names export folders), but got"
+                   f" {_short(name)}")
     model = _ref(path, "model", e["model"], "model", catalog)
     override, system = system, _ref(path, "system", e["system"], "system", catalog)
     if override is not None:  # the same question on another system, a study of its own

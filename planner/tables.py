@@ -6,13 +6,17 @@ from __future__ import annotations
 import optuna
 import pandas as pd
 
-__all__ = ["KNOBS", "PLACEMENTS", "best_frame", "format_best", "trials_frame"]
+__all__ = ["KNOBS", "PLACEMENTS", "UNEVEN_KNOBS", "best_frame", "format_best", "trials_frame"]
 
 KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
          "placement", "sequence_parallel", "precision"]
-_FIRST = ["number", "state", "plan", *KNOBS, "feasible", "step_time_s", "peak_memory_gb"]
+UNEVEN_KNOBS = ["first_stage_layers", "last_stage_layers"]
+"""Stored only on plans with uneven pipeline stages (:func:`planner.record.strategy_attrs`), so
+a study's table has these columns only when it holds such plans."""
+_FIRST = ["number", "state", "plan", *KNOBS, *UNEVEN_KNOBS, "feasible", "step_time_s",
+          "peak_memory_gb"]
 _LAST = ["reason"]
-_NOT_FIGURES = {"number", "state", "plan", "feasible", "reason", *KNOBS}
+_NOT_FIGURES = {"number", "state", "plan", "feasible", "reason", *KNOBS, *UNEVEN_KNOBS}
 PLACEMENTS = "placements"
 """best_frame's column: the placements of the plans a row stands for, its own first."""
 
@@ -55,7 +59,7 @@ def _group_placements(df: pd.DataFrame) -> pd.DataFrame:
     estimate identical: the first (best-ranked) one, listing all their placements."""
     if df.empty or "placement" not in df.columns:
         return df.assign(**{PLACEMENTS: [[] for _ in range(len(df))]})
-    key = [k for k in KNOBS if k != "placement" and k in df.columns]
+    key = [k for k in KNOBS + UNEVEN_KNOBS if k != "placement" and k in df.columns]
     key += [c for c in df.columns if c not in _NOT_FIGURES]
     ids = df.groupby(key, sort=False, dropna=False).ngroup()
     lists = df["placement"].groupby(ids).agg(list)

@@ -41,16 +41,29 @@ def _layout_label(s: Strategy) -> str:
 
 
 def strategy_label(s: Strategy) -> str:
-    """One line naming every knob, e.g. ``dp8-tp8-pp16-sp1 mb1 interleaved-v5 selective zero1``."""
+    """One line naming every knob, e.g. ``dp8-tp8-pp16-sp1 mb1 interleaved-v5 selective zero1``
+    (``first7 last7``: uneven pipeline stages)."""
     parts = [_layout_label(s), f"mb{s.micro_batch}", _pipeline_label(s), s.recompute.value,
              f"zero{int(s.zero)}"]
     if not s.sequence_parallel:
         parts.append("no-seqpar")
     if s.precision is not Precision.BF16:
         parts.append(s.precision.value)
+    if s.first_stage_layers is not None:
+        parts.append(f"first{s.first_stage_layers}")
+    if s.last_stage_layers is not None:
+        parts.append(f"last{s.last_stage_layers}")
     if s.placement != Strategy().placement:
         parts.append("placement=" + _placement_label(s.placement))
     return " ".join(parts)
+
+
+def _shortness(s: Strategy, layers: int) -> int:
+    """The space's ``uneven``: how many layers fewer the first stage holds than the next."""
+    if not s.uneven:
+        return 0
+    counts = s.stage_layers(layers)
+    return counts[1] - counts[0]
 
 
 class LayoutEncoding:
@@ -79,6 +92,7 @@ class LayoutEncoding:
             "placement": [_placement_label(p) for p in sp.placement],
             "sequence_parallel": list(sp.sequence_parallel),
             "precision": [p.value for p in sp.precision],
+            "uneven": list(sp.uneven),
         }
         return {k: v for k, v in knobs.items() if len(v) > 1}
 
@@ -92,6 +106,8 @@ class LayoutEncoding:
                 "micro_batch": s.micro_batch, "pipeline": _pipeline_label(s),
                 "placement": _placement_label(s.placement),
                 "sequence_parallel": s.sequence_parallel, "precision": s.precision.value}
+        if "uneven" in self._choices:
+            full["uneven"] = _shortness(s, self.space.model.layers)
         return {k: full[k] for k in self._choices}
 
     def suggest(self, trial: optuna.Trial) -> Strategy:

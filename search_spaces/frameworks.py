@@ -11,8 +11,13 @@ so in a comment.
   :mod:`planner.exports._deepspeed`; Megatron-DeepSpeed 4efb479d runs the model.
 - ``torchtitan``: pytorch/torchtitan b5bcd76c (2026-08-22); it runs every ZeRO stage (DDP or
   FSDP), the GPipe, 1F1B and interleaved schedules, context parallelism with tp and pp, and fp8
-  (torchao's float8 linears, ``torchtitan/components/quantization/float8.md``), so nothing in
-  the space is refused (its exporter refuses devices without bf16).
+  (torchao's float8 linears, ``torchtitan/components/quantization/float8.md``), so only uneven
+  stages it cannot lay out are refused (its exporter also refuses devices without bf16).
+
+Uneven pipeline stages (``first_stage_layers`` / ``last_stage_layers``): Megatron-LM's
+``--decoder-first/last-pipeline-num-layers`` run them all (v must divide each stage's count,
+:func:`simcore.megatron.checks.check_plan`); torchtitan's ``pipeline_parallel_first/
+last_stage_less_layers`` shorten the first and last stages with v = 1; DeepSpeed has no way.
 
 fp8: Megatron-LM runs it through Transformer Engine (``--fp8-format``,
 ``megatron/core/transformer/transformer_config.py`` d98e8a64); torchtitan through torchao's
@@ -40,7 +45,9 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
         return _megatron(strategy)
     if framework == "deepspeed":
         return _deepspeed(strategy)
-    return None  # any, torchtitan
+    if framework == "torchtitan":
+        return _torchtitan(model, strategy)
+    return None  # any
 
 
 def _megatron(s: Strategy) -> str | None:
@@ -50,6 +57,23 @@ def _megatron(s: Strategy) -> str | None:
     if s.pp > 1 and s.schedule is Schedule.GPIPE:
         return ("schedule gpipe: Megatron-LM has no GPipe schedule; it offers 1f1b and"
                 " interleaved")
+    return None
+
+
+def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
+    # torchtitan/distributed/pipeline_parallel.py (b5bcd76c) _generate_llm_fqn_per_model_part:
+    # pipeline_parallel_first/last_stage_less_layers shorten the first and last *virtual* stage
+    # only (rank 0's first chunk, the last rank's last chunk), never every chunk of those ranks
+    # as Megatron's split with v > 1 does, and never lengthen them.
+    if not s.uneven:
+        return None
+    counts = s.stage_layers(model.layers)
+    if s.v > 1:
+        return (f"uneven stages with v {s.v}: torchtitan shortens only the first and last"
+                " virtual stage; it offers uneven stages with 1f1b or gpipe (v 1)")
+    if max(counts[0], counts[-1]) > counts[1]:
+        return (f"first/last stage with {counts[0]}/{counts[-1]} layers, more than the"
+                f" {counts[1]} between: torchtitan offers only shorter first and last stages")
     return None
 
 
@@ -75,4 +99,10 @@ def _deepspeed(s: Strategy) -> str | None:
     if s.precision is Precision.FP8:
         return ("precision fp8: DeepSpeed has no FP8 training mode of its own; it offers bf16"
                 " and fp16 (export for megatron or torchtitan to train in fp8)")
+    # deepspeed/runtime/pipe/module.py (edaa7221) PipelineModule._partition_layers: the
+    # partition_method is "uniform" (layer counts), "parameters" or "type:[regex]" (balanced
+    # counts of the matching layers); no method takes per-stage layer counts.
+    if s.uneven:
+        return ("first_stage_layers / last_stage_layers: DeepSpeed's PipelineModule offers only"
+                " its partition_method (uniform, parameters, type:regex), not set counts")
     return None

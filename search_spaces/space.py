@@ -36,7 +36,8 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["Layout", "PipelineChoice", "StrategySpace", "divisors", "powers_of_two"]
+__all__ = ["Layout", "PipelineChoice", "StrategySpace", "divisors", "powers_of_two",
+           "short_ends"]
 
 DEGREES = ("dp", "tp", "pp", "sp")
 
@@ -48,6 +49,19 @@ def powers_of_two(limit: int) -> tuple[int, ...]:
 
 def divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def short_ends(layers: int, pp: int, uneven: int) -> int | None:
+    """The first (and last) stage's layers when each holds ``uneven`` fewer than the stages
+    between, which split the rest evenly: ``middle = (layers + 2 uneven) / pp``, e.g. Llama-3
+    405B's 126 = 7 + 14 x 8 + 7 on pp 16 (Llama 3 paper section 3.3.2: the first and last stages
+    one layer short; torchtitan's ``pipeline_parallel_first_stage_less_layers`` /
+    ``_last_stage_less_layers``, ``torchtitan/config/configs.py`` b5bcd76c). None when there is
+    no such split (pp < 3, or the middle does not divide, or nothing left at the ends)."""
+    if pp < 3 or (layers + 2 * uneven) % pp:
+        return None
+    first = (layers + 2 * uneven) // pp - uneven
+    return first if first >= 1 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +117,10 @@ class StrategySpace:
     """Only plans this framework can run (:mod:`search_spaces.frameworks`); ``any``: all."""
     precision: tuple[Precision, ...] = (Precision.BF16,)
     """The linear layers' GEMM format (:class:`simcore.specs.Precision`)."""
+    uneven: tuple[int, ...] = (0,)
+    """How many layers fewer the first and the last pipeline stage hold than each stage between
+    (:func:`short_ends`); 0 is the even split. Plans set Megatron-LM's
+    ``first_stage_layers`` / ``last_stage_layers`` from it."""
 
     @property
     def devices(self) -> int:
@@ -130,20 +148,31 @@ class StrategySpace:
 
     def candidates(self) -> Iterator[Strategy]:
         """Every combination of the allowed values with the right product, valid or not."""
-        for layout, zero, rc, mb, pipe, place, seqpar, precision in itertools.product(
+        for layout, zero, rc, mb, pipe, place, seqpar, precision, short in itertools.product(
             self.layouts(), self.zero, self.recompute, self.micro_batch, self.pipelines(),
-            self.placement, self.sequence_parallel, self.precision,
+            self.placement, self.sequence_parallel, self.precision, self.uneven,
         ):
+            ends = self._ends(layout.pp, short)
+            if ends == -1:
+                continue  # no split with the ends this much shorter
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=zero,
                            recompute=rc, micro_batch=mb, schedule=pipe.schedule, v=pipe.v,
-                           placement=place, sequence_parallel=seqpar, precision=precision)
+                           placement=place, sequence_parallel=seqpar, precision=precision,
+                           first_stage_layers=ends, last_stage_layers=ends)
+
+    def _ends(self, pp: int, short: int) -> int | None:
+        """The first/last stage's layers for ``uneven`` = ``short`` (None: even; -1: none)."""
+        if short == 0:
+            return None
+        ends = short_ends(self.model.layers, pp, short)
+        return -1 if ends is None else ends
 
     @property
     def size(self) -> int:
         """How many candidates the lists make (before the shape rules)."""
         return (len(self.layouts()) * len(self.zero) * len(self.recompute)
                 * len(self.micro_batch) * len(self.pipelines()) * len(self.placement)
-                * len(self.sequence_parallel) * len(self.precision))
+                * len(self.sequence_parallel) * len(self.precision) * len(self.uneven))
 
     # -- validity ------------------------------------------------------------------------------
     def reason_invalid(self, strategy: Strategy) -> str | None:
@@ -176,7 +205,7 @@ class StrategySpace:
         """The candidates' product, in :meth:`candidates`' order (the last knob fastest)."""
         return (len(self.layouts()), len(self.zero), len(self.recompute),
                 len(self.micro_batch), len(self.pipelines()), len(self.placement),
-                len(self.sequence_parallel), len(self.precision))
+                len(self.sequence_parallel), len(self.precision), len(self.uneven))
 
     def _valid_indices(self) -> np.ndarray:
         """Flat indices (into :meth:`_shape`) of the valid candidates, ascending."""
@@ -184,8 +213,11 @@ class StrategySpace:
         if not layouts or not pipes:
             return np.empty(0, np.int64)
         lay = np.array([(x.dp, x.tp, x.pp, x.sp) for x in layouts], np.int64)
-        read = (len(layouts), len(self.micro_batch), len(pipes), len(self.sequence_parallel))
-        li, mi, pi, si = np.indices(read).reshape(len(read), -1)
+        read = (len(layouts), len(self.micro_batch), len(pipes), len(self.sequence_parallel),
+                len(self.uneven))
+        li, mi, pi, si, ui = np.indices(read).reshape(len(read), -1)
+        ends = np.array([[self._ends(x.pp, k) or 0 for k in self.uneven] for x in layouts],
+                        np.int64)[li, ui]
         columns = {
             "dp": lay[li, 0], "tp": lay[li, 1], "pp": lay[li, 2], "sp": lay[li, 3],
             "micro_batch": np.asarray(self.micro_batch, np.int64)[mi],
@@ -195,9 +227,14 @@ class StrategySpace:
         }
         check = implementation(self.convention).valid_plans
         assert check is not None
+        if self.uneven != (0,):  # only the megatron convention reads the ends' columns
+            columns["first_stage_layers"] = columns["last_stage_layers"] = np.maximum(ends, 0)
         ok = check(self.model, self.system, self.training, columns)
-        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1)
-        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1)
+        if self.uneven != (0,):
+            shorts = np.asarray(self.uneven, np.int64)[ui]
+            ok &= (ends >= 0) & ((shorts == 0) | (self.convention is Convention.MEGATRON))
+        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4])
+        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1)
         return np.flatnonzero(np.broadcast_to(ok, self._shape()))
 
     def _precision_ok(self) -> np.ndarray:
@@ -210,15 +247,17 @@ class StrategySpace:
         """The strategies at these flat indices."""
         layouts, pipes = self.layouts(), self.pipelines()
         shape = self._shape()
-        for li, zi, ri, mi, pi, ci, si, qi in zip(*(a.tolist() for a in np.unravel_index(flat,
-                                                                                         shape))):
+        for li, zi, ri, mi, pi, ci, si, qi, ui in zip(*(a.tolist() for a in
+                                                         np.unravel_index(flat, shape))):
             layout, pipe = layouts[li], pipes[pi]
+            ends = self._ends(layout.pp, self.uneven[ui])
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp,
                            zero=self.zero[zi], recompute=self.recompute[ri],
                            micro_batch=self.micro_batch[mi], schedule=pipe.schedule, v=pipe.v,
                            placement=self.placement[ci],
                            sequence_parallel=self.sequence_parallel[si],
-                           precision=self.precision[qi])
+                           precision=self.precision[qi], first_stage_layers=ends,
+                           last_stage_layers=ends)
 
     def enumerate(self) -> tuple[Strategy, ...]:
         """Every valid strategy exactly once."""

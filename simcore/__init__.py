@@ -87,6 +87,8 @@ def estimate(
     convention = convention or convention_of(model)
     if strategy.precision is not Precision.BF16:
         _check_precision(system, strategy, convention)
+    if strategy.uneven:
+        _check_uneven(strategy, convention)
     return implementation(convention).estimate(model, system, training, strategy)
 
 
@@ -102,6 +104,8 @@ def check(
     convention = convention or convention_of(model)
     if strategy.precision is not Precision.BF16:
         _check_precision(system, strategy, convention)
+    if strategy.uneven:
+        _check_uneven(strategy, convention)
     implementation(convention).check(model, system, training, strategy)
 
 
@@ -122,6 +126,16 @@ def _check_precision(system: SystemSpec, strategy: Strategy, convention: Convent
     problem = precision_problem(system.device, convention, strategy.precision)
     if problem is not None:
         raise ValueError(problem)
+
+
+def _check_uneven(strategy: Strategy, convention: Convention) -> None:
+    """Uneven stages are modelled in the megatron convention only: the mlp convention is the
+    DistIR study's equal stages, and STAGE's graph spreads the layers round-robin."""
+    if convention is not Convention.MEGATRON:
+        raise ValueError(
+            f"first_stage_layers / last_stage_layers need the megatron convention, but the plan"
+            f" uses the {convention.value} convention (equal stages only)"
+        )
 
 
 __all__ = [

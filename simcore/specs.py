@@ -328,6 +328,13 @@ class Strategy:
     """Axes onto the network dimensions, innermost first."""
     precision: Precision = Precision.BF16
     """The linear layers' GEMM format; FP8 needs a device with an FP8 peak."""
+    first_stage_layers: int | None = None
+    """Transformer layers on the first pipeline stage; None: an equal share. Megatron-LM's
+    ``--decoder-first-pipeline-num-layers``: the stages without a set count split the rest
+    evenly (``megatron/core/transformer/transformer_config.py``, d98e8a64, "Uneven PP")."""
+    last_stage_layers: int | None = None
+    """Transformer layers on the last pipeline stage; None: an equal share
+    (``--decoder-last-pipeline-num-layers``)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "sp", "micro_batch", "v"):
@@ -336,6 +343,11 @@ class Strategy:
                 raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
         if self.schedule is not Schedule.INTERLEAVED and self.v != 1:
             raise ValueError(f"v > 1 needs schedule=interleaved, but got schedule={self.schedule}")
+        for name in ("first_stage_layers", "last_stage_layers"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
         if sorted(self.placement) != sorted(Axis):
             raise ValueError(
                 "placement must name each of dp, tp, pp, sp once, but got"
@@ -345,3 +357,31 @@ class Strategy:
     @property
     def devices(self) -> int:
         return self.dp * self.tp * self.pp * self.sp
+
+    @property
+    def uneven(self) -> bool:
+        """The first or last stage holds a set number of layers."""
+        return self.first_stage_layers is not None or self.last_stage_layers is not None
+
+    def stage_layers(self, layers: int) -> tuple[int, ...]:
+        """Transformer layers on each pipeline stage, first to last: Megatron-LM's rule (the
+        first and last stages hold their set counts, the stages between split the rest
+        evenly; ``transformer_config.py`` d98e8a64). A ValueError when the rest does not
+        divide; :func:`simcore.check` says why in one line."""
+        first, last, pp = self.first_stage_layers, self.last_stage_layers, self.pp
+        if not self.uneven:
+            return (layers // pp,) * pp
+        if pp == 1:
+            raise ValueError("first_stage_layers / last_stage_layers need pp >= 2")
+        rest = layers - (first or 0) - (last or 0)
+        middle_stages = pp - (first is not None) - (last is not None)
+        if rest < 0 or bool(rest) != bool(middle_stages) or (middle_stages
+                                                              and rest % middle_stages):
+            raise ValueError(
+                f"first_stage_layers={first} and last_stage_layers={last} leave {rest} layers"
+                f" for {middle_stages} middle stages of pp={pp}; they must split evenly"
+            )
+        middle = rest // middle_stages if middle_stages else 0
+        return ((middle if first is None else first,) + (middle,) * (pp - 2)
+                + (middle if last is None else last,))
+

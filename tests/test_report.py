@@ -26,8 +26,10 @@ def report(tmp_path, storage, capsys):
     return page
 
 
-def test_report_holds_inputs_best_plans_and_three_figures(report):
+def test_report_holds_inputs_best_plans_and_three_figures(report, storage):
     text = report.read_text()
+    # The export commands carry the storage the study is in ($PLANNER_STORAGE here).
+    assert f"planner export lab --format megatron --storage {storage}" in text
     for part in ("llama70b", "lab-system1", "HBM limit", "40 GB", "Best plans", "Pareto front",
                  "timeline", "Search space", "Recommendation", "The runner-up",
                  "planner export lab --format megatron"):

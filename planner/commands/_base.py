@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import os
 
 
 class BaseCommand(abc.ABC):
@@ -29,3 +30,30 @@ def hbm_gb(text: str) -> float:
     if not 0 < value <= MAX_NUMBER:
         raise argparse.ArgumentTypeError(f"must be a number of GB > 0, not {text}")
     return value
+
+
+def max_jobs() -> int:
+    """``--jobs`` bound: 4 worker processes per core (os.cpu_count()); more only wait for a
+    core while each holds its own copy of the planner (about 100 MB)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def jobs(text: str) -> int:
+    """``--jobs``: worker processes, 1 to :func:`max_jobs` (argparse makes the error one line)."""
+    limit = max_jobs()
+    if not text.strip().isdigit() or len(text.strip()) > 9:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {limit}, not"
+                                         f" {text[:20]!r}")
+    value = int(text)
+    if not 1 <= value <= limit:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {limit} (4 per core on this"
+                                         f" machine's {os.cpu_count() or 1}), not {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 of at most 9 digits, for counts given on the command line."""
+    if not text.strip().isdigit() or len(text.strip()) > 9 or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 999,999,999, not"
+                                         f" {text[:20]!r}")
+    return int(text)

@@ -18,7 +18,7 @@ from planner.catalog_write import check_entry_name, device_entry, write_entry
 from planner.commands._base import BaseCommand
 from planner.commands._validate import percent
 from planner.errors import PlannerUsageError
-from planner.fields import load
+from planner.inputs import load
 from planner.runs_csv import read_runs
 from planner.validation import Validation
 from simcore.specs import DeviceSpec

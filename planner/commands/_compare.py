@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
-from planner.commands._base import BaseCommand
+from planner.commands._base import BaseCommand, jobs
 from planner.commands._run import _positive_int, add_storage_argument
 from planner.compare import CellRun, Comparison, limit_label, load_comparison, run_comparison
 from planner.errors import PlannerUsageError
@@ -96,7 +96,7 @@ class CompareCommand(BaseCommand):
         parser.add_argument("--out", type=Path, default=RESULTS_DIR,
                             help=f"folder for NAME.csv and NAME.html (default {RESULTS_DIR}/)")
         add_storage_argument(parser)
-        parser.add_argument("--jobs", type=_positive_int, default=1,
+        parser.add_argument("--jobs", type=jobs, default=1,
                             help="worker processes (default 1)")
         parser.add_argument("--quiet", action="store_true", help="no progress bars")
 

@@ -8,7 +8,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from planner.catalog import load_catalog
-from planner.commands._base import BaseCommand, hbm_gb
+from planner.commands._base import BaseCommand, hbm_gb, positive_int
 from planner.errors import PlannerUsageError
 from planner.fields import placement_axes
 from planner.plan import read_plan, strategy_dict
@@ -80,8 +80,8 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--placement", default="tp,sp,dp,pp",
                    help="axes onto network dimensions, innermost first (default tp,sp,dp,pp)")
     t = parser.add_argument_group("training")
-    t.add_argument("--global-batch", type=int, help="sequences per step (required)")
-    t.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    t.add_argument("--global-batch", type=positive_int, help="sequences per step (required)")
+    t.add_argument("--seq-len", type=positive_int, help="sequence length (default: the model's)")
     t.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="fused attention that never stores the s x s scores (default: on for"
                    " the llama family and on devices whose entry says so, e.g. H100)")
@@ -192,7 +192,7 @@ class EstimateCommand(BaseCommand):
         strategy = strategy_from_args(args, system.devices)
         try:
             training = TrainingSpec(global_batch=args.global_batch,
-                                    seq_len=args.seq_len or model.seq_len,
+                                    seq_len=args.seq_len if args.seq_len is not None else model.seq_len,
                                     bytes_per_param_grads=args.grad_bytes,
                                     flash_attention=args.flash_attention)
             est = estimate(model, system, training, strategy, convention)

@@ -25,7 +25,7 @@ from planner.catalog import system_from_entry, user_catalog_dir
 from planner.catalog_write import check_clash, check_entry_name, system_entry, write_entry
 from planner.commands._base import BaseCommand, hbm_gb
 from planner.errors import PlannerUsageError
-from planner.fields import load
+from planner.inputs import load
 from planner.units import GB
 from simcore.specs import DeviceSpec, SystemSpec
 

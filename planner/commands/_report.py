@@ -9,6 +9,7 @@ from planner.commands._base import BaseCommand
 from planner.commands._results import _study
 from planner.commands._run import _positive_int, add_storage_argument
 from planner.outputs import atomic_write, default_path
+from planner.storage import storage_label, storage_option
 
 
 class ReportCommand(BaseCommand):
@@ -28,7 +29,8 @@ class ReportCommand(BaseCommand):
         from planner.report import build_report, report_html  # plotly only when used
 
         study = _study(args)
-        page = report_html(build_report(study, args.top))
+        where = storage_option(storage_label(args.storage))
+        page = report_html(build_report(study, args.top, where))
         path = args.out or default_path(args.name, "report", "html")
         if args.out is None:
             path.parent.mkdir(parents=True, exist_ok=True)

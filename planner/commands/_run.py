@@ -13,7 +13,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from planner.commands._base import BaseCommand, hbm_gb
+from planner.commands._base import BaseCommand, hbm_gb, jobs
 from planner.errors import PlannerUsageError
 from planner.runner import WorkerDied, run_study
 from planner.storage import is_url, open_storage, shown, storage_label, storage_option
@@ -79,7 +79,7 @@ class RunCommand(BaseCommand):
         add_storage_argument(parser)
         parser.add_argument("--resume", action="store_true",
                             help="continue the stored study of this name")
-        parser.add_argument("--jobs", type=_positive_int, default=1,
+        parser.add_argument("--jobs", type=jobs, default=1,
                             help="worker processes sharing the storage (default 1)")
         parser.add_argument("--top", type=_positive_int, default=5,
                             help="best plans to print (default 5)")

@@ -63,6 +63,13 @@ runpy.run_path("main.py", run_name="__main__")
 def stage_args_for(plan: Plan, fmt: str = "astra-sim") -> StageArgs:
     """STAGE's arguments for the plan; one line naming ``--format fmt`` if STAGE cannot build
     it."""
+    if plan.strategy.uneven:
+        # STAGE recomp main.py (0b44904d) takes only --pp; its graph spreads the layers over the
+        # stages itself (round-robin), with no per-stage count.
+        raise PlannerUsageError(f"--format {fmt}: plan {plan.label}: STAGE cannot build it:"
+                                " uneven pipeline stages (first_stage_layers /"
+                                " last_stage_layers); STAGE splits the layers evenly; export"
+                                " another plan")
     try:
         return check_stage(plan.model, plan.system, plan.training, plan.strategy)
     except ValueError as e:

@@ -25,6 +25,11 @@ Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
   ``--data-parallel-sharding-strategy optim_grads`` (ZeRO-2) or ``optim_grads_params`` (ZeRO-3)
   and sets the distributed optimizer itself.
 
+- Uneven pipeline stages: ``--decoder-first-pipeline-num-layers`` /
+  ``--decoder-last-pipeline-num-layers`` (``arguments.py``; ``transformer_config.py`` "Uneven
+  PP" checks that the middle stages split the rest evenly and, with virtual stages, that v
+  divides every stage's count; ``--num-virtual-stages-per-pipeline-rank`` gives v then).
+
 - fp8 (``megatron/core/transformer/transformer_config.py``: ``fp8`` is ``--fp8-format``,
   ``fp8_amax_history_len``, ``fp8_amax_compute_algo``; ``fp8_recipe`` defaults to "delayed"):
   ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``, as
@@ -155,7 +160,14 @@ def _parallel_args(plan: Plan) -> list[str]:
         args.append("--sequence-parallel")
     if s.pp > 1 and s.schedule is Schedule.ONE_F_ONE_B:
         args.append("# 1F1B is Megatron's default schedule when pp > 1")
-    if s.schedule is Schedule.INTERLEAVED:
+    if s.uneven:
+        args += _uneven_args(plan)
+    if s.schedule is Schedule.INTERLEAVED and s.uneven:
+        # arguments.py (d98e8a64): with uneven stages, v must be given as the virtual stages
+        # per rank, not as layers per virtual stage.
+        args += [f"# interleaved 1F1B, v={s.v} model chunks per rank (each stage's layers / v)",
+                 f"--num-virtual-stages-per-pipeline-rank {s.v}"]
+    elif s.schedule is Schedule.INTERLEAVED:
         per_chunk = layers // (s.pp * s.v)
         args += [(f"# interleaved 1F1B, v={s.v} model chunks per rank: layers / (pp * v) ="
                  f" {layers} / ({s.pp} * {s.v})"),
@@ -163,6 +175,35 @@ def _parallel_args(plan: Plan) -> list[str]:
                  f"{s.v}; give only one of them)"),
                  f"--num-layers-per-virtual-pipeline-stage {per_chunk}"]
     return args
+
+
+def _uneven_args(plan: Plan) -> list[str]:
+    """Megatron-LM's uneven pipeline split (``transformer_config.py`` d98e8a64, "Uneven PP": the
+    stages without a set count split the rest evenly; ``argument_utils.py`` maps the options to
+    ``num_layers_in_first/last_pipeline_stage``). The embedding and the LM head stay on the first
+    and last stage on top of their layers, as the estimate counts them
+    (``--account-for-embedding-in-pipeline-split`` is the other way, refused with these)."""
+    s = plan.strategy
+    counts = s.stage_layers(plan.model.layers)
+    args = [f"# uneven stages: {' + '.join(_runs(counts))} = {plan.model.layers} layers"]
+    if s.first_stage_layers is not None:
+        args.append(f"--decoder-first-pipeline-num-layers {s.first_stage_layers}")
+    if s.last_stage_layers is not None:
+        args.append(f"--decoder-last-pipeline-num-layers {s.last_stage_layers}")
+    return args
+
+
+def _runs(counts: tuple[int, ...]) -> list[str]:
+    """``7, 8, 8, 7`` as ``["7", "2 x 8", "7"]``."""
+    out: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        out.append(str(counts[i]) if j - i == 1 else f"{j - i} x {counts[i]}")
+        i = j
+    return out
 
 
 def _batch_args(plan: Plan) -> list[str]:

@@ -138,6 +138,13 @@ def _pipeline(plan: Plan) -> dict[str, int | str]:
     if s.pp == 1:
         return {}
     chunks = s.v if s.schedule is Schedule.INTERLEAVED else 1
+    if s.uneven:  # v = 1 (search_spaces.frameworks refuses the rest)
+        counts = s.stage_layers(plan.model.layers)
+        middle = counts[1]
+        return {"pipeline_parallel_schedule": SCHEDULES[s.schedule],
+                "pipeline_parallel_layers_per_stage": middle,
+                "pipeline_parallel_first_stage_less_layers": middle - counts[0],
+                "pipeline_parallel_last_stage_less_layers": middle - counts[-1]}
     return {"pipeline_parallel_schedule": SCHEDULES[s.schedule],
             "pipeline_parallel_layers_per_stage": plan.model.layers // (s.pp * chunks),
             "pipeline_parallel_first_stage_less_layers": 0,
@@ -148,6 +155,12 @@ def _pipeline_comment(plan: Plan) -> list[str]:
     s = plan.strategy
     if s.pp == 1:
         return []
+    if s.uneven:
+        counts = s.stage_layers(plan.model.layers)
+        return [(f"uneven stages {counts[0]}, {counts[1]} x {s.pp - 2}, {counts[-1]}:"
+                 " first and last stage hold layers_per_stage - less_layers"),
+                ("(_generate_llm_fqn_per_model_part, torchtitan/distributed/pipeline_parallel.py"
+                 " b5bcd76c); embedding and output count as no layers, as in the estimate")]
     chunks = s.v if s.schedule is Schedule.INTERLEAVED else 1
     return [(f"{chunks} stage(s) per rank: layers per stage = layers / (pp * v)"
             f" = {plan.model.layers} / ({s.pp} * {chunks});"),

@@ -44,11 +44,12 @@ def check_plan(
     _must_divide("tp", s.tp, "heads", model.heads, "tensor parallelism splits the heads")
     _must_divide("tp", s.tp, "kv_heads", model.n_kv_heads, "each rank holds whole K/V heads")
     _must_divide("tp", s.tp, "ffn_hidden", model.ffn_hidden, "tp splits the MLP columns")
-    stages = s.pp * s.v
-    if model.layers % stages:
+    if s.uneven:
+        _check_uneven(model, s)
+    elif model.layers % (s.pp * s.v):
         raise ValueError(
-            f"pp*v={stages} must divide layers={model.layers} (each stage holds as many layers);"
-            f" allowed pp*v: {_divisors(model.layers)}"
+            f"pp*v={s.pp * s.v} must divide layers={model.layers} (each stage holds as many"
+            f" layers); allowed pp*v: {_divisors(model.layers)}"
         )
     _must_divide("sp", s.sp, "seq_len", training.seq_len, "context parallelism splits the sequence")
     if s.sequence_parallel and s.tp > 1:
@@ -76,11 +77,24 @@ def check_plan(
             )
 
 
+def _check_uneven(model: ModelSpec, s: Strategy) -> None:
+    """Megatron-LM's rules for uneven stages (``transformer_config.py`` d98e8a64, "Uneven PP"):
+    the middle stages split the rest evenly, and with virtual stages each stage's count is a
+    multiple of v (``arguments.py``: set v by ``--num-virtual-stages-per-pipeline-rank``)."""
+    counts = s.stage_layers(model.layers)  # one line when the rest does not split
+    if s.v > 1 and any(n % s.v for n in counts):
+        raise ValueError(
+            f"v={s.v} must divide every stage's layers ({', '.join(map(str, counts))}): each of"
+            " its model chunks holds as many (Megatron-LM's uneven pipeline rule)"
+        )
+
+
 def valid_plans(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                 columns: Mapping[str, np.ndarray]) -> np.ndarray:
     """:func:`check_plan` over many strategies at once: True where it would pass. ``columns``
     holds equal-length integer arrays ``dp``, ``tp``, ``pp``, ``sp``, ``micro_batch``, ``v`` and
-    boolean arrays ``interleaved`` and ``sequence_parallel`` (the rules in the same order)."""
+    boolean arrays ``interleaved`` and ``sequence_parallel`` (the rules in the same order); and
+    optionally ``first_stage_layers`` and ``last_stage_layers`` (0 for an equal share)."""
     dp, tp, pp, sp = (np.asarray(columns[k], np.int64) for k in ("dp", "tp", "pp", "sp"))
     mb, v = np.asarray(columns["micro_batch"], np.int64), np.asarray(columns["v"], np.int64)
     interleaved = np.asarray(columns["interleaved"], bool)
@@ -89,10 +103,26 @@ def valid_plans(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     ok = dp * tp * pp * sp == system.devices
     for total in (model.heads, model.n_kv_heads, model.ffn_hidden):
         ok &= total % tp == 0
-    ok &= model.layers % (pp * v) == 0
+    first = np.asarray(columns.get("first_stage_layers", np.zeros_like(pp)), np.int64)
+    last = np.asarray(columns.get("last_stage_layers", np.zeros_like(pp)), np.int64)
+    ok &= _stages_ok(model.layers, pp, v, first, last)
     ok &= seq % sp == 0
     ok &= ~(seqpar & (tp > 1)) | ((seq // sp) % tp == 0)
     ok &= batch % (dp * mb) == 0
     m = batch // (dp * mb)
     ok &= ~interleaved | ((pp >= 2) & (m % pp == 0))
     return ok
+
+
+def _stages_ok(layers: int, pp: np.ndarray, v: np.ndarray, first: np.ndarray,
+               last: np.ndarray) -> np.ndarray:
+    """:func:`check_plan`'s layer rules over arrays (first, last = 0: an equal share)."""
+    even = (first == 0) & (last == 0)
+    rest = layers - first - last
+    middle_stages = pp - (first > 0) - (last > 0)
+    split = np.where(middle_stages > 0, (rest > 0) & (rest % np.maximum(middle_stages, 1) == 0),
+                     rest == 0)
+    middle = rest // np.maximum(middle_stages, 1)
+    chunks = (first % v == 0) & (last % v == 0) & ((middle_stages == 0) | (middle % v == 0))
+    uneven = (pp >= 2) & (rest >= 0) & split & chunks
+    return np.where(even, layers % (pp * v) == 0, uneven)

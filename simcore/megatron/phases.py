@@ -65,7 +65,7 @@ def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends,
     chunk of the last stage)."""
     s, model = p.s, p.model
     h, t, v = model.hidden, s.tp, s.v
-    k = model.layers // s.pp // v  # layers per chunk
+    k = p.stage_layers[i] // v  # layers per chunk of this stage
     activation = p.tokens * h * p.training.bytes_per_activation
     p2p = p.comm.p2p(Axis.PP, activation / t) if s.pp > 1 else 0.0
     fwd = [OpTime(compute=k * layer.fwd_compute, tp=k * layer.tp_fwd, sp=k * layer.sp_fwd,

@@ -47,6 +47,8 @@ class StepPlan:
         self.shape: LayerShape = layer_shape(model)
         self.seq = training.seq_len
         self.m = micro_batches(training, strategy)
+        self.stage_layers = strategy.stage_layers(model.layers)
+        """Transformer layers on each pipeline stage (even, or Megatron's uneven split)."""
         self.grad_links: dict[float, float] = {}
         """Seconds of a stage's gradient reduction, by the parameters it holds (memoised)."""
         self.tokens = strategy.micro_batch * self.seq / strategy.sp

@@ -188,12 +188,15 @@ class _Stage:
 def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | None = None,
            pp: int | None = None, pp_time: float | None = None) -> _Stage:
     """Stage ``i`` of ``pp`` (default the plan's) holding ``layers`` transformer layers (default
-    an equal share); ``pp_time`` replaces the sends along the plan's pp axis (a pipeline whose
-    stages sit on different device groups, :mod:`simcore.mixed`)."""
+    the plan's count for stage ``i``, :meth:`Strategy.stage_layers`, or an equal share of another
+    ``pp``); ``pp_time`` replaces the sends along the plan's pp axis (a pipeline whose stages sit
+    on different device groups, :mod:`simcore.mixed`)."""
     s, model, shape = p.s, p.model, p.shape
     h, t = model.hidden, s.tp
     pp = s.pp if pp is None else pp
-    n = model.layers // pp if layers is None else layers
+    if layers is None:
+        layers = p.stage_layers[i] if pp == s.pp else model.layers // pp
+    n = layers
     first, last = i == 0, i == pp - 1
     params = n * shape.layer_params / t
     compute = n * layer.compute

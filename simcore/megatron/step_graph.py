@@ -116,7 +116,7 @@ class _OpCalls:
 
 def _op_calls(p: StepPlan, stage: int, chunk: int, backward: bool) -> _OpCalls:
     s = p.s
-    k = p.model.layers // s.pp // s.v
+    k = p.stage_layers[stage] // s.v  # layers per chunk of this stage
     first, last = stage == 0 and chunk == 0, stage == s.pp - 1 and chunk == s.v - 1
     pairs = tp_pair_calls(p) * (2 * k)
     head = head_calls(p, backward) if last else []
@@ -214,7 +214,7 @@ class _Stage:
             beside = n.chain(f"{name} beside", calls.beside, start)
             end = n.chain(f"{name} tp", calls.tp, sorted(set(done + beside)))
         else:
-            k = self.p.model.layers // self.p.s.pp // self.p.s.v
+            k = self.p.stage_layers[self.stage] // self.p.s.v
             wgrad = k * self.p.kernels.wgrad
             cur = n.compute(f"{name} recompute", times.recompute, start)
             cur = n.chain(f"{name} recompute tp", calls.after_recompute, cur)

@@ -6,19 +6,31 @@ from simcore.network import NetworkDim, Topology
 
 from ._base import BaseTopology, Link
 from ._fully_connected import FullyConnected
+from ._limits import (
+    MAX_ACTIVE_CHUNKS,
+    MAX_DATASET_SPLITS,
+    MAX_NPUS,
+    algorithm_problem,
+    network_size_problem,
+)
 from ._mesh import Mesh2D, Torus2D
 from ._ring import Ring
 from ._switch import Switch
 
 __all__ = [
+    "MAX_ACTIVE_CHUNKS",
+    "MAX_DATASET_SPLITS",
+    "MAX_NPUS",
     "BaseTopology",
-    "Link",
-    "Ring",
     "FullyConnected",
-    "Switch",
+    "Link",
     "Mesh2D",
+    "Ring",
+    "Switch",
     "Torus2D",
+    "algorithm_problem",
     "build_topology",
+    "network_size_problem",
 ]
 
 

@@ -41,6 +41,33 @@ class Mesh2D(BaseTopology):
     def _hops(self, src: int, dst: int) -> int:
         return len(self._route(src, dst))
 
+    def offset_hops(self, offset: int) -> int:
+        """As :meth:`BaseTopology.offset_hops` (the worst NPU), in closed form rather than NPU
+        by NPU, so a large mesh costs no more than a small one.
+
+        Write ``offset = a + width * b``. From ``(x, y)`` the target is ``x + a`` (minus
+        ``width`` with a carry c = 1, possible when a > 0) and ``(y + b + c) mod height``; the
+        worst row gives the longest Y move. XY routing: the mesh moves ``a`` or ``width - a``
+        along X, and along Y ``b + c`` (no wrap past the last row) or ``height - b - c``; the
+        torus moves the shorter way on each axis."""
+        offset %= self.npus
+        if offset == 0:
+            return 0
+        b, a = divmod(offset, self.width)
+        h = self.height
+        worst = 0
+        for carry in (0, 1) if a else (0,):
+            forward = b + carry
+            if self.wraps:
+                dy = forward % h
+                hops = min(a, self.width - a) + min(dy, h - dy)
+            else:
+                dx = self.width - a if carry else a
+                moves = ([forward] if forward < h else []) + ([h - forward] if forward else [])
+                hops = dx + max(moves)
+            worst = max(worst, hops)
+        return worst
+
 
 class Torus2D(Mesh2D):
     """A ``width x height`` torus: the mesh with wrap-around links, shortest way along X, then Y.

@@ -28,6 +28,7 @@ from here too.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -126,7 +127,10 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label:
     if exists:
         study = optuna.load_study(study_name=config.name, storage=storage, sampler=sampler)
         _check_fingerprint(study, config)
-        return study, _requeue_running(study, storage, config.sampler != "exhaustive")
+        # Exhaustive and random studies store only finished trials: a stale one is just failed
+        # (the plan is estimated again as one not stored yet).
+        requeue = config.sampler not in ("exhaustive", "random")
+        return study, _requeue_running(study, storage, requeue)
     study = optuna.create_study(study_name=config.name, storage=storage, sampler=sampler,
                                 directions=["minimize"] * len(config.objectives))
     _describe(study, config)
@@ -183,6 +187,9 @@ def _run_held(config: StudyConfig, storage: BaseStorage, label: str, resume: boo
             added = _drain(study, queue, storage, config, stop, progress)
         elif config.sampler == "exhaustive":
             added = _exhaustive(study, storage, config, jobs, progress, stop)
+        elif config.sampler == "random":
+            added = _exhaustive(study, storage, config, jobs, progress, stop,
+                                plans=random_draw(config))
         else:
             added = _optimize(study, storage, config, label, jobs, progress, stop)
     return RunReport(study, added, requeued)
@@ -202,11 +209,23 @@ def _stored_plans(study: optuna.Study, storage: BaseStorage) -> set[str]:
             for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
 
 
+def random_draw(config: StudyConfig) -> list[Strategy]:
+    """``sampler: random``: ``n_trials`` distinct valid strategies drawn with the study's seed
+    (all of them if the space holds fewer), so a study never repeats a plan and a resume draws
+    the same ones. Optuna's RandomSampler draws with replacement (20 trials of the lab's 56
+    strategies held 18 distinct); this is the same uniform draw without it."""
+    valid = config.space.valid
+    return random.Random(config.seed).sample(valid, min(config.n_trials, len(valid)))
+
+
 def _exhaustive(study: optuna.Study, storage: optuna.storages.BaseStorage, config: StudyConfig,
-                jobs: int, progress: bool, stop: StopRequest) -> int:
+                jobs: int, progress: bool, stop: StopRequest,
+                plans: Sequence[Strategy] | None = None) -> int:
+    """Estimate every valid strategy of the space (or ``plans``) not stored yet."""
     encoding = LayoutEncoding(config.space)
     done = _stored_plans(study, storage)
-    todo = [s for s in config.space.valid if strategy_label(s) not in done]
+    todo = [s for s in (config.space.valid if plans is None else plans)
+            if strategy_label(s) not in done]
     evaluator = config.evaluator()
     distributions = encoding.distributions
     size = BATCH if jobs <= 1 else max(1, min(BATCH, -(-len(todo) // (4 * jobs))))

@@ -115,7 +115,7 @@ def _states(storage: Path, name: str) -> list[TrialState]:
 def test_ctrl_c_lets_running_sampler_trials_finish(tmp_path, jobs):
     """Ctrl-C at the terminal (SIGINT to the whole process group, joblib workers included):
     the running trials finish, none is left RUNNING, exit 130; --resume reaches n_trials."""
-    path = lab_study(tmp_path, sampler="random", n_trials=3000)
+    path = lab_study(tmp_path, sampler="tpe", n_trials=3000)
     storage = tmp_path / "s.journal"
     proc = _start(["run", str(path), "--jobs", str(jobs)], storage, start_new_session=True)
     _wait_for(storage, "lab", 10, proc)

@@ -141,7 +141,7 @@ def test_a_resume_of_a_live_tpe_study_is_refused_and_the_live_run_finishes(tmp_p
 
 def test_a_resume_after_the_live_run_was_killed_proceeds(tmp_path):
     # the lock dies with its holder: a killed run does not block its study
-    study = lab_study(tmp_path, sampler="random", n_trials=40)
+    study = lab_study(tmp_path, sampler="tpe", n_trials=40)
     storage = tmp_path / "s.journal"
     live = _start(tmp_path, "run", str(study), storage=storage, slow=0.1)
     _wait(lambda: _complete(storage, "lab") >= 3, live)
@@ -186,7 +186,7 @@ def test_a_worker_killed_while_it_sends_its_result_ends_the_run_not_hangs(tmp_pa
 
 def test_the_workers_of_a_killed_run_die_with_it(tmp_path):
     # Issue 20 #4: killing `planner run --jobs 2` left its workers alive, adding trials
-    study = lab_study(tmp_path, sampler="random", n_trials=3000)
+    study = lab_study(tmp_path, sampler="tpe", n_trials=3000)
     storage = tmp_path / "s.journal"
     live = _start(tmp_path, "run", str(study), "--jobs", "2", storage=storage, slow=0.01)
     try:

@@ -118,7 +118,7 @@ def test_resume_refuses_a_changed_study(tmp_path):
 
 
 def test_sampler_study_requeues_a_stale_trial(tmp_path):
-    path = lab_study(tmp_path, sampler="random", n_trials=10)
+    path = lab_study(tmp_path, sampler="tpe", n_trials=10)
     config = load_study_config(path)
     label = str(tmp_path / "s.journal")
     storage = open_storage(label, create=True)
@@ -145,6 +145,21 @@ def test_samplers_run_valid_plans_with_the_constraint(tmp_path, sampler):
         assert "hbm_gb" in t.constraints
         assert len(t.values) == 2
     assert len(valid) == 56
+
+
+def test_random_sampling_draws_distinct_plans_and_a_resume_draws_the_same(tmp_path):
+    # Optuna's RandomSampler draws with replacement: 20 trials of the lab's 56 strategies held
+    # 18 distinct plans (issue 19). Here 20 trials are 20 distinct plans, the same every time.
+    path = lab_study(tmp_path, sampler="random", n_trials=20)
+    _, report = _run(tmp_path, path)
+    plans = [t.user_attrs["plan"] for t in report.study.get_trials(states=(TrialState.COMPLETE,))]
+    assert len(plans) == len(set(plans)) == 20
+    _, again = _run(tmp_path, path, store="other.journal")
+    assert [t.user_attrs["plan"] for t in again.study.trials] == plans
+    # More trials than the space holds: every plan once.
+    _, every = _run(tmp_path, lab_study(tmp_path, sampler="random", n_trials=100),
+                    store="every.journal")
+    assert len({t.user_attrs["plan"] for t in every.study.trials}) == len(every.study.trials) == 56
 
 
 def test_sampler_with_two_jobs_runs_all_trials(tmp_path):

@@ -5,6 +5,7 @@ of the protobuf library)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,19 @@ def test_a_file_that_is_not_a_trace_is_one_line(tmp_path, capsys):
     assert main(["replay", str(tmp_path / "bad"), *TUTORIAL]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a Chakra execution trace" in err[0]
+
+
+def test_a_fifo_as_a_trace_or_text_workload_is_refused_not_waited_on(tmp_path, capsys):
+    # Issue 20 #10: a FIFO given as an input hung the reader; every input is read bounded
+    for npu in range(8):
+        os.mkfifo(tmp_path / f"pipe.{npu}.et")
+    assert main(["replay", str(tmp_path / "pipe"), *TUTORIAL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a regular file (a FIFO)" in err[0]
+    os.mkfifo(tmp_path / "workload.txt")
+    assert main(["convert-text", str(tmp_path / "workload.txt"), "--num-npus", "8", "--out",
+                 str(tmp_path / "out" / "w")]) == 2
+    assert "not a regular file (a FIFO)" in capsys.readouterr().err
 
 
 def test_missing_traces_are_one_line(tmp_path, capsys):

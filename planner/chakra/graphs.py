@@ -30,6 +30,7 @@ from typing import Any
 from planner.chakra.io import Trace, attr_value
 from planner.chakra.schema import COLLECTIVE_TYPES, NODE_TYPES
 from planner.errors import PlannerUsageError
+from planner.inputs import read_text
 from simcore.network import Collective
 from simcore.stage import SKIPPED, Node, NodeKind, RankGraph
 
@@ -48,7 +49,7 @@ def read_comm_groups(path: Path | None) -> dict[str, tuple[int, ...]]:
     if path is None:
         return {}
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, "communicator-group file"))
         groups = {str(k): tuple(int(r) for r in v) for k, v in data.items()}
     except OSError as e:
         raise PlannerUsageError(f"{path}: cannot read ({e.strerror or e})") from None

@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from planner.chakra.schema import message_class
 from planner.errors import PlannerUsageError
+from planner.inputs import read_bytes
 
 __all__ = ["SCHEMA_VERSION", "Trace", "attr_value", "read_trace", "trace_bytes", "trace_files",
            "write_trace"]
@@ -54,13 +55,15 @@ def write_trace(path: Path, nodes: Iterable[Any], attrs: dict[str, str] | None =
     path.write_bytes(trace_bytes(nodes, attrs))
 
 
+MAX_TRACE_BYTES = 1 << 30
+"""1 GiB per NPU's trace: the exports refuse graphs above 10 million nodes (about 1 KB each
+at most), and Llama-3-70B on 128 H100s writes 1.1 MB per NPU."""
+
+
 def read_trace(path: Path) -> Trace:
     """Read one trace file; a file that is not a Chakra trace is one :class:`PlannerUsageError`
     line naming it."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise PlannerUsageError(f"{path}: cannot read ({e.strerror or e})") from None
+    data = read_bytes(path, "Chakra trace", limit=MAX_TRACE_BYTES)
     messages = []
     pos = 0
     try:

@@ -43,6 +43,7 @@ from typing import Any
 
 from planner.chakra.schema import COLLECTIVE_TYPES, message_class
 from planner.errors import PlannerUsageError
+from planner.inputs import read_text
 
 __all__ = ["PARALLELISMS", "TextWorkload", "read_text_workload", "text_nodes"]
 
@@ -74,10 +75,7 @@ class TextWorkload:
 def read_text_workload(path: Path) -> TextWorkload:
     """Parse a text workload; a malformed one is one :class:`PlannerUsageError` line naming the
     line."""
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlannerUsageError(f"{path}: cannot read as text ({e})") from None
+    lines = read_text(path, "text workload").splitlines()
     if len(lines) < 3 or not lines[0].split():
         raise PlannerUsageError(f"{path}: not a text workload: expected the parallelism, the"
                                 " layer count, then one line per layer")

@@ -3,6 +3,9 @@ activations, and the axes' collectives with the device's launch cost."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from simcore.megatron.activations import LayerActivations, layer_activations
 from simcore.megatron.calls import Call
 from simcore.megatron.checks import micro_batches
@@ -14,6 +17,20 @@ from simcore.network import Collective
 from simcore.specs import Axis, Family, ModelSpec, Precision, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["Comm", "StepPlan", "uses_flash_attention"]
+
+_T = TypeVar("_T")
+
+
+def _shared(shared: dict[tuple[Any, ...], Any] | None, key: tuple[Any, ...],
+            make: Callable[[], _T]) -> _T:
+    """``make()``, or the value another plan of the same (model, system, training) already made
+    under ``key`` in ``shared``."""
+    if shared is None:
+        return make()
+    found = shared.get(key)
+    if found is None:
+        found = shared[key] = make()
+    return found
 
 
 class Comm:
@@ -39,12 +56,16 @@ class Comm:
 
 
 class StepPlan:
-    """The quantities every part of the estimate shares."""
+    """The quantities every part of the estimate shares.
+
+    ``shared``: sub-results (the layer's kernels and activations) shared by the plans of one
+    (model, system, training), each under the key of the strategy fields it reads
+    (:mod:`simcore.megatron.batched` passes one dict to many plans); None computes them here."""
 
     def __init__(self, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
-                 strategy: Strategy) -> None:
+                 strategy: Strategy, shared: dict[tuple[Any, ...], Any] | None = None) -> None:
         self.model, self.system, self.training, self.s = model, system, training, strategy
-        self.shape: LayerShape = layer_shape(model)
+        self.shape: LayerShape = _shared(shared, ("shape",), lambda: layer_shape(model))
         self.seq = training.seq_len
         self.m = micro_batches(training, strategy)
         self.stage_layers = strategy.stage_layers(model.layers)
@@ -64,18 +85,23 @@ class StepPlan:
                    Axis.SP: strategy.sp}
         self.comm = Comm(axis_networks(system.network, degrees, strategy.placement),
                          device.collective_launch_s)
-        self.act: LayerActivations = layer_activations(
-            model, self.shape, micro_batch=strategy.micro_batch, seq_len=self.seq,
-            tp=strategy.tp, sp=strategy.sp, sequence_parallel=strategy.sequence_parallel,
-            recompute=strategy.recompute, flash=self.flash,
-            linear_input_bytes=FP8_BYTES if self.fp8 else 2,
-        )
-        self.kernels: LayerKernels = layer_kernels(
-            model, self.shape, self.costs, micro_batch=strategy.micro_batch,
-            queries=self.seq / strategy.sp, seq_len=self.seq, tp=strategy.tp,
-            sequence_parallel=strategy.sequence_parallel, flash=self.flash,
-            act_bytes=training.bytes_per_activation, micro_batches=self.m,
-        )
+        s = strategy
+        self.act: LayerActivations = _shared(
+            shared, ("act", s.micro_batch, s.tp, s.sp, s.sequence_parallel, s.recompute, self.fp8),
+            lambda: layer_activations(
+                model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
+                sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=s.recompute,
+                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2,
+            ))
+        self.kernels: LayerKernels = _shared(
+            shared, ("kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
+                     self.m if self.fp8 else 0),  # fp8 casts the weights once per step (m)
+            lambda: layer_kernels(
+                model, self.shape, self.costs, micro_batch=s.micro_batch,
+                queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
+                sequence_parallel=s.sequence_parallel, flash=self.flash,
+                act_bytes=training.bytes_per_activation, micro_batches=self.m,
+            ))
 
 
 def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:

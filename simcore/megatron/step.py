@@ -32,6 +32,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
 
 from simcore.estimate import Estimate, MemoryParts, StageEstimate, TimeParts
 from simcore.megatron.calls import (
@@ -62,6 +65,8 @@ __all__ = ["DDP_BUCKET_PARAMS", "estimate_megatron", "layer_time", "uses_flash_a
 
 DDP_BUCKET_PARAMS = 40_000_000
 """Megatron-LM's default gradient bucket (``ddp_bucket_size``: max(40M, 1M * dp) parameters)."""
+
+_F = TypeVar("_F", float, np.ndarray)
 
 OPTIMIZER_STATE_PASSES = 2
 """Adam reads and writes its fp32 states once per step."""
@@ -201,7 +206,6 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
     params = n * shape.layer_params / t
     compute = n * layer.compute
     tp = n * (layer.tp_fwd + layer.tp_bwd)
-    activation = p.tokens * h * p.training.bytes_per_activation
     if first:
         params += shape.embedding_params / t
         compute += ends.embedding_fwd + ends.embedding_bwd
@@ -215,13 +219,19 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
     if pp_time is not None:
         sends = pp_time
     elif s.pp > 1:
-        message = activation / t  # scatter/gather: each tp rank sends its 1/t
-        sends = 2 * s.v * p.comm.p2p(Axis.PP, message)
+        sends = 2 * s.v * pp_send(p)
     bwd = n * (layer.bwd_compute + layer.recompute + layer.tp_bwd)
     if first:
         bwd += ends.embedding_bwd
     return _Stage(i, n, params, compute, tp, n * (layer.sp_fwd + layer.sp_bwd), sends,
                   n * (layer.fsdp_fwd + layer.fsdp_bwd), bwd)
+
+
+def pp_send(p: StepPlan) -> float:
+    """Seconds of one send along the pp axis: one micro-batch's (b, s, h) activation forward (or
+    its gradient back) over one chunk boundary; scatter/gather: each tp rank sends its 1/t."""
+    activation = p.tokens * p.model.hidden * p.training.bytes_per_activation
+    return p.comm.p2p(Axis.PP, activation / p.s.tp)
 
 
 def grad_buckets(p: StepPlan, params: float) -> int:
@@ -253,17 +263,10 @@ def _optimizer_time(p: StepPlan, stage: _Stage) -> float:
     return local * per_param / p.costs.byte_rate
 
 
-def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryParts, float]:
-    s, tr, model, act = p.s, p.training, p.model, p.act
-    pp = s.pp if pp is None else pp
-    group = p.dp_group
-    zero = s.zero
-    weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group)
-    if p.fp8:
-        # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights are.
-        fp8_copy = stage.layers * p.shape.matmul_params / s.tp * FP8_BYTES
-        weights += fp8_copy / (group if zero >= ZeroStage.PARAMETERS else 1)
-    flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
+def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
+    """Activation bytes of a stage of ``pp`` holding ``flight`` micro-batches (a float, or an
+    array of them: the same operations element by element, :mod:`simcore.megatron.batched`)."""
+    s, model, act = p.s, p.model, p.act
     activations = stage.layers * act.stored * flight
     if s.recompute is Recompute.FULL:
         activations += act.full - act.stored  # the layer being recomputed
@@ -276,6 +279,23 @@ def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryPa
     if stage.index == pp - 1:
         # Final norm output, LM head input and fp32 logits: 4sbh/t (1 + V/h) (section 4.3).
         activations += 4 * sbh / t * (1 + model.vocab / h)
+    return activations
+
+
+def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryParts, float]:
+    s, tr, model = p.s, p.training, p.model
+    pp = s.pp if pp is None else pp
+    group = p.dp_group
+    zero = s.zero
+    weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group)
+    if p.fp8:
+        # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights are.
+        fp8_copy = stage.layers * p.shape.matmul_params / s.tp * FP8_BYTES
+        weights += fp8_copy / (group if zero >= ZeroStage.PARAMETERS else 1)
+    flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
+    activations = stage_activations(p, stage, flight, pp)
+    h, t = model.hidden, s.tp
+    sbh = p.tokens * h
     gathered = 0.0
     if zero is ZeroStage.PARAMETERS and group > 1:
         layer = p.shape.layer_params / t

@@ -1,0 +1,286 @@
+"""Many strategies of one (model, system, training) at once, each figure equal to
+:func:`simcore.estimate` on that strategy.
+
+A strategy's estimate splits into what depends on the schedule and v and what does not. The
+strategies that differ only in (schedule, v) form a group; per group, the scalar functions of
+:mod:`simcore.megatron.step` run once (the plan, the layer, the ends, the gradient reduction, the
+optimizer, the memory parts) on three stage types: the first stage, one middle stage and the
+last (the middle stages are identical but for the activations they hold in flight, which fall
+from the second stage on, so the second is the middle's peak). The plans of all groups share the
+layer's kernels and activations by the strategy fields they read (``StepPlan(shared=...)``),
+and each placement's collective times are memoised per message size as for one estimate
+(:func:`simcore.megatron.placement.axis_networks`). Then numpy assembles every strategy: the
+pp sends of its v, its stages' times, the pipeline (``m t_max + (sum - t_max) / v``, summed
+stage by stage in the same order), the slowest and the peak stage, the step, MFU and tokens/s,
+with the same floating-point operations in the same order as the scalar path: the figures are
+bit-identical (tests/test_batched_estimate.py).
+
+Covered: the megatron convention (GPT and Llama families), every schedule, ZeRO stage,
+recompute, precision, placement, even and uneven stages, any network (congestion-aware too:
+the collectives are the scalar ones). Falls back to :func:`simcore.estimate` one by one: the
+``stage`` and ``mlp`` conventions. Mixed systems have their own entry point
+(:func:`simcore.estimate_mixed`) and are not taken here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+import simcore
+from simcore.conventions import implementation
+from simcore.megatron.batched_result import (
+    BatchResult,
+    MemoryColumns,
+    TimeColumns,
+    from_estimates,
+)
+from simcore.megatron.checks import valid_plans
+from simcore.megatron.layers import layer_shape
+from simcore.megatron.pipeline import in_flight
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.step import (
+    _dp_time,
+    _ends,
+    _layer,
+    _memory,
+    _model_flops,
+    _optimizer_time,
+    _recompute_flops,
+    _stage,
+    estimate_megatron,
+    pp_send,
+    stage_activations,
+)
+from simcore.specs import Convention, ModelSpec, Schedule, Strategy, SystemSpec, TrainingSpec
+
+__all__ = ["BatchResult", "estimate_many"]
+
+_PER_GROUP = tuple(f.name for f in fields(Strategy) if f.name not in ("schedule", "v"))
+_group_key = attrgetter(*_PER_GROUP)
+"""What a group's strategies share: every field but the schedule and v."""
+
+FIRST, MIDDLE, LAST = 0, 1, 2
+"""The stage types (columns of the per-type arrays): stage 0, stage 1 (the middle stages'
+peak, when pp >= 3) and stage pp - 1 (when pp >= 2; with pp = 1 the first stage is the last)."""
+
+_STAGE_FIELDS = ("compute", "tp", "sp", "fsdp")
+_MEMORY_FIXED = ("weights", "gradients", "optimizer", "gathered_weights", "comm_buffers",
+                 "overhead", "tracked")
+"""The memory parts that do not depend on the schedule (activations do, through in-flight)."""
+
+
+def estimate_many(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                  strategies: Sequence[Strategy],
+                  convention: Convention | None = None) -> BatchResult:
+    """:func:`simcore.estimate` of every strategy, as arrays in the strategies' order.
+
+    Raises the ValueError ``simcore.estimate`` would raise for the first strategy whose shapes
+    do not divide. The ``stage`` and ``mlp`` conventions are estimated one by one."""
+    convention = convention or simcore.convention_of(model)
+    if (convention is not Convention.MEGATRON
+            or implementation(convention).estimate is not estimate_megatron
+            or not strategies):
+        return from_estimates([simcore.estimate(model, system, training, s, convention)
+                               for s in strategies])
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, s in enumerate(strategies):
+        groups.setdefault(_group_key(s), []).append(i)
+    g = _Groups(model, system, training, strategies, len(groups))
+    for index, members in enumerate(groups.values()):
+        g.add(index, members)
+    g.finish()
+    _check_all(model, system, training, strategies, g)
+    return g.assemble()
+
+
+class _Groups:
+    """The per-group results (arrays over the groups) and the per-strategy ones the groups fill
+    (flights and activations, arrays over the strategies)."""
+
+    def __init__(self, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                 strategies: Sequence[Strategy], n_groups: int) -> None:
+        self.model, self.system, self.training = model, system, training
+        self.strategies = strategies
+        self.shared: dict[tuple[Any, ...], Any] = {}
+        self.model_flops = _model_flops(model, layer_shape(model), training)
+        k = n_groups
+        # Per strategy, in group order (``order``: their positions in ``strategies``).
+        self.order: list[int] = []
+        self.groups: list[int] = []
+        self.vs: list[int] = []
+        self.interleaveds: list[bool] = []
+        self.stage_activations: tuple[list[np.ndarray], ...] = ([], [], [])
+        self.pp = np.empty(k, np.int64)
+        self.m = np.empty(k, np.int64)
+        self.send = np.zeros(k)
+        self.dp = np.empty(k)
+        self.optimizer = np.empty(k)
+        self.hardware_flops = np.empty(k)
+        self.peak_flops = np.empty(k)
+        self.present = np.zeros((k, 3), bool)
+        self.stage = {name: np.zeros((k, 3)) for name in _STAGE_FIELDS}
+        self.memory = {name: np.zeros((k, 3)) for name in _MEMORY_FIXED}
+        self.representative: list[Strategy] = []
+
+    def add(self, index: int, members: list[int]) -> None:
+        """Group ``index``: the strategies at ``members``, equal but for schedule and v."""
+        strategies = self.strategies
+        rep = strategies[members[0]]
+        simcore.check(self.model, self.system, self.training, rep)  # as estimate() would
+        self.representative.append(rep)
+        p = StepPlan(self.model, self.system, self.training, rep, self.shared)
+        layer, ends = _layer(p), _ends(p)
+        pp, m = rep.pp, p.m
+        self.pp[index], self.m[index] = pp, m
+        if pp > 1:
+            self.send[index] = pp_send(p)
+        types = [(FIRST, 0)]
+        if pp >= 3:
+            types.append((MIDDLE, 1))
+        if pp >= 2:
+            types.append((LAST, pp - 1))
+        stages = [(column, _stage(p, layer, ends, i)) for column, i in types]
+        self.dp[index] = max(_dp_time(p, st)[1] for _, st in stages)
+        self.optimizer[index] = max(_optimizer_time(p, st) for _, st in stages)
+        self.hardware_flops[index] = self.model_flops + _recompute_flops(
+            self.model, p.shape, self.training, rep.recompute)
+        self.peak_flops[index] = self.system.device.peak_flops_per_s * rep.devices
+        schedules = [(strategies[j].schedule, strategies[j].v) for j in members]
+        self.order += members
+        self.groups += [index] * len(members)
+        self.vs += [v for _, v in schedules]
+        self.interleaveds += [s is Schedule.INTERLEAVED for s, _ in schedules]
+        missing = [MIDDLE, LAST][:3 - len(stages)]
+        for column in missing:
+            self.stage_activations[column].append(np.zeros(len(members)))
+        for column, st in stages:
+            self.present[index, column] = True
+            for name in _STAGE_FIELDS:
+                self.stage[name][index, column] = getattr(st, name)
+            parts, _ = _memory(p, st, pp)
+            for name in _MEMORY_FIXED:
+                self.memory[name][index, column] = getattr(parts, name)
+            flights = np.array([in_flight(s, st.index, pp, m, v) for s, v in schedules])
+            self.stage_activations[column].append(stage_activations(p, st, flights, pp))
+
+    def finish(self) -> None:
+        """The per-strategy lists (in group order) as arrays in the strategies' order."""
+        back = np.empty(len(self.order), np.int64)
+        back[self.order] = np.arange(len(self.order))
+        self.group = np.array(self.groups, np.int64)[back]
+        self.v = np.array(self.vs, np.int64)[back]
+        self.interleaved = np.array(self.interleaveds, bool)[back]
+        self.activations = np.stack([np.concatenate(a) for a in self.stage_activations],
+                                    axis=1)[back]
+
+    def assemble(self) -> BatchResult:
+        """Every strategy's figures from its group's and its own (schedule, v)."""
+        g, v = self.group, self.v
+        pp, m = self.pp[g], self.m[g]
+        sends = 2 * v * self.send[g]
+        stage = self.stage
+        present = self.present[g]
+        # _Stage.time: compute + tp + sp + pp + fsdp, per stage type (the first three per group).
+        times = (stage["compute"] + stage["tp"] + stage["sp"])[g]
+        times += sends[:, None]
+        times += stage["fsdp"][g]
+        times[~present] = -np.inf
+        slowest = np.argmax(times, axis=1)  # the first of the slowest, as max() picks
+        t_max = times[np.arange(len(g)), slowest]
+        total = _stage_sum(times, pp)
+        del times
+        pipe = m * t_max + (total - t_max) / v
+
+        def critical(name: str) -> np.ndarray:
+            return m * stage[name][g, slowest]
+
+        # Every stage sends the same (pp_send per chunk boundary), so critical.pp is the sends.
+        time = TimeColumns(
+            compute=critical("compute"), tp=critical("tp"), sp=critical("sp"), dp=self.dp[g],
+            pp=m * sends, fsdp=critical("fsdp"), bubble=pipe - m * t_max,
+            optimizer=self.optimizer[g], comm=np.zeros(len(g)),
+        )
+        step = _sum(getattr(time, name) for name in ("compute", "tp", "sp", "dp", "pp", "fsdp",
+                                                     "bubble", "optimizer", "comm"))
+        memory, peak_memory, peak_stage, fits = self._memory(g, pp, present)
+        hbm = self.system.device.hbm_bytes
+        capacity = self.peak_flops[g] * step
+        hardware_flops = self.hardware_flops[g]
+        return BatchResult(
+            step_time=step, time=time, memory=memory, peak_memory=peak_memory,
+            peak_stage=peak_stage, model_flops=np.full(len(g), self.model_flops),
+            hardware_flops=hardware_flops, mfu=self.model_flops / capacity,
+            hfu=hardware_flops / capacity,
+            tokens_per_s=self.training.global_batch * self.training.seq_len / step,
+            hbm_bytes=np.full(len(g), hbm), fits=fits,
+        )
+
+    def _memory(self, g: np.ndarray, pp: np.ndarray,
+                present: np.ndarray) -> tuple[MemoryColumns, np.ndarray, np.ndarray, np.ndarray]:
+        """The peak stage's parts and total, its index, and whether every stage fits."""
+        fixed = self.memory
+        order = [f.name for f in fields(MemoryColumns)]  # MemoryParts.total's order
+        at = order.index("activations")
+        totals = _sum(fixed[name] for name in order[:at])[g]
+        totals += self.activations
+        for name in order[at + 1:]:
+            totals += fixed[name][g]
+        hbm = self.system.device.hbm_bytes
+        fits = np.all(~present | (totals <= hbm), axis=1)
+        ratio = totals / hbm
+        ratio[~present] = -np.inf
+        peak = np.argmax(ratio, axis=1)
+        del ratio
+        peak_stage = np.where(peak == FIRST, 0, np.where(peak == MIDDLE, 1, pp - 1))
+        rows = np.arange(len(g))
+        memory = MemoryColumns(**{
+            name: self.activations[rows, peak] if name == "activations" else fixed[name][g, peak]
+            for name in order})
+        return memory, totals[rows, peak], peak_stage.astype(np.int64), fits
+
+
+def _sum(arrays: Any) -> np.ndarray:
+    """Left to right, as Python's ``sum`` adds (0 + a + b + ...)."""
+    out: np.ndarray | None = None
+    for a in arrays:
+        out = a.copy() if out is None else out + a
+    assert out is not None
+    return out
+
+
+def _stage_sum(times: np.ndarray, pp: np.ndarray) -> np.ndarray:
+    """``sum(stage_times)`` of each strategy's pp stages, first to last, as
+    :func:`simcore.megatron.pipeline.pipeline_time` adds them."""
+    total = np.empty(len(pp))
+    for depth in np.unique(pp):
+        rows = pp == depth
+        acc = times[rows, FIRST].copy()
+        for _ in range(depth - 2):
+            acc += times[rows, MIDDLE]
+        if depth >= 2:
+            acc += times[rows, LAST]
+        total[rows] = acc
+    return total
+
+
+def _check_all(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+               strategies: Sequence[Strategy], g: _Groups) -> None:
+    """Raise what :func:`simcore.estimate` raises for the first strategy it would reject: the
+    representatives were checked one by one (the rules of the fields a group shares); every
+    strategy goes through :func:`valid_plans` (those of the schedule and v)."""
+    reps = g.representative
+    columns = {name: np.array([getattr(r, name) for r in reps])[g.group]
+               for name in ("dp", "tp", "pp", "sp", "micro_batch", "sequence_parallel")}
+    for name in ("first_stage_layers", "last_stage_layers"):
+        columns[name] = np.array([getattr(r, name) or 0 for r in reps])[g.group]
+    columns["v"], columns["interleaved"] = g.v, g.interleaved
+    ok = valid_plans(model, system, training, columns)
+    if not ok.all():
+        bad = strategies[int(np.argmin(ok))]
+        simcore.check(model, system, training, bad)
+        raise ValueError(f"strategy {bad} is not a valid plan")  # the check above says why

@@ -11,9 +11,9 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn, cast
 
-from planner.commands import COMMANDS
+from planner.commands import COMMANDS, BaseCommand
 from planner.errors import PlannerUsageError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -26,18 +26,40 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Subparsers that take their arguments only once chosen, so that ``planner --help`` and
+    each command import only that command's module (the arguments' defaults and types live
+    there). ``add_subparsers(action=...)`` is argparse's documented hook for this class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unfilled: dict[str, tuple[argparse.ArgumentParser, BaseCommand]] = {}
+
+    def add_command(self, command: BaseCommand) -> None:
+        p = self.add_parser(command.name, help=command.help, description=command.help)
+        p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+        p.set_defaults(handler=command)
+        self._unfilled[command.name] = (p, command)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        unfilled = self._unfilled.pop(values[0], None)
+        if unfilled is not None:
+            command_parser, command = unfilled
+            command.add_arguments(command_parser)
+        super().__call__(parser, namespace, values, option_string)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="planner",
         description="Parallel Planner: find the fastest parallelization strategy that fits.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = cast(_Subcommands, parser.add_subparsers(dest="command", metavar="COMMAND",
+                                                   required=True, action=_Subcommands))
     for command in COMMANDS:
-        p = sub.add_parser(command.name, help=command.help, description=command.help)
-        p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-        command.add_arguments(p)
-        p.set_defaults(handler=command)
+        sub.add_command(command)
     return parser
 
 

@@ -24,10 +24,8 @@ import json
 import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optuna
-import pandas as pd
 import yaml
 
 import simcore
@@ -37,7 +35,6 @@ from planner.errors import PlannerUsageError
 from planner.fields import choice, fail, integer, load
 from planner.fields import fields as check_fields
 from planner.record import strategy_attrs
-from planner.tables import best_frame
 from search_spaces import strategy_label
 from simcore.estimate import Estimate
 from simcore.network import Congestion
@@ -53,6 +50,10 @@ from simcore.specs import (
     TrainingSpec,
     ZeroStage,
 )
+
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
 
 __all__ = [
     "FORMAT",
@@ -271,6 +272,8 @@ def study_specs(study: optuna.Study
 
 def plans_from_study(study: optuna.Study, top: int) -> list[Plan]:
     """The study's ``top`` best feasible plans (``planner best``'s order), estimated again."""
+    from planner.tables import best_frame
+
     return plans_from_frame(study, best_frame(study, top))
 
 
@@ -292,6 +295,8 @@ def plan_at(study: optuna.Study, rank: int, storage_option: str = "") -> Plan:
     ``storage_option`` (:func:`planner.storage.storage_option`) goes into its hint."""
     if rank < 1:
         raise PlannerUsageError(f"--plan must be >= 1 (1 is the best plan), but got {rank}")
+    from planner.tables import best_frame
+
     best = best_frame(study, rank)
     if len(best) < rank:
         raise PlannerUsageError(f"--plan {rank}: study {study.study_name!r} has only"

@@ -11,15 +11,16 @@ The constraint ``hbm_gb`` is peak memory minus the limit (<= 0 is feasible; none
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
-
-import optuna
+from typing import TYPE_CHECKING, Any
 
 import simcore
 from planner.units import GB
 from search_spaces import strategy_label
 from simcore.estimate import Estimate
 from simcore.specs import Convention, ModelSpec, Precision, Strategy, SystemSpec, TrainingSpec
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = ["CONSTRAINT", "Evaluator", "Record", "frozen_trial", "strategy_attrs"]
 
@@ -99,6 +100,8 @@ def frozen_trial(record: Record, params: dict[str, Any],
                  distributions: dict[str, optuna.distributions.BaseDistribution]
                  ) -> optuna.trial.FrozenTrial:
     """A finished trial to add to a study without sampling (the exhaustive path)."""
+    import optuna
+
     return optuna.trial.create_trial(values=record.values, params=params,
                                      distributions=distributions,
                                      user_attrs=record.user_attrs,

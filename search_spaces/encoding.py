@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from functools import cached_property
-from typing import Any
-
-import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from typing import TYPE_CHECKING, Any
 
 from search_spaces.space import Layout, PipelineChoice, StrategySpace
 from simcore.specs import Axis, Precision, Strategy
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.distributions import BaseDistribution
 
 __all__ = ["LayoutEncoding", "strategy_label"]
 
@@ -98,6 +99,8 @@ class LayoutEncoding:
 
     @cached_property
     def distributions(self) -> dict[str, BaseDistribution]:
+        from optuna.distributions import CategoricalDistribution
+
         return {k: CategoricalDistribution(v) for k, v in self._choices.items()}
 
     def params(self, s: Strategy) -> dict[str, Any]:

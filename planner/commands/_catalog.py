@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-import pandas as pd
-
 from planner.catalog import CATALOG_DIR, load_catalog
 from planner.commands._base import BaseCommand
+from planner.outputs import text_table
 from planner.units import GB
 from simcore.megatron.layers import layer_shape
 from simcore.specs import Family, ModelSpec
@@ -59,5 +58,5 @@ class CatalogCommand(BaseCommand):
             rows = [{"name": n, "peak TFLOP/s": d.peak_flops_per_s / 1e12,
                      "HBM GB": d.hbm_bytes / GB, "HBM GB/s": d.hbm_bandwidth_bytes_per_s / GB,
                      "file": _where(c, "device", n)} for n, d in c.devices.items()]
-        print(pd.DataFrame(rows).to_string(index=False))
+        print(text_table(rows))
         return 0

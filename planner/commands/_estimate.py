@@ -11,8 +11,6 @@ from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand, hbm_gb, positive_int
 from planner.errors import PlannerUsageError
 from planner.fields import placement_axes
-from planner.plan import read_plan, strategy_dict
-from planner.study_config import with_congestion
 from planner.units import GB
 from simcore import convention_of, estimate
 from simcore.estimate import Estimate
@@ -125,8 +123,8 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
 
 
 def _table(est: Estimate) -> str:
-    lines = [f"step time      {est.step_time:10.4f} s   ({est.tokens_per_s:,.0f} tokens/s,"
-             f" MFU {est.mfu:.1%}, HFU {est.hfu:.1%})"]
+    lines = [(f"step time      {est.step_time:10.4f} s   ({est.tokens_per_s:,.0f} tokens/s,"
+              f" MFU {est.mfu:.1%}, HFU {est.hfu:.1%})")]
     for f in fields(est.time):
         value = getattr(est.time, f.name)
         if value:
@@ -171,6 +169,8 @@ class EstimateCommand(BaseCommand):
 
     def run(self, args: argparse.Namespace) -> int:
         if args.plan is not None:
+            from planner.plan import read_plan  # Optuna and pandas: only for --plan
+
             plan = read_plan(args.plan)
             self._print(args, plan.model, plan.system, plan.strategy, plan.estimate)
             return 0
@@ -187,6 +187,8 @@ class EstimateCommand(BaseCommand):
             system = replace(system, device=replace(system.device, hbm_bytes=args.hbm_gb * GB))
         convention = convention_for(model, args.convention)
         if args.congestion is not None:
+            from planner.study_config import with_congestion  # Optuna: only for --congestion
+
             system = with_congestion(system, Congestion(args.congestion), convention,
                                      lambda m: PlannerUsageError(f"--congestion: {m}"))
         strategy = strategy_from_args(args, system.devices)
@@ -205,6 +207,8 @@ class EstimateCommand(BaseCommand):
     def _print(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
                strategy: Strategy, est: Estimate) -> None:
         if args.json:
+            from planner.plan import strategy_dict  # Optuna and pandas: only for --json
+
             aware = system.network.congestion is Congestion.AWARE
             out = {"model": model.name, "system": system.name,
                    **({"congestion": Congestion.AWARE.value} if aware else {}),

@@ -450,29 +450,50 @@ class JournalLock:
 
 
 def repair_tail(path: str) -> int:
-    """Cut a torn last line (no newline: its writer was killed mid-write) off the journal, under
+    """Cut a torn last line (no newline: its writer was killed mid-write) off the journal, and
+    then any last lines that are not JSON (garbage Optuna skips only while it is last), under
     its lock; returns the bytes removed."""
     with open(path, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size == 0:
-            return 0
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        keep, block = 0, 1 << 16
-        end = size
+        size = end = f.seek(0, os.SEEK_END)
         while end > 0:
-            start = max(0, end - block)
-            f.seek(start)
-            i = f.read(end - start).rfind(b"\n")
-            if i >= 0:
-                keep = start + i + 1
+            start = _line_start(f, end - 1 if _ends_line(f, end) else end)
+            if _ends_line(f, end) and _is_json(f, start, end):
                 break
             end = start
-        f.truncate(keep)
+        if end == size:
+            return 0
+        f.truncate(end)
         f.flush()
         os.fsync(f.fileno())
-        return size - keep
+        return size - end
+
+
+def _ends_line(f: Any, end: int) -> bool:
+    """The byte before ``end`` is a newline."""
+    f.seek(end - 1)
+    return f.read(1) == b"\n"
+
+
+def _line_start(f: Any, end: int) -> int:
+    """Where the line holding the bytes before ``end`` begins (after the newline before it)."""
+    block = 1 << 16
+    while end > 0:
+        start = max(0, end - block)
+        f.seek(start)
+        i = f.read(end - start).rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        end = start
+    return 0
+
+
+def _is_json(f: Any, start: int, end: int) -> bool:
+    f.seek(start)
+    try:
+        json.loads(f.read(end - start))
+    except ValueError:
+        return False
+    return True
 
 
 class BatchedJournalFileBackend(BaseJournalBackend):
@@ -501,12 +522,23 @@ class BatchedJournalFileBackend(BaseJournalBackend):
 
     def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
         if self._buffer is None:
-            return self._file.read_logs(log_number_from)
+            return self._checked(log_number_from)
         if self._file_lines is None or log_number_from < self._file_lines:
-            logs = list(self._file.read_logs(log_number_from))
+            logs = list(self._checked(log_number_from))
             self._file_lines = log_number_from + len(logs)
             return logs + self._buffer
         return self._buffer[log_number_from - self._file_lines:]
+
+    def _checked(self, log_number_from: int) -> Iterator[dict[str, Any]]:
+        """Optuna's reading, with a line that is not a journal entry (before the last: Optuna
+        skips a bad last line) as one line naming the file and the fix."""
+        try:
+            yield from self._file.read_logs(log_number_from)
+        except ValueError:  # json.JSONDecodeError, or Optuna's "Invalid log format."
+            raise PlannerUsageError(
+                f"{self._path}: a line that is not an Optuna journal entry, with entries after"
+                f" it; `planner repair {self._path}` keeps every valid entry (and a .bak copy)"
+            ) from None
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         if self._buffer is not None:

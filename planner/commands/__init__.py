@@ -49,6 +49,8 @@ COMMANDS: list[BaseCommand] = [
                 " CSV / Parquet.", "_results", "TrialsCommand"),
     LazyCommand("studies", "The studies in the storage: model, system, sampler, trials, best step"
                 " time.", "_results", "StudiesCommand"),
+    LazyCommand("repair", "Drop the lines of a damaged journal file that are not Optuna entries,"
+                " keeping every valid one (a .bak copy first).", "_repair", "RepairCommand"),
     LazyCommand("pareto", "A page of step time against peak memory: every trial, the Pareto"
                 " front, the limit.", "_pareto", "ParetoCommand"),
     LazyCommand("sweep", "A figure of throughput and step time against one knob or the device"

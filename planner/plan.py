@@ -149,11 +149,13 @@ def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
                     sequence_parallel=bool(a["sequence_parallel"]),
                     precision=Precision(_precision(a.get("precision"))),
                     first_stage_layers=_layers(a.get("first_stage_layers")),
-                    last_stage_layers=_layers(a.get("last_stage_layers")))
+                    last_stage_layers=_layers(a.get("last_stage_layers")),
+                    shard_group=_layers(a.get("shard_group")))
 
 
 def _layers(value: Any) -> int | None:
-    """A stored first/last stage's layer count; even plans hold none (pandas: NaN)."""
+    """A stored first/last stage's layer count or HSDP shard group; plans without one hold
+    none (pandas: NaN)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     return int(value)
@@ -215,7 +217,8 @@ _UNEVEN = {"first_stage_layers", "last_stage_layers"}
 
 
 def _strategy(path: Path, data: Any) -> Strategy:
-    e = check_fields(path, "strategy", data, _STRATEGY_FIELDS, {"precision"} | _UNEVEN)
+    e = check_fields(path, "strategy", data, _STRATEGY_FIELDS,
+                     {"precision", "shard_group"} | _UNEVEN)
     if not isinstance(e["placement"], list):
         raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
     try:

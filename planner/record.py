@@ -10,6 +10,7 @@ The constraint ``hbm_gb`` is peak memory minus the limit (<= 0 is feasible; none
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from simcore.specs import Convention, ModelSpec, Precision, Strategy, SystemSpec
 
 if TYPE_CHECKING:
     import optuna
+    import pandas as pd
 
 __all__ = ["CONSTRAINT", "Evaluator", "Record", "frozen_trial", "strategy_attrs"]
 
@@ -37,7 +39,8 @@ class Record:
 def strategy_attrs(s: Strategy) -> dict[str, Any]:
     """The strategy as a trial stores it; ``precision`` only when it is not bf16, so bf16
     trials are stored as before fp8 (and read back as bf16), and ``first_stage_layers`` /
-    ``last_stage_layers`` only when set (even stages are stored as before)."""
+    ``last_stage_layers`` only when set (even stages are stored as before), and ``shard_group``
+    (HSDP) only when set."""
     out = {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp, "zero": int(s.zero),
            "recompute": s.recompute.value, "micro_batch": s.micro_batch,
            "schedule": s.schedule.value, "v": s.v,
@@ -45,7 +48,7 @@ def strategy_attrs(s: Strategy) -> dict[str, Any]:
            "sequence_parallel": s.sequence_parallel, "plan": strategy_label(s)}
     if s.precision is not Precision.BF16:
         out["precision"] = s.precision.value
-    for name in ("first_stage_layers", "last_stage_layers"):  # only on uneven plans
+    for name in ("first_stage_layers", "last_stage_layers", "shard_group"):  # only when set
         if getattr(s, name) is not None:
             out[name] = getattr(s, name)
     return out
@@ -94,6 +97,20 @@ class Evaluator:
         attrs.update(feasible=feasible, reason=reason)
         values = [est.step_time] + ([peak] if self.with_memory else [])
         return Record(values, attrs, constraints)
+
+    def frame(self, strategies: Sequence[Strategy]) -> pd.DataFrame:
+        """Every strategy's record as one row, estimated at once
+        (:func:`planner.record_frame.frame`)."""
+        from planner.record_frame import frame
+
+        return frame(self, strategies)
+
+    def records(self, frame: pd.DataFrame) -> list[Record]:
+        """The records of :meth:`frame`'s rows (or of rows read back from a results file),
+        each equal to :meth:`__call__`'s record of that strategy."""
+        from planner.record_frame import records_from_frame
+
+        return records_from_frame(frame, self.hbm_gb, self.with_memory)
 
 
 def frozen_trial(record: Record, params: dict[str, Any],

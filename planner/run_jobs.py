@@ -1,7 +1,7 @@
 """``planner run --jobs N``: a study's work in worker processes (:class:`planner.run_pool.Pool`).
 
-- Exhaustive: the workers estimate chunks of strategies; the parent stores every chunk as it
-  comes back, in order (:func:`estimate_chunks`).
+- Exhaustive: the workers estimate chunks of strategies at once; the parent stores every chunk
+  as it comes back, in order (:func:`estimate_frames`).
 - Samplers: each task runs a few trials in a worker, with a sampler of its own seed, written to
   the storage by the worker itself (:func:`optimize_jobs`).
 
@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import optuna
+import pandas as pd
 from optuna.trial import FrozenTrial
 
 from planner.record import Evaluator, Record
@@ -34,7 +35,7 @@ from planner.run_pool import Pool, WorkerDied
 from planner.study_config import StudyConfig
 from simcore.specs import Strategy
 
-__all__ = ["WorkerDied", "estimate_chunks", "optimize_jobs"]
+__all__ = ["WorkerDied", "estimate_chunks", "estimate_frames", "optimize_jobs"]
 
 _HEARTBEAT = 10
 """Seconds between heartbeats of a running trial of ``run --jobs N`` on a database."""
@@ -52,6 +53,18 @@ def estimate_chunks(evaluator: Evaluator, chunks: Sequence[Sequence[Strategy]], 
     """The records of every chunk, in order, estimated by ``jobs`` workers."""
     with Pool(jobs) as pool:
         yield from pool.map(_evaluate_in_worker, ((evaluator, chunk) for chunk in chunks))
+
+
+def _frame_in_worker(evaluator: Evaluator, strategies: Sequence[Strategy]) -> pd.DataFrame:
+    """A task: a chunk of strategies estimated at once (:meth:`Evaluator.frame`)."""
+    return evaluator.frame(strategies)
+
+
+def estimate_frames(evaluator: Evaluator, chunks: Sequence[Sequence[Strategy]], jobs: int
+                    ) -> Iterator[pd.DataFrame]:
+    """The rows of every chunk, in order, estimated by ``jobs`` workers."""
+    with Pool(jobs) as pool:
+        yield from pool.map(_frame_in_worker, ((evaluator, chunk) for chunk in chunks))
 
 
 def optimize_jobs(config: StudyConfig, label: str, jobs: int, n: int, progress: bool,

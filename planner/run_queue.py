@@ -11,9 +11,10 @@ exactly once, with any number of workers, on PostgreSQL:
    which locks the row (``SELECT ... FOR UPDATE``) and refuses unless the state is still
    WAITING: of concurrent claimants exactly one wins. Only the claimant completes an item.
 2. A claimant records a heartbeat before claiming and while it works. If it dies, the item goes
-   stale; ``fail_stale_trials`` turns it FAIL (again a row-locked transition that exactly one
-   process wins) and that one process adds the item back as a new WAITING trial. So at any
-   time an unfinished item has at most one live (WAITING or RUNNING) trial.
+   stale; ``PlannerRDBStorage.requeue_item`` turns it FAIL (again a row-locked transition
+   that exactly one process wins) and adds the item back as a new WAITING trial in the same
+   transaction (so a connection lost midway cannot leave it failed and never queued again).
+   So at any time an unfinished item has at most one live (WAITING or RUNNING) trial.
 3. A chunk of strategies is written together with its item's completion in one transaction
    (``PlannerRDBStorage.add_trials_at_once``) that locks the item's row and writes nothing
    unless the item is still RUNNING: a chunk is written once, with its completion, or not at
@@ -24,6 +25,13 @@ exactly once, with any number of workers, on PostgreSQL:
    is the one of any lease: a claimant paused past the grace period while its trial runs.
 
 Workers wait until no item is pending, so the item of a worker that died is done by another.
+
+A lost database (a server restart, a cut network) is ridden out: every call of the worker loop
+is tried again with exponential backoff (:class:`_Outage`) for up to ``retry_s`` seconds
+(``planner worker --db-retry-s``, default :data:`DB_RETRY_S`); the item in hand is handed back
+once the server answers again. Past that window the worker raises :class:`DatabaseLost`, which
+names the server and what failed. Exactly-once does not depend on it: an item whose completion
+was lost with the connection was either committed with its plans or not at all (point 3).
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy.exc
@@ -66,8 +75,73 @@ from planner.storage import (
 from planner.study_config import StudyConfig
 from search_spaces import LayoutEncoding, strategy_label
 
+T = TypeVar("T")
+
 READY_WAIT_S = 60.0
 """How long a joining worker waits for the study's creator to finish setting it up."""
+DB_RETRY_S = 60.0
+"""How long a worker rides out a lost database before it gives up (a PostgreSQL restart takes
+3-30 s)."""
+BACKOFF_S = (0.25, 5.0)
+"""The first and the longest wait between two attempts while the database is away."""
+
+
+class DatabaseLost(Exception):
+    """The database stayed unreachable for the whole retry window."""
+
+    def __init__(self, where: str, what: str, waited_s: float, cause: str) -> None:
+        self.where, self.what, self.waited_s, self.cause = where, what, waited_s, cause
+        super().__init__(f"lost the connection to the database at {where} while {what}, and it"
+                         f" did not answer for {waited_s:.0f} s ({cause})")
+
+
+class _Outage:
+    """Rides out a lost database: after a failed attempt :meth:`failed` waits (``BACKOFF_S``,
+    doubling) and returns, or raises :class:`DatabaseLost` once ``retry_s`` seconds have passed
+    since the first failure; :meth:`ok` after a successful attempt ends the outage."""
+
+    def __init__(self, storage: BaseStorage, retry_s: float) -> None:
+        self.storage, self.retry_s = storage, retry_s
+        self.since: float | None = None
+        self.attempts = 0
+
+    def failed(self, error: BaseException, what: str) -> None:
+        """Called in an ``except`` block: re-raises an error that is not a lost database."""
+        if not PlannerRDBStorage.lost_connection(error):
+            raise error
+        where = self.storage.where if isinstance(self.storage, PlannerRDBStorage) else "?"
+        cause = PlannerRDBStorage.cause(error)
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            print(f"worker: lost the database at {where} while {what} ({cause}); retrying for"
+                  f" up to {self.retry_s:g} s", file=sys.stderr)
+        waited = now - self.since
+        if waited >= self.retry_s:
+            raise DatabaseLost(where, what, waited, cause) from None
+        pause = min(BACKOFF_S[0] * 2 ** self.attempts, BACKOFF_S[1], self.retry_s - waited)
+        self.attempts += 1
+        time.sleep(pause)
+
+    def ok(self) -> None:
+        if self.since is not None:
+            print(f"worker: the database answers again after"
+                  f" {time.monotonic() - self.since:.1f} s", file=sys.stderr)
+        self.since, self.attempts = None, 0
+
+
+def ride_out(storage: BaseStorage, what: str, call: Callable[[], T],
+             retry_s: float = DB_RETRY_S) -> T:
+    """``call()``, tried again while the database is away (:class:`_Outage`)."""
+    outage = _Outage(storage, retry_s)
+    while True:
+        try:
+            result = call()
+        except Exception as e:  # noqa: BLE001 - failed() re-raises what is not an outage
+            outage.failed(e, what)
+            continue
+        outage.ok()
+        return result
 
 
 @dataclass(frozen=True)
@@ -82,14 +156,17 @@ class WorkerReport:
 
 # -- workers sharing a study on a database -----------------------------------------------------
 def run_worker(config: StudyConfig, storage: PlannerRDBStorage, label: str, *,
-               progress: bool = True) -> WorkerReport:
+               progress: bool = True, retry_s: float = DB_RETRY_S) -> WorkerReport:
     """Join the study (creating it and its work queue if it does not exist yet) and work on its
     queue until no item is pending; see the module docstring. Ctrl-C: the item in hand is
-    finished, then ``KeyboardInterrupt``."""
-    study, created = join_study(config, storage, label)
-    queue = _load_queue(study, storage)
+    finished, then ``KeyboardInterrupt``. A database away for longer than ``retry_s`` seconds:
+    :class:`DatabaseLost`."""
+    study, created = ride_out(storage, "joining the study",
+                              lambda: join_study(config, storage, label), retry_s)
+    queue = ride_out(storage, "loading the work queue", lambda: _load_queue(study, storage),
+                     retry_s)
     with StopRequest() as stop:
-        added = _drain(study, queue, storage, config, stop, progress)
+        added = _drain(study, queue, storage, config, stop, progress, retry_s=retry_s)
     return WorkerReport(study, created, added)
 
 
@@ -191,25 +268,35 @@ def _info(study: optuna.Study, config: StudyConfig) -> dict[str, Any]:
 
 
 def _drain(study: optuna.Study, queue: optuna.Study, storage: BaseStorage,
-           config: StudyConfig, stop: StopRequest, progress: bool, poll: float = 0.5) -> int:
-    """Claim and do items until none is WAITING or RUNNING; returns the trials recorded."""
-    info = _info(study, config)
+           config: StudyConfig, stop: StopRequest, progress: bool, poll: float = 0.5, *,
+           retry_s: float = DB_RETRY_S) -> int:
+    """Claim and do items until none is WAITING or RUNNING; returns the trials recorded. A lost
+    database is ridden out for ``retry_s`` seconds (module docstring)."""
+    info = ride_out(storage, "reading the study", lambda: _info(study, config), retry_s)
     work = _Work(study, queue, storage, config, info, stop)
     claimer = _Claimer(queue, storage)
+    outage = _Outage(storage, retry_s)
     added = 0
     failures = 0
     with _bar(None, progress, "worker") as bar:
         while not stop.requested:
             try:
+                work.return_held()
                 token = claimer.claim()
                 if token is None:
                     if not _pending(queue):
                         break
-                    _fail_stale(queue)  # a dead worker's item comes back
+                    _fail_stale(queue, storage)  # a dead worker's item comes back
+                    outage.ok()
                     time.sleep(poll)
                     continue
                 n = work.do(token)
-            except TRANSIENT as e:  # a deadlock or a dropped connection between workers
+            except Exception as e:  # the database went away, or a deadlock between workers
+                if PlannerRDBStorage.lost_connection(e):
+                    outage.failed(e, "claiming or recording a work item")
+                    continue
+                if not isinstance(e, TRANSIENT):
+                    raise
                 failures += 1
                 if failures > MAX_TRANSIENT:
                     raise
@@ -217,6 +304,7 @@ def _drain(study: optuna.Study, queue: optuna.Study, storage: BaseStorage,
                       " goes back to the queue", file=sys.stderr)
                 time.sleep(poll * failures)
                 continue
+            outage.ok()
             failures = 0
             added += n
             bar.update(n)
@@ -225,13 +313,22 @@ def _drain(study: optuna.Study, queue: optuna.Study, storage: BaseStorage,
 
 
 TRANSIENT: tuple[type[Exception], ...] = (optuna.exceptions.StorageInternalError,
-                                          sqlalchemy.exc.OperationalError)
-"""Database errors a worker retries: a deadlock between workers' transactions, a connection
-dropped. The item in hand is handed back (or goes stale), so exactly-once still holds."""
+                                          sqlalchemy.exc.OperationalError,
+                                          sqlalchemy.exc.InterfaceError)
+"""Database errors a worker retries: a lost connection (for up to ``retry_s``), or another
+error of a transaction, such as a deadlock between workers (``MAX_TRANSIENT`` times). The item
+in hand is handed back (or goes stale), so exactly-once still holds."""
 MAX_TRANSIENT = 5
 
 
-def _fail_stale(study: optuna.Study) -> None:
+def _fail_stale(study: optuna.Study, storage: BaseStorage | None = None) -> None:
+    """Queue again the items whose claimant stopped beating; on a PlannerRDBStorage each in one
+    transaction (``requeue_item``), so a connection lost midway cannot leave one failed and
+    never queued again."""
+    if isinstance(storage, PlannerRDBStorage) and storage.heartbeat_interval:
+        for trial_id in storage._get_stale_trial_ids(study._study_id):
+            storage.requeue_item(study._study_id, trial_id)
+        return
     with warnings.catch_warnings():  # experimental since 2.9, still so marked in 5.0
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
@@ -268,7 +365,9 @@ class _Claimer:
         """The heartbeat first, so a claimant that dies right after claiming still leaves a
         stale item; then WAITING -> RUNNING, which only one claimant wins."""
         storage = self.storage
-        if isinstance(storage, RDBStorage) and storage.heartbeat_interval:
+        if isinstance(storage, PlannerRDBStorage) and storage.heartbeat_interval:
+            storage.first_heartbeat(token._trial_id)
+        elif isinstance(storage, RDBStorage) and storage.heartbeat_interval:
             storage.record_heartbeat(token._trial_id)
         try:
             return storage.set_trial_state_values(token._trial_id, state=TrialState.RUNNING)
@@ -319,11 +418,25 @@ class _Work:
         self.encoding = LayoutEncoding(config.space)
         self.evaluator = config.evaluator()
         self.objective = _objective(config, storage, stop)
+        self.held: list[tuple[FrozenTrial, int | None]] = []
+        """Items (with the sampler trial they were running) that could not be handed back while
+        the database was away: handed back by :meth:`return_held` once it answers."""
+        self._trial_id: int | None = None
+
+    def return_held(self) -> None:
+        """Hand back the items a lost database kept this worker from handing back (a stale
+        check may have done it meanwhile: then this changes nothing)."""
+        while self.held:
+            token, trial_id = self.held[-1]
+            _fail_own_trial(self.storage, trial_id)
+            _hand_back(self.queue, self.storage, token)
+            self.held.pop()
 
     def do(self, token: FrozenTrial) -> int:
         """Do the item and complete it; returns the trials written (0: the item was lost, i.e.
         failed as stale while this worker was paused). On an error or a second Ctrl-C the
         item is handed back."""
+        self._trial_id = None
         try:
             with _Heartbeat(self.storage, token._trial_id):
                 if self.info["kind"] == "plans":
@@ -331,7 +444,13 @@ class _Work:
                 else:
                     done = self._trial(token)
         except BaseException:
-            _hand_back(self.queue, self.storage, token)
+            try:
+                _fail_own_trial(self.storage, self._trial_id)
+                _hand_back(self.queue, self.storage, token)
+            except Exception as e:
+                if not PlannerRDBStorage.lost_connection(e):
+                    raise
+                self.held.append((token, self._trial_id))
             raise
         if done is None:
             return 0
@@ -343,6 +462,10 @@ class _Work:
                                                 values=[value])
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # failed as stale meanwhile: its retry finds what was written
+        except Exception as e:
+            if PlannerRDBStorage.lost_connection(e):  # its retry finds the finished trial
+                self.held.append((token, None))
+            raise
         return n
 
     def _plans(self, token: FrozenTrial) -> tuple[int, float | None] | None:
@@ -368,6 +491,7 @@ class _Work:
         storage, objective, numbers = self.storage, self.objective, []
 
         def tagged(trial: optuna.Trial) -> Any:
+            self._trial_id = trial._trial_id
             storage.set_trial_system_attr(trial._trial_id, ITEM, k)
             numbers.append(trial.number)
             return objective(trial)
@@ -376,8 +500,22 @@ class _Work:
         return 1, float(numbers[-1])
 
 
+def _fail_own_trial(storage: BaseStorage, trial_id: int | None) -> None:
+    """Fail the sampler trial this worker left RUNNING when its item failed (no-op if it was
+    recorded as finished), so that no trial of the study stays RUNNING after the work is done."""
+    if trial_id is None:
+        return
+    try:
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+
+
 def _hand_back(queue: optuna.Study, storage: BaseStorage, token: FrozenTrial) -> None:
     """Fail a held item and queue it again (as a stale one would be)."""
+    if isinstance(storage, PlannerRDBStorage):
+        storage.requeue_item(queue._study_id, token._trial_id)
+        return
     try:
         if storage.set_trial_state_values(token._trial_id, TrialState.FAIL):
             retry_stale(queue, storage.get_trial(token._trial_id))

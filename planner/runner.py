@@ -1,10 +1,12 @@
 """Running a study: create or resume it in the storage, then fill it with trials.
 
-- ``exhaustive``: every valid strategy is estimated directly (in worker processes with
-  ``jobs > 1``) and recorded into the study in batches with ``Study.add_trials``, because the
-  simulator is far cheaper than an Optuna trial (``../shared/optuna-notes.md`` section 4).
-  A resumed study estimates only the strategies it does not hold yet, so every valid strategy is
-  in it exactly once, whatever ``jobs`` was.
+- ``exhaustive``: every valid strategy is estimated directly, a chunk at once (in worker
+  processes with ``jobs > 1``), written to the study's results table (Parquet) and recorded into
+  the study in batches with ``Study.add_trials``, because the simulator is far cheaper than an
+  Optuna trial (``../shared/optuna-notes.md`` section 4); a study of more than
+  ``TRIALS_KEPT`` plans keeps only its fronts and best plans as trials
+  (``planner.run_exhaustive``). A resumed study estimates only the strategies it does not hold
+  yet, so every valid strategy is in it exactly once, whatever ``jobs`` was.
 - ``tpe``, ``nsga2``, ``gp``, ``random``: Optuna's samplers through ``Study.optimize``, the HBM
   limit passed as ``trial.set_constraint``; with ``jobs > 1`` worker processes share the
   storage, each with its own seed. A serial run with a seed gives the same trials every time.
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,19 +42,19 @@ from optuna.trial import FrozenTrial, TrialState
 
 from planner.errors import PlannerUsageError
 from planner.plan import specs_from_dict
-from planner.record import Record, frozen_trial
+from planner.results_parquet import RESULTS, ResultsTable
 from planner.run_common import (
     ITEM,
     StopRequest,
     _bar,
     _check_fingerprint,
     _describe,
-    _evaluate_all,
     _objective,
     _stop_when,
     make_sampler,
 )
-from planner.run_jobs import WorkerDied, estimate_chunks, optimize_jobs
+from planner.run_exhaustive import BATCH, exhaustive
+from planner.run_jobs import WorkerDied, optimize_jobs
 from planner.run_lock import StudyBusy, study_writer
 from planner.run_queue import (
     READY_WAIT_S,
@@ -67,13 +68,14 @@ from planner.run_queue import (
     queue_state,
     run_worker,
 )
-from planner.storage import WORK_QUEUE, PlannerRDBStorage, batched, study_names
+from planner.storage import WORK_QUEUE, study_names
 from planner.study_config import StudyConfig
-from search_spaces import LayoutEncoding, StrategySpace, strategy_label
+from search_spaces import StrategySpace, strategy_label
 from search_spaces.frameworks import ANY
 from simcore.specs import Axis, Recompute, Schedule, Strategy, ZeroStage
 
 __all__ = [
+    "BATCH",
     "ITEM",
     "READY_WAIT_S",
     "RunReport",
@@ -95,10 +97,6 @@ __all__ = [
     "run_study",
     "run_worker",
 ]
-
-BATCH = 512
-"""Strategies per add_trials batch (and per worker task) on the exhaustive path."""
-
 
 @dataclass(frozen=True)
 class RunReport:
@@ -186,29 +184,16 @@ def _run_held(config: StudyConfig, storage: BaseStorage, label: str, resume: boo
             requeued += _reclaim(queue, _info(study, config)["items"])
             added = _drain(study, queue, storage, config, stop, progress)
         elif config.sampler == "exhaustive":
-            added = _exhaustive(study, storage, config, jobs, progress, stop)
+            added = exhaustive(study, storage, config, label, jobs, progress, stop)
         elif config.sampler == "random":
-            added = _exhaustive(study, storage, config, jobs, progress, stop,
-                                plans=random_draw(config))
+            added = exhaustive(study, storage, config, label, jobs, progress, stop,
+                               plans=random_draw(config))
         else:
             added = _optimize(study, storage, config, label, jobs, progress, stop)
     return RunReport(study, added, requeued)
 
 
-# -- exhaustive ------------------------------------------------------------------------------
-def _chunks(items: Sequence[Strategy], size: int) -> Iterator[Sequence[Strategy]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
-
-
-def _stored_plans(study: optuna.Study, storage: BaseStorage) -> set[str]:
-    """The plans of the study's COMPLETE trials (on a database: one query for just them)."""
-    if isinstance(storage, PlannerRDBStorage):
-        return set(storage.user_attr_values(study._study_id, "plan", TrialState.COMPLETE))
-    return {t.user_attrs.get("plan")
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-
-
+# -- random ------------------------------------------------------------------------------------
 def random_draw(config: StudyConfig) -> list[Strategy]:
     """``sampler: random``: ``n_trials`` distinct valid strategies drawn with the study's seed
     (all of them if the space holds fewer), so a study never repeats a plan and a resume draws
@@ -216,46 +201,6 @@ def random_draw(config: StudyConfig) -> list[Strategy]:
     strategies held 18 distinct); this is the same uniform draw without it."""
     valid = config.space.valid
     return random.Random(config.seed).sample(valid, min(config.n_trials, len(valid)))
-
-
-def _exhaustive(study: optuna.Study, storage: optuna.storages.BaseStorage, config: StudyConfig,
-                jobs: int, progress: bool, stop: StopRequest,
-                plans: Sequence[Strategy] | None = None) -> int:
-    """Estimate every valid strategy of the space (or ``plans``) not stored yet."""
-    encoding = LayoutEncoding(config.space)
-    done = _stored_plans(study, storage)
-    todo = [s for s in (config.space.valid if plans is None else plans)
-            if strategy_label(s) not in done]
-    evaluator = config.evaluator()
-    distributions = encoding.distributions
-    size = BATCH if jobs <= 1 else max(1, min(BATCH, -(-len(todo) // (4 * jobs))))
-    chunks = list(_chunks(todo, size))
-    results: Iterator[list[Record]]
-    if jobs > 1 and len(chunks) > 1:
-        results = estimate_chunks(evaluator, chunks, jobs)
-    else:
-        results = (_evaluate_all(evaluator, chunk, stop) for chunk in chunks)
-    added = 0
-    with _bar(len(todo), progress, "estimating") as bar:
-        try:
-            for chunk, records in zip(chunks, results):
-                trials = [frozen_trial(r, encoding.params(s), distributions)
-                          for s, r in zip(chunk, records)]
-                if isinstance(storage, PlannerRDBStorage):
-                    storage.add_trials_at_once(study._study_id, trials)
-                else:
-                    with batched(storage):
-                        study.add_trials(trials)
-                added += len(records)
-                bar.update(len(records))
-                stop.check()
-        except Exception:
-            if stop.requested:  # a worker hit by the terminal's Ctrl-C too
-                raise KeyboardInterrupt from None
-            raise
-        finally:
-            results.close()  # the workers' pool, if any, ends with it
-    return added
 
 
 # -- samplers ----------------------------------------------------------------------------------
@@ -288,9 +233,14 @@ def _optimize(study: optuna.Study, storage: optuna.storages.BaseStorage, config:
 
 def coverage(study: optuna.Study, config: StudyConfig) -> tuple[int, int, int]:
     """(distinct plans stored, valid plans missing, plans stored more than once) of an
-    exhaustive study: (n, 0, 0) when it covers its space exactly once."""
-    plans = [t.user_attrs.get("plan")
-             for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    exhaustive study: (n, 0, 0) when it covers its space exactly once. A study that keeps only
+    some plans as trials is counted in its results table."""
+    results = study.user_attrs.get(RESULTS)
+    if results and results["trials_kept"] != "all":
+        plans = ResultsTable(Path(results["parquet"])).read(["plan"])["plan"].tolist()
+    else:
+        plans = [t.user_attrs.get("plan")
+                 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     stored = set(plans)
     valid = {strategy_label(s) for s in config.space.valid}
     return len(stored), len(valid - stored), len(plans) - len(stored)

@@ -162,7 +162,10 @@ def _check_journal(path: Path, label: str) -> None:
 def _open_rdb(label: str, heartbeat: int | None, attempts: int = 4) -> PlannerRDBStorage:
     """An RDBStorage; a few attempts, since processes starting together on an empty database
     race to create its tables (the loser's CREATE fails; on retry the tables are there)."""
-    kwargs: dict[str, Any] = {"engine_kwargs": {"pool_pre_ping": True}}
+    engine: dict[str, Any] = {"pool_pre_ping": True}
+    if label.startswith("postgresql"):  # a server gone silent fails a connect, not hangs it
+        engine["connect_args"] = {"connect_timeout": PlannerRDBStorage.CONNECT_TIMEOUT_S}
+    kwargs: dict[str, Any] = {"engine_kwargs": engine}
     if heartbeat is not None:
         kwargs.update(heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
                       heartbeat_stale_trial_callback=retry_stale)
@@ -198,9 +201,67 @@ class PlannerRDBStorage(RDBStorage):
     its ``create_new_trial`` would (a test compares the two trial by trial).
     """
 
+    CONNECT_TIMEOUT_S: ClassVar[int] = 10
+    """How long a connection attempt to PostgreSQL may take before it counts as failed."""
+
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self._pending: list[tuple[int, str, Any]] | None = None
+
+    @property
+    def where(self) -> str:
+        """The server as printed: ``host:port/database`` (never the password)."""
+        url = self.engine.url
+        port = f":{url.port}" if url.port else ""
+        return f"{url.host or 'localhost'}{port}/{url.database or ''}"
+
+    @staticmethod
+    def lost_connection(error: BaseException) -> bool:
+        """The error, or one it was raised from, is a lost or refused connection (a server
+        restart, a cut network) or a transaction the server aborted: worth trying again once
+        the server answers. Optuna wraps these in ``StorageInternalError`` ("invalid data ...
+        exceeding max length"), which alone says nothing of the cause."""
+        import sqlalchemy.exc
+
+        seen: BaseException | None = error
+        while seen is not None:
+            if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.connection_invalidated:
+                return True
+            if isinstance(seen, (sqlalchemy.exc.OperationalError,
+                                 sqlalchemy.exc.InterfaceError)):
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
+
+    @staticmethod
+    def cause(error: BaseException) -> str:
+        """The first line of the driver's own message under Optuna's and SQLAlchemy's."""
+        import sqlalchemy.exc
+
+        seen: BaseException = error
+        while seen.__cause__ is not None or seen.__context__ is not None:
+            if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.orig is not None:
+                seen = seen.orig
+                break
+            seen = seen.__cause__ or seen.__context__  # type: ignore[assignment]
+        if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.orig is not None:
+            seen = seen.orig
+        text = (str(seen).strip().splitlines() or [""])[0]
+        return f"{type(seen).__name__}: {text}" if text else type(seen).__name__
+
+    def first_heartbeat(self, trial_id: int) -> None:
+        """Optuna's ``record_heartbeat``, raising: a trial whose first heartbeat is not stored
+        would never go stale."""
+        super().record_heartbeat(trial_id)
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        """A heartbeat missed while the database is away is skipped, not raised: Optuna's
+        heartbeat thread would die with a traceback on stderr."""
+        try:
+            super().record_heartbeat(trial_id)
+        except Exception as e:
+            if not self.lost_connection(e):
+                raise
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -290,6 +351,33 @@ class PlannerRDBStorage(RDBStorage):
                                                    value_type=kind))
                 item.state = TrialState.COMPLETE
                 item.datetime_complete = datetime.datetime.now()
+        return True
+
+    def requeue_item(self, study_id: int, item_id: int) -> bool:
+        """Fail a RUNNING work item and add it again as a WAITING trial (with the system
+        attributes Optuna's ``RetryHeartbeatStaleTrialCallback`` gives it), in one transaction;
+        False (nothing written) if it is no longer RUNNING. Done in two transactions, as
+        ``fail_stale_trials`` and its callback do, a connection lost between them left an item
+        failed and never queued again."""
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+        from optuna.trial import TrialState, create_trial
+        from sqlalchemy import func
+
+        with _create_scoped_session(self.scoped_session) as session:
+            models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+            item = models.TrialModel.find_or_raise_by_id(item_id, session, for_update=True)
+            if item.state != TrialState.RUNNING:
+                return False
+            attrs = {a.key: json.loads(a.value_json) for a in item.system_attributes}
+            attrs = {"failed_trial": item.number, "retry_history": [], **attrs}
+            attrs["retry_history"] = [*attrs["retry_history"], item.number]
+            item.state = TrialState.FAIL
+            item.datetime_complete = datetime.datetime.now()
+            base = session.query(func.count(models.TrialModel.trial_id)).filter(
+                models.TrialModel.study_id == study_id).scalar()
+            retry = create_trial(state=TrialState.WAITING, system_attrs=attrs)
+            _insert_trials(session, study_id, base, _rows([retry]))
         return True
 
 

@@ -76,7 +76,7 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
-                "v", "placement", "sequence_parallel", "precision", "uneven"}
+                "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group"}
 _POWERS = ("powers_of_two", "powers of two")
 DEFAULT_N_TRIALS = 200
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
@@ -137,6 +137,7 @@ class StudyConfig:
                 **({"precision": [p.value for p in sp.precision]}
                    if sp.precision != (Precision.BF16,) else {}),
                 **({"uneven": list(sp.uneven)} if sp.uneven != (0,) else {}),
+                **({"shard_group": list(sp.shard_group)} if sp.shard_group != (0,) else {}),
             },
             **({"description": self.description} if self.description else {}),
         }
@@ -243,6 +244,10 @@ def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training:
     if "uneven" in e:  # layers fewer on the first and last stage (search_spaces.space.short_ends)
         kw["uneven"] = tuple(dict.fromkeys(integer(path, "space.uneven", k, minimum=0)
                                            for k in _list(path, "space.uneven", e["uneven"])))
+    if "shard_group" in e:  # HSDP shard groups for ZeRO-3; 0: the whole dp * sp group
+        kw["shard_group"] = tuple(dict.fromkeys(
+            integer(path, "space.shard_group", k, minimum=0)
+            for k in _list(path, "space.shard_group", e["shard_group"])))
     space = StrategySpace(model=model, system=system, training=training, convention=convention,
                           framework=framework, **kw)
     if Schedule.INTERLEAVED in space.schedule and not any(v > 1 for v in space.v):

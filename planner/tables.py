@@ -1,18 +1,26 @@
 """A study as a pandas table: one row per trial with every strategy knob, every part of the
-estimate and feasibility, read from what the trials stored (nothing is re-simulated)."""
+estimate and feasibility, read from what the trials stored (nothing is re-simulated). A study
+that keeps only its fronts and best plans as trials (``results``, :mod:`planner.results_parquet`)
+is read from its results table instead: one row per plan, ``number`` its row there."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import optuna
 import pandas as pd
 
-__all__ = ["KNOBS", "PLACEMENTS", "UNEVEN_KNOBS", "best_frame", "format_best", "trials_frame"]
+from planner.results_parquet import ALL, RESULTS, ResultsTable, pareto_mask
+
+__all__ = ["KNOBS", "PLACEMENTS", "UNEVEN_KNOBS", "best_frame", "format_best", "results_table",
+           "trials_frame"]
 
 KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
          "placement", "sequence_parallel", "precision"]
-UNEVEN_KNOBS = ["first_stage_layers", "last_stage_layers"]
-"""Stored only on plans with uneven pipeline stages (:func:`planner.record.strategy_attrs`), so
-a study's table has these columns only when it holds such plans."""
+UNEVEN_KNOBS = ["first_stage_layers", "last_stage_layers", "shard_group"]
+"""Stored only on plans with uneven pipeline stages or an HSDP shard group
+(:func:`planner.record.strategy_attrs`), so a study's table has these columns only when it holds
+such plans."""
 _FIRST = ["number", "state", "plan", *KNOBS, *UNEVEN_KNOBS, "feasible", "step_time_s",
           "peak_memory_gb"]
 _LAST = ["reason"]
@@ -21,12 +29,33 @@ PLACEMENTS = "placements"
 """best_frame's column: the placements of the plans a row stands for, its own first."""
 
 
+def results_table(study: optuna.Study) -> ResultsTable | None:
+    """The study's results table when its plans are not all trials, else None."""
+    results = study.user_attrs.get(RESULTS)
+    if not results or results.get("trials_kept") == ALL:
+        return None
+    return ResultsTable(Path(results["parquet"]))
+
+
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
-    """Every trial: Optuna's own table, with the user attributes as plain columns."""
+    """Every trial (every plan of a study with a results table): Optuna's own table, with the
+    user attributes as plain columns."""
+    table = results_table(study)
+    if table is not None:
+        df = table.read()
+        if df.empty:
+            return pd.DataFrame(columns=_FIRST + _LAST)
+        return _from_table(df)
     df = study.trials_dataframe(attrs=("number", "state", "user_attrs"), multi_index=False)
     if df.empty:
         return pd.DataFrame(columns=_FIRST + _LAST)
     df = df.rename(columns=lambda c: c.removeprefix("user_attrs_"))
+    return _ordered(df)
+
+
+def _ordered(df: pd.DataFrame) -> pd.DataFrame:
+    """The columns in the table's order: the plan and its knobs, feasibility and the two
+    objectives, the time parts, the memory parts, the other figures, the reason."""
     if "plan" in df.columns:  # trials store precision only when it is not bf16
         df["precision"] = df["precision"].fillna("bf16") if "precision" in df else "bf16"
     first = [c for c in _FIRST if c in df.columns]
@@ -40,18 +69,47 @@ def best_frame(study: optuna.Study, top: int | None = None,
                frame: pd.DataFrame | None = None) -> pd.DataFrame:
     """Finished feasible trials, fastest first. With two objectives, only the Pareto front
     (Optuna's ``best_trials``, which counts feasible trials only). ``frame``: the study's
-    :func:`trials_frame`, when the caller has it already."""
+    :func:`trials_frame`, when the caller has it already. A study with a results table:
+    only the rows that can be among the best are read."""
+    table = results_table(study)
+    if frame is None and table is not None:
+        frame = _best_rows(table, len(study.directions) > 1, top)
     df = trials_frame(study) if frame is None else frame
     if df.empty or "feasible" not in df.columns:
         return df.iloc[0:0]
     df = df[(df["state"] == "COMPLETE") & df["feasible"].astype(bool)]
-    if len(study.directions) > 1:
+    if len(study.directions) > 1 and table is not None:
+        df = df[pareto_mask(df["step_time_s"].to_numpy(), df["peak_memory_gb"].to_numpy())]
+    elif len(study.directions) > 1:
         front = {t.number for t in study.best_trials}
         df = df[df["number"].isin(front)]
     df = df.sort_values(["step_time_s", "peak_memory_gb", "number"], kind="stable")
     df = df.drop_duplicates(subset="plan")  # a sampler may run one plan more than once
     df = _group_placements(df)
     return df.head(top) if top else df
+
+
+def _best_rows(table: ResultsTable, front: bool, top: int | None) -> pd.DataFrame:
+    """The rows of a results table that :func:`best_frame` can return: feasible, on the front
+    with two objectives, and with ``top``, those whose (step time, memory) is among the first
+    ``top`` distinct ones (plans grouped by placement share both figures)."""
+    cols = ["number", "step_time_s", "peak_memory_gb", "feasible"]
+    df = table.read(cols)
+    df = df[df["feasible"].astype(bool)]
+    if front:
+        df = df[pareto_mask(df["step_time_s"].to_numpy(), df["peak_memory_gb"].to_numpy())]
+    if top:
+        pairs = df[cols[1:3]].drop_duplicates().nsmallest(top, cols[1:3], keep="all")
+        df = df.merge(pairs, on=cols[1:3])
+    rows = table.read(numbers=df["number"])
+    return _from_table(rows)
+
+
+def _from_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a results table as :func:`trials_frame` orders them; the uneven-stage columns
+    only when a plan has them (as a study's trials store them)."""
+    uneven = [c for c in UNEVEN_KNOBS if c in df.columns and df[c].isna().all()]
+    return _ordered(df.drop(columns=uneven)[sorted(df.columns.drop(uneven))])
 
 
 def _group_placements(df: pd.DataFrame) -> pd.DataFrame:

@@ -43,7 +43,7 @@ def _layout_label(s: Strategy) -> str:
 
 def strategy_label(s: Strategy) -> str:
     """One line naming every knob, e.g. ``dp8-tp8-pp16-sp1 mb1 interleaved-v5 selective zero1``
-    (``first7 last7``: uneven pipeline stages)."""
+    (``first7 last7``: uneven pipeline stages; ``shard16``: HSDP shard group)."""
     parts = [_layout_label(s), f"mb{s.micro_batch}", _pipeline_label(s), s.recompute.value,
              f"zero{int(s.zero)}"]
     if not s.sequence_parallel:
@@ -54,6 +54,8 @@ def strategy_label(s: Strategy) -> str:
         parts.append(f"first{s.first_stage_layers}")
     if s.last_stage_layers is not None:
         parts.append(f"last{s.last_stage_layers}")
+    if s.shard_group is not None:
+        parts.append(f"shard{s.shard_group}")
     if s.placement != Strategy().placement:
         parts.append("placement=" + _placement_label(s.placement))
     return " ".join(parts)
@@ -94,6 +96,7 @@ class LayoutEncoding:
             "sequence_parallel": list(sp.sequence_parallel),
             "precision": [p.value for p in sp.precision],
             "uneven": list(sp.uneven),
+            "shard_group": list(sp.shard_group),
         }
         return {k: v for k, v in knobs.items() if len(v) > 1}
 
@@ -111,6 +114,8 @@ class LayoutEncoding:
                 "sequence_parallel": s.sequence_parallel, "precision": s.precision.value}
         if "uneven" in self._choices:
             full["uneven"] = _shortness(s, self.space.model.layers)
+        if "shard_group" in self._choices:
+            full["shard_group"] = s.shard_group or 0
         return {k: full[k] for k in self._choices}
 
     def suggest(self, trial: optuna.Trial) -> Strategy:

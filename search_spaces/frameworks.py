@@ -19,6 +19,20 @@ Uneven pipeline stages (``first_stage_layers`` / ``last_stage_layers``): Megatro
 :func:`simcore.megatron.checks.check_plan`); torchtitan's ``pipeline_parallel_first/
 last_stage_less_layers`` shorten the first and last stages with v = 1; DeepSpeed has no way.
 
+HSDP (``shard_group``): torchtitan's ``data_parallel_shard_degree`` x
+``data_parallel_replicate_degree`` (FSDP2 ``fully_shard`` on the 2-D ``dp_replicate, dp_shard``
+mesh, ``torchtitan/distributed/fsdp.py``); Megatron-FSDP's ``--num-distributed-optimizer-instances``
+(``megatron/core/distributed/fsdp/mcore_fsdp_adapter.py``: ``enable_hsdp``); DeepSpeed's MiCS
+(``mics_shard_size``, ``deepspeed/runtime/zero/config.py``), ZeRO-3 hence pp 1 there. All three
+run it; the rules above (ZeRO-3 with DeepSpeed's pipeline) still apply.
+
+Zero-bubble ZB-H1 (one stage per rank, B and W split): none of the three runs it. Megatron-LM's
+schedules are 1F1B and interleaved only (``--delay-wgrad-compute`` defers the weight gradients to
+overlap MoE all-to-alls, not a zero-bubble schedule); torchtitan's zero-bubble classes
+(``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``) are multi-stage and need at least 2
+stages per rank (``torchtitan/distributed/pipeline_parallel.py``, b5bcd76c:
+"Multi-stage schedule requires at least 2 stages per rank"); DeepSpeed runs 1F1B only.
+
 fp8: Megatron-LM runs it through Transformer Engine (``--fp8-format``,
 ``megatron/core/transformer/transformer_config.py`` d98e8a64); torchtitan through torchao's
 ``Float8Linear`` (the ``float8`` converter); DeepSpeed has no FP8 mode of its own (its engine's mixed
@@ -57,10 +71,18 @@ def _megatron(s: Strategy) -> str | None:
     if s.pp > 1 and s.schedule is Schedule.GPIPE:
         return ("schedule gpipe: Megatron-LM has no GPipe schedule; it offers 1f1b and"
                 " interleaved")
+    if s.schedule is Schedule.ZB_H1:
+        return ("schedule zb-h1: Megatron-LM has no zero-bubble schedule; it offers 1f1b and"
+                " interleaved")
     return None
 
 
 def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
+    # torchtitan/distributed/pipeline_parallel.py (b5bcd76c): a multi-stage schedule class (its
+    # zero-bubble ones) "requires at least 2 stages per rank"; ZB-H1 has one.
+    if s.schedule is Schedule.ZB_H1:
+        return ("schedule zb-h1: torchtitan's zero-bubble schedules (InterleavedZeroBubble,"
+                " ZBVZeroBubble) need 2+ stages per rank; it offers gpipe, 1f1b, interleaved")
     # torchtitan/distributed/pipeline_parallel.py (b5bcd76c) _generate_llm_fqn_per_model_part:
     # pipeline_parallel_first/last_stage_less_layers shorten the first and last *virtual* stage
     # only (rank 0's first chunk, the last rank's last chunk), never every chunk of those ranks

@@ -64,6 +64,16 @@ def short_ends(layers: int, pp: int, uneven: int) -> int | None:
     return first if first >= 1 else None
 
 
+def _shard_group_ok(layout: Layout, zero: ZeroStage, group: int) -> bool:
+    """The space's HSDP rule: 0 (no shard group) always; else zero 3 and a multiple of sp that
+    properly divides dp * sp (:meth:`simcore.specs.Strategy._check_shard_group`)."""
+    if group == 0:
+        return True
+    ranks = layout.dp * layout.sp
+    return (zero is ZeroStage.PARAMETERS and group < ranks and ranks % group == 0
+            and group % layout.sp == 0)
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """The four degrees of one plan."""
@@ -121,6 +131,10 @@ class StrategySpace:
     """How many layers fewer the first and the last pipeline stage hold than each stage between
     (:func:`short_ends`); 0 is the even split. Plans set Megatron-LM's
     ``first_stage_layers`` / ``last_stage_layers`` from it."""
+    shard_group: tuple[int, ...] = (0,)
+    """HSDP shard-group sizes for ZeRO-3 (:attr:`simcore.specs.Strategy.shard_group`); 0 shards
+    over the whole data-parallel group. A size applies where zero is 3, it is a multiple of sp
+    and a proper divisor of dp * sp (equal to dp * sp it is the 0 plan)."""
 
     @property
     def devices(self) -> int:
@@ -148,17 +162,18 @@ class StrategySpace:
 
     def candidates(self) -> Iterator[Strategy]:
         """Every combination of the allowed values with the right product, valid or not."""
-        for layout, zero, rc, mb, pipe, place, seqpar, precision, short in itertools.product(
-            self.layouts(), self.zero, self.recompute, self.micro_batch, self.pipelines(),
-            self.placement, self.sequence_parallel, self.precision, self.uneven,
-        ):
+        for layout, zero, rc, mb, pipe, place, seqpar, precision, short, group in (
+                itertools.product(self.layouts(), self.zero, self.recompute, self.micro_batch,
+                                  self.pipelines(), self.placement, self.sequence_parallel,
+                                  self.precision, self.uneven, self.shard_group)):
             ends = self._ends(layout.pp, short)
-            if ends == -1:
-                continue  # no split with the ends this much shorter
+            if ends == -1 or not _shard_group_ok(layout, zero, group):
+                continue  # no split with the ends this much shorter, or no such shard group
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=zero,
                            recompute=rc, micro_batch=mb, schedule=pipe.schedule, v=pipe.v,
                            placement=place, sequence_parallel=seqpar, precision=precision,
-                           first_stage_layers=ends, last_stage_layers=ends)
+                           first_stage_layers=ends, last_stage_layers=ends,
+                           shard_group=group or None)
 
     def _ends(self, pp: int, short: int) -> int | None:
         """The first/last stage's layers for ``uneven`` = ``short`` (None: even; -1: none)."""
@@ -172,7 +187,8 @@ class StrategySpace:
         """How many candidates the lists make (before the shape rules)."""
         return (len(self.layouts()) * len(self.zero) * len(self.recompute)
                 * len(self.micro_batch) * len(self.pipelines()) * len(self.placement)
-                * len(self.sequence_parallel) * len(self.precision) * len(self.uneven))
+                * len(self.sequence_parallel) * len(self.precision) * len(self.uneven)
+                * len(self.shard_group))
 
     # -- validity ------------------------------------------------------------------------------
     def reason_invalid(self, strategy: Strategy) -> str | None:
@@ -205,7 +221,8 @@ class StrategySpace:
         """The candidates' product, in :meth:`candidates`' order (the last knob fastest)."""
         return (len(self.layouts()), len(self.zero), len(self.recompute),
                 len(self.micro_batch), len(self.pipelines()), len(self.placement),
-                len(self.sequence_parallel), len(self.precision), len(self.uneven))
+                len(self.sequence_parallel), len(self.precision), len(self.uneven),
+                len(self.shard_group))
 
     def _valid_indices(self) -> np.ndarray:
         """Flat indices (into :meth:`_shape`) of the valid candidates, ascending."""
@@ -223,6 +240,7 @@ class StrategySpace:
             "micro_batch": np.asarray(self.micro_batch, np.int64)[mi],
             "v": np.array([p.v for p in pipes], np.int64)[pi],
             "interleaved": np.array([p.schedule is Schedule.INTERLEAVED for p in pipes])[pi],
+            "zero_bubble": np.array([p.schedule is Schedule.ZB_H1 for p in pipes])[pi],
             "sequence_parallel": np.asarray(self.sequence_parallel, bool)[si],
         }
         check = implementation(self.convention).valid_plans
@@ -233,8 +251,11 @@ class StrategySpace:
         if self.uneven != (0,):
             shorts = np.asarray(self.uneven, np.int64)[ui]
             ok &= (ends >= 0) & ((shorts == 0) | (self.convention is Convention.MEGATRON))
-        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4])
-        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1)
+        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4], 1)
+        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1, 1)
+        hsdp = np.array([[[_shard_group_ok(x, z, k) for k in self.shard_group] for z in self.zero]
+                         for x in layouts], bool)
+        ok = ok & hsdp.reshape(len(layouts), len(self.zero), 1, 1, 1, 1, 1, 1, 1, -1)
         return np.flatnonzero(np.broadcast_to(ok, self._shape()))
 
     def _precision_ok(self) -> np.ndarray:
@@ -247,8 +268,8 @@ class StrategySpace:
         """The strategies at these flat indices."""
         layouts, pipes = self.layouts(), self.pipelines()
         shape = self._shape()
-        for li, zi, ri, mi, pi, ci, si, qi, ui in zip(*(a.tolist() for a in
-                                                         np.unravel_index(flat, shape))):
+        for li, zi, ri, mi, pi, ci, si, qi, ui, hi in zip(*(a.tolist() for a in
+                                                             np.unravel_index(flat, shape))):
             layout, pipe = layouts[li], pipes[pi]
             ends = self._ends(layout.pp, self.uneven[ui])
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp,
@@ -257,7 +278,7 @@ class StrategySpace:
                            placement=self.placement[ci],
                            sequence_parallel=self.sequence_parallel[si],
                            precision=self.precision[qi], first_stage_layers=ends,
-                           last_stage_layers=ends)
+                           last_stage_layers=ends, shard_group=self.shard_group[hi] or None)
 
     def enumerate(self) -> tuple[Strategy, ...]:
         """Every valid strategy exactly once."""

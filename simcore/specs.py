@@ -93,6 +93,11 @@ class Schedule(_Named):
     """PipeDream-Flush: at most p micro-batches in flight."""
     INTERLEAVED = "interleaved"
     """Interleaved 1F1B with v model chunks per device: bubble / v."""
+    ZB_H1 = "zb-h1"
+    """Zero-bubble ZB-H1 (Qi et al. 2023, arXiv:2401.10241 section 3.1): backward split into the
+    input-gradient pass B and the weight-gradient pass W, W deferred to fill the drain; bubble
+    ``(p-1)(T_F + T_B - T_W)`` against 1F1B's ``(p-1)(T_F + T_B + T_W)``, the same peak
+    activation memory as 1F1B (p micro-batches in flight)."""
 
 
 class ZeroStage(IntEnum):
@@ -335,6 +340,11 @@ class Strategy:
     last_stage_layers: int | None = None
     """Transformer layers on the last pipeline stage; None: an equal share
     (``--decoder-last-pipeline-num-layers``)."""
+    shard_group: int | None = None
+    """HSDP: ranks each ZeRO-3 shard group spans (shard within, replicate across); None shards
+    over the whole data-parallel group (dp * sp, plain ZeRO-3 / FSDP). A multiple of sp that
+    divides dp * sp: torchtitan shards over ``dp_shard * cp`` and replicates over
+    ``dp_replicate`` (``torchtitan/distributed/parallel_dims.py``, b5bcd76c). Needs zero=3."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "sp", "micro_batch", "v"):
@@ -348,15 +358,39 @@ class Strategy:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
+        if self.shard_group is not None:
+            self._check_shard_group()
         if sorted(self.placement) != sorted(Axis):
             raise ValueError(
                 "placement must name each of dp, tp, pp, sp once, but got"
                 f" {', '.join(self.placement)}"
             )
 
+    def _check_shard_group(self) -> None:
+        g, group = self.shard_group, self.dp * self.sp
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise ValueError(f"`shard_group >= 1` must hold, but got shard_group={g!r}")
+        if self.zero is not ZeroStage.PARAMETERS:
+            raise ValueError(f"shard_group={g} needs zero=3 (HSDP shards ZeRO-3's weights),"
+                             f" but got zero={int(self.zero)}")
+        if group % g or g % self.sp:
+            raise ValueError(
+                f"shard_group={g} must be a multiple of sp={self.sp} dividing dp*sp={group}"
+                " (each shard group holds whole sp groups and the replicas tile dp)")
+
     @property
     def devices(self) -> int:
         return self.dp * self.tp * self.pp * self.sp
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks that shard ZeRO's states: the shard group (HSDP), else dp * sp."""
+        return self.dp * self.sp if self.shard_group is None else self.shard_group
+
+    @property
+    def replicas(self) -> int:
+        """HSDP replica groups: dp * sp / shard ranks (1 without HSDP)."""
+        return self.dp * self.sp // self.shard_ranks
 
     @property
     def uneven(self) -> bool:

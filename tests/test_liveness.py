@@ -3,7 +3,8 @@ run when killed nor outlive it, and a `--storage` that never overwrites a user's
 
 The runs are real `planner run` processes on a journal in tmp_path. A ``sitecustomize`` put on
 their PYTHONPATH slows every estimate by ``PLANNER_TEST_SLOW_S`` seconds (in the workers too), so
-that a run is reliably still going when the test acts on it."""
+that a run is reliably still going when the test acts on it, and has ``--jobs N`` estimate even a
+small exhaustive study in its workers."""
 
 from __future__ import annotations
 
@@ -34,6 +35,14 @@ if os.environ.get("PLANNER_TEST_SLOW_S"):
         time.sleep(_delay)
         return _call(self, strategy)
     planner.record.Evaluator.__call__ = _slow
+    _frame = planner.record.Evaluator.frame
+    def _slow_frame(self, strategies):
+        time.sleep(_delay * len(strategies))
+        return _frame(self, strategies)
+    planner.record.Evaluator.frame = _slow_frame
+    import planner.run_exhaustive
+    planner.run_exhaustive.PARALLEL_MIN = 0  # --jobs N uses its workers on a small study too,
+    planner.run_exhaustive.CHUNK = 250        # several chunks each
 """
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

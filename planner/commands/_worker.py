@@ -6,6 +6,10 @@ every worker then claims work items until none is left (``planner.runner``'s doc
 each plan or trial is recorded exactly once). ``STUDY`` is a study YAML, or the name of a stored
 study (its configuration is rebuilt from what it stores). ``planner run --resume`` finishes a
 worker study in one process once no worker runs.
+
+A database restart is ridden out: the worker retries with backoff for ``--db-retry-s`` seconds
+(default 60), then exits 1 with one line naming the server, what failed and the command that
+rejoins.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from planner.commands._run import (
     where_results_are,
 )
 from planner.errors import PlannerUsageError
+from planner.run_queue import DB_RETRY_S, DatabaseLost, ride_out
 from planner.runner import config_from_study, queue_state, run_worker
 from planner.storage import (
     is_url,
@@ -38,6 +43,21 @@ from planner.storage import (
     storage_option,
 )
 from planner.study_config import StudyConfig, load_study_config
+
+MAX_RETRY_S = 86_400
+"""The longest ``--db-retry-s``: a day."""
+
+
+def _retry_s(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_RETRY_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_RETRY_S:,} s, not {value:,}")
+    return value
+
+
+def _rejoin(args: argparse.Namespace, label: str) -> str:
+    hbm = f" --hbm-gb {args.hbm_gb:g}" if args.hbm_gb is not None else ""
+    return f"planner worker {args.study}{hbm}{storage_option(label)}"
 
 
 def _config(args: argparse.Namespace, storage: BaseStorage, label: str) -> StudyConfig:
@@ -65,6 +85,10 @@ class WorkerCommand(BaseCommand):
         parser.add_argument("--heartbeat", type=_positive_int, default=HEARTBEAT_S,
                             help="seconds between heartbeats; the item of a worker silent for"
                             f" 3 of them is done again by another (default {HEARTBEAT_S})")
+        parser.add_argument("--db-retry-s", type=_retry_s, default=int(DB_RETRY_S),
+                            help="seconds a worker rides out a lost database (a restart), trying"
+                            " again with backoff, before it exits 1 (default"
+                            f" {DB_RETRY_S:g}, at most {MAX_RETRY_S:,})")
         parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -81,13 +105,19 @@ class WorkerCommand(BaseCommand):
               f" {shown(label)}")
         start = time.perf_counter()
         try:
-            report = run_worker(config, storage, label, progress=not args.quiet)
+            report = run_worker(config, storage, label, progress=not args.quiet,
+                                retry_s=args.db_retry_s)
+            done, items, lost = ride_out(storage, "reading the work queue",
+                                         lambda: queue_state(report.study), args.db_retry_s)
         except KeyboardInterrupt:
             print(where_results_are(config, storage, label, "worker", args.study, args.hbm_gb),
                   file=sys.stderr)
             raise
-        study = report.study
-        done, items, lost = queue_state(study)
+        except DatabaseLost as e:
+            print(f"worker: {e}; every item this worker finished is stored, and the one in"
+                  " hand goes to another worker once it goes stale; rejoin with"
+                  f" `{_rejoin(args, label)}`", file=sys.stderr)
+            return 1
         what = "chunks of strategies" if config.sampler == "exhaustive" else "trials"
         print(f"{report.added:,} trials by this worker in {time.perf_counter() - start:.1f} s;"
               f" work items done: {done:,} of {items:,} ({what})")

@@ -89,8 +89,12 @@ def _zero(plan: Plan) -> dict[str, Any]:
         return {"stage": 0}
     # DeepSpeed turns overlap_comm off itself for stages 1-2 under its pipeline engine.
     overlap = plan.training.overlap_grad_reduce and (s.pp == 1 or s.zero is ZeroStage.PARAMETERS)
-    return {"stage": int(s.zero), "overlap_comm": overlap, "contiguous_gradients": True,
+    zero = {"stage": int(s.zero), "overlap_comm": overlap, "contiguous_gradients": True,
             "reduce_scatter": True, "allgather_partitions": True}
+    if s.replicas > 1:  # HSDP: DeepSpeed's MiCS (deepspeed/runtime/zero/config.py)
+        zero["mics_shard_size"] = s.shard_ranks
+        zero["mics_hierarchical_params_gather"] = False
+    return zero
 
 
 def _check_batch(config: dict[str, Any], dp: int) -> None:
@@ -157,7 +161,11 @@ def _notes(plan: Plan) -> list[str]:
                   "  optional \"pipeline\" section (stages, partition,",
                   "  activation_checkpoint_interval); Megatron-DeepSpeed sets the stages from",
                   "  --pipeline-model-parallel-size."]
-    if s.zero is ZeroStage.PARAMETERS:
+    if s.zero is ZeroStage.PARAMETERS and s.replicas > 1:
+        notes += [f"- HSDP as DeepSpeed's MiCS: ZeRO 3 within mics_shard_size={s.shard_ranks}",
+                  "  ranks, replicated across; build the model under deepspeed.zero.MiCS_Init",
+                  "  (docs/code/zero3.rst, \"MiCS Configurations\")."]
+    elif s.zero is ZeroStage.PARAMETERS:
         notes += ["- ZeRO 3 (stage 3) is DeepSpeed's FSDP: parameters, gradients and optimizer",
                   "  state sharded over the data-parallel ranks."]
     if s.recompute is not Recompute.NONE:

@@ -238,6 +238,7 @@ def _data_parallel_args(plan: Plan) -> list[str]:
                 "--use-megatron-fsdp",
                 f"--data-parallel-sharding-strategy {_FSDP[zero][0]}",
                 "--ckpt-format fsdp_dtensor"]
+        args += _hsdp_args(plan)
     else:
         args = ["# ZeRO 1: Megatron's distributed optimizer shards the optimizer state",
                 "# (fp32 master weights, Adam moments) over data-parallel ranks: ZeRO-1-like",
@@ -245,6 +246,21 @@ def _data_parallel_args(plan: Plan) -> list[str]:
     if plan.training.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     return args
+
+
+def _hsdp_args(plan: Plan) -> list[str]:
+    """Megatron-FSDP's hybrid sharding (d98e8a64): ``--num-distributed-optimizer-instances R``
+    turns HSDP on (``mcore_fsdp_adapter.py``: ``enable_hsdp = num_distributed_optimizer_instances
+    > 1``), sharding over the intra-instance dp * cp group of dp * cp / R ranks
+    (``parallel_state.py``) and replicating across R (``--outer-dp-sharding-strategy no_shard``,
+    the default)."""
+    s = plan.strategy
+    if s.replicas == 1:
+        return []
+    return [(f"# HSDP: shard within {s.shard_ranks} ranks (dp*cp / instances), replicate x"
+             f" {s.replicas}"),
+            f"--num-distributed-optimizer-instances {s.replicas}",
+            "--outer-dp-sharding-strategy no_shard"]
 
 
 def precision_args(precision: Precision) -> list[str]:

@@ -111,7 +111,11 @@ def _data_parallel(plan: Plan) -> dict[str, int | str]:
     s = plan.strategy
     if s.zero is ZeroStage.NONE or s.dp == 1:
         return {"data_parallel_replicate_degree": s.dp, "data_parallel_shard_degree": 1}
-    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": s.dp,
+    # HSDP: torchtitan shards over dp_shard * cp and replicates over dp_replicate
+    # (torchtitan/distributed/parallel_dims.py, b5bcd76c), so dp_shard = shard_group / sp.
+    replicate = s.replicas
+    return {"data_parallel_replicate_degree": replicate,
+            "data_parallel_shard_degree": s.dp // replicate,
             "fsdp_reshard_after_forward": _RESHARD[s.zero]}
 
 
@@ -121,6 +125,9 @@ def _zero_comment(plan: Plan) -> list[str]:
         lines = ["dp=1: no data parallelism"]
     elif s.zero is ZeroStage.NONE:
         lines = ["ZeRO 0: data parallel by replication (DDP)"]
+    elif s.zero is ZeroStage.PARAMETERS and s.replicas > 1:
+        lines = [f"HSDP: FSDP within shard groups of {s.shard_ranks} ranks (dp_shard * cp),",
+                 f"replicated {s.replicas} times (dp_replicate): gradients all-reduced across"]
     elif s.zero is ZeroStage.PARAMETERS:
         lines = ["ZeRO 3: FSDP over the dp ranks, parameters resharded after forward"]
     else:

@@ -15,7 +15,8 @@ stage by stage in the same order), the slowest and the peak stage, the step, MFU
 with the same floating-point operations in the same order as the scalar path: the figures are
 bit-identical (tests/test_batched_estimate.py).
 
-Covered: the megatron convention (GPT and Llama families), every schedule, ZeRO stage,
+Covered: the megatron convention (GPT and Llama families), every schedule (ZB-H1 too: its
+weight-gradient times per stage type), ZeRO stage and HSDP shard group (a field of the group),
 recompute, precision, placement, even and uneven stages, any network (congestion-aware too:
 the collectives are the scalar ones). Falls back to :func:`simcore.estimate` one by one: the
 ``stage`` and ``mlp`` conventions. Mixed systems have their own entry point
@@ -68,7 +69,7 @@ FIRST, MIDDLE, LAST = 0, 1, 2
 """The stage types (columns of the per-type arrays): stage 0, stage 1 (the middle stages'
 peak, when pp >= 3) and stage pp - 1 (when pp >= 2; with pp = 1 the first stage is the last)."""
 
-_STAGE_FIELDS = ("compute", "tp", "sp", "fsdp")
+_STAGE_FIELDS = ("compute", "tp", "sp", "fsdp", "wgrad")
 _MEMORY_FIXED = ("weights", "gradients", "optimizer", "gathered_weights", "comm_buffers",
                  "overhead", "tracked")
 """The memory parts that do not depend on the schedule (activations do, through in-flight)."""
@@ -114,6 +115,7 @@ class _Groups:
         self.groups: list[int] = []
         self.vs: list[int] = []
         self.interleaveds: list[bool] = []
+        self.zbs: list[bool] = []
         self.stage_activations: tuple[list[np.ndarray], ...] = ([], [], [])
         self.pp = np.empty(k, np.int64)
         self.m = np.empty(k, np.int64)
@@ -155,6 +157,7 @@ class _Groups:
         self.groups += [index] * len(members)
         self.vs += [v for _, v in schedules]
         self.interleaveds += [s is Schedule.INTERLEAVED for s, _ in schedules]
+        self.zbs += [s is Schedule.ZB_H1 for s, _ in schedules]
         missing = [MIDDLE, LAST][:3 - len(stages)]
         for column in missing:
             self.stage_activations[column].append(np.zeros(len(members)))
@@ -175,6 +178,7 @@ class _Groups:
         self.group = np.array(self.groups, np.int64)[back]
         self.v = np.array(self.vs, np.int64)[back]
         self.interleaved = np.array(self.interleaveds, bool)[back]
+        self.zb = np.array(self.zbs, bool)[back]
         self.activations = np.stack([np.concatenate(a) for a in self.stage_activations],
                                     axis=1)[back]
 
@@ -194,7 +198,13 @@ class _Groups:
         t_max = times[np.arange(len(g)), slowest]
         total = _stage_sum(times, pp)
         del times
-        pipe = m * t_max + (total - t_max) / v
+        fill = total - t_max
+        if self.zb.any():  # ZB-H1: fill -= 2 (sum W - W_slowest), as pipeline_time
+            zb = self.zb
+            rows = np.arange(len(g))
+            wgrad = stage["wgrad"][g]
+            fill[zb] -= (2 * (_stage_sum(wgrad, pp) - wgrad[rows, slowest]))[zb]
+        pipe = m * t_max + fill / v
 
         def critical(name: str) -> np.ndarray:
             return m * stage[name][g, slowest]
@@ -279,6 +289,7 @@ def _check_all(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     for name in ("first_stage_layers", "last_stage_layers"):
         columns[name] = np.array([getattr(r, name) or 0 for r in reps])[g.group]
     columns["v"], columns["interleaved"] = g.v, g.interleaved
+    columns["zero_bubble"] = g.zb
     ok = valid_plans(model, system, training, columns)
     if not ok.all():
         bad = strategies[int(np.argmin(ok))]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from simcore.megatron.placement import DpPart
 from simcore.network import Collective
 from simcore.specs import Axis, ZeroStage
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["Call", "cp_kv_calls", "dp_group_calls", "embedding_calls", "fsdp_layer_calls",
            "grad_reduction_calls", "head_calls", "tp_pair_calls"]
 
-Call = tuple[Axis, Collective, float]
+Call = tuple[Axis | DpPart, Collective, float]
 
 
 def _activation(p: StepPlan) -> float:
@@ -68,38 +69,53 @@ def cp_kv_calls(p: StepPlan) -> tuple[list[Call], list[Call]]:
             [(Axis.SP, Collective.REDUCE_SCATTER, kv * s.sp)])
 
 
-def dp_group_calls(p: StepPlan, collective: Collective, size: float) -> list[Call]:
+def dp_group_calls(p: StepPlan, collective: Collective, size: float, *,
+                   shard: bool = False) -> list[Call]:
     """A collective over the data-parallel group (dp, and sp which shares the weights); over
-    dp x sp the two axes in turn, as a hierarchical collective over both would run."""
+    dp x sp the two axes in turn, as a hierarchical collective over both would run. ``shard``:
+    over HSDP's shard group instead (sp x the dp part :attr:`DpPart.SHARD`)."""
     s = p.s
+    dp_axis: Axis | DpPart = Axis.DP
+    dp = s.dp
+    if shard and p.hsdp:
+        dp_axis, dp = DpPart.SHARD, p.shard_ranks // s.sp
     if s.sp == 1:
-        return [(Axis.DP, collective, size)]
-    if s.dp == 1:
+        return [(dp_axis, collective, size)]
+    if dp == 1:
         return [(Axis.SP, collective, size)]
     if collective is Collective.ALL_GATHER:
-        return [(Axis.SP, collective, size), (Axis.DP, collective, size * s.sp)]
+        return [(Axis.SP, collective, size), (dp_axis, collective, size * s.sp)]
     if collective is Collective.REDUCE_SCATTER:
-        return [(Axis.SP, collective, size), (Axis.DP, collective, size / s.sp)]
+        return [(Axis.SP, collective, size), (dp_axis, collective, size / s.sp)]
     return [(Axis.SP, Collective.REDUCE_SCATTER, size),
-            (Axis.DP, Collective.ALL_REDUCE, size / s.sp),
+            (dp_axis, Collective.ALL_REDUCE, size / s.sp),
             (Axis.SP, Collective.ALL_GATHER, size / s.sp)]
 
 
 def fsdp_layer_calls(p: StepPlan) -> tuple[list[Call], list[Call]]:
     """ZeRO-3 per layer: its weights all-gathered (before forward, and again before backward)
-    and its gradients reduce-scattered (after backward)."""
+    and its gradients reduce-scattered (after backward), over the shard group (HSDP) or the
+    whole data-parallel group."""
     params = p.shape.layer_params / p.s.tp
     tr = p.training
     return (dp_group_calls(p, Collective.ALL_GATHER,
-                           params * tr.bytes_per_param_weights / p.dp_group),
-            dp_group_calls(p, Collective.REDUCE_SCATTER, params * tr.bytes_per_param_grads))
+                           params * tr.bytes_per_param_weights / p.shard_ranks, shard=True),
+            dp_group_calls(p, Collective.REDUCE_SCATTER, params * tr.bytes_per_param_grads,
+                           shard=True))
 
 
 def grad_reduction_calls(p: StepPlan, params: float) -> tuple[list[Call], list[Call]]:
     """A stage's gradient reduction over the data-parallel group for its ``params``: the
     gradients all-reduced (ZeRO-0) or reduce-scattered, then the updated weights all-gathered
-    (ZeRO-1/2); nothing for one replica or ZeRO-3 (its layers reduce their own)."""
+    (ZeRO-1/2); nothing for one replica or ZeRO-3 (its layers reduce their own). HSDP: each
+    rank's reduce-scattered gradient shard all-reduced across the replicas once per step, as
+    FSDP2 does after the shard group's reduce-scatter (``foreach_reduce``'s ``all_reduce`` over
+    the replicate mesh axis, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``);
+    torchtitan skips it on all but the last micro-batch (``set_requires_all_reduce``)."""
     s, tr = p.s, p.training
+    if p.hsdp:
+        shard = params * tr.bytes_per_param_grads / p.shard_ranks
+        return [(DpPart.REPLICATE, Collective.ALL_REDUCE, shard)], []
     if p.dp_group == 1 or s.zero is ZeroStage.PARAMETERS:
         return [], []
     grads = params * tr.bytes_per_param_grads

@@ -66,6 +66,8 @@ def check_plan(
         problem = fp8_problem(system.device)
         if problem is not None:
             raise ValueError(problem)
+    if s.schedule is Schedule.ZB_H1 and s.pp < 2:
+        raise ValueError("schedule=zb-h1 needs pp >= 2; use 1f1b with pp=1")
     if s.schedule is Schedule.INTERLEAVED:
         if s.pp < 2:
             raise ValueError("schedule=interleaved needs pp >= 2; use 1f1b with pp=1")
@@ -94,7 +96,8 @@ def valid_plans(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     """:func:`check_plan` over many strategies at once: True where it would pass. ``columns``
     holds equal-length integer arrays ``dp``, ``tp``, ``pp``, ``sp``, ``micro_batch``, ``v`` and
     boolean arrays ``interleaved`` and ``sequence_parallel`` (the rules in the same order); and
-    optionally ``first_stage_layers`` and ``last_stage_layers`` (0 for an equal share)."""
+    optionally ``first_stage_layers`` and ``last_stage_layers`` (0 for an equal share) and
+    boolean ``zero_bubble`` (schedule zb-h1)."""
     dp, tp, pp, sp = (np.asarray(columns[k], np.int64) for k in ("dp", "tp", "pp", "sp"))
     mb, v = np.asarray(columns["micro_batch"], np.int64), np.asarray(columns["v"], np.int64)
     interleaved = np.asarray(columns["interleaved"], bool)
@@ -106,6 +109,8 @@ def valid_plans(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     first = np.asarray(columns.get("first_stage_layers", np.zeros_like(pp)), np.int64)
     last = np.asarray(columns.get("last_stage_layers", np.zeros_like(pp)), np.int64)
     ok &= _stages_ok(model.layers, pp, v, first, last)
+    if "zero_bubble" in columns:
+        ok &= ~np.asarray(columns["zero_bubble"], bool) | (pp >= 2)
     ok &= seq % sp == 0
     ok &= ~(seqpar & (tp > 1)) | ((seq // sp) % tp == 0)
     ok &= batch % (dp * mb) == 0

@@ -6,6 +6,12 @@ interleaving v model chunks per device divides the bubble by v. Megatron-LM's in
 schedule warms up ``2 (p - i - 1) + (v - 1) p`` chunks on stage i
 (``megatron/core/pipeline_parallel/schedules.py``), which gives Korthikanti et al.'s memory factor
 ``1 + (p-1)/(p v)`` on the first stage (arXiv:2205.05198 section 4.2.3).
+
+Zero bubble ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv:2401.10241,
+section 3.1, Figure 3): the backward splits into B (input gradients, on the critical path to the
+previous stage) and W (weight gradients, deferred); the drain is filled by the W passes, so the
+bubble falls from 1F1B's ``(p-1)(T_F + T_B + T_W)`` to ``(p-1)(T_F + T_B - T_W)`` with the same
+peak activation memory as 1F1B (p micro-batches in flight on the first stage).
 """
 
 from __future__ import annotations
@@ -20,20 +26,26 @@ def in_flight(schedule: Schedule, stage: int, pp: int, m: int, v: int) -> float:
     stage's whole set of layers (an interleaved chunk counts 1/v)."""
     if schedule is Schedule.GPIPE:
         return float(m)
-    if schedule is Schedule.ONE_F_ONE_B:
+    if schedule in (Schedule.ONE_F_ONE_B, Schedule.ZB_H1):
         return float(min(pp - stage, m))
     chunks = 2 * (pp - stage - 1) + (v - 1) * pp + 1
     return min(chunks, m * v) / v
 
 
-def pipeline_time(stage_times: list[float], m: int, v: int) -> tuple[float, int]:
+def pipeline_time(stage_times: list[float], m: int, v: int,
+                  wgrad_times: list[float] | None = None) -> tuple[float, int]:
     """Seconds for m micro-batches through stages with the given per-micro-batch times, and the
     slowest stage.
 
     The slowest stage runs all m micro-batches back to back; the others add the fill and drain
     once, divided by v when interleaved: ``m * max + (sum - max) / v``. With equal stages this is
-    ``(m + (p - 1) / v) * t``, Narayanan's bubble.
+    ``(m + (p - 1) / v) * t``, Narayanan's bubble. ``wgrad_times`` (ZB-H1): each other stage's
+    share is its ``t - 2 T_W``, so equal stages of ``t = T_F + T_B + T_W`` give
+    ``m t + (p - 1)(T_F + T_B - T_W)``, Qi et al.'s ZB-H1 bubble.
     """
     slowest = max(range(len(stage_times)), key=stage_times.__getitem__)
     t_max = stage_times[slowest]
-    return m * t_max + (sum(stage_times) - t_max) / v, slowest
+    fill = sum(stage_times) - t_max
+    if wgrad_times is not None:
+        fill -= 2 * (sum(wgrad_times) - wgrad_times[slowest])
+    return m * t_max + fill / v, slowest

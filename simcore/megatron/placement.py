@@ -11,6 +11,11 @@ size on the same links (a sub-mesh has no single shape). Collective times come f
 :func:`simcore.collectives.collective_time`, so they follow ASTRA-sim's analytical backend (the
 congestion-unaware one, or the congestion-aware one when the network's ``congestion`` says so),
 plus each spanned dimension's ``call_latency_s`` per call (0 in ASTRA-sim's own systems).
+
+HSDP (a strategy's ``shard_group``) splits the dp axis in two, the shard part innermost (as
+torchtitan's mesh orders ``dp_replicate, dp_shard, cp, tp``, outermost first:
+``torchtitan/distributed/parallel_dims.py`` b5bcd76c): :class:`DpPart` ``dp_shard`` takes the
+first ``shard_group / sp`` of dp's places, ``dp_replicate`` the rest, by the same rule.
 """
 
 from __future__ import annotations
@@ -18,19 +23,29 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
+from enum import StrEnum
 
 from simcore.collectives import collective_time, p2p_time
 from simcore.network import Collective, Network, NetworkDim, PerNetwork, Topology
 from simcore.specs import Axis
 
-__all__ = ["AxisNetworks", "axis_networks"]
+__all__ = ["AxisNetworks", "DpPart", "axis_networks"]
+
+
+class DpPart(StrEnum):
+    """The two parts of the dp axis under HSDP (a strategy's ``shard_group``)."""
+
+    SHARD = "dp_shard"
+    """The dp ranks of one shard group (its inner part; with sp, the group is sp x dp_shard)."""
+    REPLICATE = "dp_replicate"
+    """The shard groups' replicas: the outer part of dp."""
 
 
 def _pieces(
-    shape: tuple[int, ...], degrees: list[tuple[Axis, int]]
-) -> dict[Axis, list[tuple[int, int]]]:
+    shape: tuple[int, ...], degrees: list[tuple[Axis | DpPart, int]]
+) -> dict[Axis | DpPart, list[tuple[int, int]]]:
     free = list(shape)
-    pieces: dict[Axis, list[tuple[int, int]]] = {}
+    pieces: dict[Axis | DpPart, list[tuple[int, int]]] = {}
     for axis, degree in degrees:
         left = degree
         mine: list[tuple[int, int]] = []
@@ -64,11 +79,18 @@ class AxisNetworks:
     """The sub-network of each parallel axis, with memoised collective and p2p times."""
 
     def __init__(
-        self, network: Network, degrees: Mapping[Axis, int], placement: tuple[Axis, ...]
+        self, network: Network, degrees: Mapping[Axis, int], placement: tuple[Axis, ...],
+        dp_shard: int | None = None,
     ) -> None:
-        order = [(axis, degrees[axis]) for axis in placement]
-        pieces = _pieces(network.shape, order)
-        self.networks: dict[Axis, Network | None] = {}
+        order: list[tuple[Axis | DpPart, int]] = [(axis, degrees[axis]) for axis in placement]
+        pieces: dict[Axis | DpPart, list[tuple[int, int]]] = dict(_pieces(network.shape, order))
+        if dp_shard is not None:  # HSDP: dp split into its shard part (inner) and replicas
+            at = placement.index(Axis.DP)
+            split = order[:at] + [(DpPart.SHARD, dp_shard),
+                                  (DpPart.REPLICATE, degrees[Axis.DP] // dp_shard)] + order[at + 1:]
+            parts = _pieces(network.shape, split)
+            pieces.update({part: parts[part] for part in DpPart})
+        self.networks: dict[Axis | DpPart, Network | None] = {}
         for axis, mine in pieces.items():
             if not mine:
                 self.networks[axis] = None
@@ -79,10 +101,10 @@ class AxisNetworks:
         self._call = {axis: sum(d.call_latency_s for d in net.dims) if net is not None else 0.0
                       for axis, net in self.networks.items()}
         """Per call on the axis: the call latency of every dimension it spans."""
-        self._times: dict[tuple[Axis, Collective, int], float] = {}
+        self._times: dict[tuple[Axis | DpPart, Collective, int], float] = {}
         self._p2p: dict[tuple[Axis, int], float] = {}
 
-    def collective(self, axis: Axis, collective: Collective, size_bytes: float) -> float:
+    def collective(self, axis: Axis | DpPart, collective: Collective, size_bytes: float) -> float:
         """Seconds for one collective over the axis's group (size as ASTRA-sim takes it: the
         per-rank input for all-gather, the whole tensor otherwise); 0 for a degree of 1."""
         network = self.networks[axis]
@@ -116,13 +138,15 @@ _per_network: PerNetwork[dict[tuple, AxisNetworks]] = PerNetwork(lambda _: {})
 
 
 def axis_networks(
-    network: Network, degrees: Mapping[Axis, int], placement: tuple[Axis, ...]
+    network: Network, degrees: Mapping[Axis, int], placement: tuple[Axis, ...],
+    dp_shard: int | None = None,
 ) -> AxisNetworks:
-    """The axis sub-networks of a placement, built once per Network object and placement."""
+    """The axis sub-networks of a placement, built once per Network object and placement (and
+    HSDP's ``dp_shard``: the dp ranks of a shard group, None without HSDP)."""
     per_network = _per_network(network)
-    key = (tuple(degrees[a] for a in Axis), placement)
+    key = (tuple(degrees[a] for a in Axis), placement, dp_shard)
     found = per_network.get(key)
     if found is None:
-        found = AxisNetworks(network, degrees, placement)
+        found = AxisNetworks(network, degrees, placement, dp_shard)
         per_network[key] = found
     return found

@@ -11,7 +11,7 @@ from simcore.megatron.calls import Call
 from simcore.megatron.checks import micro_batches
 from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
 from simcore.megatron.layers import LayerShape, layer_shape
-from simcore.megatron.placement import AxisNetworks, axis_networks
+from simcore.megatron.placement import AxisNetworks, DpPart, axis_networks
 from simcore.megatron.precision import FP8_BYTES
 from simcore.network import Collective
 from simcore.specs import Axis, Family, ModelSpec, Precision, Strategy, SystemSpec, TrainingSpec
@@ -39,7 +39,7 @@ class Comm:
     def __init__(self, nets: AxisNetworks, launch: float) -> None:
         self.nets, self.launch = nets, launch
 
-    def collective(self, axis: Axis, collective: Collective, size_bytes: float) -> float:
+    def collective(self, axis: Axis | DpPart, collective: Collective, size_bytes: float) -> float:
         t = self.nets.collective(axis, collective, size_bytes)
         return t + self.launch if t else 0.0
 
@@ -81,9 +81,14 @@ class StepPlan:
         """The linear layers run in FP8 (:mod:`simcore.megatron.precision`)."""
         self.dp_group = strategy.dp * strategy.sp
         """Ranks that hold the same weights and share the gradient reduction."""
+        self.hsdp = strategy.replicas > 1
+        """ZeRO-3 sharded over a shard group smaller than dp_group, replicated across."""
+        self.shard_ranks = strategy.shard_ranks if self.hsdp else self.dp_group
+        """Ranks ZeRO shards the model states over (the shard group under HSDP)."""
         degrees = {Axis.DP: strategy.dp, Axis.TP: strategy.tp, Axis.PP: strategy.pp,
                    Axis.SP: strategy.sp}
-        self.comm = Comm(axis_networks(system.network, degrees, strategy.placement),
+        dp_shard = self.shard_ranks // strategy.sp if self.hsdp else None
+        self.comm = Comm(axis_networks(system.network, degrees, strategy.placement, dp_shard),
                          device.collective_launch_s)
         s = strategy
         self.act: LayerActivations = _shared(

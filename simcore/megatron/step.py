@@ -20,7 +20,8 @@ Communication:
   distributed optimizer / ZeRO-1/2), in buckets during the last micro-batch's backward; the last
   bucket is always exposed.
 - fsdp (ZeRO-3): each layer's weights all-gathered before its forward and backward, its gradients
-  reduce-scattered after backward, prefetched behind the layer's compute.
+  reduce-scattered after backward, prefetched behind the layer's compute; under HSDP over the
+  shard group, and the gradient shards all-reduced across the replicas in the dp slot.
 
 Hiding is not free: while a collective runs beside compute the two share the SMs and HBM, and
 the compute slows by the device's ``overlap_slowdown`` (:func:`_hidden`). The exposed part of
@@ -55,6 +56,7 @@ from simcore.specs import (
     Axis,
     ModelSpec,
     Recompute,
+    Schedule,
     Strategy,
     SystemSpec,
     TrainingSpec,
@@ -134,7 +136,7 @@ def _layer(p: StepPlan) -> _Layer:
         recompute = tp_recompute = 0.0
 
     fsdp_fwd = fsdp_bwd = 0.0
-    if s.zero is ZeroStage.PARAMETERS and p.dp_group > 1:
+    if s.zero is ZeroStage.PARAMETERS and p.shard_ranks > 1:
         gathers, scatters = fsdp_layer_calls(p)
         gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
         fsdp_fwd = _hidden(p, gather, fwd)
@@ -152,6 +154,8 @@ class _Ends:
     head_fwd: float
     """LM head GEMM and the loss on fp32 logits."""
     head_bwd: float
+    head_wgrad: float = 0.0
+    """The LM head's weight-gradient GEMM (part of head_bwd): a zero-bubble schedule's W."""
 
 
 def _ends(p: StepPlan) -> _Ends:
@@ -168,7 +172,7 @@ def _ends(p: StepPlan) -> _Ends:
             c.gemm(h, model.vocab / t, p.tokens))
     head_fwd = head[0] + 2 * c.elementwise(logits / 2)
     head_bwd = head[1] + head[2] + c.elementwise(2 * logits)
-    return _Ends(embedding_fwd, embedding_bwd, head_fwd, head_bwd)
+    return _Ends(embedding_fwd, embedding_bwd, head_fwd, head_bwd, head[2])
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,8 @@ class _Stage:
     fsdp: float
     bwd: float
     """Backward of one micro-batch: the window the gradient reduction hides behind."""
+    wgrad: float = 0.0
+    """Its weight-gradient GEMMs (part of compute): the W pass of a zero-bubble schedule."""
 
     @property
     def time(self) -> float:
@@ -223,8 +229,9 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
     bwd = n * (layer.bwd_compute + layer.recompute + layer.tp_bwd)
     if first:
         bwd += ends.embedding_bwd
+    wgrad = n * p.kernels.wgrad + (ends.head_wgrad if last else 0.0)
     return _Stage(i, n, params, compute, tp, n * (layer.sp_fwd + layer.sp_bwd), sends,
-                  n * (layer.fsdp_fwd + layer.fsdp_bwd), bwd)
+                  n * (layer.fsdp_fwd + layer.fsdp_bwd), bwd, wgrad)
 
 
 def pp_send(p: StepPlan) -> float:
@@ -257,7 +264,7 @@ def _dp_time(p: StepPlan, stage: _Stage) -> tuple[float, float]:
 
 def _optimizer_time(p: StepPlan, stage: _Stage) -> float:
     tr = p.training
-    local = stage.params / (p.dp_group if p.s.zero >= ZeroStage.OPTIMIZER else 1)
+    local = stage.params / (p.shard_ranks if p.s.zero >= ZeroStage.OPTIMIZER else 1)
     per_param = (OPTIMIZER_STATE_PASSES * tr.bytes_per_param_optimizer + tr.bytes_per_param_grads
                  + tr.bytes_per_param_weights)
     return local * per_param / p.costs.byte_rate
@@ -285,7 +292,7 @@ def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
 def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryParts, float]:
     s, tr, model = p.s, p.training, p.model
     pp = s.pp if pp is None else pp
-    group = p.dp_group
+    group = p.shard_ranks  # the shard group under HSDP, else dp * sp
     zero = s.zero
     weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group)
     if p.fp8:
@@ -352,18 +359,19 @@ def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSp
     ends = _ends(p)
     stages = [(p, _stage(p, layer, ends, i)) for i in range(strategy.pp)]
     return assemble(model, training, stages, pp=strategy.pp, m=p.m, v=strategy.v,
-                    recompute=strategy.recompute,
+                    recompute=strategy.recompute, schedule=strategy.schedule,
                     peak_flops_per_s=system.device.peak_flops_per_s * strategy.devices)
 
 
 def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPlan, _Stage]], *,
              pp: int, m: int, v: int, recompute: Recompute,
-             peak_flops_per_s: float) -> Estimate:
+             peak_flops_per_s: float, schedule: Schedule = Schedule.ONE_F_ONE_B) -> Estimate:
     """The step from its stages, each with the plan it runs under (its device and links): the
     pipeline, the slowest stage's parts, the exposed gradient reduction and optimizer, and the
     stage whose memory comes closest to its device's HBM. ``peak_flops_per_s`` is the devices'
     sum, for MFU."""
-    pipe, slowest = pipeline_time([st.time for _, st in stages], m, v)
+    wgrads = [st.wgrad for _, st in stages] if schedule is Schedule.ZB_H1 else None
+    pipe, slowest = pipeline_time([st.time for _, st in stages], m, v, wgrads)
     critical = stages[slowest][1]
     dp_exposed = max(_dp_time(sp, st)[1] for sp, st in stages)
     optimizer = max(_optimizer_time(sp, st) for sp, st in stages)

@@ -47,7 +47,16 @@ from simcore.megatron.phases import OpTime, StagePhases, stage_phases
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.step import _ends, _layer, _optimizer_time, _stage, grad_buckets
 from simcore.megatron.step import _Stage as _StageSums
-from simcore.specs import Axis, ModelSpec, Recompute, Strategy, SystemSpec, TrainingSpec, ZeroStage
+from simcore.specs import (
+    Axis,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
 from simcore.stage._graph import Node, NodeKind, RankGraph
 from simcore.timeline import stage_order
 
@@ -252,7 +261,11 @@ class _Stage:
 def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                 strategy: Strategy) -> StepGraphs:
     """Every NPU's graph of one step (see the module docstring); raises ValueError when the plan
-    does not divide."""
+    does not divide, or when it holds what the graph does not write yet (HSDP's shard group,
+    the ZB-H1 schedule's separate weight-gradient passes)."""
+    if strategy.replicas > 1 or strategy.schedule is Schedule.ZB_H1:
+        raise ValueError("the step graph (Chakra, ASTRA-sim) does not write HSDP (shard_group)"
+                         " or schedule zb-h1 yet; it offers plain ZeRO-3 and 1f1b/interleaved")
     p = StepPlan(model, system, training, strategy)
     layer, ends = _layer(p), _ends(p)
     phases = stage_phases(model, system, training, strategy)

@@ -1,0 +1,134 @@
+"""Every plan of an exhaustive study as a row of a Parquet table beside the study, so a study of
+any size streams its results in bounded memory while its Optuna study keeps only what Optuna's
+users need (:data:`TRIALS_KEPT`).
+
+The table is a Parquet dataset: the folder ``<storage file>.<study>.parquet`` (journal and
+SQLite storages) of part files, one per chunk of plans, each written by a ``ParquetWriter`` as
+one row group, first under a hidden name then renamed: a part is there whole or not at all, so
+a run killed at any instant leaves a readable table (pandas, pyarrow and DuckDB read the folder
+as one table). The columns are those of ``planner trials``; ``number`` is the plan's row in the
+table (in the order written), ``state`` is ``COMPLETE``.
+
+The study says it has one in its user attribute ``results``:
+``{"parquet": path, "plans": N, "trials_kept": "all" | "front+best"}``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from planner.storage import is_url
+
+__all__ = ["ALL", "BEST_KEPT", "FRONT_BEST", "RESULTS", "TRIALS_KEPT", "ResultsTable",
+           "kept_numbers", "pareto_mask", "results_path"]
+
+RESULTS = "results"
+"""Study user attribute: where the study's table is, how many plans, which are trials."""
+ALL, FRONT_BEST = "all", "front+best"
+TRIALS_KEPT = 20_000
+"""Above this many valid plans, a study's Optuna trials are only the fronts and the best
+:data:`BEST_KEPT`. Why 20,000: an Optuna trial costs ~19-27 KB of memory once loaded and its
+journal is re-read from the first line on every batch written (issue 17: 96,096 trials took
+1.8 GB and 79 CPU-s, 310,272 trials did not finish in 8 GB), so 20,000 trials stay near 0.4 GB
+and ~15 s; every shipped study (13,176 plans at most) stays whole, as before."""
+BEST_KEPT = 1_000
+"""Feasible plans kept as trials by step time (beyond the fronts), for ``best --top``."""
+
+
+def results_path(label: str, study: str) -> Path | None:
+    """The table of a study in the storage ``label``: beside a journal or SQLite file; None
+    for a server database (PostgreSQL: every plan is a trial there, as before)."""
+    if is_url(label):
+        if not label.startswith("sqlite:///"):
+            return None
+        label = label.removeprefix("sqlite:///")
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", study)
+    return Path(f"{label}.{safe}.parquet")
+
+
+class ResultsTable:
+    """The Parquet dataset of one study's plans: appended a part at a time, read as a whole."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _parts(self) -> list[Path]:
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.glob("part-*.parquet"))
+
+    def rows(self) -> int:
+        """Rows written so far (from the parts' footers, reading no data)."""
+        return sum(pq.ParquetFile(p).metadata.num_rows for p in self._parts())
+
+    def plans(self) -> set[str]:
+        """The plans written so far (only the ``plan`` column is read)."""
+        parts = self._parts()
+        if not parts:
+            return set()
+        return set(pq.read_table(parts, columns=["plan"]).column("plan").to_pylist())
+
+    def append(self, frame: pd.DataFrame) -> None:
+        """``frame`` as the next part, one row group; numbered on from the rows written."""
+        if frame.empty:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        for stale in self.path.glob(".part-*"):  # left by a run killed while writing
+            stale.unlink()
+        parts = self._parts()
+        start = self.rows()
+        index = int(parts[-1].stem.removeprefix("part-")) + 1 if parts else 0
+        frame = frame.assign(number=np.arange(start, start + len(frame)), state="COMPLETE")
+        table = pa.Table.from_pandas(frame[["number", "state", *frame.columns[:-2]]],
+                                     preserve_index=False)
+        final = self.path / f"part-{index:06d}.parquet"
+        hidden = self.path / f".{final.name}.tmp"
+        with pq.ParquetWriter(hidden, table.schema) as writer:
+            writer.write_table(table, row_group_size=len(table))
+        os.replace(hidden, final)
+
+    def read(self, columns: list[str] | None = None, numbers: Any = None) -> pd.DataFrame:
+        """The table (or some columns; only the rows of ``numbers``), in row order."""
+        parts = self._parts()
+        if not parts:
+            return pd.DataFrame(columns=columns or [])
+        dataset = ds.dataset([str(p) for p in parts], format="parquet")
+        where = None if numbers is None else ds.field("number").isin(list(numbers))
+        df = dataset.to_table(columns=columns, filter=where).to_pandas()
+        return df.sort_values("number").reset_index(drop=True) if "number" in df else df
+
+
+def pareto_mask(step: np.ndarray, memory: np.ndarray) -> np.ndarray:
+    """Which points no other point dominates in (step time, memory), both minimised (a point
+    equal to a front point is on it too, as in Optuna's ``best_trials``)."""
+    if len(step) == 0:
+        return np.zeros(0, bool)
+    pairs, inverse = np.unique(np.stack([step, memory], axis=1), axis=0, return_inverse=True)
+    # pairs are sorted by step, then memory: a pair is dominated by an earlier one with less
+    # or equal memory (distinct pairs: the earlier is better in one figure at least)
+    earlier = np.minimum.accumulate(np.concatenate([[np.inf], pairs[:-1, 1]]))
+    return (pairs[:, 1] < earlier)[inverse.ravel()]
+
+
+def kept_numbers(df: pd.DataFrame, best: int = BEST_KEPT) -> np.ndarray:
+    """The rows of a big study kept as Optuna trials: the Pareto front in (step time, peak
+    memory) of every plan, that of the HBM-feasible plans, and the ``best`` feasible plans by
+    step time. ``df``: columns number, step_time_s, peak_memory_gb, feasible."""
+    step = df["step_time_s"].to_numpy()
+    memory = df["peak_memory_gb"].to_numpy()
+    feasible = df["feasible"].to_numpy(bool)
+    keep = pareto_mask(step, memory)
+    rows = np.flatnonzero(feasible)
+    keep[rows[pareto_mask(step[rows], memory[rows])]] = True
+    fastest = np.lexsort((df["number"].to_numpy()[rows], memory[rows], step[rows]))[:best]
+    keep[rows[fastest]] = True
+    return np.sort(df["number"].to_numpy()[keep])

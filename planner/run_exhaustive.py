@@ -1,0 +1,189 @@
+"""The exhaustive path of ``planner run`` (and ``sampler: random``, a fixed draw of plans):
+every plan estimated in chunks at once (:meth:`planner.record.Evaluator.frame`, numpy over the
+strategies), its row written to the study's results table (:mod:`planner.results_parquet`),
+then its trial recorded.
+
+Which plans become Optuna trials: every one when the study holds at most
+:data:`~planner.results_parquet.TRIALS_KEPT` plans (as before the table existed); beyond, the
+table holds every plan and, once all are estimated, the study gets the fronts and the best plans
+(:func:`~planner.results_parquet.kept_numbers`). The choice is stored with the study
+(``results``), so a resume makes the same one.
+
+Exactly once. A chunk's rows are written before its trials are recorded, and a resume reads
+which plans the table holds (its ``plan`` column) and which the study holds: it estimates only
+the plans missing from either, writes the rows the table lacks and records the trials the study
+lacks. Ctrl-C stops after the chunk's batch of trials being recorded; a SIGKILL loses at most a
+part being written (hidden until it is whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import optuna
+import pandas as pd
+from optuna.storages import BaseStorage
+from optuna.trial import TrialState
+
+from planner import results_parquet as rp
+from planner.plan import strategy_from_attrs
+from planner.record import Evaluator, frozen_trial
+from planner.run_common import StopRequest, _bar
+from planner.run_jobs import estimate_frames
+from planner.storage import PlannerRDBStorage, batched
+from planner.study_config import StudyConfig
+from search_spaces import LayoutEncoding, strategy_label
+from simcore.specs import Strategy
+
+__all__ = ["BATCH", "CHUNK", "exhaustive", "stored_plans"]
+
+BATCH = 512
+"""Trials per write to the study (one journal append, or one database transaction)."""
+CHUNK = 100_000
+"""Plans estimated at once and written as one part of the table: ~50 MB of arrays."""
+PARALLEL_MIN = 4_000
+"""Fewer plans than this are estimated in this process even with ``--jobs N``: starting the
+workers and shipping the strategies costs more than the estimate (~0.03 ms per plan)."""
+
+
+def stored_plans(study: optuna.Study, storage: BaseStorage) -> set[str]:
+    """The plans of the study's COMPLETE trials (on a database: one query for just them)."""
+    if isinstance(storage, PlannerRDBStorage):
+        return set(storage.user_attr_values(study._study_id, "plan", TrialState.COMPLETE))
+    return {t.user_attrs.get("plan")
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+
+
+def _mode(study: optuna.Study, storage: BaseStorage, table: rp.ResultsTable | None,
+          plans: int) -> str:
+    """Which plans become trials: the study's stored choice, else made now and stored (before
+    any row or trial). A study without a table, or begun before tables existed: all."""
+    stored = study.user_attrs.get(rp.RESULTS)
+    if stored:
+        return str(stored["trials_kept"])
+    if table is None or storage.get_n_trials(study._study_id) > 0:
+        return rp.ALL
+    mode = rp.FRONT_BEST if plans > rp.TRIALS_KEPT else rp.ALL
+    study.set_user_attr(rp.RESULTS, {"parquet": str(table.path), "plans": plans,
+                                     "trials_kept": mode})
+    return mode
+
+
+def exhaustive(study: optuna.Study, storage: BaseStorage, config: StudyConfig, label: str | None,
+               jobs: int, progress: bool, stop: StopRequest,
+               plans: Sequence[Strategy] | None = None) -> int:
+    """Estimate every valid strategy of the space (or ``plans``) not stored yet; returns the
+    trials recorded."""
+    strategies = config.space.valid if plans is None else plans
+    where = rp.results_path(label, study.study_name) if label else None
+    table = rp.ResultsTable(where) if where else None
+    mode = _mode(study, storage, table, len(strategies))
+    in_study = stored_plans(study, storage)
+    in_table = table.plans() if table else None
+    todo = _todo(strategies, in_study, in_table, mode)
+    run = _Recorder(study, storage, config, table, in_study, in_table, mode, stop)
+    with _bar(len(todo), progress, "estimating") as bar:
+        frames = _frames(config.evaluator(), todo, jobs)
+        try:
+            for chunk, frame in zip(_chunks(todo, _chunk_size(len(todo), jobs)), frames):
+                run.chunk(chunk, frame, bar)
+        except Exception:
+            if stop.requested:  # a worker hit by the terminal's Ctrl-C too
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            frames.close()  # the workers' pool, if any, ends with it
+    if mode == rp.FRONT_BEST and table is not None:
+        run.keep()
+    return run.added
+
+
+def _todo(strategies: Sequence[Strategy], in_study: set[str], in_table: set[str] | None,
+          mode: str) -> Sequence[Strategy]:
+    """The plans missing from the table, or (every plan a trial) from the study."""
+    if not in_study and not in_table:
+        return strategies  # a fresh study: no label to compute
+    need_trial = mode == rp.ALL
+
+    def missing(plan: str) -> bool:
+        return ((in_table is not None and plan not in in_table)
+                or (need_trial and plan not in in_study))
+
+    return [s for s in strategies if missing(strategy_label(s))]
+
+
+def _chunk_size(n: int, jobs: int) -> int:
+    if jobs <= 1 or n < PARALLEL_MIN:
+        return CHUNK
+    return max(1, min(CHUNK, -(-n // (2 * jobs))))
+
+
+def _chunks(items: Sequence[Strategy], size: int) -> Iterator[Sequence[Strategy]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _frames(evaluator: Evaluator, todo: Sequence[Strategy], jobs: int
+            ) -> Iterator[pd.DataFrame]:
+    chunks = _chunks(todo, _chunk_size(len(todo), jobs))
+    if jobs > 1 and len(todo) >= PARALLEL_MIN:
+        return estimate_frames(evaluator, list(chunks), jobs)
+    return (evaluator.frame(chunk) for chunk in chunks)
+
+
+class _Recorder:
+    """Writes each chunk's new rows, then records its new trials; then (a big study) the
+    kept trials."""
+
+    def __init__(self, study: optuna.Study, storage: BaseStorage, config: StudyConfig,
+                 table: rp.ResultsTable | None, in_study: set[str], in_table: set[str] | None,
+                 mode: str, stop: StopRequest) -> None:
+        self.study, self.storage, self.config = study, storage, config
+        self.table, self.in_study, self.in_table = table, in_study, in_table
+        self.mode, self.stop = mode, stop
+        self.evaluator = config.evaluator()
+        self.encoding = LayoutEncoding(config.space)
+        self.added = 0
+
+    def chunk(self, chunk: Sequence[Strategy], frame: pd.DataFrame, bar: object) -> None:
+        plan = frame["plan"]
+        if self.table is not None:
+            new = plan.isin(self.in_table) if self.in_table else np.zeros(len(frame), bool)
+            self.table.append(frame[~np.asarray(new)])
+        if self.mode != rp.ALL:
+            bar.update(len(frame))  # type: ignore[attr-defined]
+            self.stop.check()
+            return
+        rows = np.flatnonzero(~plan.isin(self.in_study).to_numpy())
+        for i in range(0, len(frame), BATCH):
+            mine = rows[(rows >= i) & (rows < i + BATCH)]
+            self._record(frame.iloc[mine], [chunk[j] for j in mine.tolist()])
+            bar.update(min(BATCH, len(frame) - i))  # type: ignore[attr-defined]
+            self.stop.check()
+
+    def _record(self, rows: pd.DataFrame, strategies: Sequence[Strategy]) -> None:
+        if rows.empty:
+            return
+        distributions = self.encoding.distributions
+        trials = [frozen_trial(r, self.encoding.params(s), distributions)
+                  for s, r in zip(strategies, self.evaluator.records(rows))]
+        if isinstance(self.storage, PlannerRDBStorage):
+            self.storage.add_trials_at_once(self.study._study_id, trials)
+        else:
+            with batched(self.storage):
+                self.study.add_trials(trials)
+        self.added += len(trials)
+
+    def keep(self) -> None:
+        """Record the kept plans the study does not hold yet, in the table's order."""
+        assert self.table is not None
+        figures = self.table.read(["number", "plan", "step_time_s", "peak_memory_gb",
+                                   "feasible"])
+        kept = rp.kept_numbers(figures, rp.BEST_KEPT)
+        plans = figures.set_index("number").loc[kept, "plan"]
+        missing = kept[~plans.isin(self.in_study).to_numpy()]
+        rows = self.table.read(numbers=missing)
+        for i in range(0, len(rows), BATCH):
+            part = rows.iloc[i:i + BATCH]
+            self._record(part, [strategy_from_attrs(a) for a in part.to_dict("records")])

@@ -1,0 +1,92 @@
+"""Zero-bubble ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv:2401.10241,
+section 3.1): the backward split into B (input gradients) and W (weight gradients, the layer's
+wgrad GEMMs); the bubble is ``(p-1)(T_F + T_B - T_W)`` against 1F1B's
+``(p-1)(T_F + T_B + T_W)``, and the peak activation memory is 1F1B's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import simcore
+from planner.catalog import load_catalog
+from search_spaces.frameworks import why_not
+from search_spaces.space import StrategySpace
+from simcore.megatron.batched import estimate_many
+from simcore.megatron.pipeline import in_flight, pipeline_time
+from simcore.megatron.plan import StepPlan
+from simcore.specs import Convention, Recompute, Schedule, Strategy, TrainingSpec, ZeroStage
+
+CATALOG = load_catalog()
+MODEL = CATALOG.model("llama3-70b")
+SYSTEM = CATALOG.system("dgx-h100-1024")
+TRAINING = TrainingSpec(global_batch=512, seq_len=8192)
+ONE_F_ONE_B = Strategy(dp=32, tp=8, pp=4, recompute=Recompute.SELECTIVE,
+                       zero=ZeroStage.OPTIMIZER)
+ZB = replace(ONE_F_ONE_B, schedule=Schedule.ZB_H1)
+
+
+def test_pipeline_time_is_the_papers_closed_form() -> None:
+    t_f, t_b, t_w, p, m = 1.0, 1.2, 0.9, 8, 32
+    t = t_f + t_b + t_w
+    zb, _ = pipeline_time([t] * p, m, 1, [t_w] * p)
+    assert zb == pytest.approx(m * t + (p - 1) * (t_f + t_b - t_w), rel=1e-12)
+    one_f_one_b, _ = pipeline_time([t] * p, m, 1)
+    assert one_f_one_b == pytest.approx(m * t + (p - 1) * (t_f + t_b + t_w), rel=1e-12)
+    # the bubble shrinks by 2 (p - 1) T_W
+    assert one_f_one_b - zb == pytest.approx(2 * (p - 1) * t_w, rel=1e-12)
+
+
+def test_in_flight_memory_is_1f1b() -> None:
+    for stage in range(4):
+        assert in_flight(Schedule.ZB_H1, stage, 4, 16, 1) == in_flight(
+            Schedule.ONE_F_ONE_B, stage, 4, 16, 1)
+    zb = simcore.estimate(MODEL, SYSTEM, TRAINING, ZB)
+    base = simcore.estimate(MODEL, SYSTEM, TRAINING, ONE_F_ONE_B)
+    assert zb.memory == base.memory and zb.stages[0].in_flight == base.stages[0].in_flight
+
+
+def test_estimate_bubble_uses_the_layers_wgrad_gemms() -> None:
+    zb = simcore.estimate(MODEL, SYSTEM, TRAINING, ZB)
+    base = simcore.estimate(MODEL, SYSTEM, TRAINING, ONE_F_ONE_B)
+    p = StepPlan(MODEL, SYSTEM, TRAINING, ZB)
+    layers = MODEL.layers // ZB.pp
+    # three of the four stages add their drain less 2 T_W each; the slowest (last: LM head)
+    # paces the steady state, so the W saved is that of the three others (20 layers each)
+    assert zb.stages[-1].micro_batch_time == max(st.micro_batch_time for st in zb.stages)
+    saved = 2 * 3 * layers * p.kernels.wgrad
+    assert base.time.bubble - zb.time.bubble == pytest.approx(saved, rel=1e-9)
+    assert zb.step_time < base.step_time
+
+
+def test_zb_h1_needs_a_pipeline() -> None:
+    with pytest.raises(ValueError, match="zb-h1 needs pp >= 2"):
+        simcore.check(MODEL, SYSTEM, TRAINING, replace(ZB, dp=128, pp=1))
+
+
+def test_frameworks_refuse_zb_h1() -> None:
+    assert "Megatron-LM has no zero-bubble" in why_not("megatron", MODEL, TRAINING, ZB)
+    assert "2+ stages per rank" in why_not("torchtitan", MODEL, TRAINING, ZB)
+    assert "only 1f1b" in why_not("deepspeed", MODEL, TRAINING, ZB)
+    assert why_not("any", MODEL, TRAINING, ZB) is None
+
+
+def test_space_and_batched_estimate() -> None:
+    space = StrategySpace(model=MODEL, system=SYSTEM, training=TRAINING,
+                          convention=Convention.MEGATRON, tp=(8,), pp=(1, 2, 4),
+                          zero=(ZeroStage.OPTIMIZER,), recompute=(Recompute.SELECTIVE,),
+                          schedule=(Schedule.ONE_F_ONE_B, Schedule.ZB_H1))
+    valid = space.valid
+    assert {(s.pp, s.schedule) for s in valid} == {
+        (1, Schedule.ONE_F_ONE_B), (2, Schedule.ONE_F_ONE_B), (4, Schedule.ONE_F_ONE_B),
+        (2, Schedule.ZB_H1), (4, Schedule.ZB_H1)}
+    assert set(valid) == {s for s in space.candidates() if space.reason_invalid(s) is None}
+    assert not StrategySpace(model=MODEL, system=SYSTEM, training=TRAINING,
+                             convention=Convention.MEGATRON, tp=(8,), pp=(4,),
+                             schedule=(Schedule.ZB_H1,), framework="megatron").valid
+    batch = estimate_many(MODEL, SYSTEM, TRAINING, valid)
+    for i, s in enumerate(valid):
+        e = simcore.estimate(MODEL, SYSTEM, TRAINING, s)
+        assert batch.step_time[i] == e.step_time and batch.time.bubble[i] == e.time.bubble

@@ -8,8 +8,12 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``micro_batch``, and at least one of ``step_time_s`` and ``peak_memory_gb`` (decimal GB);
 - optional: ``sp`` (context parallel, 1), ``zero`` (0-3 or ``fsdp``; 0), ``recompute`` (none,
   selective, full; none), ``sequence_parallel`` (true/false; true), ``schedule`` (1f1b, gpipe,
-  interleaved; interleaved when ``v`` > 1, else 1f1b), ``v`` (1), ``placement`` (axes innermost
-  first, e.g. ``tp-sp-dp-pp``; commas need the field quoted), ``flash_attention`` (true/false;
+  interleaved, zb-h1; interleaved when ``v`` > 1, else 1f1b), ``v`` (1), ``placement`` (axes
+  innermost first, e.g. ``tp-sp-dp-pp``; commas need the field quoted), ``precision`` (bf16,
+  fp8; bf16), ``first_stage_layers`` and ``last_stage_layers`` (uneven pipeline stages, as
+  Megatron-LM's ``--decoder-first/last-pipeline-num-layers``; empty: an equal share),
+  ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp),
+  ``flash_attention`` (true/false;
   the model's and device's default), ``overlap_grad_reduce`` (true), ``grad_bytes`` (2),
   ``name``; ``source`` and ``notes`` are kept for people and not read.
 
@@ -35,6 +39,7 @@ from planner.inputs import read_text
 from simcore.specs import (
     Axis,
     ModelSpec,
+    Precision,
     Recompute,
     Schedule,
     Strategy,
@@ -48,6 +53,7 @@ __all__ = ["MeasuredRun", "SkippedRun", "read_runs", "REQUIRED", "MEASURED", "OP
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
 MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
+            "precision", "first_stage_layers", "last_stage_layers", "shard_group",
             "flash_attention", "overlap_grad_reduce", "grad_bytes", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
@@ -105,6 +111,11 @@ def _integer(row: dict[str, str], key: str, default: int | None = None) -> int:
     if not value.is_integer() or not 1 <= value <= MAX_INTEGER:
         raise _RowError(f"{key}={text!r} must be a whole number >= 1")
     return int(value)
+
+
+def _optional_integer(row: dict[str, str], key: str) -> int | None:
+    """A whole number >= 1, or None where the cell is empty (uneven stages, HSDP)."""
+    return _integer(row, key) if row.get(key, "") else None
 
 
 def _positive(row: dict[str, str], key: str) -> float | None:
@@ -178,6 +189,10 @@ def _strategy(row: dict[str, str]) -> Strategy:
             zero=_zero(row), recompute=_enum(row, "recompute", Recompute, Recompute.NONE),
             micro_batch=_integer(row, "micro_batch"),
             schedule=_enum(row, "schedule", Schedule, default_schedule), v=v, **_placement(row),
+            precision=_enum(row, "precision", Precision, Precision.BF16),
+            first_stage_layers=_optional_integer(row, "first_stage_layers"),
+            last_stage_layers=_optional_integer(row, "last_stage_layers"),
+            shard_group=_optional_integer(row, "shard_group"),
         )
     except ValueError as e:
         if isinstance(e, _RowError):

@@ -153,3 +153,35 @@ def test_convention_the_model_cannot_use_is_one_line(capsys, model, convention) 
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
     assert f"--convention {convention}: model {model}" in err and "cannot use it" in err
+
+
+def test_fp8_hsdp_and_uneven_stages_are_flags_equal_to_the_python_api(capsys) -> None:
+    # Issue 18: the held-out runs that use FP8, HSDP or uneven stages must be expressible through
+    # `planner estimate` as through simcore.estimate; the estimate is the API's, figure for figure
+    import simcore
+    from planner.catalog import load_catalog
+    from simcore.specs import Precision, Strategy, TrainingSpec, ZeroStage
+
+    catalog = load_catalog()
+    args = ["estimate", "--model", "llama3-70b", "--system", "dgx-h100-1024", "--tp", "8",
+            "--pp", "4", "--zero", "3", "--shard-group", "16", "--first-stage-layers", "19",
+            "--last-stage-layers", "19", "--precision", "fp8", "--global-batch", "1024"]
+    code, out, _ = run(capsys, *args, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert {k: data["strategy"][k] for k in ("shard_group", "first_stage_layers",
+                                             "last_stage_layers", "precision")} == {
+        "shard_group": 16, "first_stage_layers": 19, "last_stage_layers": 19, "precision": "fp8"}
+    s = Strategy(dp=32, tp=8, pp=4, zero=ZeroStage.PARAMETERS, shard_group=16,
+                 first_stage_layers=19, last_stage_layers=19, precision=Precision.FP8)
+    est = simcore.estimate(catalog.model("llama3-70b"), catalog.system("dgx-h100-1024"),
+                           TrainingSpec(global_batch=1024, seq_len=8192), s)
+    assert data["step_time"] == est.step_time and data["peak_memory"] == est.memory.total
+    code, out, _ = run(capsys, *args)
+    assert "HSDP shard group 16" in out and "first 19, last 19 layers" in out and "fp8" in out
+
+
+def test_a_shard_group_without_zero_3_is_one_line(capsys) -> None:
+    code, _, err = run(capsys, "estimate", "--model", "llama3-70b", "--system", "dgx-h100-1024",
+                       "--tp", "8", "--zero", "1", "--shard-group", "16", "--global-batch", "1024")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "needs zero=3" in err

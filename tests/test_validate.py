@@ -77,6 +77,28 @@ def test_rows_read_into_specs_with_the_optional_columns(tmp_path: Path) -> None:
     assert (run.step_time_s, run.peak_memory_gb) == (1.5, 40.0)
 
 
+def test_fp8_uneven_stages_and_hsdp_columns(tmp_path: Path) -> None:
+    # Issue 18: runs in FP8, with uneven pipeline stages or HSDP can be validated
+    path = _write(tmp_path, HEADER + ",zero,precision,first_stage_layers,last_stage_layers,"
+                  "shard_group,schedule,step_time_s",
+                  "r1,llama3-70b,dgx-h100-1024,1024,8192,32,8,4,1,3,fp8,19,19,16,zb-h1,9",
+                  "r2,llama3-70b,dgx-h100-1024,1024,8192,32,8,4,1,1,,,,,,9")
+    (hsdp, plain), skipped = read_runs(path, load_catalog())
+    assert skipped == []
+    s = hsdp.strategy
+    assert (s.precision.value, s.first_stage_layers, s.last_stage_layers, s.shard_group,
+            s.schedule.value) == ("fp8", 19, 19, 16, "zb-h1")
+    p = plain.strategy
+    assert (p.precision.value, p.first_stage_layers, p.shard_group) == ("bf16", None, None)
+
+
+def test_a_shard_group_without_zero_3_is_a_skipped_row(tmp_path: Path) -> None:
+    path = _write(tmp_path, HEADER + ",zero,shard_group,step_time_s",
+                  "r1,llama3-70b,dgx-h100-1024,1024,8192,128,8,1,1,1,16,9")
+    runs, (skip,) = read_runs(path, load_catalog())
+    assert runs == [] and "needs zero=3" in skip.reason
+
+
 def test_model_yaml_path_relative_to_the_csv(tmp_path: Path) -> None:
     (tmp_path / "tiny.yaml").write_text(
         "tiny: {family: gpt, layers: 4, hidden: 256, ffn_hidden: 1024, heads: 4, vocab: 1000,"

@@ -20,6 +20,7 @@ from simcore.specs import (
     Convention,
     Family,
     ModelSpec,
+    Precision,
     Recompute,
     Schedule,
     Strategy,
@@ -77,6 +78,16 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--v", type=int, default=1, help="model chunks per device (interleaved)")
     g.add_argument("--placement", default="tp,sp,dp,pp",
                    help="axes onto network dimensions, innermost first (default tp,sp,dp,pp)")
+    g.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
+                   help="bf16 (default) or fp8 GEMMs (Transformer Engine)")
+    g.add_argument("--first-stage-layers", type=int, metavar="N",
+                   help="layers on the first pipeline stage (Megatron-LM's"
+                   " --decoder-first-pipeline-num-layers; default: an equal share)")
+    g.add_argument("--last-stage-layers", type=int, metavar="N",
+                   help="layers on the last pipeline stage (default: an equal share)")
+    g.add_argument("--shard-group", type=int, metavar="N",
+                   help="HSDP: ranks of a ZeRO-3 shard group, replicated across the rest of"
+                   " dp x sp (needs --zero 3; default: shard over all of them)")
     t = parser.add_argument_group("training")
     t.add_argument("--global-batch", type=positive_int, help="sequences per step (required)")
     t.add_argument("--seq-len", type=positive_int, help="sequence length (default: the model's)")
@@ -88,7 +99,8 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " gradients as Megatron-LM keeps them)")
 
 
-DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v")
+DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
+                "last_stage_layers", "shard_group")
 """Flags that take a degree or a count: each must be >= 1 when given."""
 
 
@@ -117,6 +129,8 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
             zero=ZeroStage.PARAMETERS if args.fsdp else ZeroStage(args.zero),
             recompute=Recompute(args.recompute), micro_batch=args.micro_batch,
             schedule=Schedule(args.schedule), v=args.v, placement=_placement(args.placement),
+            precision=Precision(args.precision), first_stage_layers=args.first_stage_layers,
+            last_stage_layers=args.last_stage_layers, shard_group=args.shard_group,
         )
     except ValueError as e:
         raise PlannerUsageError(f"strategy: {e}") from None
@@ -227,4 +241,11 @@ def _describe(s: Strategy) -> str:
              f"recompute {s.recompute.value}"]
     if s.zero:
         parts.append("FSDP" if s.zero is ZeroStage.PARAMETERS else f"ZeRO-{int(s.zero)}")
+    if s.shard_group is not None:
+        parts.append(f"HSDP shard group {s.shard_group}")
+    if s.uneven:
+        parts.append(f"stages: first {s.first_stage_layers or 'even'},"
+                     f" last {s.last_stage_layers or 'even'} layers")
+    if s.precision is not Precision.BF16:
+        parts.append(s.precision.value)
     return ", ".join(parts)

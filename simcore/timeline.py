@@ -20,7 +20,14 @@ Schedules (Narayanan et al. 2021, arXiv:2104.04473, section 2.2):
   (``megatron/core/pipeline_parallel/schedules.py``): forwards go through the chunks in groups
   of p micro-batches (chunk 0 of micro-batches 0..p-1, chunk 1 of the same, ..., then the next
   group), backwards the same with the chunks reversed; stage i warms up with
-  ``min(2 (p - i - 1) + (v - 1) p, m v)`` forwards, then 1F1B, then cool-down.
+  ``min(2 (p - i - 1) + (v - 1) p, m v)`` forwards, then 1F1B, then cool-down;
+- ``zb-h1`` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv:2401.10241, section 3.1):
+  each backward split into B (input gradients, which the previous stage waits for) and W (weight
+  gradients, which nothing waits for); stage i runs 1F1B's forwards and B passes and its W passes
+  ``i`` micro-batches late (W of micro-batch j after B of micro-batch j + i), the rest at the
+  end. Stage i then holds at most ``(p - i) + i = p`` micro-batches, 1F1B's peak, and with
+  per-micro-batch times F, B, W on every stage the schedule ends at
+  ``m (F + B + W) + (p - 1)(F + B - W)``, the paper's bubble and the estimate's closed form.
 
 With equal stages and forward / backward times f and b per micro-batch (f/v and b/v per chunk)
 the schedule ends at ``(m + p - 1)(f + b)`` for GPipe and 1F1B and ``(m + (p - 1)/v)(f + b)``
@@ -68,10 +75,10 @@ __all__ = [
 ]
 
 PHASES = ("forward", "backward", "recompute", "tp", "sp", "fsdp", "p2p", "dp", "dp overlapped",
-          "optimizer", "compute", "comm")
+          "optimizer", "compute", "comm", "weight grad")
 """What a span of the timeline is; ``Timeline.phase`` indexes this tuple. ``dp overlapped`` is
 the gradient reduction hidden behind the last backward, ``compute`` and ``comm`` the ``stage``
-convention's two totals."""
+convention's two totals, ``weight grad`` a zero-bubble schedule's W pass."""
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}
 
@@ -79,14 +86,23 @@ _PHASE = {name: i for i, name in enumerate(PHASES)}
 # -- the order of ops on one stage ------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class StageOrder:
-    """The ops of one stage in the order it runs them (arrays of equal length 2 m v)."""
+    """The ops of one stage in the order it runs them (arrays of equal length: 2 m v, or 3 m for
+    a zero-bubble schedule)."""
 
     backward: np.ndarray
-    """True for a backward, False for a forward."""
+    """True for a backward (for zb-h1: its input-gradient pass B)."""
     chunk: np.ndarray
     micro_batch: np.ndarray
     warmup: int
     """Forwards before the steady one-forward-one-backward phase (all of them for GPipe)."""
+    wgrad: np.ndarray | None = None
+    """zb-h1: True for a weight-gradient pass W (neither a forward nor a B); None otherwise."""
+
+    @property
+    def kind(self) -> np.ndarray:
+        """0 forward, 1 backward (B), 2 weight gradient (W)."""
+        kind = self.backward.astype(np.intp)
+        return kind if self.wgrad is None else np.where(self.wgrad, 2, kind)
 
 
 def _chunk_table(m: int, v: int, group: int) -> tuple[np.ndarray, np.ndarray]:
@@ -122,12 +138,40 @@ def _interleave(warmup: int, total: int) -> tuple[np.ndarray, np.ndarray]:
     return backward, index
 
 
+def _zero_bubble_order(stage: int, pp: int, m: int) -> StageOrder:
+    """ZB-H1 (module docstring): 1F1B's forwards and B passes, each W ``stage`` micro-batches
+    after its B, the W passes left over at the end."""
+    ops = _interleave(min(pp - stage - 1, m), m)
+    kinds: list[int] = []
+    micro: list[int] = []
+    done = 0  # W passes run so far
+    backwards = 0
+    for is_backward, index in zip(*ops):
+        kinds.append(int(is_backward))
+        micro.append(int(index))
+        if is_backward:
+            backwards += 1
+            if backwards - 1 - stage >= done:  # W of micro-batch (this B's - stage)
+                kinds.append(2)
+                micro.append(done)
+                done += 1
+    kinds += [2] * (m - done)
+    micro += list(range(done, m))
+    kind = np.array(kinds)
+    return StageOrder(kind == 1, np.zeros(len(kind), np.intp), np.array(micro, np.intp),
+                      min(pp - stage - 1, m), kind == 2)
+
+
 def stage_order(schedule: Schedule, stage: int, pp: int, m: int, v: int = 1) -> StageOrder:
     """The forwards and backwards stage ``stage`` of ``pp`` runs for ``m`` micro-batches and
     ``v`` model chunks, in the order ``schedule`` runs them (see the module docstring)."""
     if not (0 <= stage < pp and m >= 1 and v >= 1):
         raise ValueError(f"need 0 <= stage < pp, m >= 1 and v >= 1, but got stage={stage},"
                          f" pp={pp}, m={m}, v={v}")
+    if schedule is Schedule.ZB_H1:
+        if v != 1:
+            raise ValueError(f"zb-h1 runs one model chunk per stage, but got v={v}")
+        return _zero_bubble_order(stage, pp, m)
     group = m if schedule is Schedule.GPIPE else pp
     micro, chunk = _chunk_table(m, v, group)
     total = m * v
@@ -154,6 +198,12 @@ class PipelineOps:
     end: np.ndarray
     sweeps: int
     """Down-and-up sweeps the fixed point took."""
+    kind: np.ndarray | None = None
+    """0 forward, 1 backward (B), 2 weight gradient (W, zb-h1 only); None: ``backward``."""
+
+    @property
+    def kinds(self) -> np.ndarray:
+        return self.backward.astype(np.intp) if self.kind is None else self.kind
 
     @property
     def makespan(self) -> float:
@@ -170,14 +220,14 @@ def _dependencies(order: list[StageOrder], pp: int, m: int, v: int) -> np.ndarra
     (chunk c on stage 0: chunk c-1 on the last stage); a backward the next stage's (chunk c on
     the last stage: chunk c+1 on stage 0). The last chunk's backward on the last stage needs its
     own forward, which comes earlier on the same stage anyway."""
-    n = 2 * m * v
-    kind = np.stack([o.backward for o in order]).astype(np.intp)
+    kind = np.stack([o.kind for o in order])
+    n = kind.shape[1]
     chunk = np.stack([o.chunk for o in order])
     micro = np.stack([o.micro_batch for o in order])
     stage = np.broadcast_to(np.arange(pp)[:, None], kind.shape)
-    where = np.empty((pp, 2, v, m), np.intp)
+    where = np.empty((pp, 3, v, m), np.intp)
     where[stage, kind, chunk, micro] = stage * n + np.arange(n)[None, :]
-    needs = np.full((pp, 2, v, m), -1, np.intp)
+    needs = np.full((pp, 3, v, m), -1, np.intp)  # a W needs only its own B, run before it
     needs[1:, 0] = where[:-1, 0]
     needs[0, 0, 1:] = where[pp - 1, 0, :-1]
     needs[:-1, 1] = where[1:, 1]
@@ -186,23 +236,27 @@ def _dependencies(order: list[StageOrder], pp: int, m: int, v: int) -> np.ndarra
 
 
 def schedule_pipeline(schedule: Schedule, forward: np.ndarray, backward: np.ndarray,
-                      m: int) -> PipelineOps:
+                      m: int, wgrad: np.ndarray | None = None) -> PipelineOps:
     """Earliest start and end of every op when stage i's forward of chunk c lasts
     ``forward[i, c]`` and its backward ``backward[i, c]`` (arrays of shape (pp, v); each op's
-    time includes the exchange with its neighbour), for ``m`` micro-batches."""
+    time includes the exchange with its neighbour), for ``m`` micro-batches. For zb-h1,
+    ``wgrad[i, c]`` is the part of the backward its W pass takes (the B pass the rest)."""
     forward, backward = np.asarray(forward, float), np.asarray(backward, float)
     if forward.ndim != 2 or forward.shape != backward.shape:
         raise ValueError("forward and backward must both have shape (pp, v)")
     pp, v = forward.shape
+    zero_bubble = schedule is Schedule.ZB_H1
+    w = np.zeros_like(backward) if wgrad is None or not zero_bubble else np.asarray(wgrad, float)
     order = [stage_order(schedule, i, pp, m, v) for i in range(pp)]
     needs = _dependencies(order, pp, m, v)
     rows = np.arange(pp)[:, None]
-    is_bwd = np.stack([o.backward for o in order])
+    kind = np.stack([o.kind for o in order])
     chunk = np.stack([o.chunk for o in order])
-    time = np.where(is_bwd, backward[rows, chunk], forward[rows, chunk])
+    per_kind = np.stack([forward, backward - w, w])  # (kind, pp, v)
+    time = per_kind[kind, rows, chunk]
     end, sweeps = _fixed_point(time, needs)
-    return PipelineOps(is_bwd, chunk, np.stack([o.micro_batch for o in order]), end - time, end,
-                       sweeps)
+    return PipelineOps(kind == 1, chunk, np.stack([o.micro_batch for o in order]), end - time,
+                       end, sweeps, kind if zero_bubble else None)
 
 
 def _fixed_point(time: np.ndarray, needs: np.ndarray) -> tuple[np.ndarray, int]:
@@ -305,14 +359,16 @@ _OP_PARTS = ("recompute", "compute", "tp", "sp", "fsdp", "p2p")
 
 def _pipeline_spans(spans: _Spans, ops: PipelineOps, parts: np.ndarray) -> None:
     """Every op's parts as spans: compute on the stage's row (2 i), communication on its
-    communication row (2 i + 1). ``parts`` has shape (pp, 2, v, len(_OP_PARTS))."""
+    communication row (2 i + 1). ``parts`` has shape (pp, kinds, v, len(_OP_PARTS)): kinds
+    forward, backward and (zb-h1) weight gradient."""
     pp = ops.start.shape[0]
     stage = np.broadcast_to(np.arange(pp)[:, None], ops.start.shape).ravel()
-    kind = ops.backward.ravel().astype(np.intp)
+    kind = ops.kinds.ravel()
     chunk, micro = ops.chunk.ravel(), ops.micro_batch.ravel()
     times = parts[stage, kind, chunk]  # (ops, parts)
     starts = ops.start.ravel()[:, None] + np.cumsum(times, axis=1) - times
-    compute_phase = np.where(kind == 1, _PHASE["backward"], _PHASE["forward"])
+    compute_phase = np.array([_PHASE["forward"], _PHASE["backward"],
+                              _PHASE["weight grad"]])[kind]
     for j, name in enumerate(_OP_PARTS):
         if name == "compute":
             phase, row = compute_phase, 2 * stage
@@ -352,8 +408,14 @@ def _megatron_timeline(model: ModelSpec, system: SystemSpec, training: TrainingS
     m, v, pp = micro_batches(training, strategy), strategy.v, strategy.pp
     parts = np.array([[[[getattr(op, name) for name in _OP_PARTS] for op in ops]
                        for ops in (st.forward, st.backward)] for st in phases])
+    wgrad = np.array([[op.wgrad for op in st.backward] for st in phases])
+    if strategy.schedule is Schedule.ZB_H1:  # the W pass apart from the rest of the backward
+        w_parts = np.zeros_like(parts[:, 1])
+        w_parts[..., _OP_PARTS.index("compute")] = wgrad
+        parts = np.stack([parts[:, 0], parts[:, 1] - w_parts, w_parts], axis=1)
     totals = parts.sum(axis=3)
-    ops = schedule_pipeline(strategy.schedule, totals[:, 0], totals[:, 1], m)
+    ops = schedule_pipeline(strategy.schedule, totals[:, 0], totals[:, 1:].sum(axis=1), m,
+                            wgrad)
     spans = _Spans()
     _pipeline_spans(spans, ops, parts)
     flush = ops.makespan
@@ -367,7 +429,9 @@ def _megatron_timeline(model: ModelSpec, system: SystemSpec, training: TrainingS
     equal = "" if max(stage_times) - min(stage_times) <= 1e-12 * max(stage_times) else (
         " Stages differ (embedding, LM head), so the schedule's end may differ slightly from the"
         " estimate's closed form m*max + (sum-max)/v; the estimate is unchanged.")
-    note = (f"{strategy.schedule} schedule, p={pp}, v={v}, m={m}: forward/backward per"
+    passes = ("forward, backward (input gradients) and weight-gradient passes" if
+              strategy.schedule is Schedule.ZB_H1 else "forward/backward")
+    note = (f"{strategy.schedule} schedule, p={pp}, v={v}, m={m}: {passes} per"
             " micro-batch and chunk with exposed tp/sp/fsdp and p2p drawn after each op's"
             " compute; then the exposed dp reduction and the optimizer." + equal)
     return Timeline("megatron", str(strategy.schedule), pp, v, m, rows, **cols,

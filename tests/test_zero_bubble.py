@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import simcore
@@ -18,6 +19,7 @@ from simcore.megatron.batched import estimate_many
 from simcore.megatron.pipeline import in_flight, pipeline_time
 from simcore.megatron.plan import StepPlan
 from simcore.specs import Convention, Recompute, Schedule, Strategy, TrainingSpec, ZeroStage
+from simcore.timeline import schedule_pipeline, stage_order, step_timeline
 
 CATALOG = load_catalog()
 MODEL = CATALOG.model("llama3-70b")
@@ -90,3 +92,53 @@ def test_space_and_batched_estimate() -> None:
     for i, s in enumerate(valid):
         e = simcore.estimate(MODEL, SYSTEM, TRAINING, s)
         assert batch.step_time[i] == e.step_time and batch.time.bubble[i] == e.time.bubble
+
+
+# -- the timeline: ZB-H1's order, run by the discrete-event schedule --------------------------
+def _in_flight_peak(order) -> int:
+    """Micro-batches a stage holds at most: forwards run minus W passes run (a micro-batch's
+    activations are needed until its weight gradients are done)."""
+    held = np.cumsum(np.where(order.kind == 0, 1, 0) - np.where(order.kind == 2, 1, 0))
+    return int(held.max())
+
+
+@pytest.mark.parametrize(("t_f", "t_b", "t_w", "p", "m"),
+                         [(1.0, 1.2, 0.9, 4, 8), (1.0, 2.0, 1.0, 8, 32), (1.0, 1.0, 0.5, 4, 16)])
+def test_timeline_ends_at_the_papers_closed_form(t_f, t_b, t_w, p, m) -> None:
+    # Qi et al. section 3.1: m (T_F + T_B + T_W) + (p - 1)(T_F + T_B - T_W) with m >= p
+    ops = schedule_pipeline(Schedule.ZB_H1, np.full((p, 1), t_f), np.full((p, 1), t_b + t_w),
+                            m, np.full((p, 1), t_w))
+    assert ops.makespan == pytest.approx(m * (t_f + t_b + t_w) + (p - 1) * (t_f + t_b - t_w),
+                                         rel=1e-12)
+    one_f_one_b = schedule_pipeline(Schedule.ONE_F_ONE_B, np.full((p, 1), t_f),
+                                    np.full((p, 1), t_b + t_w), m)
+    assert one_f_one_b.makespan - ops.makespan == pytest.approx(2 * (p - 1) * t_w, rel=1e-12)
+
+
+def test_every_stage_holds_at_most_1f1bs_peak_of_p_micro_batches() -> None:
+    p, m = 8, 32
+    for i in range(p):
+        order = stage_order(Schedule.ZB_H1, i, p, m)
+        assert sorted(order.micro_batch[order.kind == 2]) == list(range(m))  # every W once
+        assert _in_flight_peak(order) <= p
+        # each W after its own B
+        b_at = {int(k): j for j, k in enumerate(order.micro_batch) if order.kind[j] == 1}
+        assert all(j > b_at[int(k)] for j, k in enumerate(order.micro_batch)
+                   if order.kind[j] == 2)
+    assert _in_flight_peak(stage_order(Schedule.ZB_H1, 0, p, m)) == p  # stage 0, as 1F1B
+
+
+def test_step_timeline_draws_the_w_passes_and_tracks_the_estimate() -> None:
+    zb = step_timeline(MODEL, SYSTEM, TRAINING, ZB)
+    base = step_timeline(MODEL, SYSTEM, TRAINING, ONE_F_ONE_B)
+    m = TRAINING.global_batch // (ZB.dp * ZB.micro_batch)
+    w = np.array(zb.phase_names) == "weight grad"
+    assert w.sum() == m * ZB.pp
+    p = StepPlan(MODEL, SYSTEM, TRAINING, ZB)
+    layers = MODEL.layers // ZB.pp
+    assert zb.duration[w & (zb.stage == 0)] == pytest.approx(layers * p.kernels.wgrad, rel=1e-9)
+    assert zb.end < base.end
+    # the stages differ (embedding, LM head), so the schedule may end a little before the
+    # estimate's closed form, never after it
+    estimate = simcore.estimate(MODEL, SYSTEM, TRAINING, ZB).step_time
+    assert estimate * 0.99 <= zb.end <= estimate * (1 + 1e-12)

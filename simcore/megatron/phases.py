@@ -32,6 +32,9 @@ class OpTime:
     p2p: float = 0.0
     """The pipeline point-to-point exchange of this op: the estimate charges every stage one per
     forward and one per backward per chunk (Megatron-LM's blocking send/receive pairs)."""
+    wgrad: float = 0.0
+    """Backward only: the weight-gradient GEMMs within ``compute``, which a zero-bubble schedule
+    runs as a pass of its own (W)."""
 
     @property
     def total(self) -> float:
@@ -71,8 +74,8 @@ def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends,
     fwd = [OpTime(compute=k * layer.fwd_compute, tp=k * layer.tp_fwd, sp=k * layer.sp_fwd,
                   fsdp=k * layer.fsdp_fwd, p2p=p2p) for _ in range(v)]
     bwd = [OpTime(compute=k * layer.bwd_compute, recompute=k * layer.recompute,
-                  tp=k * layer.tp_bwd, sp=k * layer.sp_bwd, fsdp=k * layer.fsdp_bwd, p2p=p2p)
-           for _ in range(v)]
+                  tp=k * layer.tp_bwd, sp=k * layer.sp_bwd, fsdp=k * layer.fsdp_bwd, p2p=p2p,
+                  wgrad=k * p.kernels.wgrad) for _ in range(v)]
     if i == 0:
         embedding = p.comm.total(embedding_calls(p))
         fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,
@@ -83,7 +86,8 @@ def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends,
         scatter = p.comm.total(head_calls(p, True))
         last_f, last_b = fwd[-1], bwd[-1]
         fwd[-1] = replace(last_f, compute=last_f.compute + ends.head_fwd, tp=last_f.tp + gather)
-        bwd[-1] = replace(last_b, compute=last_b.compute + ends.head_bwd, tp=last_b.tp + scatter)
+        bwd[-1] = replace(last_b, compute=last_b.compute + ends.head_bwd, tp=last_b.tp + scatter,
+                          wgrad=last_b.wgrad + ends.head_wgrad)
     return fwd, bwd
 
 

@@ -28,9 +28,9 @@ from optuna.trial import TrialState
 
 from planner import results_parquet as rp
 from planner.plan import strategy_from_attrs
-from planner.record import Evaluator, frozen_trial
+from planner.record import frozen_trial
 from planner.run_common import StopRequest, _bar
-from planner.run_jobs import estimate_frames
+from planner.run_jobs import estimate_frames, estimate_frames_at
 from planner.storage import PlannerRDBStorage, batched
 from planner.study_config import StudyConfig
 from search_spaces import LayoutEncoding, strategy_label
@@ -75,16 +75,22 @@ def exhaustive(study: optuna.Study, storage: BaseStorage, config: StudyConfig, l
                plans: Sequence[Strategy] | None = None) -> int:
     """Estimate every valid strategy of the space (or ``plans``) not stored yet; returns the
     trials recorded."""
-    strategies = config.space.valid if plans is None else plans
     where = rp.results_path(label, study.study_name) if label else None
     table = rp.ResultsTable(where) if where else None
-    mode = _mode(study, storage, table, len(strategies))
     in_study = stored_plans(study, storage)
     in_table = table.plans() if table else None
-    todo = _todo(strategies, in_study, in_table, mode)
+    indices = _fresh_indices(config, plans, jobs, in_study, in_table)
+    if indices is not None:  # the workers build their own chunks' strategies
+        n = len(indices)
+        mode = _mode(study, storage, table, n)
+        todo: Sequence[Strategy] = _Lazy(config, indices)
+    else:
+        strategies = config.space.valid if plans is None else plans
+        mode = _mode(study, storage, table, len(strategies))
+        todo = _todo(strategies, in_study, in_table, mode)
     run = _Recorder(study, storage, config, table, in_study, in_table, mode, stop)
     with _bar(len(todo), progress, "estimating") as bar:
-        frames = _frames(config.evaluator(), todo, jobs)
+        frames = _frames(config, todo, jobs)
         try:
             for chunk, frame in zip(_chunks(todo, _chunk_size(len(todo), jobs)), frames):
                 run.chunk(chunk, frame, bar)
@@ -97,6 +103,35 @@ def exhaustive(study: optuna.Study, storage: BaseStorage, config: StudyConfig, l
     if mode == rp.FRONT_BEST and table is not None:
         run.keep()
     return run.added
+
+
+class _Lazy(Sequence[Strategy]):
+    """The valid strategies of a space as flat indices (:meth:`StrategySpace.valid_indices`):
+    a slice is another ``_Lazy``, an item is built when asked for (the kept trials of a small
+    study), so a parallel run never lists a million strategies in its parent."""
+
+    def __init__(self, config: StudyConfig, indices: np.ndarray) -> None:
+        self.config, self.indices = config, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+        if isinstance(key, slice):
+            return _Lazy(self.config, self.indices[key])
+        return self.config.space.strategies_at(self.indices[key:key + 1])[0]
+
+
+def _fresh_indices(config: StudyConfig, plans: Sequence[Strategy] | None, jobs: int,
+                   in_study: set[str], in_table: set[str] | None) -> np.ndarray | None:
+    """The space's valid indices when a parallel run starts a study afresh on a space listed
+    as arrays; None otherwise (a resume compares plans by label, so it lists them)."""
+    if plans is not None or jobs <= 1 or in_study or in_table:
+        return None
+    indices = config.space.valid_indices()
+    if indices is None or len(indices) < PARALLEL_MIN:
+        return None
+    return indices
 
 
 def _todo(strategies: Sequence[Strategy], in_study: set[str], in_table: set[str] | None,
@@ -124,11 +159,15 @@ def _chunks(items: Sequence[Strategy], size: int) -> Iterator[Sequence[Strategy]
         yield items[i:i + size]
 
 
-def _frames(evaluator: Evaluator, todo: Sequence[Strategy], jobs: int
+def _frames(config: StudyConfig, todo: Sequence[Strategy], jobs: int
             ) -> Iterator[pd.DataFrame]:
-    chunks = _chunks(todo, _chunk_size(len(todo), jobs))
+    evaluator = config.evaluator()
+    chunks = list(_chunks(todo, _chunk_size(len(todo), jobs)))
+    if isinstance(todo, _Lazy):
+        return estimate_frames_at(evaluator, config.space,
+                                  [c.indices for c in chunks], jobs)  # type: ignore[attr-defined]
     if jobs > 1 and len(todo) >= PARALLEL_MIN:
-        return estimate_frames(evaluator, list(chunks), jobs)
+        return estimate_frames(evaluator, chunks, jobs)
     return (evaluator.frame(chunk) for chunk in chunks)
 
 

@@ -16,8 +16,11 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial
@@ -35,7 +38,11 @@ from planner.run_pool import Pool, WorkerDied
 from planner.study_config import StudyConfig
 from simcore.specs import Strategy
 
-__all__ = ["WorkerDied", "estimate_chunks", "estimate_frames", "optimize_jobs"]
+if TYPE_CHECKING:
+    from search_spaces.space import StrategySpace
+
+__all__ = ["WorkerDied", "estimate_chunks", "estimate_frames", "estimate_frames_at",
+           "optimize_jobs"]
 
 _HEARTBEAT = 10
 """Seconds between heartbeats of a running trial of ``run --jobs N`` on a database."""
@@ -65,6 +72,21 @@ def estimate_frames(evaluator: Evaluator, chunks: Sequence[Sequence[Strategy]], 
     """The rows of every chunk, in order, estimated by ``jobs`` workers."""
     with Pool(jobs) as pool:
         yield from pool.map(_frame_in_worker, ((evaluator, chunk) for chunk in chunks))
+
+
+def _frame_at_in_worker(evaluator: Evaluator, space: StrategySpace,
+                        indices: np.ndarray) -> pd.DataFrame:
+    """A task: the strategies at these flat indices of the space, built and estimated here."""
+    return evaluator.frame(space.strategies_at(indices))
+
+
+def estimate_frames_at(evaluator: Evaluator, space: StrategySpace, chunks: Sequence[np.ndarray],
+                       jobs: int) -> Iterator[pd.DataFrame]:
+    """The rows of every chunk of the space's valid indices, in order, built and estimated by
+    ``jobs`` workers (the parent never lists the strategies)."""
+    space = replace(space)  # a copy without cached lists, so each task ships only the knobs
+    with Pool(jobs) as pool:
+        yield from pool.map(_frame_at_in_worker, ((evaluator, space, c) for c in chunks))
 
 
 def optimize_jobs(config: StudyConfig, label: str, jobs: int, n: int, progress: bool,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 from search_spaces.space import Layout, PipelineChoice, StrategySpace
@@ -29,23 +29,45 @@ if TYPE_CHECKING:
 __all__ = ["LayoutEncoding", "strategy_label"]
 
 
+# The label's pieces, each computed once per distinct value: a million-plan study labels every
+# plan (issue 17), and building a Layout, a PipelineChoice or a default Strategy per plan cost
+# more than half of it.
+@cache
 def _placement_label(p: tuple[Axis, ...]) -> str:
     return ",".join(a.value for a in p)
 
 
+@cache
+def _pipeline_text(schedule: Any, v: int) -> str:
+    return PipelineChoice(schedule, v).label
+
+
+@cache
+def _layout_text(dp: int, tp: int, pp: int, sp: int) -> str:
+    return Layout(dp, tp, pp, sp).label
+
+
+@cache
+def _knobs_text(recompute: Any, zero: Any) -> str:
+    return f"{recompute.value} zero{int(zero)}"
+
+
+_DEFAULT_PLACEMENT = Strategy().placement
+
+
 def _pipeline_label(s: Strategy) -> str:
-    return PipelineChoice(s.schedule, s.v).label
+    return _pipeline_text(s.schedule, s.v)
 
 
 def _layout_label(s: Strategy) -> str:
-    return Layout(s.dp, s.tp, s.pp, s.sp).label
+    return _layout_text(s.dp, s.tp, s.pp, s.sp)
 
 
 def strategy_label(s: Strategy) -> str:
     """One line naming every knob, e.g. ``dp8-tp8-pp16-sp1 mb1 interleaved-v5 selective zero1``
     (``first7 last7``: uneven pipeline stages; ``shard16``: HSDP shard group)."""
-    parts = [_layout_label(s), f"mb{s.micro_batch}", _pipeline_label(s), s.recompute.value,
-             f"zero{int(s.zero)}"]
+    parts = [_layout_text(s.dp, s.tp, s.pp, s.sp), f"mb{s.micro_batch}",
+             _pipeline_text(s.schedule, s.v), _knobs_text(s.recompute, s.zero)]
     if not s.sequence_parallel:
         parts.append("no-seqpar")
     if s.precision is not Precision.BF16:
@@ -56,7 +78,7 @@ def strategy_label(s: Strategy) -> str:
         parts.append(f"last{s.last_stage_layers}")
     if s.shard_group is not None:
         parts.append(f"shard{s.shard_group}")
-    if s.placement != Strategy().placement:
+    if s.placement != _DEFAULT_PLACEMENT:
         parts.append("placement=" + _placement_label(s.placement))
     return " ".join(parts)
 
@@ -87,7 +109,7 @@ class LayoutEncoding:
         """Each parameter's choices; knobs with one allowed value are not parameters."""
         sp = self.space
         knobs: dict[str, list[Any]] = {
-            "layout": list(self._by_layout),
+            "layout": [x.label for x in sp.valid_layouts()],
             "zero": [int(z) for z in sp.zero],
             "recompute": [r.value for r in sp.recompute],
             "micro_batch": list(sp.micro_batch),

@@ -213,9 +213,41 @@ class StrategySpace:
         if implementation(self.convention).valid_plans is None:
             return tuple(s for s in self.candidates() if self.reason_invalid(s) is None)
         found = self._strategies(self._valid_indices())
-        if self.framework == ANY:
+        if self.framework == ANY:  # valid_indices() holds exactly these
             return tuple(found)
         return tuple(s for s in found if self._framework_refuses(s) is None)
+
+    def valid_indices(self) -> np.ndarray | None:
+        """The valid strategies as flat indices into the candidates' product (ascending, in
+        :attr:`valid`'s order), without building one object: :meth:`strategies_at` builds the
+        strategies of any slice of them (a worker process builds its own chunk). None where the
+        strategies must be checked one by one (a convention without ``valid_plans``, or a
+        ``framework`` rule)."""
+        if implementation(self.convention).valid_plans is None or self.framework != ANY:
+            return None
+        return self._valid_indices()
+
+    def strategies_at(self, flat: np.ndarray) -> list[Strategy]:
+        """The strategies at these flat indices (from :meth:`valid_indices`)."""
+        return list(self._strategies(np.asarray(flat, np.int64)))
+
+    def valid_layouts(self) -> list[Layout]:
+        """The layouts that hold at least one valid strategy, in :attr:`valid`'s order (from the
+        indices where it can: the layout is the slowest-varying knob of the product)."""
+        indices = self.valid_indices()
+        if indices is None:
+            seen = dict.fromkeys(Layout(s.dp, s.tp, s.pp, s.sp) for s in self.valid)
+            return list(seen)
+        rows = np.unique(np.unravel_index(indices, self._shape())[0])
+        layouts = self.layouts()
+        return [layouts[i] for i in rows.tolist()]
+
+    @cached_property
+    def valid_count(self) -> int:
+        """How many strategies :attr:`valid` holds, from the indices where it can (listing a
+        million strategies takes seconds; counting them, milliseconds)."""
+        indices = self.valid_indices()
+        return len(self.valid) if indices is None else len(indices)
 
     def _shape(self) -> tuple[int, ...]:
         """The candidates' product, in :meth:`candidates`' order (the last knob fastest)."""

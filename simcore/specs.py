@@ -5,6 +5,7 @@ Units are SI throughout: bytes, seconds, bytes/s, FLOP/s (one multiply-accumulat
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
@@ -53,6 +54,15 @@ class Axis(_Named):
 
 DEFAULT_PLACEMENT = (Axis.TP, Axis.SP, Axis.DP, Axis.PP)
 """Innermost first: tensor parallel on the fastest links, pipeline parallel on the slowest."""
+_PLACEMENTS = frozenset(itertools.permutations(Axis))
+"""Every valid placement: each axis once."""
+
+
+def _is_placement(placement: object) -> bool:
+    try:
+        return placement in _PLACEMENTS
+    except TypeError:  # unhashable (a list): the slow comparison
+        return sorted(placement) == sorted(Axis)  # type: ignore[call-overload]
 
 
 class Family(_Named):
@@ -347,24 +357,34 @@ class Strategy:
     ``dp_replicate`` (``torchtitan/distributed/parallel_dims.py``, b5bcd76c). Needs zero=3."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "sp", "micro_batch", "v"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
-        if self.schedule is not Schedule.INTERLEAVED and self.v != 1:
+        # The common case in one expression (a million-plan space builds a million of these);
+        # anything else goes through the checks that name what is wrong.
+        if not (type(self.dp) is int and type(self.tp) is int and type(self.pp) is int
+                and type(self.sp) is int and type(self.micro_batch) is int
+                and type(self.v) is int and self.dp >= 1 and self.tp >= 1 and self.pp >= 1
+                and self.sp >= 1 and self.micro_batch >= 1 and self.v >= 1):
+            self._check_degrees()
+        if self.v != 1 and self.schedule is not Schedule.INTERLEAVED:
             raise ValueError(f"v > 1 needs schedule=interleaved, but got schedule={self.schedule}")
-        for name in ("first_stage_layers", "last_stage_layers"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
+        if self.first_stage_layers is not None or self.last_stage_layers is not None:
+            for name in ("first_stage_layers", "last_stage_layers"):
+                value = getattr(self, name)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                          or value < 1):
+                    raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
         if self.shard_group is not None:
             self._check_shard_group()
-        if sorted(self.placement) != sorted(Axis):
+        if not _is_placement(self.placement):
             raise ValueError(
                 "placement must name each of dp, tp, pp, sp once, but got"
                 f" {', '.join(self.placement)}"
             )
+
+    def _check_degrees(self) -> None:
+        for name in ("dp", "tp", "pp", "sp", "micro_batch", "v"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
 
     def _check_shard_group(self) -> None:
         g, group = self.shard_group, self.dp * self.sp

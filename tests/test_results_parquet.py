@@ -192,3 +192,36 @@ def test_a_resume_after_a_kill_stores_every_plan_once(tmp_path, kept):
                                      .loc[rp.kept_numbers(table, 10), "plan"])
     else:
         assert len(got) == 1998
+
+
+@pytest.mark.parametrize("kept", ["big", "small"])
+def test_jobs_2_builds_its_chunks_in_the_workers_and_stores_what_serial_stores(
+        tmp_path, monkeypatch, kept):
+    # Issue 17 item 6: a fresh parallel run ships flat indices of the space to its workers,
+    # which build and estimate their own chunks (the parent never lists the strategies); the
+    # table and the trials are those of a serial run, in the same order
+    if kept == "big":
+        monkeypatch.setattr(rp, "TRIALS_KEPT", 100)
+        monkeypatch.setattr(rp, "BEST_KEPT", 10)
+    monkeypatch.setattr(run_exhaustive, "PARALLEL_MIN", 0)
+    monkeypatch.setattr(run_exhaustive, "CHUNK", 700)
+    listed: list[int] = []
+    real = run_exhaustive._Lazy.__init__
+
+    def spy(self, config, indices):
+        listed.append(len(indices))
+        real(self, config, indices)
+
+    monkeypatch.setattr(run_exhaustive._Lazy, "__init__", spy)
+    path = _mid(tmp_path)
+    config = load_study_config(path)
+    label = str(tmp_path / "par.journal")
+    parallel = run_study(config, open_storage(label, create=True), label, jobs=2,
+                         progress=False).study
+    assert listed and listed[0] == 1998  # the index path ran
+    serial = _run(tmp_path, path)
+    assert "valid" not in vars(config.space)  # never listed in this process
+    tables = [rp.ResultsTable(Path(s.user_attrs[rp.RESULTS]["parquet"])).read()
+              for s in (parallel, serial)]
+    pd.testing.assert_frame_equal(*tables)
+    assert _stored(parallel) == _stored(serial)

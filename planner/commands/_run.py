@@ -89,7 +89,7 @@ class RunCommand(BaseCommand):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         config = load_study_config(args.study, hbm_gb=args.hbm_gb)
         space = config.space
-        valid = len(space.valid)
+        valid = space.valid_count
         if valid == 0:
             raise PlannerUsageError(f"{args.study}: space: no valid strategy among"
                                     f" {space.size} candidates ({space.first_reason()});"

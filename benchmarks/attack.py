@@ -48,15 +48,49 @@ optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 SLOW = """\
 import os
+import sys
 if os.environ.get("PLANNER_TEST_SLOW_S"):
+    import importlib.machinery
     import time
-    import planner.record
     _delay = float(os.environ["PLANNER_TEST_SLOW_S"])
-    _call = planner.record.Evaluator.__call__
-    def _slow(self, strategy):
-        time.sleep(_delay)
-        return _call(self, strategy)
-    planner.record.Evaluator.__call__ = _slow
+
+    def _patch(module):
+        if module.__name__ == "planner.run_exhaustive":
+            module.PARALLEL_MIN = 0  # --jobs 2 uses its workers, several chunks each
+            module.CHUNK = 250
+            return
+        call, frame = module.Evaluator.__call__, module.Evaluator.frame
+
+        def slow(self, strategy):
+            time.sleep(_delay)
+            return call(self, strategy)
+
+        def slow_frame(self, strategies):
+            time.sleep(_delay * len(strategies))
+            return frame(self, strategies)
+
+        module.Evaluator.__call__, module.Evaluator.frame = slow, slow_frame
+
+    class _Slow:
+        # patches the modules when the planner imports them, not at start-up: importing them
+        # here (numpy with them) made Python's own start-up long, and a Ctrl-C there is a
+        # fatal error of the interpreter's, not the planner's to handle
+        def find_spec(self, name, path, target=None):
+            if name not in ("planner.record", "planner.run_exhaustive"):
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None:
+                return None
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                _patch(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Slow())
 """
 LAB = """\
 name: {name}

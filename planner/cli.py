@@ -64,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; Ctrl-C at any point (parsing the arguments imports the command's
+    module) is exit code 130 and one line."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("planner: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -88,6 +88,10 @@ class ResultsTable:
         start = self.rows()
         index = int(parts[-1].stem.removeprefix("part-")) + 1 if parts else 0
         frame = frame.assign(number=np.arange(start, start + len(frame)), state="COMPLETE")
+        if "model_flops" in frame and frame["model_flops"].dtype == object:
+            # a step's FLOPs are exact Python integers, past int64 on the largest runs
+            # (Llama-3-405B on 16,384 GPUs: 4e19): the table keeps them as float64
+            frame["model_flops"] = frame["model_flops"].astype(np.float64)
         table = pa.Table.from_pandas(frame[["number", "state", *frame.columns[:-2]]],
                                      preserve_index=False)
         final = self.path / f"part-{index:06d}.parquet"

@@ -29,9 +29,9 @@ from tests.test_crash import MID, _kill_when
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ["lab4b-llama70b-system1", "lab4b-gpt175b-system2", "lab4b-llama70b-system1-megatron",
-           "lab4b-gpt175b-system2-megatron", "lab-llama70b-system1-full",
-           "lab-gpt175b-system2-full", "llama3-70b-h100-1024"]
+SHIPPED = sorted(p.stem for p in (ROOT / "studies").glob("*.yaml"))
+"""Every shipped study (the 405B one's FLOPs overflowed int64 in its table before it was
+here)."""
 
 
 def _run(tmp_path: Path, path: Path, store: str = "s.journal") -> optuna.Study:
@@ -225,3 +225,15 @@ def test_jobs_2_builds_its_chunks_in_the_workers_and_stores_what_serial_stores(
               for s in (parallel, serial)]
     pd.testing.assert_frame_equal(*tables)
     assert _stored(parallel) == _stored(serial)
+
+
+def test_a_step_s_flops_past_int64_are_written_as_float(tmp_path):
+    # Llama-3-405B on 16,384 H100s at global batch 2,048 x 8,192 tokens: 6 x 405e9 x 16.8e6
+    # = 4.1e19 FLOPs a step, over int64's 9.2e18; the shipped study's table failed to write
+    flops = 6 * 405 * 10**9 * 2048 * 8192
+    assert flops > np.iinfo(np.int64).max
+    table = rp.ResultsTable(tmp_path / "t.parquet")
+    table.append(pd.DataFrame({"plan": ["a", "b"], "model_flops": [flops, 2 * flops]}))
+    back = table.read()
+    assert back["model_flops"].tolist() == [float(flops), float(2 * flops)]
+    assert back["plan"].tolist() == ["a", "b"] and back["number"].tolist() == [0, 1]

@@ -145,6 +145,13 @@ def test_trials_csv_of_a_big_study_has_every_plan(tmp_path, small_threshold, mon
     assert mine["reason"].fillna("").tolist() == theirs["reason"].fillna("").tolist()
     assert main(["best", "mid", "--storage", str(tmp_path / "s.journal")]) == 0
     assert "Pareto" not in capsys.readouterr().err
+    # planner studies says how many plans the study holds and which are trials
+    assert main(["studies", "--storage", str(tmp_path / "s.journal")]) == 0
+    header, row = capsys.readouterr().out.strip().splitlines()
+    cells = dict(zip(header.replace("trials kept", "trials_kept").split(),
+                     row.replace("front+best", "front+best").split()))
+    assert cells["plans"] == "1998" and cells["trials_kept"] == "front+best"
+    assert int(cells["trials"]) == len(study.trials) < 1998
 
 
 DRIVER = """\

@@ -13,6 +13,7 @@ from planner.commands._base import BaseCommand
 from planner.commands._run import _positive_int, add_storage_argument
 from planner.errors import PlannerUsageError
 from planner.outputs import atomic_write
+from planner.results_parquet import ALL, RESULTS
 from planner.storage import load_existing, open_storage, storage_label
 from planner.tables import best_frame, format_best, trials_frame
 
@@ -90,7 +91,8 @@ class TrialsCommand(BaseCommand):
 
 class StudiesCommand(BaseCommand):
     name = "studies"
-    help = "The studies in the storage: model, system, sampler, trials, best step time."
+    help = ("The studies in the storage: model, system, sampler, trials, plans (and which"
+            " are kept as trials), best step time.")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         add_storage_argument(parser)
@@ -103,9 +105,13 @@ class StudiesCommand(BaseCommand):
             cfg = s.user_attrs.get("config", {})
             study = optuna.load_study(study_name=s.study_name, storage=storage)
             best = best_frame(study, 1)
+            # a study of more plans than TRIALS_KEPT keeps the rest in its results table
+            results = s.user_attrs.get(RESULTS) or {}
             rows.append({"study": s.study_name, "model": cfg.get("model", "?"),
                          "system": cfg.get("system", "?"), "sampler": cfg.get("sampler", "?"),
                          "hbm_gb": cfg.get("hbm_gb") or "unlimited", "trials": s.n_trials,
+                         "plans": results.get("plans", s.n_trials),
+                         "trials kept": results.get("trials_kept", ALL),
                          "best step s": (f"{best['step_time_s'].iloc[0]:.4g}"
                                          if not best.empty else "-")})
         if not rows:

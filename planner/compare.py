@@ -228,12 +228,21 @@ def load_comparison(path: Path, *, catalog: Catalog | None = None) -> Comparison
 
 
 # -- running it ----------------------------------------------------------------------------
-def check_stored(comparison: Comparison, storage: optuna.storages.BaseStorage,
-                 label: str) -> None:
+def _cell_storage(label: str, cell: Cell, create: bool) -> tuple[optuna.storages.BaseStorage, str]:
+    """The storage that holds the cell's study (its own journal in a folder of studies) and
+    that storage's label."""
+    from planner.storage import open_storage
+    from planner.study_folder import study_storage
+
+    where = study_storage(label, cell.name)
+    return open_storage(where, create=create), where
+
+
+def check_stored(comparison: Comparison, label: str) -> None:
     """Refuse, before anything runs, a stored cell study made from something else."""
-    stored = set(study_names(storage))
     for cell in comparison.cells:
-        if cell.name not in stored:
+        storage, _ = _cell_storage(label, cell, create=True)
+        if cell.name not in set(study_names(storage)):
             continue
         study = optuna.load_study(study_name=cell.name, storage=storage)
         if study.user_attrs.get("fingerprint") != cell.config.fingerprint():
@@ -281,15 +290,13 @@ class CellRun:
 
 def _run_cell_in_worker(path: Path, index: int, label: str) -> int:
     """One sampler cell in a worker process (the file is re-read there); returns trials added."""
-    from planner.storage import open_storage
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cell = load_comparison(path).cells[index]
-    storage = open_storage(label, create=False)
-    return run_study(cell.config, storage, label, resume=True, jobs=1, progress=False).added
+    storage, where = _cell_storage(label, cell, create=False)
+    return run_study(cell.config, storage, where, resume=True, jobs=1, progress=False).added
 
 
-def run_comparison(comparison: Comparison, storage: optuna.storages.BaseStorage, label: str, *,
+def run_comparison(comparison: Comparison, label: str, *,
                    jobs: int = 1, progress: bool = True,
                    on_cell: Callable[[CellRun], None] | None = None) -> pd.DataFrame:
     """Run or resume every cell's study, then the table (one row per cell, :data:`COLUMNS`).
@@ -298,7 +305,7 @@ def run_comparison(comparison: Comparison, storage: optuna.storages.BaseStorage,
     sampler's cells run side by side, one worker process each (the runner's sampler workers
     re-read a study file, which a cell's system and limit are not in).
     """
-    check_stored(comparison, storage, label)
+    check_stored(comparison, label)
     cells = comparison.cells
     exhaustive = cells[0].config.sampler == "exhaustive"
     if not exhaustive and jobs > 1 and len(cells) > 1:
@@ -310,12 +317,15 @@ def run_comparison(comparison: Comparison, storage: optuna.storages.BaseStorage,
         for cell, n in zip(cells, added):
             if on_cell:
                 on_cell(CellRun(cell, n, seconds))
-        studies = [optuna.load_study(study_name=c.name, storage=storage) for c in cells]
+        studies = [optuna.load_study(study_name=c.name,
+                                     storage=_cell_storage(label, c, create=False)[0])
+                   for c in cells]
     else:
         studies = []
         for cell in cells:
             start = time.perf_counter()
-            report = run_study(cell.config, storage, label, resume=True, jobs=jobs,
+            storage, where = _cell_storage(label, cell, create=True)
+            report = run_study(cell.config, storage, where, resume=True, jobs=jobs,
                                progress=progress)
             studies.append(report.study)
             if on_cell:

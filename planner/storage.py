@@ -1,10 +1,12 @@
-"""Where studies live: an embedded journal file by default, or any Optuna RDB URL.
+"""Where studies live: embedded journal files by default, or any Optuna RDB URL.
 
-The default is ``planner-results/studies.journal`` in the working directory (or
-``$PLANNER_STORAGE``), beside the tables and plots the planner writes to ``planner-results/``.
-Optuna's JournalStorage appends one line per change; on this machine it records trials several
-times faster than SQLite (``benchmarks/bench_storage.py``). ``--storage`` takes a journal path or
-a URL such as ``sqlite:///studies.db`` or ``postgresql://user@host/db``, used unchanged.
+The default is the folder ``planner-results/studies/`` in the working directory (or
+``$PLANNER_STORAGE``), one journal per study (:mod:`planner.study_folder`), beside the tables
+and plots the planner writes to ``planner-results/``. Optuna's JournalStorage appends one line
+per change; on this machine it records trials several times faster than SQLite
+(``benchmarks/bench_storage.py``). ``--storage`` takes a folder, a journal path (several studies
+in one file) or a URL such as ``sqlite:///studies.db`` or ``postgresql://user@host/db``, used
+unchanged.
 
 Crash safety of the journal (a process killed with SIGKILL at any instant):
 
@@ -59,6 +61,7 @@ from planner.errors import PlannerUsageError
 
 __all__ = [
     "DEFAULT_STORAGE",
+    "LEGACY_STORAGE",
     "QUEUE_SUFFIX",
     "RESULTS_DIR",
     "WORK_QUEUE",
@@ -76,7 +79,11 @@ __all__ = [
 ]
 
 RESULTS_DIR = Path("planner-results")
-DEFAULT_STORAGE = RESULTS_DIR / "studies.journal"
+DEFAULT_STORAGE = RESULTS_DIR / "studies"
+"""A folder of studies, one journal each (:mod:`planner.study_folder`)."""
+LEGACY_STORAGE = RESULTS_DIR / "studies.journal"
+"""The default before the folder: one journal for every study. Where it exists and the folder
+does not, it stays the default (its studies stay where the user finds them)."""
 WORK_QUEUE = "work_queue"
 """User attribute of a study shared by workers: what its work queue holds (planner.runner)."""
 QUEUE_SUFFIX = " (work queue)"
@@ -84,14 +91,20 @@ QUEUE_SUFFIX = " (work queue)"
 
 
 def storage_label(arg: str | None) -> str:
-    """The storage the user meant: ``--storage``, else ``$PLANNER_STORAGE``, else the default."""
-    return arg or os.environ.get("PLANNER_STORAGE") or str(DEFAULT_STORAGE)
+    """The storage the user meant: ``--storage``, else ``$PLANNER_STORAGE``, else the default
+    (the folder of studies, or the one journal of earlier versions where only it exists)."""
+    label = arg or os.environ.get("PLANNER_STORAGE")
+    if label:
+        return label
+    if LEGACY_STORAGE.is_file() and not DEFAULT_STORAGE.exists():
+        return str(LEGACY_STORAGE)
+    return str(DEFAULT_STORAGE)
 
 
 def storage_option(label: str) -> str:
     """`` --storage LABEL`` for a command the planner suggests, or "" for the default storage:
     a hint run as printed reads the storage the user gave (a URL without its password)."""
-    if label == str(DEFAULT_STORAGE):
+    if label == storage_label(None) and label in (str(DEFAULT_STORAGE), str(LEGACY_STORAGE)):
         return ""
     return f" --storage {shlex.quote(shown(label))}"
 
@@ -126,9 +139,9 @@ def open_storage(arg: str | None, *, create: bool, heartbeat: int | None = None
         raise PlannerUsageError(f"--storage {label}: no studies there yet; run `planner run"
                                 f" STUDY.yaml{storage_option(label)}` first, or give another"
                                 " --storage")
-    if path.is_dir():
-        raise PlannerUsageError(f"--storage {label}: is a directory; give a file path such as"
-                                f" {path / 'studies.journal'}")
+    if path.is_dir():  # a folder of studies is opened a study at a time (study_folder)
+        raise PlannerUsageError(f"--storage {label}: is a folder of studies; name the study"
+                                " (planner studies lists them)")
     _check_journal(path, label)
     path.parent.mkdir(parents=True, exist_ok=True)
     return BatchedJournalStorage(BatchedJournalFileBackend(str(path)))

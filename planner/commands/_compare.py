@@ -20,7 +20,7 @@ from planner.commands._run import _positive_int, add_storage_argument
 from planner.compare import CellRun, Comparison, limit_label, load_comparison, run_comparison
 from planner.errors import PlannerUsageError
 from planner.plots._write import atomic_write
-from planner.storage import RESULTS_DIR, open_storage, storage_label, storage_option
+from planner.storage import RESULTS_DIR, storage_label, storage_option
 
 
 def _check_out(out: Path) -> None:
@@ -106,10 +106,9 @@ class CompareCommand(BaseCommand):
         _check_out(args.out)
         label = storage_label(args.storage)
         print(_header(comparison), flush=True)
-        storage = open_storage(args.storage, create=True)
         start = time.perf_counter()
         try:
-            table = run_comparison(comparison, storage, label, jobs=args.jobs,
+            table = run_comparison(comparison, label, jobs=args.jobs,
                                    progress=not args.quiet, on_cell=_cell_line)
         except KeyboardInterrupt:
             print(f"interrupted: finished trials are kept in {label}; run `planner compare"

@@ -13,15 +13,14 @@ from planner.commands._base import BaseCommand
 from planner.commands._run import _positive_int, add_storage_argument
 from planner.errors import PlannerUsageError
 from planner.outputs import atomic_write
-from planner.results_parquet import ALL, RESULTS
-from planner.storage import load_existing, open_storage, storage_label
+from planner.storage import open_storage, storage_label
+from planner.study_folder import folder_studies, is_folder, load_stored
 from planner.tables import best_frame, format_best, trials_frame
 
 
 def _study(args: argparse.Namespace) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = open_storage(args.storage, create=False)
-    return load_existing(storage, args.name, storage_label(args.storage))
+    return load_stored(args.storage, args.name)
 
 
 class BestCommand(BaseCommand):
@@ -98,22 +97,16 @@ class StudiesCommand(BaseCommand):
         add_storage_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        from planner.study_summary import folder_rows, study_row
+
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = open_storage(args.storage, create=False)
-        rows = []
-        for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False):
-            cfg = s.user_attrs.get("config", {})
-            study = optuna.load_study(study_name=s.study_name, storage=storage)
-            best = best_frame(study, 1)
-            # a study of more plans than TRIALS_KEPT keeps the rest in its results table
-            results = s.user_attrs.get(RESULTS) or {}
-            rows.append({"study": s.study_name, "model": cfg.get("model", "?"),
-                         "system": cfg.get("system", "?"), "sampler": cfg.get("sampler", "?"),
-                         "hbm_gb": cfg.get("hbm_gb") or "unlimited", "trials": s.n_trials,
-                         "plans": results.get("plans", s.n_trials),
-                         "trials kept": results.get("trials_kept", ALL),
-                         "best step s": (f"{best['step_time_s'].iloc[0]:.4g}"
-                                         if not best.empty else "-")})
+        label = storage_label(args.storage)
+        if is_folder(label):  # each study's own journal, its row cached while it is unchanged
+            rows = folder_rows(folder_studies(label))
+        else:
+            storage = open_storage(args.storage, create=False)
+            rows = [study_row(optuna.load_study(study_name=name, storage=storage))
+                    for name in sorted(optuna.get_all_study_names(storage))]
         if not rows:
             print(f"no studies in {storage_label(args.storage)}")
         else:

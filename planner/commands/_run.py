@@ -18,13 +18,15 @@ from planner.errors import PlannerUsageError
 from planner.runner import WorkerDied, run_study
 from planner.storage import is_url, open_storage, shown, storage_label, storage_option
 from planner.study_config import StudyConfig, load_study_config
+from planner.study_folder import study_storage
 from planner.tables import best_frame, format_best
 
 
 def add_storage_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", metavar="PATH|URL",
-                        help="a journal file or an Optuna RDB URL (default: $PLANNER_STORAGE or"
-                        " planner-results/studies.journal)")
+                        help="a folder of studies (one journal each; an existing folder or a"
+                        " path ending in /), a journal file, or an Optuna RDB URL (default:"
+                        " $PLANNER_STORAGE or planner-results/studies/)")
 
 
 HEARTBEAT_S = 10
@@ -102,14 +104,15 @@ class RunCommand(BaseCommand):
         how = ("every one" if config.sampler == "exhaustive"
                else f"{config.n_trials} trials of {config.sampler}")
         print(f"{valid:,} valid strategies (of {space.size:,} candidates); {how}")
-        storage = open_storage(args.storage, create=True,
+        where = study_storage(label, config.name)  # the study's own journal in a folder
+        storage = open_storage(where, create=True,
                                heartbeat=HEARTBEAT_S if is_url(label) else None)
-        journal = _hold(label)
+        journal = _hold(where)
         start = time.perf_counter()
         try:
-            report = run_study(config, storage, label, resume=args.resume, jobs=args.jobs,
+            report = run_study(config, storage, where, resume=args.resume, jobs=args.jobs,
                                progress=not args.quiet)
-            kept = journal is None or _still_there(label, journal)
+            kept = journal is None or _still_there(where, journal)
         except KeyboardInterrupt:
             print(where_results_are(config, storage, label, "run", str(args.study),
                                     args.hbm_gb) + " --resume", file=sys.stderr)
@@ -124,7 +127,7 @@ class RunCommand(BaseCommand):
                 os.close(journal)
         elapsed = time.perf_counter() - start
         if not kept:
-            print(f"planner run: {label}: the journal was deleted or replaced while the study"
+            print(f"planner run: {where}: the journal was deleted or replaced while the study"
                   f" ran; its {report.added:,} new trials are not stored there. Run the study"
                   " again (or give --storage)", file=sys.stderr)
             return 1
@@ -132,7 +135,7 @@ class RunCommand(BaseCommand):
             print(f"resumed: {report.requeued} trial(s) left RUNNING by a stopped process were"
                   " failed and re-queued")
         total = len(report.study.get_trials(deepcopy=False))
-        print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {label}")
+        print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {where}")
         best = best_frame(report.study, args.top)
         title = "Pareto front" if len(config.objectives) > 1 else "best plans"
         print(f"{title} ({limit}):")

@@ -1,0 +1,88 @@
+"""``planner studies``: one row per stored study, from a cache in a folder of studies.
+
+A row needs the study's trials (their count and the best plan), and reading a journal costs
+what it holds. In a folder of studies (:mod:`planner.study_folder`) each journal's row is kept in
+``.summaries.json`` beside them with the journal's size and modification time: a journal that
+has not changed since is not read again, one that has is read and its row replaced. The cache is
+only a shortcut: deleting it, or a folder where it cannot be written, costs time, not rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from planner.errors import PlannerUsageError
+from planner.outputs import atomic_write
+from planner.results_parquet import ALL, RESULTS
+from planner.tables import best_frame
+
+__all__ = ["CACHE", "folder_rows", "study_row"]
+
+CACHE = ".summaries.json"
+_VERSION = 1
+"""Bumped when a row's columns change: an older cache is read as empty."""
+
+
+def study_row(study: optuna.Study) -> dict[str, Any]:
+    """The study's row: what it was made from, its trials and plans, its best step time."""
+    attrs = study.user_attrs
+    cfg = attrs.get("config", {})
+    best = best_frame(study, 1)
+    results = attrs.get(RESULTS) or {}  # beyond TRIALS_KEPT plans the rest are in its table
+    trials = len(study.get_trials(deepcopy=False))
+    return {"study": study.study_name, "model": cfg.get("model", "?"),
+            "system": cfg.get("system", "?"), "sampler": cfg.get("sampler", "?"),
+            "hbm_gb": cfg.get("hbm_gb") or "unlimited", "trials": trials,
+            "plans": results.get("plans", trials),
+            "trials kept": results.get("trials_kept", ALL),
+            "best step s": (f"{best['step_time_s'].iloc[0]:.4g}" if not best.empty else "-")}
+
+
+def _stamp(path: Path) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _read_cache(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / CACHE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != _VERSION:
+        return {}
+    rows = data.get("journals")
+    return rows if isinstance(rows, dict) else {}
+
+
+def folder_rows(studies: dict[str, Path]) -> list[dict[str, Any]]:
+    """The rows of a folder's studies (name -> journal), read from the cache where the journal
+    is unchanged; the cache is rewritten when any row was read anew."""
+    from planner.storage import open_storage
+
+    if not studies:
+        return []
+    folder = next(iter(studies.values())).parent
+    cached = _read_cache(folder)
+    fresh: dict[str, Any] = {}
+    rows = []
+    for name, path in studies.items():
+        stamp = _stamp(path)
+        hit = cached.get(path.name)
+        if isinstance(hit, dict) and hit.get("stamp") == stamp and "row" in hit:
+            row = hit["row"]
+        else:
+            storage = open_storage(str(path), create=False)
+            row = study_row(optuna.load_study(study_name=name, storage=storage))
+        fresh[path.name] = {"stamp": stamp, "row": row}
+        rows.append(row)
+    if fresh != cached:
+        try:
+            atomic_write(folder / CACHE, json.dumps({"version": _VERSION, "journals": fresh}))
+        except (OSError, PlannerUsageError):
+            pass  # a read-only folder: the rows are right, the next call reads again
+    return rows

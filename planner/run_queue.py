@@ -285,6 +285,7 @@ def _drain(study: optuna.Study, queue: optuna.Study, storage: BaseStorage,
                 token = claimer.claim()
                 if token is None:
                     if not _pending(queue):
+                        _fail_orphans(study, info)
                         break
                     _fail_stale(queue, storage)  # a dead worker's item comes back
                     outage.ok()
@@ -332,6 +333,20 @@ def _fail_stale(study: optuna.Study, storage: BaseStorage | None = None) -> None
     with warnings.catch_warnings():  # experimental since 2.9, still so marked in 5.0
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+
+
+def _fail_orphans(study: optuna.Study, info: dict[str, Any]) -> None:
+    """With every item done, fail the sampler trials still RUNNING: each item's own trial is
+    finished, so these are orphans, made by a worker whose connection was lost between the
+    trial's creation and its first heartbeat (no heartbeat, so never stale). Exhaustive items
+    add finished trials only."""
+    if info["kind"] != "trials":
+        return
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        try:
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker failed it first
 
 
 def _pending(queue: optuna.Study) -> bool:

@@ -281,3 +281,19 @@ def test_db_retry_s_is_bounded(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--db-retry-s" in err[0]
 
+
+
+def test_a_sampler_trial_orphaned_by_a_lost_connection_is_failed_when_the_work_is_done(
+        url, name, tmp_path):
+    # A connection lost between a sampler trial's creation and its first heartbeat left it
+    # RUNNING for good (it never goes stale without a heartbeat): seen once in the restart test
+    # above. Once every item is done no worker runs a trial, so the last worker fails it.
+    path = lab_study(tmp_path, name, sampler="tpe", n_trials=3)
+    pg._finish([_worker(url, path)])
+    main, _ = _load(url, name)
+    orphan = main._storage.create_new_trial(main._study_id)  # RUNNING, no heartbeat
+    pg._finish([_worker(url, path)])  # joins, finds no item pending
+    main, queue = _load(url, name)
+    assert main._storage.get_trial(orphan).state is TrialState.FAIL
+    assert len(main.get_trials(states=(TrialState.COMPLETE,))) == 3
+    assert not queue.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))

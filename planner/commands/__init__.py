@@ -47,8 +47,8 @@ COMMANDS: list[BaseCommand] = [
                 " objectives).", "_results", "BestCommand"),
     LazyCommand("trials", "Every trial of a stored study: strategy, estimate parts, feasibility;"
                 " CSV / Parquet.", "_results", "TrialsCommand"),
-    LazyCommand("studies", "The studies in the storage: model, system, sampler, trials, best step"
-                " time.", "_results", "StudiesCommand"),
+    LazyCommand("studies", "The studies in the storage: model, system, sampler, trials, plans (and"
+                " which are kept as trials), best step time.", "_results", "StudiesCommand"),
     LazyCommand("repair", "Drop the lines of a damaged journal file that are not Optuna entries,"
                 " keeping every valid one (a .bak copy first).", "_repair", "RepairCommand"),
     LazyCommand("pareto", "A page of step time against peak memory: every trial, the Pareto"

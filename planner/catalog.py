@@ -43,7 +43,7 @@ from simcore.network import (
     SchedulingPolicy,
     Topology,
 )
-from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, SystemSpec
+from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, MoESpec, SystemSpec
 from simcore.topologies import (
     MAX_ACTIVE_CHUNKS,
     MAX_DATASET_SPLITS,
@@ -68,7 +68,26 @@ def _spec(path: Path, where: str, build: Any) -> Any:
 
 
 _MODEL_FIELDS = {"family", "layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"}
-_MODEL_OPTIONAL = {"kv_heads", "activation", "tied_embeddings", "source", "notes"}
+_MODEL_OPTIONAL = {"kv_heads", "activation", "tied_embeddings", "source", "notes", "moe",
+                   "attention_head_dim", "attention_params"}
+_MOE_FIELDS = {"experts", "top_k", "expert_ffn"}
+_MOE_OPTIONAL = {"shared_experts", "shared_ffn", "first_dense", "every", "capacity_factor"}
+
+
+def _moe_entry(path: Path, name: str, entry: Any) -> MoESpec:
+    """A model's ``moe:`` mapping (:class:`simcore.specs.MoESpec`)."""
+    where = f"{name}.moe"
+    e = fields(path, where, entry, _MOE_FIELDS, _MOE_OPTIONAL)
+    ints = {k: integer(path, f"{where}.{k}", e[k], minimum=1)
+            for k in ("experts", "top_k", "expert_ffn")}
+    for k, low in (("shared_experts", 0), ("first_dense", 0), ("every", 1), ("shared_ffn", 1)):
+        if k in e:
+            ints[k] = integer(path, f"{where}.{k}", e[k], minimum=low)
+    extra = {}
+    if "capacity_factor" in e:
+        extra["capacity_factor"] = number(path, f"{where}.capacity_factor", e["capacity_factor"],
+                                          minimum=1.0, strict=False)
+    return _spec(path, where, lambda: MoESpec(**ints, **extra))
 
 
 def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
@@ -86,9 +105,15 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
     tied = e.get("tied_embeddings", family is Family.GPT)
     if not isinstance(tied, bool):
         raise fail(path, f"{name}.tied_embeddings", f"must be true or false, but got {tied!r}")
+    extra: dict[str, Any] = {}
+    if "moe" in e:
+        extra["moe"] = _moe_entry(path, name, e["moe"])
+    for k in ("attention_head_dim", "attention_params"):
+        if k in e:
+            extra[k] = integer(path, f"{name}.{k}", e[k], minimum=1)
     return _spec(path, name, lambda: ModelSpec(name=name, family=family, kv_heads=kv,
                                                activation=activation, tied_embeddings=tied,
-                                               **ints))
+                                               **ints, **extra))
 
 
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}

@@ -81,6 +81,16 @@ def model_entry(model: ModelSpec) -> dict[str, Any]:
         entry["kv_heads"] = model.kv_heads
     entry["activation"] = model.activation.value
     entry["tied_embeddings"] = model.tied_embeddings
+    for name in ("attention_head_dim", "attention_params"):  # only where set (MLA)
+        if getattr(model, name) is not None:
+            entry[name] = getattr(model, name)
+    if model.moe is not None:
+        moe = model.moe
+        entry["moe"] = {"experts": moe.experts, "top_k": moe.top_k,
+                        "expert_ffn": moe.expert_ffn, "shared_experts": moe.shared_experts,
+                        **({"shared_ffn": moe.shared_ffn} if moe.shared_ffn is not None else {}),
+                        "first_dense": moe.first_dense, "every": moe.every,
+                        "capacity_factor": moe.capacity_factor}
     return entry
 
 

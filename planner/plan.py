@@ -150,7 +150,8 @@ def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
                     precision=Precision(_precision(a.get("precision"))),
                     first_stage_layers=_layers(a.get("first_stage_layers")),
                     last_stage_layers=_layers(a.get("last_stage_layers")),
-                    shard_group=_layers(a.get("shard_group")))
+                    shard_group=_layers(a.get("shard_group")),
+                    ep=_layers(a.get("ep")) or 1, etp=_layers(a.get("etp")))
 
 
 def _layers(value: Any) -> int | None:
@@ -218,7 +219,7 @@ _UNEVEN = {"first_stage_layers", "last_stage_layers"}
 
 def _strategy(path: Path, data: Any) -> Strategy:
     e = check_fields(path, "strategy", data, _STRATEGY_FIELDS,
-                     {"precision", "shard_group"} | _UNEVEN)
+                     {"precision", "shard_group", "ep", "etp"} | _UNEVEN)
     if not isinstance(e["placement"], list):
         raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
     try:

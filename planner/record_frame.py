@@ -54,9 +54,9 @@ def frame(evaluator: Evaluator, strategies: Sequence[Strategy]) -> pd.DataFrame:
 
 _KNOBS = ("dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
           "placement", "sequence_parallel", "precision", "first_stage_layers",
-          "last_stage_layers", "shard_group")
+          "last_stage_layers", "shard_group", "ep", "etp")
 _OPTIONAL = {"precision": Precision.BF16.value, "first_stage_layers": None,
-             "last_stage_layers": None, "shard_group": None}
+             "last_stage_layers": None, "shard_group": None, "ep": 1, "etp": None}
 """Attributes a trial stores only when they differ from this
 (:func:`planner.record.strategy_attrs`)."""
 _NOT_ATTRS = ("number", "state")
@@ -81,6 +81,8 @@ def _strategy_columns(strategies: Sequence[Strategy]) -> dict[str, Any]:
         "first_stage_layers": pd.array(list(cols["first_stage_layers"]), dtype="Int64"),
         "last_stage_layers": pd.array(list(cols["last_stage_layers"]), dtype="Int64"),
         "shard_group": pd.array(list(cols["shard_group"]), dtype="Int64"),
+        "ep": pd.array([e if e > 1 else None for e in cols["ep"]], dtype="Int64"),
+        "etp": pd.array(list(cols["etp"]), dtype="Int64"),
     }
 
 

@@ -30,6 +30,7 @@ PARTS = {
     "dp": "data-parallel gradient reduction",
     "pp": "pipeline sends",
     "fsdp": "ZeRO-3 / FSDP gathers",
+    "ep": "the experts' all-to-alls",
     "bubble": "the pipeline bubble",
     "optimizer": "the optimizer step",
     "comm": "exposed communication",

@@ -76,7 +76,8 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
-                "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group"}
+                "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
+                "ep", "etp"}
 _POWERS = ("powers_of_two", "powers of two")
 DEFAULT_N_TRIALS = 200
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
@@ -138,6 +139,9 @@ class StudyConfig:
                    if sp.precision != (Precision.BF16,) else {}),
                 **({"uneven": list(sp.uneven)} if sp.uneven != (0,) else {}),
                 **({"shard_group": list(sp.shard_group)} if sp.shard_group != (0,) else {}),
+                **({"ep": list(sp.ep)} if sp.ep != (1,) else {}),
+                **({"etp": ["tp" if e is None else e for e in sp.etp]}
+                   if sp.etp != (None,) else {}),
             },
             **({"description": self.description} if self.description else {}),
         }
@@ -248,12 +252,29 @@ def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training:
         kw["shard_group"] = tuple(dict.fromkeys(
             integer(path, "space.shard_group", k, minimum=0)
             for k in _list(path, "space.shard_group", e["shard_group"])))
+    _experts(path, e, model, n, kw)
     space = StrategySpace(model=model, system=system, training=training, convention=convention,
                           framework=framework, **kw)
     if Schedule.INTERLEAVED in space.schedule and not any(v > 1 for v in space.v):
         raise fail(path, "space.v", "the interleaved schedule needs model chunks v > 1; add"
                    " e.g. v: [2, 4]")
     return space
+
+
+def _experts(path: Path, e: dict[str, Any], model: ModelSpec, devices: int,
+             kw: dict[str, Any]) -> None:
+    """``ep`` (expert-parallel degrees) and ``etp`` (expert tensor-parallel degrees, or ``tp``
+    for the plan's own), for a model with MoE layers."""
+    if ("ep" in e or "etp" in e) and model.moe is None:
+        knob = "ep" if "ep" in e else "etp"
+        raise fail(path, f"space.{knob}", f"expert parallelism needs a model with MoE layers,"
+                   f" and {model.name} has none; leave {knob} out")
+    if "ep" in e:
+        kw["ep"] = _degrees(path, "space.ep", e["ep"], devices)
+    if "etp" in e:
+        kw["etp"] = tuple(dict.fromkeys(
+            None if k == "tp" else integer(path, "space.etp", k, minimum=1)
+            for k in _list(path, "space.etp", e["etp"])))
 
 
 def _bad_zero(path: Path, z: Any) -> ZeroStage:

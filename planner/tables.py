@@ -12,19 +12,19 @@ import pandas as pd
 
 from planner.results_parquet import ALL, RESULTS, ResultsTable, pareto_mask
 
-__all__ = ["KNOBS", "PLACEMENTS", "UNEVEN_KNOBS", "best_frame", "format_best", "results_table",
+__all__ = ["KNOBS", "PLACEMENTS", "OPTIONAL_KNOBS", "best_frame", "format_best", "results_table",
            "trials_frame"]
 
 KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
          "placement", "sequence_parallel", "precision"]
-UNEVEN_KNOBS = ["first_stage_layers", "last_stage_layers", "shard_group"]
-"""Stored only on plans with uneven pipeline stages or an HSDP shard group
+OPTIONAL_KNOBS = ["first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp"]
+"""Stored only on plans with uneven pipeline stages, an HSDP shard group or expert parallelism
 (:func:`planner.record.strategy_attrs`), so a study's table has these columns only when it holds
 such plans."""
-_FIRST = ["number", "state", "plan", *KNOBS, *UNEVEN_KNOBS, "feasible", "step_time_s",
+_FIRST = ["number", "state", "plan", *KNOBS, *OPTIONAL_KNOBS, "feasible", "step_time_s",
           "peak_memory_gb"]
 _LAST = ["reason"]
-_NOT_FIGURES = {"number", "state", "plan", "feasible", "reason", *KNOBS, *UNEVEN_KNOBS}
+_NOT_FIGURES = {"number", "state", "plan", "feasible", "reason", *KNOBS, *OPTIONAL_KNOBS}
 PLACEMENTS = "placements"
 """best_frame's column: the placements of the plans a row stands for, its own first."""
 
@@ -108,7 +108,7 @@ def _best_rows(table: ResultsTable, front: bool, top: int | None) -> pd.DataFram
 def _from_table(df: pd.DataFrame) -> pd.DataFrame:
     """Rows of a results table as :func:`trials_frame` orders them; the uneven-stage columns
     only when a plan has them (as a study's trials store them)."""
-    uneven = [c for c in UNEVEN_KNOBS if c in df.columns and df[c].isna().all()]
+    uneven = [c for c in OPTIONAL_KNOBS if c in df.columns and df[c].isna().all()]
     return _ordered(df.drop(columns=uneven)[sorted(df.columns.drop(uneven))])
 
 
@@ -117,7 +117,7 @@ def _group_placements(df: pd.DataFrame) -> pd.DataFrame:
     estimate identical: the first (best-ranked) one, listing all their placements."""
     if df.empty or "placement" not in df.columns:
         return df.assign(**{PLACEMENTS: [[] for _ in range(len(df))]})
-    key = [k for k in KNOBS + UNEVEN_KNOBS if k != "placement" and k in df.columns]
+    key = [k for k in KNOBS + OPTIONAL_KNOBS if k != "placement" and k in df.columns]
     key += [c for c in df.columns if c not in _NOT_FIGURES]
     ids = df.groupby(key, sort=False, dropna=False).ngroup()
     lists = df["placement"].groupby(ids).agg(list)

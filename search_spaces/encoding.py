@@ -65,7 +65,8 @@ def _layout_label(s: Strategy) -> str:
 
 def strategy_label(s: Strategy) -> str:
     """One line naming every knob, e.g. ``dp8-tp8-pp16-sp1 mb1 interleaved-v5 selective zero1``
-    (``first7 last7``: uneven pipeline stages; ``shard16``: HSDP shard group)."""
+    (``first7 last7``: uneven pipeline stages; ``shard16``: HSDP shard group; ``ep8 etp1``:
+    expert parallelism)."""
     parts = [_layout_text(s.dp, s.tp, s.pp, s.sp), f"mb{s.micro_batch}",
              _pipeline_text(s.schedule, s.v), _knobs_text(s.recompute, s.zero)]
     if not s.sequence_parallel:
@@ -78,6 +79,10 @@ def strategy_label(s: Strategy) -> str:
         parts.append(f"last{s.last_stage_layers}")
     if s.shard_group is not None:
         parts.append(f"shard{s.shard_group}")
+    if s.ep > 1:
+        parts.append(f"ep{s.ep}")
+    if s.etp is not None:
+        parts.append(f"etp{s.etp}")
     if s.placement != _DEFAULT_PLACEMENT:
         parts.append("placement=" + _placement_label(s.placement))
     return " ".join(parts)
@@ -119,6 +124,8 @@ class LayoutEncoding:
             "precision": [p.value for p in sp.precision],
             "uneven": list(sp.uneven),
             "shard_group": list(sp.shard_group),
+            "ep": list(sp.ep),
+            "etp": [0 if e is None else e for e in sp.etp],
         }
         return {k: v for k, v in knobs.items() if len(v) > 1}
 
@@ -138,6 +145,10 @@ class LayoutEncoding:
             full["uneven"] = _shortness(s, self.space.model.layers)
         if "shard_group" in self._choices:
             full["shard_group"] = s.shard_group or 0
+        if "ep" in self._choices:
+            full["ep"] = s.ep
+        if "etp" in self._choices:
+            full["etp"] = s.etp or 0  # 0: the plan's tp
         return {k: full[k] for k in self._choices}
 
     def suggest(self, trial: optuna.Trial) -> Strategy:

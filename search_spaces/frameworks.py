@@ -55,6 +55,10 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
     """Why ``framework`` cannot run ``strategy`` as written, or None if it can."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"unknown framework {framework!r}; use one of {', '.join(FRAMEWORKS)}")
+    if framework != ANY and model.moe is not None:
+        refused = _experts(framework, model, strategy)
+        if refused is not None:
+            return refused
     if framework == "megatron":
         return _megatron(strategy)
     if framework == "deepspeed":
@@ -62,6 +66,31 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
     if framework == "torchtitan":
         return _torchtitan(model, strategy)
     return None  # any
+
+
+def _experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:
+    """What each framework's mixture-of-experts layer runs. Megatron-LM: every expert-parallel
+    and expert-tensor-parallel split the simcore rules allow (MoE "parallel folding",
+    ``megatron/core/transformer/moe/README.md``). torchtitan: expert parallelism borrowed from
+    dp_shard x cp x tp, and no expert tensor parallelism (``torchtitan/config/configs.py``
+    ``expert_parallel_degree``, b5bcd76c: "dp_shard * cp * tp == efsdp * ep"). DeepSpeed-MoE:
+    top-1 or top-2 gating only and expert-parallel groups carved out of data parallelism
+    (``deepspeed/moe/layer.py`` ``MoE``: "k ... only supports k=1 or k=2"; ``ep_size`` divides
+    the data-parallel world), experts not split over tp."""
+    assert model.moe is not None
+    if framework == "torchtitan" and s.expert_tp != 1:
+        return (f"etp {s.expert_tp}: torchtitan has no expert tensor parallelism (it shards"
+                " experts over ep and FSDP); it offers etp 1")
+    if framework == "deepspeed":
+        if model.moe.top_k > 2:
+            return (f"top-{model.moe.top_k} routing: DeepSpeed-MoE's gate offers top-1 and"
+                    " top-2 only")
+        if s.dp % s.ep:
+            return (f"ep {s.ep} with dp {s.dp}: DeepSpeed-MoE carves expert-parallel groups"
+                    " out of data parallelism, so ep must divide dp")
+        if s.expert_tp != 1:
+            return f"etp {s.expert_tp}: DeepSpeed-MoE's experts are not split over tp; use etp 1"
+    return None
 
 
 def _megatron(s: Strategy) -> str | None:

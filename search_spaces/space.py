@@ -64,6 +64,16 @@ def short_ends(layers: int, pp: int, uneven: int) -> int | None:
     return first if first >= 1 else None
 
 
+def _experts_ok(layout: Layout, ep: int, etp: int | None,
+                etps: tuple[int | None, ...] = (None,)) -> bool:
+    """The expert grid fits the layout: ep x etp divides tp x sp x dp
+    (:meth:`simcore.specs.Strategy._check_experts`); and ``etp`` equal to the layout's tp is
+    left out where the space also offers None (the same plan, tp's default)."""
+    if etp is not None and etp == layout.tp and None in etps:
+        return False
+    return (layout.tp * layout.sp * layout.dp) % (ep * (layout.tp if etp is None else etp)) == 0
+
+
 def _shard_group_ok(layout: Layout, zero: ZeroStage, group: int) -> bool:
     """The space's HSDP rule: 0 (no shard group) always; else zero 3 and a multiple of sp that
     properly divides dp * sp (:meth:`simcore.specs.Strategy._check_shard_group`)."""
@@ -135,6 +145,10 @@ class StrategySpace:
     """HSDP shard-group sizes for ZeRO-3 (:attr:`simcore.specs.Strategy.shard_group`); 0 shards
     over the whole data-parallel group. A size applies where zero is 3, it is a multiple of sp
     and a proper divisor of dp * sp (equal to dp * sp it is the 0 plan)."""
+    ep: tuple[int, ...] = (1,)
+    """Expert-parallel degrees (MoE models; :attr:`simcore.specs.Strategy.ep`)."""
+    etp: tuple[int | None, ...] = (None,)
+    """Expert tensor-parallel degrees; None: the plan's tp (Megatron-LM's default)."""
 
     @property
     def devices(self) -> int:
@@ -160,20 +174,27 @@ class StrategySpace:
                 out.append(PipelineChoice(s))
         return tuple(out)
 
+    def experts(self) -> tuple[tuple[int, int | None], ...]:
+        """Every (ep, etp) from the allowed lists."""
+        return tuple(itertools.product(self.ep, self.etp))
+
     def candidates(self) -> Iterator[Strategy]:
         """Every combination of the allowed values with the right product, valid or not."""
-        for layout, zero, rc, mb, pipe, place, seqpar, precision, short, group in (
+        for layout, zero, rc, mb, pipe, place, seqpar, precision, short, group, (ep, etp) in (
                 itertools.product(self.layouts(), self.zero, self.recompute, self.micro_batch,
                                   self.pipelines(), self.placement, self.sequence_parallel,
-                                  self.precision, self.uneven, self.shard_group)):
+                                  self.precision, self.uneven, self.shard_group,
+                                  self.experts())):
             ends = self._ends(layout.pp, short)
-            if ends == -1 or not _shard_group_ok(layout, zero, group):
-                continue  # no split with the ends this much shorter, or no such shard group
+            if (ends == -1 or not _shard_group_ok(layout, zero, group)
+                    or not _experts_ok(layout, ep, etp, self.etp)):
+                continue  # no split with the ends this much shorter, no such shard group or
+                # expert grid
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=zero,
                            recompute=rc, micro_batch=mb, schedule=pipe.schedule, v=pipe.v,
                            placement=place, sequence_parallel=seqpar, precision=precision,
                            first_stage_layers=ends, last_stage_layers=ends,
-                           shard_group=group or None)
+                           shard_group=group or None, ep=ep, etp=etp)
 
     def _ends(self, pp: int, short: int) -> int | None:
         """The first/last stage's layers for ``uneven`` = ``short`` (None: even; -1: none)."""
@@ -188,7 +209,7 @@ class StrategySpace:
         return (len(self.layouts()) * len(self.zero) * len(self.recompute)
                 * len(self.micro_batch) * len(self.pipelines()) * len(self.placement)
                 * len(self.sequence_parallel) * len(self.precision) * len(self.uneven)
-                * len(self.shard_group))
+                * len(self.shard_group) * len(self.experts()))
 
     # -- validity ------------------------------------------------------------------------------
     def reason_invalid(self, strategy: Strategy) -> str | None:
@@ -210,7 +231,7 @@ class StrategySpace:
         arrays of strategies (``valid_plans``), the candidates are never built one by one: the
         rules run once over (layout, micro-batch, pipeline, sequence parallelism), the knobs
         they read, and only valid strategies become objects."""
-        if implementation(self.convention).valid_plans is None:
+        if implementation(self.convention).valid_plans is None or self.model.moe is not None:
             return tuple(s for s in self.candidates() if self.reason_invalid(s) is None)
         found = self._strategies(self._valid_indices())
         if self.framework == ANY:  # valid_indices() holds exactly these
@@ -223,7 +244,8 @@ class StrategySpace:
         strategies of any slice of them (a worker process builds its own chunk). None where the
         strategies must be checked one by one (a convention without ``valid_plans``, or a
         ``framework`` rule)."""
-        if implementation(self.convention).valid_plans is None or self.framework != ANY:
+        if (implementation(self.convention).valid_plans is None or self.framework != ANY
+                or self.model.moe is not None):  # MoE plans: checked one by one
             return None
         return self._valid_indices()
 
@@ -254,7 +276,7 @@ class StrategySpace:
         return (len(self.layouts()), len(self.zero), len(self.recompute),
                 len(self.micro_batch), len(self.pipelines()), len(self.placement),
                 len(self.sequence_parallel), len(self.precision), len(self.uneven),
-                len(self.shard_group))
+                len(self.shard_group), len(self.experts()))
 
     def _valid_indices(self) -> np.ndarray:
         """Flat indices (into :meth:`_shape`) of the valid candidates, ascending."""
@@ -283,11 +305,16 @@ class StrategySpace:
         if self.uneven != (0,):
             shorts = np.asarray(self.uneven, np.int64)[ui]
             ok &= (ends >= 0) & ((shorts == 0) | (self.convention is Convention.MEGATRON))
-        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4], 1)
-        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1, 1)
+        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4], 1, 1)
+        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1, 1, 1)
         hsdp = np.array([[[_shard_group_ok(x, z, k) for k in self.shard_group] for z in self.zero]
                          for x in layouts], bool)
-        ok = ok & hsdp.reshape(len(layouts), len(self.zero), 1, 1, 1, 1, 1, 1, 1, -1)
+        ok = ok & hsdp.reshape(len(layouts), len(self.zero), 1, 1, 1, 1, 1, 1, 1, -1, 1)
+        # a dense model (the only kind listed here): no expert parallelism
+        dense = np.array([[ep == 1 and (etp is None or etp == x.tp)
+                           and _experts_ok(x, ep, etp, self.etp)
+                           for ep, etp in self.experts()] for x in layouts], bool)
+        ok = ok & dense.reshape(len(layouts), 1, 1, 1, 1, 1, 1, 1, 1, 1, -1)
         return np.flatnonzero(np.broadcast_to(ok, self._shape()))
 
     def _precision_ok(self) -> np.ndarray:
@@ -300,9 +327,11 @@ class StrategySpace:
         """The strategies at these flat indices."""
         layouts, pipes = self.layouts(), self.pipelines()
         shape = self._shape()
-        for li, zi, ri, mi, pi, ci, si, qi, ui, hi in zip(*(a.tolist() for a in
-                                                             np.unravel_index(flat, shape))):
+        experts = self.experts()
+        for li, zi, ri, mi, pi, ci, si, qi, ui, hi, ei in zip(
+                *(a.tolist() for a in np.unravel_index(flat, shape))):
             layout, pipe = layouts[li], pipes[pi]
+            ep, etp = experts[ei]
             ends = self._ends(layout.pp, self.uneven[ui])
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp,
                            zero=self.zero[zi], recompute=self.recompute[ri],
@@ -310,7 +339,8 @@ class StrategySpace:
                            placement=self.placement[ci],
                            sequence_parallel=self.sequence_parallel[si],
                            precision=self.precision[qi], first_stage_layers=ends,
-                           last_stage_layers=ends, shard_group=self.shard_group[hi] or None)
+                           last_stage_layers=ends, shard_group=self.shard_group[hi] or None,
+                           ep=ep, etp=etp)
 
     def enumerate(self) -> tuple[Strategy, ...]:
         """Every valid strategy exactly once."""

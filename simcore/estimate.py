@@ -29,6 +29,9 @@ class TimeParts:
     """Exposed pipeline point-to-point transfers."""
     fsdp: float = 0.0
     """Exposed FSDP / ZeRO-3 weight all-gathers and gradient reduce-scatters."""
+    ep: float = 0.0
+    """An MoE model's expert-parallel all-to-alls (token dispatch and combine) and expert-tp
+    collectives."""
     bubble: float = 0.0
     """Pipeline fill and drain."""
     optimizer: float = 0.0

@@ -153,6 +153,64 @@ def _fraction(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MoESpec:
+    """A mixture-of-experts FFN: in each MoE layer a router sends every token to ``top_k`` of
+    ``experts`` routed experts (each an FFN of width ``expert_ffn``), beside ``shared_experts``
+    that every token goes through (Fedus et al. 2021; DeepSeek-V3, arXiv:2412.19437 section 2.1.2;
+    Megatron-LM ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+    ``--moe-shared-expert-intermediate-size``, ``--moe-layer-freq``)."""
+
+    experts: int
+    top_k: int
+    expert_ffn: int
+    shared_experts: int = 0
+    shared_ffn: int | None = None
+    """Width of each shared expert's FFN; None: ``expert_ffn``."""
+    first_dense: int = 0
+    """The first layers keep a dense FFN of the model's ``ffn_hidden`` (DeepSeek-V3: 3)."""
+    every: int = 1
+    """After them every ``every``-th layer is MoE, the last of each group (1: all of them;
+    2: dense, MoE, dense, MoE, as Llama 4 Maverick)."""
+    capacity_factor: float = 1.0
+    """Tokens the busiest expert rank receives over the mean: load imbalance, or the capacity a
+    token-dropping router pads to (Megatron-LM ``--moe-expert-capacity-factor``). The step runs
+    at the busiest rank: its expert GEMMs and all-to-all volume scale by it. 1: balanced."""
+
+    def __post_init__(self) -> None:
+        for name in ("experts", "top_k", "expert_ffn", "every"):
+            _positive(name, getattr(self, name))
+        if self.shared_ffn is not None:
+            _positive("shared_ffn", self.shared_ffn)
+        for name in ("shared_experts", "first_dense"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`{name} >= 0` must hold, but got {name}={value!r}")
+        if self.top_k > self.experts:
+            raise ValueError(f"`top_k <= experts` must hold, but got top_k={self.top_k},"
+                             f" experts={self.experts}")
+        if not (1 <= self.capacity_factor <= 16):
+            raise ValueError("`1 <= capacity_factor <= 16` must hold, but got"
+                             f" capacity_factor={self.capacity_factor!r}")
+
+    @property
+    def shared_width(self) -> int:
+        """All shared experts' FFN width together (they run as one FFN)."""
+        return self.shared_experts * (self.expert_ffn if self.shared_ffn is None
+                                      else self.shared_ffn)
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether transformer layer ``layer`` (0-based) has the MoE FFN."""
+        return layer >= self.first_dense and (layer - self.first_dense) % self.every == \
+            self.every - 1
+
+    def moe_layers(self, start: int, stop: int) -> int:
+        """MoE layers among layers ``start`` .. ``stop - 1``: with j = i - first_dense, those
+        with (j + 1) a multiple of ``every``, i.e. the multiples of ``every`` in (a, b]."""
+        a, b = max(start, self.first_dense) - self.first_dense, stop - self.first_dense
+        return max(0, b // self.every - a // self.every) if b > a else 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """A transformer's (or the DistIR MLP's) shape."""
 
@@ -171,10 +229,23 @@ class ModelSpec:
     activation: Activation = Activation.GELU
     tied_embeddings: bool = False
     """True if the LM head reuses the input embedding matrix (GPT); False for Llama."""
+    moe: MoESpec | None = None
+    """The MoE layers' FFN; None: a dense model."""
+    attention_head_dim: int | None = None
+    """Width of a head's queries and keys in the attention core, when it is not hidden / heads
+    (DeepSeek-V3's MLA: the mean of its 192-wide queries and keys and 128-wide values, 160, so
+    the core's FLOPs are right)."""
+    attention_params: int | None = None
+    """Parameters of one layer's attention projections, when they are not the Q, K, V and
+    output matrices of the heads (DeepSeek-V3's multi-head latent attention: 187.1 M, its
+    low-rank down and up projections); its projections' FLOPs follow from it."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"):
             _positive(name, getattr(self, name))
+        for name in ("attention_head_dim", "attention_params"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         if self.kv_heads is not None:
             _positive("kv_heads", self.kv_heads)
             if self.heads % self.kv_heads:
@@ -193,7 +264,14 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
+        if self.attention_head_dim is not None:
+            return self.attention_head_dim
         return self.hidden // self.heads
+
+    @property
+    def moe_layer_count(self) -> int:
+        """How many layers have the MoE FFN (0 for a dense model)."""
+        return 0 if self.moe is None else self.moe.moe_layers(0, self.layers)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -350,6 +428,14 @@ class Strategy:
     last_stage_layers: int | None = None
     """Transformer layers on the last pipeline stage; None: an equal share
     (``--decoder-last-pipeline-num-layers``)."""
+    ep: int = 1
+    """Expert parallelism (MoE models): each MoE layer's routed experts split over ep ranks,
+    carved out of the tp x sp x dp ranks of a pipeline stage as Megatron-LM's "parallel folding"
+    does (``megatron/core/parallel_state.py``: the expert grid is etp x ep x edp x pp, innermost
+    first). 1: every rank holds every expert."""
+    etp: int | None = None
+    """Expert tensor parallelism: each expert's FFN split over etp ranks
+    (``--expert-tensor-parallel-size``); None: the same as tp, Megatron-LM's default."""
     shard_group: int | None = None
     """HSDP: ranks each ZeRO-3 shard group spans (shard within, replicate across); None shards
     over the whole data-parallel group (dp * sp, plain ZeRO-3 / FSDP). A multiple of sp that
@@ -361,8 +447,9 @@ class Strategy:
         # anything else goes through the checks that name what is wrong.
         if not (type(self.dp) is int and type(self.tp) is int and type(self.pp) is int
                 and type(self.sp) is int and type(self.micro_batch) is int
-                and type(self.v) is int and self.dp >= 1 and self.tp >= 1 and self.pp >= 1
-                and self.sp >= 1 and self.micro_batch >= 1 and self.v >= 1):
+                and type(self.v) is int and type(self.ep) is int and self.dp >= 1
+                and self.tp >= 1 and self.pp >= 1 and self.sp >= 1 and self.micro_batch >= 1
+                and self.v >= 1 and self.ep >= 1):
             self._check_degrees()
         if self.v != 1 and self.schedule is not Schedule.INTERLEAVED:
             raise ValueError(f"v > 1 needs schedule=interleaved, but got schedule={self.schedule}")
@@ -374,14 +461,26 @@ class Strategy:
                     raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
         if self.shard_group is not None:
             self._check_shard_group()
+        if self.etp is not None or self.ep > 1:
+            self._check_experts()
         if not _is_placement(self.placement):
             raise ValueError(
                 "placement must name each of dp, tp, pp, sp once, but got"
                 f" {', '.join(self.placement)}"
             )
 
+    def _check_experts(self) -> None:
+        etp = self.etp
+        if etp is not None and (isinstance(etp, bool) or not isinstance(etp, int) or etp < 1):
+            raise ValueError(f"`etp >= 1` must hold, but got etp={etp!r}")
+        ranks = self.tp * self.sp * self.dp
+        if ranks % (self.expert_tp * self.ep):
+            raise ValueError(
+                f"ep * etp = {self.ep} * {self.expert_tp} must divide tp * sp * dp = {ranks}"
+                " (expert parallelism is carved out of a stage's tp, sp and dp ranks)")
+
     def _check_degrees(self) -> None:
-        for name in ("dp", "tp", "pp", "sp", "micro_batch", "v"):
+        for name in ("dp", "tp", "pp", "sp", "micro_batch", "v", "ep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
@@ -401,6 +500,17 @@ class Strategy:
     @property
     def devices(self) -> int:
         return self.dp * self.tp * self.pp * self.sp
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallelism: etp, or tp where it is not set."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallelism: the ranks holding the same experts, tp * sp * dp / (etp * ep)
+        (their expert gradients are reduced, and their expert optimizer state sharded, over it)."""
+        return self.tp * self.sp * self.dp // (self.expert_tp * self.ep)
 
     @property
     def shard_ranks(self) -> int:

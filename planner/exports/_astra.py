@@ -63,6 +63,10 @@ runpy.run_path("main.py", run_name="__main__")
 def stage_args_for(plan: Plan, fmt: str = "astra-sim") -> StageArgs:
     """STAGE's arguments for the plan; one line naming ``--format fmt`` if STAGE cannot build
     it."""
+    if plan.model.moe is not None:
+        raise PlannerUsageError(f"--format {fmt}: plan {plan.label}: STAGE cannot build it:"
+                                f" {plan.model.name} has MoE layers and STAGE's transformer"
+                                " has dense ones only; export another format")
     if plan.strategy.uneven:
         # STAGE recomp main.py (0b44904d) takes only --pp; its graph spreads the layers over the
         # stages itself (round-robin), with no per-stage count.

@@ -51,6 +51,9 @@ def export_deepspeed(plan: Plan) -> dict[str, str]:
     refused = why_not("deepspeed", plan.model, plan.training, plan.strategy)
     if refused is not None:
         raise ValueError(refused)
+    if plan.model.moe is not None:
+        raise ValueError(f"{plan.model.name} has MoE layers: this export does not write"
+                         " deepspeed's mixture-of-experts model yet; export for megatron")
     config = ds_config(plan)
     return {"ds_config.json": json.dumps(config, indent=2) + "\n",
             "deepspeed-launch.txt": _readme(plan, config)}

@@ -41,6 +41,7 @@ Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.framework
 
 from __future__ import annotations
 
+from planner.exports.moe_args import megatron_moe_args
 from planner.plan import Plan
 from planner.units import GB
 from search_spaces.frameworks import why_not
@@ -119,10 +120,11 @@ def _script(plan: Plan) -> str:
     flash = uses_flash_attention(plan.model, plan.system, plan.training)
     sections = [_parallel_args(plan), _batch_args(plan), recompute_args(plan.strategy.recompute),
                 _data_parallel_args(plan),
-                model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16)]
+                model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16),
+                megatron_moe_args(plan)]
     if plan.strategy.precision is not Precision.BF16:
         sections.append(precision_args(plan.strategy.precision))
-    for section in sections:
+    for section in filter(None, sections):
         lines += [f"  {a}" for a in section] + [""]
     lines[-1] = ")"
     lines += ["", 'torchrun "${TORCHRUN_ARGS[@]}" pretrain_gpt.py "${ARGS[@]}" "$@"']

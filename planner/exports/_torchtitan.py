@@ -90,6 +90,9 @@ def export_torchtitan(plan: Plan) -> dict[str, str]:
     refused = why_not("torchtitan", plan.model, plan.training, plan.strategy)
     if refused is not None:
         raise ValueError(refused)
+    if plan.model.moe is not None:
+        raise ValueError(f"{plan.model.name} has MoE layers: this export does not write"
+                         " torchtitan's mixture-of-experts model yet; export for megatron")
     if not plan.system.device.bf16:
         raise ValueError(f"torchtitan trains in bfloat16 (FSDP2 mixed precision, no loss"
                          f" scaling) and {plan.system.device.name} has no bf16 tensor cores;"

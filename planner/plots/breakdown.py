@@ -25,11 +25,13 @@ PARTS = tuple(f.name for f in fields(TimeParts))
 PART_NAMES = {
     "compute": "compute", "tp": "tp comm (exposed)", "sp": "sp comm (exposed)",
     "dp": "dp comm (exposed)", "pp": "pp comm (exposed)", "fsdp": "fsdp comm (exposed)",
+    "ep": "expert all-to-all (exposed)",
     "bubble": "pipeline bubble", "optimizer": "optimizer", "comm": "comm (exposed, all kinds)",
 }
 _COLORS = {
     "compute": "#4C78A8", "tp": "#F58518", "sp": "#E45756", "dp": "#72B7B2", "pp": "#54A24B",
     "fsdp": "#EECA3B", "bubble": "#B279A2", "optimizer": "#9D755D", "comm": "#FF9DA6",
+    "ep": "#D67195",
 }
 NO_PLAN = "no feasible plan"
 

@@ -33,7 +33,7 @@ _COLOURS = {
     "forward": "#4C78A8", "backward": "#F58518", "recompute": "#B279A2", "tp": "#54A24B",
     "sp": "#72B7B2", "fsdp": "#EECA3B", "p2p": "#9D755D", "dp": "#E45756",
     "dp overlapped": "#F2A6A7", "optimizer": "#79706E", "compute": "#4C78A8", "comm": "#E45756",
-    "weight grad": "#FFBF79",
+    "weight grad": "#FFBF79", "ep": "#FF9DA6",
 }
 _MERGED = "#8C8C8C"
 LEGEND_ROW_PX = 22
@@ -136,7 +136,7 @@ def _style(key: int, v: int) -> tuple[str, str, bool]:
     if key < 0:
         return "steady state (merged)", _MERGED, False
     name, chunk = PHASES[key // v], key % v
-    per_op = name in _CHUNKED or name in {"tp", "sp", "fsdp", "p2p"}
+    per_op = name in _CHUNKED or name in {"tp", "sp", "fsdp", "ep", "p2p"}
     if v > 1 and name in _CHUNKED:
         return f"{name}, chunk {chunk}", _shade(_COLOURS[name], chunk, v), per_op
     return name, _COLOURS[name], per_op

@@ -60,11 +60,16 @@ def layer_activations(
     recompute: Recompute,
     flash: bool = False,
     linear_input_bytes: float = 2,
+    ffn: int | None = None,
 ) -> LayerActivations:
-    h, f, a = model.hidden, model.ffn_hidden, model.heads
+    """``ffn``: the FFN's width when it is not the model's (an MoE layer's shared experts; 0:
+    none; the routed experts' activations are counted apart, :mod:`simcore.megatron.moe`)."""
+    h, a = model.hidden, model.heads
+    f = model.ffn_hidden if ffn is None else ffn
     sbh = seq_len / sp * micro_batch * h  # elements of one (s/sp, b, h) tensor
     sbf = sbh / h * f
     kv = shape.kv_fraction
+    q = shape.q_fraction  # the heads' width over h: 1 unless the model sets its head width
     mask = 1.0 if shape.dropout else 0.0  # 1-byte dropout masks
     scores = a * (seq_len / sp) * seq_len * micro_batch  # elements of the attention scores
     # Replicated over tp unless sequence parallel: LayerNorm inputs (2 x 2sbh), the QKV and MLP
@@ -75,7 +80,7 @@ def layer_activations(
     # Split over tp: Q (2sbh), K and V (2sbh * kv each), the projection input (2sbh) and the MLP
     # (FC1's outputs and the activation's output, FC2's input: 2sbf each).
     mlp_hidden = (6 if model.activation is Activation.SWIGLU else 4) * sbf
-    split = 2 * sbh + 4 * kv * sbh + 2 * sbh + mlp_hidden - saved * (sbh + sbf)
+    split = 2 * q * sbh + 4 * kv * sbh + 2 * q * sbh + mlp_hidden - saved * (q * sbh + sbf)
     if flash:
         core = 4 * a * (seq_len / sp) * micro_batch  # fp32 log-sum-exp per query and head
     else:

@@ -15,11 +15,11 @@ stage by stage in the same order), the slowest and the peak stage, the step, MFU
 with the same floating-point operations in the same order as the scalar path: the figures are
 bit-identical (tests/test_batched_estimate.py).
 
-Covered: the megatron convention (GPT and Llama families), every schedule (ZB-H1 too: its
+Covered: the megatron convention (dense GPT and Llama models), every schedule (ZB-H1 too: its
 weight-gradient times per stage type), ZeRO stage and HSDP shard group (a field of the group),
 recompute, precision, placement, even and uneven stages, any network (congestion-aware too:
 the collectives are the scalar ones). Falls back to :func:`simcore.estimate` one by one: the
-``stage`` and ``mlp`` conventions. Mixed systems have their own entry point
+``stage`` and ``mlp`` conventions and mixture-of-experts models. Mixed systems have their own entry point
 (:func:`simcore.estimate_mixed`) and are not taken here.
 """
 
@@ -85,7 +85,7 @@ def estimate_many(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     convention = convention or simcore.convention_of(model)
     if (convention is not Convention.MEGATRON
             or implementation(convention).estimate is not estimate_megatron
-            or not strategies):
+            or not strategies or model.moe is not None):  # MoE: one by one
         return from_estimates([simcore.estimate(model, system, training, s, convention)
                                for s in strategies])
     groups: dict[tuple[Any, ...], list[int]] = {}
@@ -212,11 +212,11 @@ class _Groups:
         # Every stage sends the same (pp_send per chunk boundary), so critical.pp is the sends.
         time = TimeColumns(
             compute=critical("compute"), tp=critical("tp"), sp=critical("sp"), dp=self.dp[g],
-            pp=m * sends, fsdp=critical("fsdp"), bubble=pipe - m * t_max,
+            pp=m * sends, fsdp=critical("fsdp"), ep=np.zeros(len(g)), bubble=pipe - m * t_max,
             optimizer=self.optimizer[g], comm=np.zeros(len(g)),
         )
         step = _sum(getattr(time, name) for name in ("compute", "tp", "sp", "dp", "pp", "fsdp",
-                                                     "bubble", "optimizer", "comm"))
+                                                     "ep", "bubble", "optimizer", "comm"))
         memory, peak_memory, peak_stage, fits = self._memory(g, pp, present)
         hbm = self.system.device.hbm_bytes
         capacity = self.peak_flops[g] * step

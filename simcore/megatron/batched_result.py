@@ -23,6 +23,7 @@ class TimeColumns:
     dp: np.ndarray
     pp: np.ndarray
     fsdp: np.ndarray
+    ep: np.ndarray
     bubble: np.ndarray
     optimizer: np.ndarray
     comm: np.ndarray

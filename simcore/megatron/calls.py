@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from simcore.megatron.placement import DpPart
+from simcore.megatron.placement import AxisLike, DpPart
 from simcore.network import Collective
 from simcore.specs import Axis, ZeroStage
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["Call", "cp_kv_calls", "dp_group_calls", "embedding_calls", "fsdp_layer_calls",
            "grad_reduction_calls", "head_calls", "tp_pair_calls"]
 
-Call = tuple[Axis | DpPart, Collective, float]
+Call = tuple[AxisLike, Collective, float]
 
 
 def _activation(p: StepPlan) -> float:

@@ -8,7 +8,16 @@ from collections.abc import Mapping
 import numpy as np
 
 from simcore.megatron.precision import fp8_problem
-from simcore.specs import ModelSpec, Precision, Schedule, Strategy, SystemSpec, TrainingSpec
+from simcore.specs import (
+    Axis,
+    ModelSpec,
+    Precision,
+    Schedule,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
 
 __all__ = ["check_plan", "micro_batches", "valid_plans"]
 
@@ -62,6 +71,7 @@ def check_plan(
             " (micro-batches tile the batch); allowed micro_batch:"
             f" divisors of {training.global_batch // s.dp if training.global_batch >= s.dp else 1}"
         )
+    _check_experts(model, s)
     if s.precision is Precision.FP8:
         problem = fp8_problem(system.device)
         if problem is not None:
@@ -77,6 +87,34 @@ def check_plan(
                 f"schedule=interleaved needs the micro-batch count ({m}) to be a multiple of"
                 f" pp={s.pp}; change micro_batch or dp, or use schedule=1f1b"
             )
+
+
+def _check_experts(model: ModelSpec, s: Strategy) -> None:
+    """Expert parallelism's rules (Megatron-LM ``megatron/training/arguments.py`` and
+    ``parallel_state.py``): ep divides the experts, etp each expert's FFN; with tp > 1 the
+    tokens entering an MoE layer are split by sequence parallelism; the expert grid keeps pp
+    outermost as the dense one does."""
+    moe = model.moe
+    if moe is None:
+        if s.ep > 1 or (s.etp is not None and s.etp != s.tp):
+            raise ValueError(f"ep={s.ep}, etp={s.expert_tp}: expert parallelism needs a model"
+                             f" with MoE layers, and {model.name} has none; use ep=1")
+        return
+    _must_divide("ep", s.ep, "experts", moe.experts, "each rank holds whole experts")
+    _must_divide("etp", s.expert_tp, "expert_ffn", moe.expert_ffn,
+                 "expert tensor parallelism splits each expert's FFN")
+    if moe.shared_width:
+        _must_divide("tp", s.tp, "shared experts' width", moe.shared_width,
+                     "tp splits the shared experts' FFN")
+    if s.tp > 1 and not s.sequence_parallel:
+        raise ValueError(f"tp={s.tp} with MoE layers needs sequence parallelism (Megatron-LM"
+                         " requires --sequence-parallel with experts and tensor parallelism)")
+    if s.placement[-1] != Axis.PP:
+        raise ValueError("MoE plans need pp outermost in the placement (the expert grid"
+                         " etp x ep x edp regroups the ranks inside each pipeline stage)")
+    if s.zero is ZeroStage.PARAMETERS:
+        raise ValueError("zero=3 (FSDP) of an MoE model is not modelled yet; use zero 0, 1 or"
+                         " 2 (DeepSeek-V3 trained with ZeRO-1)")
 
 
 def _check_uneven(model: ModelSpec, s: Strategy) -> None:

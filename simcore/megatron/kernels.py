@@ -115,14 +115,14 @@ class KernelCosts:
         work = max(flops / (self.flop_rate * self.waves(m, n, batch)), moved / self.byte_rate)
         return max(self.launch, work)
 
-    def linear(self, m: float, n: float, k: float) -> float:
-        """A linear layer's GEMM: :meth:`gemm` in 16-bit, or in FP8 (1-byte inputs, a 16-bit
-        output) at the FP8 rate."""
+    def linear(self, m: float, n: float, k: float, batch: float = 1) -> float:
+        """A linear layer's GEMM (``batch`` of them in one kernel: a grouped GEMM of experts):
+        :meth:`gemm` in 16-bit, or in FP8 (1-byte inputs, a 16-bit output) at the FP8 rate."""
         if self.fp8_rate is None:
-            return self.gemm(m, n, k)
-        flops = 2 * m * n * k
-        moved = FP8_BYTES * (m * k + k * n) + 2 * m * n
-        work = max(flops / (self.fp8_rate * self.waves(m, n)), moved / self.byte_rate)
+            return self.gemm(m, n, k, batch)
+        flops = 2 * m * n * k * batch
+        moved = batch * (FP8_BYTES * (m * k + k * n) + 2 * m * n)
+        work = max(flops / (self.fp8_rate * self.waves(m, n, batch)), moved / self.byte_rate)
         return max(self.launch, work)
 
     def elementwise(self, bytes_moved: float) -> float:
@@ -159,16 +159,21 @@ def _linear_pair(costs: KernelCosts, m: float, n: float, k: float) -> tuple[floa
 
 def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, micro_batch: int,
                   queries: float, seq_len: int, tp: int, sequence_parallel: bool, flash: bool,
-                  act_bytes: int, micro_batches: int = 1) -> LayerKernels:
+                  act_bytes: int, micro_batches: int = 1, ffn: int | None = None) -> LayerKernels:
     """The layer's kernels for one micro-batch of ``micro_batch`` sequences, each with
     ``queries`` tokens on this rank (the sequence split by context parallelism) attending over
     ``seq_len`` keys, on one of ``tp`` ranks; a step runs ``micro_batches`` of them (fp8 casts
-    the weights once a step)."""
-    h, f, t = model.hidden, model.ffn_hidden, tp
+    the weights once a step). ``ffn``: the FFN's width when it is not the model's (an MoE
+    layer's shared experts; 0: none, the routed experts are priced apart,
+    :mod:`simcore.megatron.moe`)."""
+    h, t = model.hidden, tp
+    f = model.ffn_hidden if ffn is None else ffn
     tokens = micro_batch * queries
     heads = model.heads / t
     d = model.head_dim
     kv = shape.kv_fraction * h
+    q = shape.q_fraction * h  # the heads' width: h unless the model sets its head width
+    qkv = shape.attention_params / h - q  # Q, K and V's output width (low-rank ones for MLA)
     a = act_bytes
     rope = model.family is Family.LLAMA
     # Tensors outside the tp region (norms, residual adds, dropout) are split by sequence
@@ -178,26 +183,27 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     mlp_width = (2 if model.activation is Activation.SWIGLU else 1) * f / t
 
     linears = [
-        (tokens, (h + 2 * kv) / t, h),          # QKV
-        (tokens, h, h / t),                     # output projection
-        (tokens, mlp_width, h),                 # FC1 (gate and up for SwiGLU)
-        (tokens, h, f / t),                     # FC2
+        (tokens, qkv / t, h),                   # QKV
+        (tokens, h, q / t),                     # output projection
     ]
+    if f:
+        linears += [(tokens, mlp_width, h),     # FC1 (gate and up for SwiGLU)
+                    (tokens, h, f / t)]         # FC2
     gemms = [_linear_pair(costs, m, n, k) for m, n, k in linears]
     # Norm (read, write), residual add (2 reads, write), and the norm after it; GPT's dropout
     # adds its 1-byte mask.
     norm = 2 * outer
     residual = 3 * outer + (outer / a if shape.dropout else 0.0)
     activation_fn = tokens * f / t * a * (3 if model.activation is Activation.SWIGLU else 2)
-    elementwise = [norm, residual, norm, residual, activation_fn]
+    elementwise = [norm, residual, norm, residual] + ([activation_fn] if f else [])
     if rope:
-        elementwise.append(2 * tokens * (h + kv) / t * a)  # RoPE on Q and K
+        elementwise.append(2 * tokens * (q + kv) / t * a)  # RoPE on Q and K
 
     core_fwd: list[float] = []
     core_bwd: list[float] = []
     batch = micro_batch * heads  # attention problems: sequences x local heads
     if flash:
-        flops = 4 * tokens * seq_len * h / t * CAUSAL_FRACTION
+        flops = 4 * tokens * seq_len * q / t * CAUSAL_FRACTION
         core_fwd.append(costs.attention(flops))
         core_bwd.append(costs.attention(FLASH_BACKWARD_FLOPS * flops))
     else:
@@ -206,7 +212,7 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         pv = _gemm_pair(costs, queries, d, seq_len, batch)    # P V
         softmax = costs.elementwise(2 * scores)
         dropout = costs.elementwise(2 * scores + scores / a) if shape.dropout else 0.0
-        layout = costs.elementwise(2 * full / t)              # context back to (s, b, h)
+        layout = costs.elementwise(2 * full * q / h / t)      # context back to (s, b, h)
         core_fwd = [qk[0], softmax, dropout, pv[0], layout]
         core_bwd = [qk[1], qk[2], costs.elementwise(3 * scores), dropout, pv[1], pv[2], layout]
     ew_fwd = [costs.elementwise(x) for x in elementwise]

@@ -26,13 +26,19 @@ class LayerShape:
     other_params: int
     """Biases and norm weights of one layer."""
     kv_fraction: float
-    """Width of K (or V) over the hidden size: kv_heads / heads."""
+    """Width of K (or V) over the hidden size: kv_heads / heads (with the model's head width)."""
     embedding_params: int
     """Token embedding (plus learned positions for GPT), held by the first stage."""
     head_params: int
     """LM head and final norm, held by the last stage (a copy of the embedding when tied)."""
     dropout: bool
     """GPT trains with dropout (masks are stored); Llama does not."""
+
+    attention_params: int = 0
+    """Of the matmul weights, the attention projections' (the rest is the dense FFN)."""
+    q_fraction: float = 1.0
+    """Width of the queries (and the output projection's input) over the hidden size:
+    heads x head width / hidden, 1 unless the model sets its head width."""
 
     @property
     def layer_params(self) -> int:
@@ -41,18 +47,21 @@ class LayerShape:
 
 def layer_shape(model: ModelSpec) -> LayerShape:
     h, f = model.hidden, model.ffn_hidden
+    q = model.heads * model.head_dim
     kv = model.n_kv_heads * model.head_dim
+    projections = (model.attention_params if model.attention_params is not None
+                   else 2 * h * q + 2 * h * kv)  # Q, O and the (grouped) K, V
     if model.family is Family.LLAMA:
-        attention = 2 * h * h + 2 * h * kv  # Q, O and the grouped K, V; no biases
+        attention = projections  # no biases
         mlp = 3 * h * f  # gate, up and down projections (SwiGLU)
         other = 2 * h  # two RMSNorm weights
         embedding = model.vocab * h
         head = model.vocab * h + h  # untied LM head + final RMSNorm
         dropout = False
     else:
-        attention = 2 * h * h + 2 * h * kv
+        attention = projections
         mlp = (3 if model.activation.value == "swiglu" else 2) * h * f
-        other = (h + 2 * kv) + h + f + h + 4 * h  # QKV, proj, fc1, fc2 biases; two LayerNorms
+        other = (q + 2 * kv) + h + f + h + 4 * h  # QKV, proj, fc1, fc2 biases; two LayerNorms
         embedding = model.vocab * h + model.seq_len * h  # learned positions (Narayanan Eq. 2)
         head = model.vocab * h + 2 * h  # tied or not, the last stage holds V x h and a LayerNorm
         dropout = True
@@ -63,4 +72,6 @@ def layer_shape(model: ModelSpec) -> LayerShape:
         embedding_params=embedding,
         head_params=head,
         dropout=dropout,
+        attention_params=attention,
+        q_fraction=q / h,
     )

@@ -8,7 +8,16 @@ from dataclasses import dataclass, replace
 from simcore.megatron.calls import embedding_calls, head_calls
 from simcore.megatron.checks import check_plan
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.step import _dp_time, _Ends, _ends, _Layer, _layer, _optimizer_time, _stage
+from simcore.megatron.step import (
+    _dp_time,
+    _Ends,
+    _ends,
+    _Layer,
+    _layer,
+    _moe_layer,
+    _optimizer_time,
+    _stage,
+)
 from simcore.specs import Axis, ModelSpec, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["OpTime", "StagePhases", "stage_phases"]
@@ -35,10 +44,13 @@ class OpTime:
     wgrad: float = 0.0
     """Backward only: the weight-gradient GEMMs within ``compute``, which a zero-bubble schedule
     runs as a pass of its own (W)."""
+    ep: float = 0.0
+    """An MoE model's expert all-to-alls (dispatch and combine) on the critical path."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.recompute + self.tp + self.sp + self.fsdp + self.p2p
+        return (self.compute + self.recompute + self.tp + self.sp + self.fsdp + self.p2p
+                + self.ep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +73,11 @@ class StagePhases:
         return sum(op.total for op in self.forward) + sum(op.total for op in self.backward)
 
 
-def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends,
-               i: int) -> tuple[list[OpTime], list[OpTime]]:
+def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends, i: int,
+               moe: _Layer | None = None) -> tuple[list[OpTime], list[OpTime]]:
     """Forward and backward of each model chunk of stage ``i``: the terms of :func:`_stage`,
     split by direction (embedding on the first chunk of the first stage, LM head on the last
-    chunk of the last stage)."""
+    chunk of the last stage; an MoE stage's MoE layers spread evenly over its chunks)."""
     s, model = p.s, p.model
     h, t, v = model.hidden, s.tp, s.v
     k = p.stage_layers[i] // v  # layers per chunk of this stage
@@ -76,6 +88,17 @@ def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends,
     bwd = [OpTime(compute=k * layer.bwd_compute, recompute=k * layer.recompute,
                   tp=k * layer.tp_bwd, sp=k * layer.sp_bwd, fsdp=k * layer.fsdp_bwd, p2p=p2p,
                   wgrad=k * p.kernels.wgrad) for _ in range(v)]
+    if moe is not None and p.stage_moe_layers[i]:
+        n = p.stage_moe_layers[i] / v  # of each chunk's k layers, MoE ones
+        d = k - n
+        fwd = [replace(op, compute=d * layer.fwd_compute + n * moe.fwd_compute,
+                       tp=d * layer.tp_fwd + n * moe.tp_fwd, sp=d * layer.sp_fwd
+                       + n * moe.sp_fwd, ep=n * moe.ep_fwd) for op in fwd]
+        bwd = [replace(op, compute=d * layer.bwd_compute + n * moe.bwd_compute,
+                       recompute=d * layer.recompute + n * moe.recompute,
+                       tp=d * layer.tp_bwd + n * moe.tp_bwd, sp=d * layer.sp_bwd
+                       + n * moe.sp_bwd, wgrad=d * p.kernels.wgrad + n * moe.wgrad,
+                       ep=n * moe.ep_bwd) for op in bwd]
     if i == 0:
         embedding = p.comm.total(embedding_calls(p))
         fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,
@@ -103,11 +126,12 @@ def stage_phases(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     check_plan(model, system, training, strategy)
     p = StepPlan(model, system, training, strategy)
     layer = _layer(p)
+    moe = _moe_layer(p) if p.moe is not None else None
     ends = _ends(p)
     out = []
     for i in range(strategy.pp):
-        stage = _stage(p, layer, ends, i)
-        fwd, bwd = _chunk_ops(p, layer, ends, i)
+        stage = _stage(p, layer, ends, i, moe=moe)
+        fwd, bwd = _chunk_ops(p, layer, ends, i, moe)
         link, exposed = _dp_time(p, stage)
         out.append(StagePhases(i, tuple(fwd), tuple(bwd), link, exposed,
                                _optimizer_time(p, stage)))

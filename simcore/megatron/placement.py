@@ -29,7 +29,18 @@ from simcore.collectives import collective_time, p2p_time
 from simcore.network import Collective, Network, NetworkDim, PerNetwork, Topology
 from simcore.specs import Axis
 
-__all__ = ["AxisNetworks", "DpPart", "axis_networks"]
+__all__ = ["AxisLike", "AxisNetworks", "DpPart", "ExpertPart", "axis_networks",
+           "pairwise_all_to_all"]
+
+
+class ExpertPart(StrEnum):
+    """The expert grid of an MoE plan: a stage's tp x sp x dp ranks regrouped as etp x ep x
+    edp, innermost first (Megatron-LM's ``RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp)`` with
+    the order ``tp-cp-ep-dp-pp``, ``megatron/core/parallel_state.py``); pp stays outermost."""
+
+    ETP = "etp"
+    EP = "ep"
+    EDP = "edp"
 
 
 class DpPart(StrEnum):
@@ -41,11 +52,15 @@ class DpPart(StrEnum):
     """The shard groups' replicas: the outer part of dp."""
 
 
+AxisLike = Axis | DpPart | ExpertPart
+"""A group the collectives run over: a parallel axis, or a part of one (HSDP, experts)."""
+
+
 def _pieces(
-    shape: tuple[int, ...], degrees: list[tuple[Axis | DpPart, int]]
-) -> dict[Axis | DpPart, list[tuple[int, int]]]:
+    shape: tuple[int, ...], degrees: list[tuple[AxisLike, int]]
+) -> dict[AxisLike, list[tuple[int, int]]]:
     free = list(shape)
-    pieces: dict[Axis | DpPart, list[tuple[int, int]]] = {}
+    pieces: dict[AxisLike, list[tuple[int, int]]] = {}
     for axis, degree in degrees:
         left = degree
         mine: list[tuple[int, int]] = []
@@ -80,17 +95,24 @@ class AxisNetworks:
 
     def __init__(
         self, network: Network, degrees: Mapping[Axis, int], placement: tuple[Axis, ...],
-        dp_shard: int | None = None,
+        dp_shard: int | None = None, experts: tuple[int, int] | None = None,
     ) -> None:
-        order: list[tuple[Axis | DpPart, int]] = [(axis, degrees[axis]) for axis in placement]
-        pieces: dict[Axis | DpPart, list[tuple[int, int]]] = dict(_pieces(network.shape, order))
+        order: list[tuple[AxisLike, int]] = [(axis, degrees[axis]) for axis in placement]
+        pieces: dict[AxisLike, list[tuple[int, int]]] = dict(_pieces(network.shape, order))
         if dp_shard is not None:  # HSDP: dp split into its shard part (inner) and replicas
             at = placement.index(Axis.DP)
             split = order[:at] + [(DpPart.SHARD, dp_shard),
                                   (DpPart.REPLICATE, degrees[Axis.DP] // dp_shard)] + order[at + 1:]
             parts = _pieces(network.shape, split)
             pieces.update({part: parts[part] for part in DpPart})
-        self.networks: dict[Axis | DpPart, Network | None] = {}
+        if experts is not None:  # MoE: the stage's ranks as etp x ep x edp, pp outermost
+            etp, ep = experts
+            dense = degrees[Axis.TP] * degrees[Axis.SP] * degrees[Axis.DP]
+            grid = [(ExpertPart.ETP, etp), (ExpertPart.EP, ep),
+                    (ExpertPart.EDP, dense // (etp * ep)), (Axis.PP, degrees[Axis.PP])]
+            parts = _pieces(network.shape, grid)
+            pieces.update({part: parts[part] for part in ExpertPart})
+        self.networks: dict[AxisLike, Network | None] = {}
         for axis, mine in pieces.items():
             if not mine:
                 self.networks[axis] = None
@@ -101,12 +123,13 @@ class AxisNetworks:
         self._call = {axis: sum(d.call_latency_s for d in net.dims) if net is not None else 0.0
                       for axis, net in self.networks.items()}
         """Per call on the axis: the call latency of every dimension it spans."""
-        self._times: dict[tuple[Axis | DpPart, Collective, int], float] = {}
+        self._times: dict[tuple[AxisLike, Collective, int], float] = {}
         self._p2p: dict[tuple[Axis, int], float] = {}
 
-    def collective(self, axis: Axis | DpPart, collective: Collective, size_bytes: float) -> float:
+    def collective(self, axis: AxisLike, collective: Collective, size_bytes: float) -> float:
         """Seconds for one collective over the axis's group (size as ASTRA-sim takes it: the
-        per-rank input for all-gather, the whole tensor otherwise); 0 for a degree of 1."""
+        per-rank input for all-gather and all-to-all, the whole tensor otherwise); 0 for a
+        degree of 1. An all-to-all is timed as pairwise sends (:func:`pairwise_all_to_all`)."""
         network = self.networks[axis]
         size = int(size_bytes)
         if network is None or size <= 0:
@@ -114,8 +137,12 @@ class AxisNetworks:
         key = (axis, collective, size)
         cached = self._times.get(key)
         if cached is None:
-            cached = (collective_time(network, collective, size,
-                                      congestion=network.congestion).time_s + self._call[axis])
+            if collective is Collective.ALL_TO_ALL:
+                cached = pairwise_all_to_all(network, size) + self._call[axis]
+            else:
+                cached = (collective_time(network, collective, size,
+                                          congestion=network.congestion).time_s
+                          + self._call[axis])
             self._times[key] = cached
         return cached
 
@@ -133,20 +160,37 @@ class AxisNetworks:
         return cached
 
 
+def pairwise_all_to_all(network: Network, size: int) -> float:
+    """Seconds for an all-to-all of ``size`` bytes per rank as NCCL runs it: pairwise sends,
+    each rank sending ``size / n`` to every other rank once. A message travels over the outermost
+    dimension in which the two ranks differ; the dimensions' links work at once, so the time is
+    the slowest dimension's bytes over its link bandwidth, plus its latency: for a node of g GPUs
+    in N nodes, ``size (N - 1) / N`` over the network between nodes and ``size (g - 1) / (g N)``
+    inside the node. (ASTRA-sim's ring all-to-all forwards each piece hop by hop, about n/2
+    times the bytes; its direct one gives every pair a link of its own: neither is a switch.)"""
+    per_peer = size / network.npus
+    inner, slowest = 1, 0.0
+    for dim in network.dims:
+        sent = per_peer * (dim.npus - 1) * inner
+        slowest = max(slowest, sent / dim.bandwidth_bytes_per_s + dim.latency_s)
+        inner *= dim.npus
+    return slowest
+
+
 _per_network: PerNetwork[dict[tuple, AxisNetworks]] = PerNetwork(lambda _: {})
 """Each network's axis sub-networks, by degrees and placement."""
 
 
 def axis_networks(
     network: Network, degrees: Mapping[Axis, int], placement: tuple[Axis, ...],
-    dp_shard: int | None = None,
+    dp_shard: int | None = None, experts: tuple[int, int] | None = None,
 ) -> AxisNetworks:
     """The axis sub-networks of a placement, built once per Network object and placement (and
     HSDP's ``dp_shard``: the dp ranks of a shard group, None without HSDP)."""
     per_network = _per_network(network)
-    key = (tuple(degrees[a] for a in Axis), placement, dp_shard)
+    key = (tuple(degrees[a] for a in Axis), placement, dp_shard, experts)
     found = per_network.get(key)
     if found is None:
-        found = AxisNetworks(network, degrees, placement, dp_shard)
+        found = AxisNetworks(network, degrees, placement, dp_shard, experts)
         per_network[key] = found
     return found

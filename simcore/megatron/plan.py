@@ -11,10 +11,19 @@ from simcore.megatron.calls import Call
 from simcore.megatron.checks import micro_batches
 from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
 from simcore.megatron.layers import LayerShape, layer_shape
-from simcore.megatron.placement import AxisNetworks, DpPart, axis_networks
+from simcore.megatron.placement import AxisLike, AxisNetworks, axis_networks
 from simcore.megatron.precision import FP8_BYTES
 from simcore.network import Collective
-from simcore.specs import Axis, Family, ModelSpec, Precision, Strategy, SystemSpec, TrainingSpec
+from simcore.specs import (
+    Axis,
+    Family,
+    ModelSpec,
+    Precision,
+    Recompute,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+)
 
 __all__ = ["Comm", "StepPlan", "uses_flash_attention"]
 
@@ -39,7 +48,7 @@ class Comm:
     def __init__(self, nets: AxisNetworks, launch: float) -> None:
         self.nets, self.launch = nets, launch
 
-    def collective(self, axis: Axis | DpPart, collective: Collective, size_bytes: float) -> float:
+    def collective(self, axis: AxisLike, collective: Collective, size_bytes: float) -> float:
         t = self.nets.collective(axis, collective, size_bytes)
         return t + self.launch if t else 0.0
 
@@ -88,8 +97,13 @@ class StepPlan:
         degrees = {Axis.DP: strategy.dp, Axis.TP: strategy.tp, Axis.PP: strategy.pp,
                    Axis.SP: strategy.sp}
         dp_shard = self.shard_ranks // strategy.sp if self.hsdp else None
-        self.comm = Comm(axis_networks(system.network, degrees, strategy.placement, dp_shard),
-                         device.collective_launch_s)
+        self.moe = model.moe
+        """The MoE layers' FFN (None: a dense model)."""
+        experts = (strategy.expert_tp, strategy.ep) if self.moe is not None else None
+        self.comm = Comm(axis_networks(system.network, degrees, strategy.placement, dp_shard,
+                                       experts), device.collective_launch_s)
+        self.stage_moe_layers = _stage_moe_layers(model, self.stage_layers)
+        """MoE layers on each pipeline stage (all 0 for a dense model)."""
         s = strategy
         self.act: LayerActivations = _shared(
             shared, ("act", s.micro_batch, s.tp, s.sp, s.sequence_parallel, s.recompute, self.fp8),
@@ -107,6 +121,59 @@ class StepPlan:
                 sequence_parallel=s.sequence_parallel, flash=self.flash,
                 act_bytes=training.bytes_per_activation, micro_batches=self.m,
             ))
+        if self.moe is not None:
+            self._moe_parts(shared)
+
+    def _moe_parts(self, shared: dict[tuple[Any, ...], Any] | None) -> None:
+        """An MoE layer's kernels and activations: the attention and shared experts as a layer
+        with the shared width, the router and routed experts apart (:mod:`simcore.megatron.moe`)."""
+        from simcore.megatron.moe import expert_activations, expert_kernels, moe_shape
+
+        model, s, training = self.model, self.s, self.training
+        assert model.moe is not None
+        self.moe_shape = _shared(shared, ("moe shape",), lambda: moe_shape(model))
+        width = model.moe.shared_width
+        self.expert_tokens = self.tokens / s.tp
+        """Tokens entering an MoE layer on this rank: the micro-batch's, split by cp and (with
+        sequence parallelism, which MoE with tp > 1 needs) by tp."""
+        a = training.bytes_per_activation
+        self.moe_kernels: LayerKernels = _shared(
+            shared, ("moe kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
+                     self.m if self.fp8 else 0),
+            lambda: layer_kernels(
+                model, self.shape, self.costs, micro_batch=s.micro_batch,
+                queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
+                sequence_parallel=s.sequence_parallel, flash=self.flash, act_bytes=a,
+                micro_batches=self.m, ffn=width,
+            ))
+        self.experts = _shared(
+            shared, ("experts", s.micro_batch, s.sp, s.tp, s.ep, s.expert_tp, s.precision),
+            lambda: expert_kernels(model, self.costs, tokens=self.expert_tokens, ep=s.ep,
+                                   etp=s.expert_tp, act_bytes=a))
+        self.moe_act: LayerActivations = _shared(
+            shared, ("moe act", s.micro_batch, s.tp, s.sp, s.sequence_parallel, s.recompute,
+                     self.fp8),
+            lambda: layer_activations(
+                model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
+                sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=s.recompute,
+                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2, ffn=width,
+            ))
+        self.expert_act = expert_activations(model, tokens=self.expert_tokens, etp=s.expert_tp,
+                                             act_bytes=a, recompute=s.recompute)
+        """The router's and routed experts' kept activations (0 under full recompute)."""
+        self.expert_act_full = expert_activations(model, tokens=self.expert_tokens,
+                                                  etp=s.expert_tp, act_bytes=a,
+                                                  recompute=Recompute.NONE)
+
+
+def _stage_moe_layers(model: ModelSpec, stage_layers: tuple[int, ...]) -> tuple[int, ...]:
+    if model.moe is None:
+        return tuple(0 for _ in stage_layers)
+    counts, start = [], 0
+    for n in stage_layers:
+        counts.append(model.moe.moe_layers(start, start + n))
+        start += n
+    return tuple(counts)
 
 
 def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:

@@ -32,7 +32,7 @@ layer, dp behind the last backward) includes that slowdown.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
@@ -48,6 +48,7 @@ from simcore.megatron.calls import (
 )
 from simcore.megatron.checks import check_plan
 from simcore.megatron.layers import LayerShape
+from simcore.megatron.moe import expert_calls, expert_grad_calls, moe_shape
 from simcore.megatron.pipeline import in_flight, pipeline_time
 from simcore.megatron.plan import StepPlan, uses_flash_attention
 from simcore.megatron.precision import FP8_BYTES
@@ -87,6 +88,12 @@ class _Layer:
     sp_bwd: float
     fsdp_fwd: float
     fsdp_bwd: float
+    wgrad: float = 0.0
+    """The backward's weight-gradient GEMMs (part of bwd_compute)."""
+    ep_fwd: float = 0.0
+    """An MoE layer's all-to-alls (and expert-tp collectives) forward, on the critical path."""
+    ep_bwd: float = 0.0
+    """Backward (and, under full recompute, the forward's again)."""
 
     @property
     def compute(self) -> float:
@@ -95,7 +102,7 @@ class _Layer:
     @property
     def total(self) -> float:
         return (self.compute + self.tp_fwd + self.tp_bwd + self.sp_fwd + self.sp_bwd
-                + self.fsdp_fwd + self.fsdp_bwd)
+                + self.fsdp_fwd + self.fsdp_bwd + self.ep_fwd + self.ep_bwd)
 
 
 def _hidden(p: StepPlan, comm: float, compute: float) -> float:
@@ -110,19 +117,42 @@ def _tp_layer_comm(p: StepPlan) -> float:
 
 
 def _layer(p: StepPlan) -> _Layer:
-    s = p.s
+    """A dense transformer layer."""
     kernels = p.kernels
-    fwd, bwd = kernels.forward, kernels.backward
-    tp = _tp_layer_comm(p)
+    return _layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
+                     _tp_layer_comm(p))
+
+
+def _moe_layer(p: StepPlan) -> _Layer:
+    """An MoE layer (:mod:`simcore.megatron.moe`): the attention and shared experts' kernels
+    and tp pairs (one pair for the attention, one more with shared experts: the routed experts'
+    tokens stay split over tp and go through the all-to-all instead), the router and routed
+    experts, and their all-to-alls on the critical path, run again under full recompute."""
+    k, x = p.moe_kernels, p.experts
+    assert p.moe is not None
+    pairs = 2 if p.moe.shared_experts else 1
+    tp = pairs * p.comm.total(tp_pair_calls(p))
+    layer = _layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
+                      k.core_forward, tp)
+    ep = p.comm.total(expert_calls(p.model, p.s, p.expert_tokens,
+                                   p.training.bytes_per_activation))
+    again = ep if p.s.recompute is Recompute.FULL else 0.0
+    return replace(layer, ep_fwd=ep, ep_bwd=ep + again)
+
+
+def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
+              tp: float) -> _Layer:
+    """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
+    attention core) and tp communication, with the plan's sp, recompute and ZeRO-3."""
+    s = p.s
     # Backward hides its tp communication behind the weight-gradient GEMMs (Megatron-LM's
     # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5).
-    tp_bwd = _hidden(p, tp, kernels.wgrad)
+    tp_bwd = _hidden(p, tp, wgrad)
 
     sp_fwd = sp_bwd = 0.0
     if s.sp > 1:
         gathers, scatters = cp_kv_calls(p)
         gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
-        core = p.kernels.core_forward
         sp_fwd = _hidden(p, gather, core)
         sp_bwd = _hidden(p, gather + scatter, 2 * core)
 
@@ -130,7 +160,7 @@ def _layer(p: StepPlan) -> _Layer:
         recompute = fwd
         tp_recompute = tp
     elif s.recompute is Recompute.SELECTIVE:
-        recompute = kernels.core_forward
+        recompute = core
         tp_recompute = 0.0
     else:
         recompute = tp_recompute = 0.0
@@ -142,7 +172,7 @@ def _layer(p: StepPlan) -> _Layer:
         fsdp_fwd = _hidden(p, gather, fwd)
         fsdp_bwd = _hidden(p, gather + scatter, bwd + recompute)
     return _Layer(fwd, bwd, recompute, tp, tp_bwd + tp_recompute, sp_fwd, sp_bwd, fsdp_fwd,
-                  fsdp_bwd)
+                  fsdp_bwd, wgrad)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,24 +220,35 @@ class _Stage:
     """Backward of one micro-batch: the window the gradient reduction hides behind."""
     wgrad: float = 0.0
     """Its weight-gradient GEMMs (part of compute): the W pass of a zero-bubble schedule."""
+    ep: float = 0.0
+    """Its MoE layers' all-to-alls (and expert-tp collectives), forward and backward."""
+    moe_layers: int = 0
+    """Of its layers, those with the MoE FFN."""
+    expert_params: float = 0.0
+    """The routed experts' parameters this device holds (split by ep and etp; not in params:
+    their states are sharded, and their gradients reduced, over the expert data-parallel
+    group)."""
 
     @property
     def time(self) -> float:
-        return self.compute + self.tp + self.sp + self.pp + self.fsdp
+        return self.compute + self.tp + self.sp + self.pp + self.fsdp + self.ep
 
 
 def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | None = None,
-           pp: int | None = None, pp_time: float | None = None) -> _Stage:
+           pp: int | None = None, pp_time: float | None = None,
+           moe: _Layer | None = None) -> _Stage:
     """Stage ``i`` of ``pp`` (default the plan's) holding ``layers`` transformer layers (default
     the plan's count for stage ``i``, :meth:`Strategy.stage_layers`, or an equal share of another
     ``pp``); ``pp_time`` replaces the sends along the plan's pp axis (a pipeline whose stages sit
-    on different device groups, :mod:`simcore.mixed`)."""
+    on different device groups, :mod:`simcore.mixed`). ``moe``: the plan's MoE layer, for the
+    stage's MoE layers (:attr:`StepPlan.stage_moe_layers`; the rest are ``layer``)."""
     s, model, shape = p.s, p.model, p.shape
     h, t = model.hidden, s.tp
     pp = s.pp if pp is None else pp
     if layers is None:
         layers = p.stage_layers[i] if pp == s.pp else model.layers // pp
-    n = layers
+    n_moe = p.stage_moe_layers[i] if moe is not None and pp == s.pp else 0
+    n = layers - n_moe  # dense layers
     first, last = i == 0, i == pp - 1
     params = n * shape.layer_params / t
     compute = n * layer.compute
@@ -230,8 +271,19 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
     if first:
         bwd += ends.embedding_bwd
     wgrad = n * p.kernels.wgrad + (ends.head_wgrad if last else 0.0)
-    return _Stage(i, n, params, compute, tp, n * (layer.sp_fwd + layer.sp_bwd), sends,
-                  n * (layer.fsdp_fwd + layer.fsdp_bwd), bwd, wgrad)
+    sp, fsdp = n * (layer.sp_fwd + layer.sp_bwd), n * (layer.fsdp_fwd + layer.fsdp_bwd)
+    if not n_moe:
+        return _Stage(i, layers, params, compute, tp, sp, sends, fsdp, bwd, wgrad)
+    assert moe is not None
+    m = n_moe
+    ms = p.moe_shape
+    params += m * (shape.attention_params + shape.other_params + ms.router_params
+                   + ms.shared_params) / t
+    experts = m * ms.expert_params * ms.experts / (s.ep * s.expert_tp)
+    return _Stage(i, layers, params, compute + m * moe.compute,
+                  tp + m * (moe.tp_fwd + moe.tp_bwd), sp + m * (moe.sp_fwd + moe.sp_bwd), sends,
+                  fsdp, bwd + m * (moe.bwd_compute + moe.recompute + moe.tp_bwd),
+                  wgrad + m * moe.wgrad, m * (moe.ep_fwd + moe.ep_bwd), m, experts)
 
 
 def pp_send(p: StepPlan) -> float:
@@ -248,11 +300,17 @@ def grad_buckets(p: StepPlan, params: float) -> int:
 
 
 def _dp_time(p: StepPlan, stage: _Stage) -> tuple[float, float]:
-    """(link, exposed) seconds of the stage's gradient reduction."""
-    link = p.grad_links.get(stage.params)
+    """(link, exposed) seconds of the stage's gradient reduction (an MoE stage's expert
+    gradients over the expert data-parallel group after the rest)."""
+    key = (stage.params, stage.expert_params)
+    link = p.grad_links.get(key)
     if link is None:  # the stages between the first and last hold the same parameters
         reduce, gather = grad_reduction_calls(p, stage.params)
-        link = p.grad_links[stage.params] = p.comm.total(reduce) + p.comm.total(gather)
+        link = p.comm.total(reduce) + p.comm.total(gather)
+        if stage.expert_params:
+            reduce, gather = expert_grad_calls(p, stage.expert_params)
+            link += p.comm.total(reduce) + p.comm.total(gather)
+        p.grad_links[key] = link
     if not link:
         return 0.0, 0.0
     if not p.training.overlap_grad_reduce:
@@ -265,6 +323,8 @@ def _dp_time(p: StepPlan, stage: _Stage) -> tuple[float, float]:
 def _optimizer_time(p: StepPlan, stage: _Stage) -> float:
     tr = p.training
     local = stage.params / (p.shard_ranks if p.s.zero >= ZeroStage.OPTIMIZER else 1)
+    if stage.expert_params:
+        local += stage.expert_params / (p.s.edp if p.s.zero >= ZeroStage.OPTIMIZER else 1)
     per_param = (OPTIMIZER_STATE_PASSES * tr.bytes_per_param_optimizer + tr.bytes_per_param_grads
                  + tr.bytes_per_param_weights)
     return local * per_param / p.costs.byte_rate
@@ -274,9 +334,18 @@ def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
     """Activation bytes of a stage of ``pp`` holding ``flight`` micro-batches (a float, or an
     array of them: the same operations element by element, :mod:`simcore.megatron.batched`)."""
     s, model, act = p.s, p.model, p.act
-    activations = stage.layers * act.stored * flight
+    n_moe = stage.moe_layers
+    if not n_moe:
+        activations = stage.layers * act.stored * flight
+    else:  # an MoE layer keeps its attention's and shared experts', and its experts'
+        per_layer = (stage.layers - n_moe) * act.stored + n_moe * (p.moe_act.stored
+                                                                    + p.expert_act)
+        activations = per_layer * flight
     if s.recompute is Recompute.FULL:
-        activations += act.full - act.stored  # the layer being recomputed
+        working = act.full - act.stored  # the layer being recomputed
+        if n_moe:
+            working = max(working, p.moe_act.full + p.expert_act_full - p.moe_act.stored)
+        activations += working
     elif s.recompute is Recompute.SELECTIVE:
         activations += act.attention_core
     h, t = model.hidden, s.tp
@@ -295,9 +364,17 @@ def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryPa
     group = p.shard_ranks  # the shard group under HSDP, else dp * sp
     zero = s.zero
     weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group)
+    if stage.expert_params:  # the routed experts' states, sharded over expert dp
+        w, g, o = model_state_bytes(stage.expert_params, tr, zero, s.edp)
+        weights, grads, optimizer = weights + w, grads + g, optimizer + o
     if p.fp8:
         # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights are.
         fp8_copy = stage.layers * p.shape.matmul_params / s.tp * FP8_BYTES
+        if stage.moe_layers:  # an MoE layer's linears: attention, shared and routed experts
+            ms = p.moe_shape
+            dense = p.shape.matmul_params - p.shape.attention_params
+            fp8_copy += (stage.moe_layers * (ms.shared_params - dense) / s.tp
+                         + stage.expert_params) * FP8_BYTES
         weights += fp8_copy / (group if zero >= ZeroStage.PARAMETERS else 1)
     flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
     activations = stage_activations(p, stage, flight, pp)
@@ -318,10 +395,32 @@ def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryPa
     return parts, flight
 
 
+def _layers_forward_flops(model: ModelSpec, shape: LayerShape, seq: int, *,
+                          core_only: bool = False) -> int:
+    """Forward FLOP of every transformer layer for one sequence: the matmuls
+    (``2 s params``; an MoE layer's with its activated experts only: attention, router, shared
+    and ``top_k`` routed experts, as Megatron-LM's ``num_floating_point_operations`` counts)
+    and the attention core (``4 s^2 q``, q the heads' width), or only the core."""
+    core = 4 * seq * seq * (model.heads * model.head_dim)
+    n_moe = model.moe_layer_count
+    dense = model.layers - n_moe
+    if core_only:
+        return model.layers * core
+    flops = dense * (2 * seq * shape.matmul_params + core)
+    if n_moe:
+        assert model.moe is not None
+        ms = moe_shape(model)
+        active = (shape.attention_params + ms.router_params + ms.shared_params
+                  + model.moe.top_k * ms.expert_params)
+        flops += n_moe * (2 * seq * active + core)
+    return flops
+
+
 def _model_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec) -> float:
-    """Forward + backward FLOP of one step without recompute: 3 x forward (Korthikanti Eq. 7)."""
+    """Forward + backward FLOP of one step without recompute: 3 x forward (Korthikanti Eq. 7);
+    an MoE model's on its activated parameters."""
     seq = training.seq_len
-    per_sequence = (model.layers * (2 * seq * shape.matmul_params + 4 * seq * seq * model.hidden)
+    per_sequence = (_layers_forward_flops(model, shape, seq)
                     + 2 * seq * model.hidden * model.vocab)
     return 3 * per_sequence * training.global_batch
 
@@ -330,12 +429,12 @@ def _recompute_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec
                      recompute: Recompute) -> float:
     seq = training.seq_len
     if recompute is Recompute.FULL:
-        per_layer = 2 * seq * shape.matmul_params + 4 * seq * seq * model.hidden
+        per_sequence = _layers_forward_flops(model, shape, seq)
     elif recompute is Recompute.SELECTIVE:
-        per_layer = 4 * seq * seq * model.hidden
+        per_sequence = _layers_forward_flops(model, shape, seq, core_only=True)
     else:
         return 0.0
-    return model.layers * per_layer * training.global_batch
+    return per_sequence * training.global_batch
 
 
 def layer_time(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
@@ -356,8 +455,9 @@ def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSp
     check_plan(model, system, training, strategy)
     p = StepPlan(model, system, training, strategy)
     layer = _layer(p)
+    moe = _moe_layer(p) if p.moe is not None else None
     ends = _ends(p)
-    stages = [(p, _stage(p, layer, ends, i)) for i in range(strategy.pp)]
+    stages = [(p, _stage(p, layer, ends, i, moe=moe)) for i in range(strategy.pp)]
     return assemble(model, training, stages, pp=strategy.pp, m=p.m, v=strategy.v,
                     recompute=strategy.recompute, schedule=strategy.schedule,
                     peak_flops_per_s=system.device.peak_flops_per_s * strategy.devices)
@@ -377,7 +477,7 @@ def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPl
     optimizer = max(_optimizer_time(sp, st) for sp, st in stages)
     time = TimeParts(
         compute=m * critical.compute, tp=m * critical.tp, sp=m * critical.sp,
-        dp=dp_exposed, pp=m * critical.pp, fsdp=m * critical.fsdp,
+        dp=dp_exposed, pp=m * critical.pp, fsdp=m * critical.fsdp, ep=m * critical.ep,
         bubble=pipe - m * critical.time, optimizer=optimizer,
     )
     memories = [_memory(sp, st, pp) for sp, st in stages]

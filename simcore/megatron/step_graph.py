@@ -262,10 +262,13 @@ def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                 strategy: Strategy) -> StepGraphs:
     """Every NPU's graph of one step (see the module docstring); raises ValueError when the plan
     does not divide, or when it holds what the graph does not write yet (HSDP's shard group,
-    the ZB-H1 schedule's separate weight-gradient passes)."""
+    the ZB-H1 schedule's separate weight-gradient passes, MoE layers)."""
     if strategy.replicas > 1 or strategy.schedule is Schedule.ZB_H1:
         raise ValueError("the step graph (Chakra, ASTRA-sim) does not write HSDP (shard_group)"
                          " or schedule zb-h1 yet; it offers plain ZeRO-3 and 1f1b/interleaved")
+    if model.moe is not None:
+        raise ValueError(f"the step graph (Chakra, ASTRA-sim) does not write MoE layers yet"
+                         f" ({model.name}); it offers dense GPT and Llama models")
     p = StepPlan(model, system, training, strategy)
     layer, ends = _layer(p), _ends(p)
     phases = stage_phases(model, system, training, strategy)

@@ -1,0 +1,233 @@
+"""Issue 21: mixture-of-experts models, expert parallelism and its all-to-all.
+
+Figures: parameter counts as the models' publishers give them (Mixtral paper and Mistral's
+posts, DeepSeek-V3's report, Qwen3's model card); FLOPs, all-to-all time and memory sharding by
+hand from the formulas in :mod:`simcore.megatron.moe` and Megatron-LM's parallel folding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import simcore
+from planner.catalog import load_catalog
+from planner.exports import export_files
+from planner.plan import make_plan, strategy_dict, strategy_from_attrs
+from search_spaces.frameworks import why_not
+from search_spaces.space import StrategySpace
+from simcore.megatron.kernels import KernelCosts
+from simcore.megatron.layers import layer_shape
+from simcore.megatron.moe import expert_kernels, moe_shape
+from simcore.megatron.placement import pairwise_all_to_all
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.step import _model_flops
+from simcore.network import Network
+from simcore.specs import (
+    Axis,
+    Convention,
+    DeviceSpec,
+    Recompute,
+    Schedule,
+    Strategy,
+    TrainingSpec,
+    ZeroStage,
+)
+from simcore.timeline import step_timeline
+
+CATALOG = load_catalog()
+MIXTRAL = CATALOG.model("mixtral-8x7b")
+DSV3 = CATALOG.model("deepseek-v3")
+H100_64 = CATALOG.system("dgx-h100-64")
+H800 = CATALOG.system("dgx-h800-2048")
+TRAINING = TrainingSpec(global_batch=256, seq_len=4096)
+PLAN = Strategy(dp=16, tp=1, pp=4, ep=8, zero=ZeroStage.OPTIMIZER, schedule=Schedule.INTERLEAVED,
+                v=8)
+"""Megatron-Core's reference mapping for Mixtral 8x7B on 64 H100s: TP1 EP8 PP4 VP8 MBS1
+(megatron/core/transformer/moe/README.md @b97184db)."""
+
+
+def _params(name: str) -> tuple[float, float]:
+    """(total, activated) parameters from the catalog shapes, in billions."""
+    m = CATALOG.model(name)
+    sh, ms = layer_shape(m), moe_shape(m)
+    n_moe = m.moe_layer_count
+    moe_layer = sh.attention_params + sh.other_params + ms.router_params + ms.shared_params
+    ends = sh.embedding_params + sh.head_params
+    dense = (m.layers - n_moe) * sh.layer_params + ends
+    assert m.moe is not None
+    return ((dense + n_moe * (moe_layer + ms.routed_params)) / 1e9,
+            (dense + n_moe * (moe_layer + m.moe.top_k * ms.expert_params)) / 1e9)
+
+
+@pytest.mark.parametrize(("name", "total", "active"), [
+    ("mixtral-8x7b", 46.7, 12.9),     # Mistral, "Mixtral of experts" (12/2023)
+    ("mixtral-8x22b", 141, 39),      # Mistral, "Cheaper, Better, Faster, Stronger" (04/2024)
+    ("deepseek-v3", 671, 37),        # arXiv:2412.19437 abstract: 671B total, 37B activated
+    ("qwen3-30b-a3b", 30.5, 3.3),    # Qwen3-30B-A3B model card: 30.5B total, 3.3B activated
+])
+def test_catalog_shapes_give_the_published_parameter_counts(name, total, active) -> None:
+    got_total, got_active = _params(name)
+    assert got_total == pytest.approx(total, rel=0.01)
+    assert got_active == pytest.approx(active, rel=0.03)
+
+
+def test_model_flops_count_the_activated_experts_only() -> None:
+    # By hand, Mixtral per sequence forward: 32 x (2 s (attention + router + 2 experts) +
+    # 4 s^2 h) + 2 s h V; a step is 3 x that x the global batch (Megatron-LM's
+    # num_floating_point_operations counts the top-k experts the same way)
+    s, h, f, kv = 4096, 4096, 14336, 1024
+    attention = 2 * h * h + 2 * h * kv
+    expert = 3 * h * f
+    per_sequence = 32 * (2 * s * (attention + 8 * h + 2 * expert) + 4 * s * s * h) + 2 * s * h * 32000
+    assert _model_flops(MIXTRAL, layer_shape(MIXTRAL), TRAINING) == 3 * per_sequence * 256
+
+
+def test_expert_gemm_flops_per_rank_do_not_depend_on_ep_or_etp() -> None:
+    # Module docstring: each rank's experts do 2 T k c (3 h f_e) GEMM FLOPs forward (SwiGLU);
+    # with every floor off and rate 1 FLOP/s the forward's GEMM seconds are those FLOPs
+    costs = KernelCosts(flop_rate=1.0, byte_rate=float("inf"), attention_rate=1.0, launch=0.0,
+                        sm_count=0)
+    tokens, h, e = 4096, 4096, 8
+    router = 2 * tokens * h * e
+    expected = 2 * tokens * 2 * 3 * h * 14336 + router
+    for ep, etp in ((1, 1), (8, 1), (4, 2), (2, 4)):
+        k = expert_kernels(MIXTRAL, costs, tokens=tokens, ep=ep, etp=etp, act_bytes=2)
+        assert k.forward == pytest.approx(expected, rel=1e-12)
+        assert k.wgrad == pytest.approx(expected, rel=1e-12)
+
+
+def test_all_to_all_is_pairwise_sends_over_the_slowest_dimension() -> None:
+    # ep 64 on DeepSeek-V3's cluster: 8 GPUs of a node (160 GB/s) x 8 nodes (50 GB/s). Each rank
+    # sends size/64 to each of 63 others: 7 inside the node, 56 across. By hand, 470 MB:
+    # across 470e6 * 56/64 / 50e9 + 8.8 us = 8.2338 ms; inside 470e6 * 7/64 / 160e9 + 0.33 us.
+    node, ib = H800.network.dims
+    net = Network(dims=(node, replace(ib, npus=8)), scheduling=H800.network.scheduling)
+    size = 470_000_000
+    assert pairwise_all_to_all(net, size) == pytest.approx(size * 56 / 64 / 50e9 + 8.8e-6)
+    inside = Network(dims=(node,), scheduling=H800.network.scheduling)
+    assert pairwise_all_to_all(inside, size) == pytest.approx(size * 7 / 8 / 160e9 + 0.33e-6)
+
+
+def test_the_estimate_times_each_moe_layer_s_four_all_to_alls() -> None:
+    # Forward: dispatch and combine over ep; backward the same again. Each rank's buffer is its
+    # T k rows of h bf16 values, T = 4096 tokens (mb 1, tp 1): 4096 * 2 * 4096 * 2 bytes. The
+    # ep 8 group is one node of H100s: pairwise, (7/8) size / 545 GB/s + 0.33 us, plus NCCL's
+    # call (11 us) and the host's collective launch (4.32 us), per all-to-all.
+    size = 4096 * 2 * 4096 * 2
+    one = size * 7 / 8 / 545e9 + 0.33e-6 + 11e-6 + 4.32e-6
+    est = simcore.estimate(MIXTRAL, H100_64, TRAINING, PLAN)
+    m = TRAINING.global_batch // PLAN.dp
+    layers = MIXTRAL.layers // PLAN.pp
+    assert est.time.ep == pytest.approx(m * layers * 4 * one, rel=1e-9)
+
+
+def test_expert_states_are_sharded_over_expert_data_parallelism() -> None:
+    # ZeRO-1 with ep 8 on 64 GPUs, pp 4: edp = tp*sp*dp / (etp*ep) = 16 / 8 = 2. A stage's
+    # routed experts: 8 layers x 8/8 experts x 3 h f_e; their optimizer state (12 bytes) is
+    # sharded over edp = 2, their weights and gradients (2 + 2 bytes) are whole.
+    est = simcore.estimate(MIXTRAL, H100_64, TRAINING, PLAN)
+    p = StepPlan(MIXTRAL, H100_64, TRAINING, PLAN)
+    experts = 8 * 1 * 3 * 4096 * 14336
+    sh, ms = layer_shape(MIXTRAL), moe_shape(MIXTRAL)
+    dense = 8 * (sh.attention_params + sh.other_params + ms.router_params)
+    stage = est.stages[1]  # a middle stage: no embedding or head
+    assert PLAN.edp == 2 and p.stage_moe_layers == (8, 8, 8, 8)
+    assert stage.memory.optimizer == pytest.approx(12 * (dense / 16 + experts / 2), rel=1e-12)
+    assert stage.memory.weights == pytest.approx(2 * (dense + experts), rel=1e-12)
+    # the same plan without expert parallelism holds all 8 experts per layer
+    flat = simcore.estimate(MIXTRAL, H100_64, TRAINING, replace(PLAN, ep=1))
+    assert flat.stages[1].memory.weights == pytest.approx(2 * (dense + 8 * experts), rel=1e-12)
+
+
+def test_first_dense_layers_are_dense() -> None:
+    moe = DSV3.moe
+    assert moe is not None and DSV3.moe_layer_count == 58
+    assert [moe.is_moe(i) for i in range(5)] == [False, False, False, True, True]
+    p = StepPlan(DSV3, H800, TrainingSpec(global_batch=15360, seq_len=4096),
+                 Strategy(dp=128, pp=16, ep=64, etp=1, zero=ZeroStage.OPTIMIZER,
+                          recompute=Recompute.FULL, first_stage_layers=1, last_stage_layers=4))
+    assert p.stage_layers[0] == 1 and p.stage_moe_layers[0] == 0
+    assert p.stage_moe_layers[1] == 2  # layers 1-4: 3 and 4 are MoE
+    assert sum(p.stage_moe_layers) == 58
+
+
+@pytest.mark.parametrize(("strategy", "match"), [
+    (replace(PLAN, ep=16), "ep=16 must divide experts=8"),
+    (Strategy(dp=8, tp=2, pp=4, ep=8, sequence_parallel=False), "sequence parallelism"),
+    (replace(PLAN, zero=ZeroStage.PARAMETERS), "zero=3"),
+    (replace(PLAN, placement=(Axis.TP, Axis.PP, Axis.DP, Axis.SP)), "pp outermost"),
+])
+def test_expert_rules(strategy, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        simcore.check(MIXTRAL, H100_64, TRAINING, strategy)
+
+
+def test_expert_parallelism_needs_an_moe_model() -> None:
+    dense = CATALOG.model("llama3-8b")
+    with pytest.raises(ValueError, match="needs a model with MoE layers"):
+        simcore.check(dense, H100_64, TRAINING, Strategy(dp=64, ep=8))
+
+
+def test_space_searches_ep_and_etp_without_duplicates() -> None:
+    space = StrategySpace(model=MIXTRAL, system=H100_64, training=TRAINING,
+                          convention=Convention.MEGATRON, tp=(1, 2), pp=(4,), ep=(1, 8),
+                          etp=(None, 1), zero=(ZeroStage.OPTIMIZER,))
+    valid = space.valid
+    labels = [p for p in map(lambda s: (s.tp, s.ep, s.expert_tp), valid)]
+    assert len(labels) == len(set(labels))  # etp 1 at tp 1 is the tp default, listed once
+    assert {(s.tp, s.ep, s.etp) for s in valid} == {
+        (1, 1, None), (1, 8, None), (2, 1, None), (2, 1, 1), (2, 8, None), (2, 8, 1)}
+    assert space.valid_count == len(valid)
+
+
+def test_frameworks_rules_and_exports() -> None:
+    dsv3 = Strategy(dp=128, pp=16, ep=64, etp=1, zero=ZeroStage.OPTIMIZER,
+                    first_stage_layers=1, last_stage_layers=4)
+    assert "top-1 and top-2" in why_not("deepspeed", DSV3, TRAINING, dsv3)
+    assert "no expert tensor parallelism" in why_not(
+        "torchtitan", MIXTRAL, TRAINING, Strategy(dp=32, tp=2, ep=8, etp=2))
+    assert why_not("megatron", MIXTRAL, TRAINING, PLAN) is None
+    plan = make_plan(MIXTRAL, H100_64, TRAINING, PLAN, Convention.MEGATRON)
+    script = export_files(plan, "megatron")["megatron.sh"]
+    for option in ("--num-experts 8", "--moe-router-topk 2", "--moe-ffn-hidden-size 14336",
+                   "--expert-model-parallel-size 8", "--moe-token-dispatcher-type alltoall"):
+        assert option in script
+    with pytest.raises(ValueError, match="MoE layers"):
+        export_files(plan, "torchtitan")
+    assert strategy_from_attrs(strategy_dict(PLAN) | {"placement": "tp,sp,dp,pp"}) == PLAN
+
+
+def test_timeline_ends_at_the_estimate_with_the_all_to_alls_drawn() -> None:
+    one_stage = Strategy(dp=32, tp=2, ep=8, etp=1, micro_batch=2, zero=ZeroStage.OPTIMIZER)
+    est = simcore.estimate(MIXTRAL, H100_64, TRAINING, one_stage)
+    tl = step_timeline(MIXTRAL, H100_64, TRAINING, one_stage, estimate=est)
+    assert tl.end == pytest.approx(est.step_time, rel=1e-9)
+    ep = np.array(tl.phase_names) == "ep"
+    assert tl.duration[ep].sum() == pytest.approx(est.time.ep, rel=1e-9)
+
+
+def test_the_fp8_weight_copy_covers_the_experts() -> None:
+    h100 = DeviceSpec(name="x", peak_flops_per_s=1e15, hbm_bytes=80e9,
+                      hbm_bandwidth_bytes_per_s=3e12, fp8_peak_flops_per_s=2e15)
+    system = replace(H100_64, device=h100)
+    from simcore.specs import Precision
+    bf16 = simcore.estimate(MIXTRAL, system, TRAINING, PLAN).stages[1].memory.weights
+    fp8 = simcore.estimate(MIXTRAL, system, TRAINING,
+                           replace(PLAN, precision=Precision.FP8)).stages[1].memory.weights
+    sh = layer_shape(MIXTRAL)
+    linears = 8 * (sh.attention_params + 3 * 4096 * 14336)  # attention and the local expert
+    assert fp8 - bf16 == pytest.approx(linears, rel=1e-12)  # 1 byte each
+
+
+@pytest.mark.parametrize("first_dense", [0, 1, 3])
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_moe_layer_counts_in_closed_form_match_the_layer_by_layer_rule(first_dense, every):
+    from simcore.specs import MoESpec
+
+    moe = MoESpec(experts=8, top_k=2, expert_ffn=8, first_dense=first_dense, every=every)
+    for start in range(12):
+        for stop in range(start, 14):
+            assert moe.moe_layers(start, stop) == sum(moe.is_moe(i) for i in range(start, stop))

@@ -151,7 +151,8 @@ def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
                     first_stage_layers=_layers(a.get("first_stage_layers")),
                     last_stage_layers=_layers(a.get("last_stage_layers")),
                     shard_group=_layers(a.get("shard_group")),
-                    ep=_layers(a.get("ep")) or 1, etp=_layers(a.get("etp")))
+                    ep=_layers(a.get("ep")) or 1, etp=_layers(a.get("etp")),
+                    ep_overlap=_flag(a.get("ep_overlap")))
 
 
 def _layers(value: Any) -> int | None:
@@ -160,6 +161,12 @@ def _layers(value: Any) -> int | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     return int(value)
+
+
+def _flag(value: Any) -> bool:
+    """A stored flag that is absent unless set: True from a trial, 1 from a results table,
+    None or NaN where a plan has none."""
+    return value is True or (isinstance(value, (int, float)) and value == 1)
 
 
 def _precision(value: Any) -> str:
@@ -219,7 +226,7 @@ _UNEVEN = {"first_stage_layers", "last_stage_layers"}
 
 def _strategy(path: Path, data: Any) -> Strategy:
     e = check_fields(path, "strategy", data, _STRATEGY_FIELDS,
-                     {"precision", "shard_group", "ep", "etp"} | _UNEVEN)
+                     {"precision", "shard_group", "ep", "etp", "ep_overlap"} | _UNEVEN)
     if not isinstance(e["placement"], list):
         raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
     try:

@@ -53,6 +53,8 @@ def strategy_attrs(s: Strategy) -> dict[str, Any]:
             out[name] = getattr(s, name)
     if s.ep > 1:
         out["ep"] = s.ep
+    if s.ep_overlap:
+        out["ep_overlap"] = True
     return out
 
 

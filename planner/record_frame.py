@@ -54,9 +54,10 @@ def frame(evaluator: Evaluator, strategies: Sequence[Strategy]) -> pd.DataFrame:
 
 _KNOBS = ("dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
           "placement", "sequence_parallel", "precision", "first_stage_layers",
-          "last_stage_layers", "shard_group", "ep", "etp")
+          "last_stage_layers", "shard_group", "ep", "etp", "ep_overlap")
 _OPTIONAL = {"precision": Precision.BF16.value, "first_stage_layers": None,
-             "last_stage_layers": None, "shard_group": None, "ep": 1, "etp": None}
+             "last_stage_layers": None, "shard_group": None, "ep": 1, "etp": None,
+             "ep_overlap": None}
 """Attributes a trial stores only when they differ from this
 (:func:`planner.record.strategy_attrs`)."""
 _NOT_ATTRS = ("number", "state")
@@ -83,6 +84,8 @@ def _strategy_columns(strategies: Sequence[Strategy]) -> dict[str, Any]:
         "shard_group": pd.array(list(cols["shard_group"]), dtype="Int64"),
         "ep": pd.array([e if e > 1 else None for e in cols["ep"]], dtype="Int64"),
         "etp": pd.array(list(cols["etp"]), dtype="Int64"),
+        "ep_overlap": pd.array([1 if o else None for o in cols["ep_overlap"]],
+                               dtype="Int64"),  # 1 or none, as the nullable columns beside it
     }
 
 
@@ -134,6 +137,8 @@ def records_from_frame(frame: pd.DataFrame, hbm_gb: float | None,
                 continue
             if pd.isna(row[key]) or row[key] == default:
                 del row[key]
+            elif key == "ep_overlap":
+                row[key] = True
             elif key != "precision":  # a nullable integer read back as a float
                 row[key] = int(row[key])
         peak = row["peak_memory_gb"]

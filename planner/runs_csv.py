@@ -13,7 +13,8 @@ Columns (a header row, any order; names as below, case-insensitive):
   fp8; bf16), ``first_stage_layers`` and ``last_stage_layers`` (uneven pipeline stages, as
   Megatron-LM's ``--decoder-first/last-pipeline-num-layers``; empty: an equal share),
   ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp), ``ep`` and
-  ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp),
+  ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp), ``ep_overlap``
+  (true/false; false),
   ``flash_attention`` (true/false;
   the model's and device's default), ``overlap_grad_reduce`` (true), ``grad_bytes`` (2),
   ``name``; ``source`` and ``notes`` are kept for people and not read.
@@ -54,7 +55,7 @@ __all__ = ["MeasuredRun", "SkippedRun", "read_runs", "REQUIRED", "MEASURED", "OP
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
 MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
-            "precision", "first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp",
+            "precision", "first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp", "ep_overlap",
             "flash_attention", "overlap_grad_reduce", "grad_bytes", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
@@ -195,6 +196,7 @@ def _strategy(row: dict[str, str]) -> Strategy:
             last_stage_layers=_optional_integer(row, "last_stage_layers"),
             shard_group=_optional_integer(row, "shard_group"),
             ep=_integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
+            ep_overlap=bool(_boolean(row, "ep_overlap")),
         )
     except ValueError as e:
         if isinstance(e, _RowError):

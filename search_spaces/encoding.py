@@ -83,6 +83,8 @@ def strategy_label(s: Strategy) -> str:
         parts.append(f"ep{s.ep}")
     if s.etp is not None:
         parts.append(f"etp{s.etp}")
+    if s.ep_overlap:
+        parts.append("ep-overlap")
     if s.placement != _DEFAULT_PLACEMENT:
         parts.append("placement=" + _placement_label(s.placement))
     return " ".join(parts)
@@ -126,6 +128,7 @@ class LayoutEncoding:
             "shard_group": list(sp.shard_group),
             "ep": list(sp.ep),
             "etp": [0 if e is None else e for e in sp.etp],
+            "ep_overlap": list(sp.ep_overlap),
         }
         return {k: v for k, v in knobs.items() if len(v) > 1}
 
@@ -149,6 +152,8 @@ class LayoutEncoding:
             full["ep"] = s.ep
         if "etp" in self._choices:
             full["etp"] = s.etp or 0  # 0: the plan's tp
+        if "ep_overlap" in self._choices:
+            full["ep_overlap"] = s.ep_overlap
         return {k: full[k] for k in self._choices}
 
     def suggest(self, trial: optuna.Trial) -> Strategy:

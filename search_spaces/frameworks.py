@@ -78,6 +78,9 @@ def _experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:
     (``deepspeed/moe/layer.py`` ``MoE``: "k ... only supports k=1 or k=2"; ``ep_size`` divides
     the data-parallel world), experts not split over tp."""
     assert model.moe is not None
+    if s.ep_overlap and framework != "megatron":
+        return (f"ep_overlap: {framework} has no overlap of the expert all-to-alls with another"
+                " micro-batch's compute (Megatron-LM's --overlap-moe-expert-parallel-comm)")
     if framework == "torchtitan" and s.expert_tp != 1:
         return (f"etp {s.expert_tp}: torchtitan has no expert tensor parallelism (it shards"
                 " experts over ep and FSDP); it offers etp 1")

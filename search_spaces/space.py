@@ -149,6 +149,9 @@ class StrategySpace:
     """Expert-parallel degrees (MoE models; :attr:`simcore.specs.Strategy.ep`)."""
     etp: tuple[int | None, ...] = (None,)
     """Expert tensor-parallel degrees; None: the plan's tp (Megatron-LM's default)."""
+    ep_overlap: tuple[bool, ...] = (False,)
+    """Expert all-to-alls overlapped with another micro-batch's compute or not
+    (:attr:`simcore.specs.Strategy.ep_overlap`); overlap applies where ep > 1."""
 
     @property
     def devices(self) -> int:
@@ -174,13 +177,15 @@ class StrategySpace:
                 out.append(PipelineChoice(s))
         return tuple(out)
 
-    def experts(self) -> tuple[tuple[int, int | None], ...]:
-        """Every (ep, etp) from the allowed lists."""
-        return tuple(itertools.product(self.ep, self.etp))
+    def experts(self) -> tuple[tuple[int, int | None, bool], ...]:
+        """Every (ep, etp, ep_overlap) from the allowed lists (overlap only with ep > 1)."""
+        return tuple((ep, etp, overlap) for ep, etp, overlap in
+                     itertools.product(self.ep, self.etp, self.ep_overlap)
+                     if not overlap or ep > 1)
 
     def candidates(self) -> Iterator[Strategy]:
         """Every combination of the allowed values with the right product, valid or not."""
-        for layout, zero, rc, mb, pipe, place, seqpar, precision, short, group, (ep, etp) in (
+        for layout, zero, rc, mb, pipe, place, seqpar, precision, short, group, (ep, etp, ov) in (
                 itertools.product(self.layouts(), self.zero, self.recompute, self.micro_batch,
                                   self.pipelines(), self.placement, self.sequence_parallel,
                                   self.precision, self.uneven, self.shard_group,
@@ -194,7 +199,7 @@ class StrategySpace:
                            recompute=rc, micro_batch=mb, schedule=pipe.schedule, v=pipe.v,
                            placement=place, sequence_parallel=seqpar, precision=precision,
                            first_stage_layers=ends, last_stage_layers=ends,
-                           shard_group=group or None, ep=ep, etp=etp)
+                           shard_group=group or None, ep=ep, etp=etp, ep_overlap=ov)
 
     def _ends(self, pp: int, short: int) -> int | None:
         """The first/last stage's layers for ``uneven`` = ``short`` (None: even; -1: none)."""
@@ -313,7 +318,7 @@ class StrategySpace:
         # a dense model (the only kind listed here): no expert parallelism
         dense = np.array([[ep == 1 and (etp is None or etp == x.tp)
                            and _experts_ok(x, ep, etp, self.etp)
-                           for ep, etp in self.experts()] for x in layouts], bool)
+                           for ep, etp, _ in self.experts()] for x in layouts], bool)
         ok = ok & dense.reshape(len(layouts), 1, 1, 1, 1, 1, 1, 1, 1, 1, -1)
         return np.flatnonzero(np.broadcast_to(ok, self._shape()))
 
@@ -331,7 +336,7 @@ class StrategySpace:
         for li, zi, ri, mi, pi, ci, si, qi, ui, hi, ei in zip(
                 *(a.tolist() for a in np.unravel_index(flat, shape))):
             layout, pipe = layouts[li], pipes[pi]
-            ep, etp = experts[ei]
+            ep, etp, overlap = experts[ei]
             ends = self._ends(layout.pp, self.uneven[ui])
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp,
                            zero=self.zero[zi], recompute=self.recompute[ri],
@@ -340,7 +345,7 @@ class StrategySpace:
                            sequence_parallel=self.sequence_parallel[si],
                            precision=self.precision[qi], first_stage_layers=ends,
                            last_stage_layers=ends, shard_group=self.shard_group[hi] or None,
-                           ep=ep, etp=etp)
+                           ep=ep, etp=etp, ep_overlap=overlap)
 
     def enumerate(self) -> tuple[Strategy, ...]:
         """Every valid strategy exactly once."""

@@ -436,6 +436,12 @@ class Strategy:
     etp: int | None = None
     """Expert tensor parallelism: each expert's FFN split over etp ranks
     (``--expert-tensor-parallel-size``); None: the same as tp, Megatron-LM's default."""
+    ep_overlap: bool = False
+    """The expert all-to-alls of one micro-batch run beside another micro-batch's compute (a
+    forward beside a backward): Megatron-LM's ``--overlap-moe-expert-parallel-comm`` with
+    ``--delay-wgrad-compute`` (``megatron/core/transformer/moe/README.md``, "Expert Parallel
+    (EP) Communication Overlap"), what DeepSeek-V3's DualPipe does (arXiv:2412.19437 section
+    3.2.1). Needs ep > 1."""
     shard_group: int | None = None
     """HSDP: ranks each ZeRO-3 shard group spans (shard within, replicate across); None shards
     over the whole data-parallel group (dp * sp, plain ZeRO-3 / FSDP). A multiple of sp that

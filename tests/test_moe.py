@@ -231,3 +231,31 @@ def test_moe_layer_counts_in_closed_form_match_the_layer_by_layer_rule(first_den
     for start in range(12):
         for stop in range(start, 14):
             assert moe.moe_layers(start, stop) == sum(moe.is_moe(i) for i in range(start, stop))
+
+
+def test_ep_overlap_hides_the_all_to_alls_behind_another_micro_batch() -> None:
+    # With --overlap-moe-expert-parallel-comm a layer's four all-to-alls run beside another
+    # micro-batch's forward and backward of the layer: exposed max(0, a2a - compute) plus the
+    # compute's slowdown (0.189 of the overlap) - the same rule as every hidden collective
+    p = StepPlan(MIXTRAL, H100_64, TRAINING, PLAN)
+    from simcore.megatron.step import _moe_layer
+    plain = _moe_layer(p)
+    a2a = plain.ep_fwd + plain.ep_bwd
+    overlapped = simcore.estimate(MIXTRAL, H100_64, TRAINING, replace(PLAN, ep_overlap=True))
+    m, layers = TRAINING.global_batch // PLAN.dp, MIXTRAL.layers // PLAN.pp
+    hidden = max(0.0, a2a - plain.compute) + 0.189 * min(a2a, plain.compute)
+    assert overlapped.time.ep == pytest.approx(m * layers * hidden, rel=1e-9)
+    assert overlapped.step_time < simcore.estimate(MIXTRAL, H100_64, TRAINING, PLAN).step_time
+    with pytest.raises(ValueError, match="ep > 1"):
+        simcore.check(MIXTRAL, H100_64, TRAINING, replace(PLAN, ep=1, ep_overlap=True))
+    assert "--overlap-moe-expert-parallel-comm" in export_files(
+        make_plan(MIXTRAL, H100_64, TRAINING, replace(PLAN, ep_overlap=True),
+                  Convention.MEGATRON), "megatron")["megatron.sh"]
+    assert "ep_overlap" in why_not("torchtitan", MIXTRAL, TRAINING, replace(PLAN, ep_overlap=True))
+
+
+def test_ep_overlap_reads_back_from_trials_and_from_a_results_table() -> None:
+    # a trial stores True; the Parquet table 1 (a nullable integer column), NaN / None if unset
+    attrs = strategy_dict(replace(PLAN, ep_overlap=True)) | {"placement": "tp,sp,dp,pp"}
+    for stored, expected in ((True, True), (1, True), (float("nan"), False), (None, False)):
+        assert strategy_from_attrs(attrs | {"ep_overlap": stored}).ep_overlap is expected

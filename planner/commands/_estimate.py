@@ -85,6 +85,12 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " --decoder-first-pipeline-num-layers; default: an equal share)")
     g.add_argument("--last-stage-layers", type=int, metavar="N",
                    help="layers on the last pipeline stage (default: an equal share)")
+    g.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel degree of an MoE model (carved out of tp*sp*dp)")
+    g.add_argument("--etp", type=int, help="expert tensor-parallel degree (default: tp)")
+    g.add_argument("--ep-overlap", action="store_true",
+                   help="the expert all-to-alls beside another micro-batch's compute"
+                   " (Megatron-LM's --overlap-moe-expert-parallel-comm)")
     g.add_argument("--shard-group", type=int, metavar="N",
                    help="HSDP: ranks of a ZeRO-3 shard group, replicated across the rest of"
                    " dp x sp (needs --zero 3; default: shard over all of them)")
@@ -100,7 +106,7 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
-                "last_stage_layers", "shard_group")
+                "last_stage_layers", "shard_group", "ep", "etp")
 """Flags that take a degree or a count: each must be >= 1 when given."""
 
 
@@ -131,6 +137,7 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
             schedule=Schedule(args.schedule), v=args.v, placement=_placement(args.placement),
             precision=Precision(args.precision), first_stage_layers=args.first_stage_layers,
             last_stage_layers=args.last_stage_layers, shard_group=args.shard_group,
+            ep=args.ep, etp=args.etp, ep_overlap=args.ep_overlap,
         )
     except ValueError as e:
         raise PlannerUsageError(f"strategy: {e}") from None
@@ -243,6 +250,8 @@ def _describe(s: Strategy) -> str:
         parts.append("FSDP" if s.zero is ZeroStage.PARAMETERS else f"ZeRO-{int(s.zero)}")
     if s.shard_group is not None:
         parts.append(f"HSDP shard group {s.shard_group}")
+    if s.ep > 1 or s.etp is not None:
+        parts.append(f"ep={s.ep} etp={s.expert_tp}" + (" overlapped" if s.ep_overlap else ""))
     if s.uneven:
         parts.append(f"stages: first {s.first_stage_layers or 'even'},"
                      f" last {s.last_stage_layers or 'even'} layers")

@@ -38,6 +38,9 @@ def megatron_moe_args(plan: Plan) -> list[str]:
             "--moe-grouped-gemm",
             f"--expert-model-parallel-size {s.ep}",
             f"--expert-tensor-parallel-size {s.expert_tp}"]
+    if s.ep_overlap:
+        args += ["# the all-to-alls beside another micro-batch's compute, as estimated",
+                 "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if moe.shared_experts:
         args.append(f"--moe-shared-expert-intermediate-size {moe.shared_width}")
     if moe.capacity_factor > 1:

@@ -95,6 +95,8 @@ def _check_experts(model: ModelSpec, s: Strategy) -> None:
     tokens entering an MoE layer are split by sequence parallelism; the expert grid keeps pp
     outermost as the dense one does."""
     moe = model.moe
+    if s.ep_overlap and s.ep == 1:
+        raise ValueError("ep_overlap overlaps the expert all-to-alls, which need ep > 1")
     if moe is None:
         if s.ep > 1 or (s.etp is not None and s.etp != s.tp):
             raise ValueError(f"ep={s.ep}, etp={s.expert_tp}: expert parallelism needs a model"

@@ -79,8 +79,10 @@ class StepPlan:
         self.m = micro_batches(training, strategy)
         self.stage_layers = strategy.stage_layers(model.layers)
         """Transformer layers on each pipeline stage (even, or Megatron's uneven split)."""
-        self.grad_links: dict[float, float] = {}
+        self.grad_links: dict[tuple[float, float], float] = {}
         """Seconds of a stage's gradient reduction, by the parameters it holds (memoised)."""
+        self.stage_memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        """An MoE model's stage sums by (layers, MoE layers, ends, pp, sends) (memoised)."""
         self.tokens = strategy.micro_batch * self.seq / strategy.sp
         """Tokens of one micro-batch on one device (the sequence split by sp)."""
         device = system.device

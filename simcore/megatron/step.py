@@ -127,7 +127,9 @@ def _moe_layer(p: StepPlan) -> _Layer:
     """An MoE layer (:mod:`simcore.megatron.moe`): the attention and shared experts' kernels
     and tp pairs (one pair for the attention, one more with shared experts: the routed experts'
     tokens stay split over tp and go through the all-to-all instead), the router and routed
-    experts, and their all-to-alls on the critical path, run again under full recompute."""
+    experts, and their all-to-alls on the critical path, run again under full recompute; with
+    ``ep_overlap`` beside another micro-batch's compute of the layer, exposed only where they
+    outlast it (and the compute's slowdown beside them, :func:`_hidden`)."""
     k, x = p.moe_kernels, p.experts
     assert p.moe is not None
     pairs = 2 if p.moe.shared_experts else 1
@@ -137,6 +139,9 @@ def _moe_layer(p: StepPlan) -> _Layer:
     ep = p.comm.total(expert_calls(p.model, p.s, p.expert_tokens,
                                    p.training.bytes_per_activation))
     again = ep if p.s.recompute is Recompute.FULL else 0.0
+    if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
+        hidden = _hidden(p, 2 * ep + again, layer.compute)
+        return replace(layer, ep_fwd=0.0, ep_bwd=hidden)
     return replace(layer, ep_fwd=ep, ep_bwd=ep + again)
 
 
@@ -242,14 +247,29 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
     ``pp``); ``pp_time`` replaces the sends along the plan's pp axis (a pipeline whose stages sit
     on different device groups, :mod:`simcore.mixed`). ``moe``: the plan's MoE layer, for the
     stage's MoE layers (:attr:`StepPlan.stage_moe_layers`; the rest are ``layer``)."""
-    s, model, shape = p.s, p.model, p.shape
-    h, t = model.hidden, s.tp
+    s, model = p.s, p.model
     pp = s.pp if pp is None else pp
     if layers is None:
         layers = p.stage_layers[i] if pp == s.pp else model.layers // pp
     n_moe = p.stage_moe_layers[i] if moe is not None and pp == s.pp else 0
-    n = layers - n_moe  # dense layers
     first, last = i == 0, i == pp - 1
+    if not n_moe:
+        return _Stage(i, *_sums(p, layer, ends, layers, n_moe, first, last, pp, pp_time, moe))
+    # an MoE model's middle stages are alike: each distinct one is summed once
+    key = (layers, n_moe, first, last, pp, pp_time)
+    found = p.stage_memo.get(key)
+    if found is None:
+        found = p.stage_memo[key] = _sums(p, layer, ends, layers, n_moe, first, last, pp,
+                                          pp_time, moe)
+    return _Stage(i, *found)
+
+
+def _sums(p: StepPlan, layer: _Layer, ends: _Ends, layers: int, n_moe: int, first: bool,
+          last: bool, pp: int, pp_time: float | None, moe: _Layer | None) -> tuple:
+    """:class:`_Stage`'s fields but its index: the stage's layers, ends and sends summed."""
+    s, model, shape = p.s, p.model, p.shape
+    h, t = model.hidden, s.tp
+    n = layers - n_moe  # dense layers
     params = n * shape.layer_params / t
     compute = n * layer.compute
     tp = n * (layer.tp_fwd + layer.tp_bwd)
@@ -273,17 +293,17 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
     wgrad = n * p.kernels.wgrad + (ends.head_wgrad if last else 0.0)
     sp, fsdp = n * (layer.sp_fwd + layer.sp_bwd), n * (layer.fsdp_fwd + layer.fsdp_bwd)
     if not n_moe:
-        return _Stage(i, layers, params, compute, tp, sp, sends, fsdp, bwd, wgrad)
+        return (layers, params, compute, tp, sp, sends, fsdp, bwd, wgrad)
     assert moe is not None
     m = n_moe
     ms = p.moe_shape
     params += m * (shape.attention_params + shape.other_params + ms.router_params
                    + ms.shared_params) / t
     experts = m * ms.expert_params * ms.experts / (s.ep * s.expert_tp)
-    return _Stage(i, layers, params, compute + m * moe.compute,
-                  tp + m * (moe.tp_fwd + moe.tp_bwd), sp + m * (moe.sp_fwd + moe.sp_bwd), sends,
-                  fsdp, bwd + m * (moe.bwd_compute + moe.recompute + moe.tp_bwd),
-                  wgrad + m * moe.wgrad, m * (moe.ep_fwd + moe.ep_bwd), m, experts)
+    return (layers, params, compute + m * moe.compute,
+            tp + m * (moe.tp_fwd + moe.tp_bwd), sp + m * (moe.sp_fwd + moe.sp_bwd), sends,
+            fsdp, bwd + m * (moe.bwd_compute + moe.recompute + moe.tp_bwd),
+            wgrad + m * moe.wgrad, m * (moe.ep_fwd + moe.ep_bwd), m, experts)
 
 
 def pp_send(p: StepPlan) -> float:

@@ -21,7 +21,7 @@ from planner.outputs import atomic_write
 from planner.results_parquet import ALL, RESULTS
 from planner.tables import best_frame
 
-__all__ = ["CACHE", "folder_rows", "study_row"]
+__all__ = ["CACHE", "folder_rows", "remember", "study_row"]
 
 CACHE = ".summaries.json"
 _VERSION = 1
@@ -59,6 +59,24 @@ def _read_cache(folder: Path) -> dict[str, Any]:
     return rows if isinstance(rows, dict) else {}
 
 
+def _write_cache(folder: Path, journals: dict[str, Any]) -> None:
+    try:
+        atomic_write(folder / CACHE, json.dumps({"version": _VERSION, "journals": journals}))
+    except (OSError, PlannerUsageError):
+        pass  # a read-only folder: the rows are right, the next call reads again
+
+
+def remember(journal: Path, study: optuna.Study) -> None:
+    """Put the study's row in its folder's cache, stamped with its journal as it is now: what
+    ``planner run`` does at its end, with the study in hand, so that the next ``planner
+    studies`` need not read the journal again."""
+    stamp = _stamp(journal)  # before the row: a write after it makes the stamp stale, not the row
+    row = study_row(study)
+    journals = _read_cache(journal.parent)
+    journals[journal.name] = {"stamp": stamp, "row": row}
+    _write_cache(journal.parent, journals)
+
+
 def folder_rows(studies: dict[str, Path]) -> list[dict[str, Any]]:
     """The rows of a folder's studies (name -> journal), read from the cache where the journal
     is unchanged; the cache is rewritten when any row was read anew."""
@@ -81,8 +99,5 @@ def folder_rows(studies: dict[str, Path]) -> list[dict[str, Any]]:
         fresh[path.name] = {"stamp": stamp, "row": row}
         rows.append(row)
     if fresh != cached:
-        try:
-            atomic_write(folder / CACHE, json.dumps({"version": _VERSION, "journals": fresh}))
-        except (OSError, PlannerUsageError):
-            pass  # a read-only folder: the rows are right, the next call reads again
+        _write_cache(folder, fresh)
     return rows

@@ -61,18 +61,22 @@ def test_planner_studies_caches_each_row_while_its_journal_is_unchanged(here, ca
                                                                          monkeypatch):
     for name in ("alpha", "beta"):
         assert main(["run", str(lab_study(here, name)), "--quiet"]) == 0
-    capsys.readouterr()
-    assert main(["studies"]) == 0
-    first = capsys.readouterr().out
-    assert "alpha" in first and "beta" in first and " 56 " in first
+    # each run left its study's row in the cache: planner studies reads no journal
     cache = json.loads((here / DEFAULT_STORAGE / study_summary.CACHE).read_text())
     assert sorted(cache["journals"]) == ["alpha.journal", "beta.journal"]
-    # unchanged journals are not read again
     read: list[str] = []
     real = study_summary.study_row
     monkeypatch.setattr(study_summary, "study_row",
                         lambda study: read.append(study.study_name) or real(study))
+    capsys.readouterr()
     assert main(["studies"]) == 0
+    first = capsys.readouterr().out
+    assert "alpha" in first and "beta" in first and " 56 " in first and read == []
+    (here / DEFAULT_STORAGE / study_summary.CACHE).unlink()  # without it, every journal is read
+    assert main(["studies"]) == 0
+    assert capsys.readouterr().out == first and sorted(read) == ["alpha", "beta"]
+    read.clear()
+    assert main(["studies"]) == 0  # the cache is back
     assert capsys.readouterr().out == first and read == []
     # a journal that changed is read again (and only it)
     (here / DEFAULT_STORAGE / "beta.journal").touch()  # as a run writing to it would

@@ -18,7 +18,7 @@ from planner.errors import PlannerUsageError
 from planner.runner import WorkerDied, run_study
 from planner.storage import is_url, open_storage, shown, storage_label, storage_option
 from planner.study_config import StudyConfig, load_study_config
-from planner.study_folder import study_storage
+from planner.study_folder import is_folder, study_storage
 from planner.tables import best_frame, format_best
 
 
@@ -136,6 +136,10 @@ class RunCommand(BaseCommand):
                   " failed and re-queued")
         total = len(report.study.get_trials(deepcopy=False))
         print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {where}")
+        if is_folder(label):  # planner studies finds the study's row without reading it again
+            from planner.study_summary import remember
+
+            remember(Path(where), report.study)
         best = best_frame(report.study, args.top)
         title = "Pareto front" if len(config.objectives) > 1 else "best plans"
         print(f"{title} ({limit}):")

@@ -34,6 +34,7 @@ from planner.storage import open_storage  # noqa: E402
 from planner.study_config import load_study_config  # noqa: E402
 from planner.study_folder import is_folder, study_storage  # noqa: E402
 from planner.study_summary import CACHE, remember  # noqa: E402
+from planner.tables import best_frame  # noqa: E402
 
 BIG = """\
 name: {name}
@@ -71,7 +72,7 @@ def fill(label: str, folder: Path) -> tuple[int, float]:
         report = run_study(config, open_storage(where, create=True), where, progress=False)
         trials += report.added
         if is_folder(label):  # as `planner run` does at its end: the study's row cached
-            remember(Path(where), report.study)
+            remember(Path(where), report.study, best_frame(report.study, 5))
     return trials, time.perf_counter() - start
 
 

@@ -55,8 +55,9 @@ __all__ = ["MeasuredRun", "SkippedRun", "read_runs", "REQUIRED", "MEASURED", "OP
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
 MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
-            "precision", "first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp", "ep_overlap",
-            "flash_attention", "overlap_grad_reduce", "grad_bytes", "name", "source", "notes")
+            "precision", "first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp",
+            "ep_overlap", "flash_attention", "overlap_grad_reduce", "grad_bytes", "name", "source",
+            "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.errors import PlannerUsageError
-from planner.storage import DEFAULT_STORAGE, is_url, storage_label
+from planner.storage_paths import DEFAULT_STORAGE, is_url, storage_label
 
 if TYPE_CHECKING:
     import optuna
@@ -133,6 +133,6 @@ def load_stored(arg: str | None, name: str) -> optuna.Study:
 
 
 def _option(label: str) -> str:
-    from planner.storage import storage_option
+    from planner.storage_paths import storage_option
 
     return storage_option(label)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
-
-import optuna
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import PlannerUsageError
 from planner.outputs import atomic_write
-from planner.results_parquet import ALL, RESULTS
-from planner.tables import best_frame
+
+if TYPE_CHECKING:  # imported where a journal is read: cached rows need neither
+    import optuna
+    import pandas as pd
 
 __all__ = ["CACHE", "folder_rows", "remember", "study_row"]
 
@@ -28,11 +28,15 @@ _VERSION = 1
 """Bumped when a row's columns change: an older cache is read as empty."""
 
 
-def study_row(study: optuna.Study) -> dict[str, Any]:
-    """The study's row: what it was made from, its trials and plans, its best step time."""
+def study_row(study: optuna.Study, best: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The study's row: what it was made from, its trials and plans, its best step time
+    (``best``: its :func:`planner.tables.best_frame`, when the caller has it)."""
+    from planner.results_parquet import ALL, RESULTS
+    from planner.tables import best_frame
+
     attrs = study.user_attrs
     cfg = attrs.get("config", {})
-    best = best_frame(study, 1)
+    best = best_frame(study, 1) if best is None else best
     results = attrs.get(RESULTS) or {}  # beyond TRIALS_KEPT plans the rest are in its table
     trials = len(study.get_trials(deepcopy=False))
     return {"study": study.study_name, "model": cfg.get("model", "?"),
@@ -66,12 +70,12 @@ def _write_cache(folder: Path, journals: dict[str, Any]) -> None:
         pass  # a read-only folder: the rows are right, the next call reads again
 
 
-def remember(journal: Path, study: optuna.Study) -> None:
+def remember(journal: Path, study: optuna.Study, best: pd.DataFrame | None = None) -> None:
     """Put the study's row in its folder's cache, stamped with its journal as it is now: what
     ``planner run`` does at its end, with the study in hand, so that the next ``planner
     studies`` need not read the journal again."""
     stamp = _stamp(journal)  # before the row: a write after it makes the stamp stale, not the row
-    row = study_row(study)
+    row = study_row(study, best)
     journals = _read_cache(journal.parent)
     journals[journal.name] = {"stamp": stamp, "row": row}
     _write_cache(journal.parent, journals)
@@ -80,8 +84,6 @@ def remember(journal: Path, study: optuna.Study) -> None:
 def folder_rows(studies: dict[str, Path]) -> list[dict[str, Any]]:
     """The rows of a folder's studies (name -> journal), read from the cache where the journal
     is unchanged; the cache is rewritten when any row was read anew."""
-    from planner.storage import open_storage
-
     if not studies:
         return []
     folder = next(iter(studies.values())).parent
@@ -94,6 +96,11 @@ def folder_rows(studies: dict[str, Path]) -> list[dict[str, Any]]:
         if isinstance(hit, dict) and hit.get("stamp") == stamp and "row" in hit:
             row = hit["row"]
         else:
+            import optuna
+
+            from planner.storage import open_storage
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
             storage = open_storage(str(path), create=False)
             row = study_row(optuna.load_study(study_name=name, storage=storage))
         fresh[path.name] = {"stamp": stamp, "row": row}

@@ -81,7 +81,8 @@ def test_model_flops_count_the_activated_experts_only() -> None:
     s, h, f, kv = 4096, 4096, 14336, 1024
     attention = 2 * h * h + 2 * h * kv
     expert = 3 * h * f
-    per_sequence = 32 * (2 * s * (attention + 8 * h + 2 * expert) + 4 * s * s * h) + 2 * s * h * 32000
+    per_sequence = (32 * (2 * s * (attention + 8 * h + 2 * expert) + 4 * s * s * h)
+                    + 2 * s * h * 32000)
     assert _model_flops(MIXTRAL, layer_shape(MIXTRAL), TRAINING) == 3 * per_sequence * 256
 
 

@@ -120,3 +120,15 @@ def test_a_file_storage_still_holds_several_studies(tmp_path, capsys):
     capsys.readouterr()
     assert main(["studies", "--storage", str(journal)]) == 0
     assert "alpha" in capsys.readouterr().out
+
+
+def test_planner_studies_from_cached_rows_imports_no_optuna_or_pandas(here, tmp_path):
+    # Issue 19: the rows a run left in the cache are printed without Optuna or pandas (both
+    # about a second of imports); the test of the command line's start-up does the counting
+    from tests.test_cli_startup import heavy_modules_after
+
+    for name in ("alpha", "beta"):
+        assert main(["run", str(lab_study(here, name)), "--quiet"]) == 0
+    folder = str(here / DEFAULT_STORAGE) + "/"
+    code, loaded = heavy_modules_after(["studies", "--storage", folder], tmp_path)
+    assert code == 0 and loaded == []

@@ -57,3 +57,22 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 999,999,999, not"
                                          f" {text[:20]!r}")
     return int(text)
+
+
+def add_storage_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage", metavar="PATH|URL",
+                        help="a folder of studies (one journal each; an existing folder or a"
+                        " path ending in /), a journal file, or an Optuna RDB URL (default:"
+                        " $PLANNER_STORAGE or planner-results/studies/)")
+
+
+def at_least_one(text: str) -> int:
+    """A whole number >= 1 (``--top`` and the like)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
+    return value
+

@@ -5,20 +5,23 @@ from __future__ import annotations
 import argparse
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import optuna
-import pandas as pd
-
-from planner.commands._base import BaseCommand
-from planner.commands._run import _positive_int, add_storage_argument
+from planner.commands._base import BaseCommand, add_storage_argument
+from planner.commands._base import at_least_one as _positive_int
 from planner.errors import PlannerUsageError
 from planner.outputs import atomic_write
-from planner.storage import open_storage, storage_label
+from planner.storage_paths import storage_label
 from planner.study_folder import folder_studies, is_folder, load_stored
-from planner.tables import best_frame, format_best, trials_frame
+
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
 
 
 def _study(args: argparse.Namespace) -> optuna.Study:
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return load_stored(args.storage, args.name)
 
@@ -33,6 +36,8 @@ class BestCommand(BaseCommand):
         add_storage_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        from planner.tables import best_frame, format_best
+
         study = _study(args)
         print(format_best(best_frame(study, args.top)))
         return 0
@@ -75,6 +80,10 @@ class TrialsCommand(BaseCommand):
         for path, kind in ((args.csv, "csv"), (args.parquet, "parquet")):
             if path:
                 _check_target(path, kind)
+        import pandas as pd
+
+        from planner.tables import trials_frame
+
         df = trials_frame(_study(args))
         if args.csv:
             _write(df, args.csv, "csv")
@@ -97,18 +106,23 @@ class StudiesCommand(BaseCommand):
         add_storage_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        from planner.outputs import text_table
         from planner.study_summary import folder_rows, study_row
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         label = storage_label(args.storage)
         if is_folder(label):  # each study's own journal, its row cached while it is unchanged
             rows = folder_rows(folder_studies(label))
         else:
+            import optuna
+
+            from planner.storage import open_storage
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
             storage = open_storage(args.storage, create=False)
             rows = [study_row(optuna.load_study(study_name=name, storage=storage))
                     for name in sorted(optuna.get_all_study_names(storage))]
         if not rows:
             print(f"no studies in {storage_label(args.storage)}")
         else:
-            print(pd.DataFrame(rows).to_string(index=False))
+            print(text_table(rows))
         return 0

@@ -13,21 +13,13 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from planner.commands._base import BaseCommand, hbm_gb, jobs
+from planner.commands._base import BaseCommand, add_storage_argument, at_least_one, hbm_gb, jobs
 from planner.errors import PlannerUsageError
 from planner.runner import WorkerDied, run_study
 from planner.storage import is_url, open_storage, shown, storage_label, storage_option
 from planner.study_config import StudyConfig, load_study_config
 from planner.study_folder import is_folder, study_storage
 from planner.tables import best_frame, format_best
-
-
-def add_storage_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--storage", metavar="PATH|URL",
-                        help="a folder of studies (one journal each; an existing folder or a"
-                        " path ending in /), a journal file, or an Optuna RDB URL (default:"
-                        " $PLANNER_STORAGE or planner-results/studies/)")
-
 
 HEARTBEAT_S = 10
 """Seconds between heartbeats of a running trial on a database (trials silent for 3 of them are
@@ -59,14 +51,7 @@ def more_hint(name: str, label: str) -> str:
             f" {shlex.quote(name)} --csv trials.csv{where}")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
-    return value
+_positive_int = at_least_one
 
 
 class RunCommand(BaseCommand):
@@ -136,11 +121,11 @@ class RunCommand(BaseCommand):
                   " failed and re-queued")
         total = len(report.study.get_trials(deepcopy=False))
         print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {where}")
+        best = best_frame(report.study, args.top)
         if is_folder(label):  # planner studies finds the study's row without reading it again
             from planner.study_summary import remember
 
-            remember(Path(where), report.study)
-        best = best_frame(report.study, args.top)
+            remember(Path(where), report.study, best)
         title = "Pareto front" if len(config.objectives) > 1 else "best plans"
         print(f"{title} ({limit}):")
         print(format_best(best))

@@ -19,8 +19,8 @@ Covered: the megatron convention (dense GPT and Llama models), every schedule (Z
 weight-gradient times per stage type), ZeRO stage and HSDP shard group (a field of the group),
 recompute, precision, placement, even and uneven stages, any network (congestion-aware too:
 the collectives are the scalar ones). Falls back to :func:`simcore.estimate` one by one: the
-``stage`` and ``mlp`` conventions and mixture-of-experts models. Mixed systems have their own entry point
-(:func:`simcore.estimate_mixed`) and are not taken here.
+``stage`` and ``mlp`` conventions and mixture-of-experts models. Mixed systems have their own
+entry point (:func:`simcore.estimate_mixed`) and are not taken here.
 """
 
 from __future__ import annotations

@@ -47,8 +47,9 @@ from simcore.megatron.calls import (
     tp_pair_calls,
 )
 from simcore.megatron.checks import check_plan
-from simcore.megatron.layers import LayerShape
-from simcore.megatron.moe import expert_calls, expert_grad_calls, moe_shape
+from simcore.megatron.flops import model_flops as _model_flops
+from simcore.megatron.flops import recompute_flops as _recompute_flops
+from simcore.megatron.moe import expert_calls, expert_grad_calls
 from simcore.megatron.pipeline import in_flight, pipeline_time
 from simcore.megatron.plan import StepPlan, uses_flash_attention
 from simcore.megatron.precision import FP8_BYTES
@@ -413,48 +414,6 @@ def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryPa
                         activations=activations, gathered_weights=gathered, comm_buffers=comm,
                         overhead=p.system.device.memory_overhead_bytes)
     return parts, flight
-
-
-def _layers_forward_flops(model: ModelSpec, shape: LayerShape, seq: int, *,
-                          core_only: bool = False) -> int:
-    """Forward FLOP of every transformer layer for one sequence: the matmuls
-    (``2 s params``; an MoE layer's with its activated experts only: attention, router, shared
-    and ``top_k`` routed experts, as Megatron-LM's ``num_floating_point_operations`` counts)
-    and the attention core (``4 s^2 q``, q the heads' width), or only the core."""
-    core = 4 * seq * seq * (model.heads * model.head_dim)
-    n_moe = model.moe_layer_count
-    dense = model.layers - n_moe
-    if core_only:
-        return model.layers * core
-    flops = dense * (2 * seq * shape.matmul_params + core)
-    if n_moe:
-        assert model.moe is not None
-        ms = moe_shape(model)
-        active = (shape.attention_params + ms.router_params + ms.shared_params
-                  + model.moe.top_k * ms.expert_params)
-        flops += n_moe * (2 * seq * active + core)
-    return flops
-
-
-def _model_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec) -> float:
-    """Forward + backward FLOP of one step without recompute: 3 x forward (Korthikanti Eq. 7);
-    an MoE model's on its activated parameters."""
-    seq = training.seq_len
-    per_sequence = (_layers_forward_flops(model, shape, seq)
-                    + 2 * seq * model.hidden * model.vocab)
-    return 3 * per_sequence * training.global_batch
-
-
-def _recompute_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec,
-                     recompute: Recompute) -> float:
-    seq = training.seq_len
-    if recompute is Recompute.FULL:
-        per_sequence = _layers_forward_flops(model, shape, seq)
-    elif recompute is Recompute.SELECTIVE:
-        per_sequence = _layers_forward_flops(model, shape, seq, core_only=True)
-    else:
-        return 0.0
-    return per_sequence * training.global_batch
 
 
 def layer_time(model: ModelSpec, system: SystemSpec, training: TrainingSpec,

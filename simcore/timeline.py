@@ -358,10 +358,12 @@ _OP_PARTS = ("recompute", "compute", "tp", "sp", "fsdp", "ep", "p2p")
 """The parts of an op in the order they are drawn (recompute before the backward it feeds)."""
 
 
-def _pipeline_spans(spans: _Spans, ops: PipelineOps, parts: np.ndarray) -> None:
-    """Every op's parts as spans: compute on the stage's row (2 i), communication on its
-    communication row (2 i + 1). ``parts`` has shape (pp, kinds, v, len(_OP_PARTS)): kinds
-    forward, backward and (zb-h1) weight gradient."""
+def _pipeline_spans(spans: _Spans, ops: PipelineOps, parts: np.ndarray,
+                    per_stage: int = 2) -> None:
+    """Every op's parts as spans: compute on the stage's row (``per_stage`` i), communication
+    on its communication row (+1) and, with ``per_stage`` 3 (an MoE plan), the expert
+    all-to-alls on a row of their own (+2). ``parts`` has shape (pp, kinds, v,
+    len(_OP_PARTS)): kinds forward, backward and (zb-h1) weight gradient."""
     pp = ops.start.shape[0]
     stage = np.broadcast_to(np.arange(pp)[:, None], ops.start.shape).ravel()
     kind = ops.kinds.ravel()
@@ -372,11 +374,13 @@ def _pipeline_spans(spans: _Spans, ops: PipelineOps, parts: np.ndarray) -> None:
                               _PHASE["weight grad"]])[kind]
     for j, name in enumerate(_OP_PARTS):
         if name == "compute":
-            phase, row = compute_phase, 2 * stage
+            phase, row = compute_phase, per_stage * stage
         elif name == "recompute":
-            phase, row = _PHASE["recompute"], 2 * stage
+            phase, row = _PHASE["recompute"], per_stage * stage
+        elif name == "ep" and per_stage == 3:
+            phase, row = _PHASE[name], per_stage * stage + 2
         else:
-            phase, row = _PHASE[name], 2 * stage + 1
+            phase, row = _PHASE[name], per_stage * stage + 1
         spans.add(row, phase, starts[:, j], times[:, j], stage, chunk, micro)
 
 
@@ -399,8 +403,9 @@ def _bubble(flush: float, busy: float) -> float:
     return 0.0 if gap <= 1e-12 * flush else gap
 
 
-def _stage_labels(pp: int) -> list[str]:
-    return [label for i in range(pp) for label in (f"stage {i}", f"stage {i} comm")]
+def _stage_labels(pp: int, experts: bool = False) -> list[str]:
+    rows = ("{} ", "{} comm", "{} all-to-all") if experts else ("{} ", "{} comm")
+    return [row.format(f"stage {i}").rstrip() for i in range(pp) for row in rows]
 
 
 def _megatron_timeline(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
@@ -418,13 +423,15 @@ def _megatron_timeline(model: ModelSpec, system: SystemSpec, training: TrainingS
     ops = schedule_pipeline(strategy.schedule, totals[:, 0], totals[:, 1:].sum(axis=1), m,
                             wgrad)
     spans = _Spans()
-    _pipeline_spans(spans, ops, parts)
+    experts = model.moe is not None  # the all-to-alls on rows of their own
+    per_stage = 3 if experts else 2
+    _pipeline_spans(spans, ops, parts, per_stage)
     flush = ops.makespan
     critical = max(phases, key=lambda st: st.dp_exposed)
-    end = _tail_spans(spans, 2 * pp, flush, critical.dp_exposed,
+    end = _tail_spans(spans, per_stage * pp, flush, critical.dp_exposed,
                       critical.dp_link - critical.dp_exposed,
                       max(st.optimizer for st in phases))
-    labels = _stage_labels(pp) + ["dp grad reduce", "optimizer"]
+    labels = _stage_labels(pp, experts) + ["dp grad reduce", "optimizer"]
     rows, cols = spans.arrays(labels)
     stage_times = [st.micro_batch_time for st in phases]
     equal = "" if max(stage_times) - min(stage_times) <= 1e-12 * max(stage_times) else (

@@ -208,6 +208,9 @@ def test_timeline_ends_at_the_estimate_with_the_all_to_alls_drawn() -> None:
     assert tl.end == pytest.approx(est.step_time, rel=1e-9)
     ep = np.array(tl.phase_names) == "ep"
     assert tl.duration[ep].sum() == pytest.approx(est.time.ep, rel=1e-9)
+    # dispatch and combine on a row of their own under each stage
+    assert tl.rows[:3] == ("stage 0", "stage 0 comm", "stage 0 all-to-all")
+    assert set(np.array(tl.rows)[tl.row[ep]]) == {"stage 0 all-to-all"}
 
 
 def test_the_fp8_weight_copy_covers_the_experts() -> None:

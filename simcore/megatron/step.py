@@ -452,8 +452,10 @@ def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPl
     wgrads = [st.wgrad for _, st in stages] if schedule is Schedule.ZB_H1 else None
     pipe, slowest = pipeline_time([st.time for _, st in stages], m, v, wgrads)
     critical = stages[slowest][1]
-    dp_exposed = max(_dp_time(sp, st)[1] for sp, st in stages)
-    optimizer = max(_optimizer_time(sp, st) for sp, st in stages)
+    # the stages between the first and the last are alike: each distinct one is timed once
+    alike = {(id(sp), st.params, st.expert_params, st.bwd): (sp, st) for sp, st in stages}
+    dp_exposed = max(_dp_time(sp, st)[1] for sp, st in alike.values())
+    optimizer = max(_optimizer_time(sp, st) for sp, st in alike.values())
     time = TimeParts(
         compute=m * critical.compute, tp=m * critical.tp, sp=m * critical.sp,
         dp=dp_exposed, pp=m * critical.pp, fsdp=m * critical.fsdp, ep=m * critical.ep,

@@ -103,8 +103,9 @@ def _schedule_end(plan: Plan) -> float:
     backward = np.array([[op.total for op in st.backward] for st in phases])
     forward[s.pp - 1, s.v - 1] -= phases[-1].forward[-1].p2p
     backward[0, 0] -= phases[0].backward[0].p2p
+    wgrad = np.array([[op.wgrad for op in st.backward] for st in phases])  # zb-h1's W
     m = plan.training.global_batch // (s.dp * s.micro_batch)
-    ends = schedule_pipeline(s.schedule, forward, backward, m).end.max(axis=1)
+    ends = schedule_pipeline(s.schedule, forward, backward, m, wgrad).end.max(axis=1)
     return max(end + st.dp_exposed + st.optimizer for end, st in zip(ends, phases))
 
 
@@ -116,6 +117,9 @@ def _schedule_end(plan: Plan) -> float:
     {"dp": 2, "tp": 4, "pp": 2, "sequence_parallel": True},
     {"dp": 4, "tp": 2, "pp": 2, "schedule": Schedule.INTERLEAVED, "v": 2},
     {"dp": 2, "tp": 4, "pp": 2, "schedule": Schedule.GPIPE, "recompute": Recompute.SELECTIVE},
+    {"dp": 4, "tp": 2, "pp": 2, "schedule": Schedule.ZB_H1},
+    {"dp": 2, "tp": 2, "pp": 4, "schedule": Schedule.ZB_H1, "recompute": Recompute.FULL},
+    {"dp": 8, "tp": 2, "zero": ZeroStage.PARAMETERS, "shard_group": 4},
 ], ids=str)
 def test_megatron_plan_replays_to_its_schedule(tmp_path, capsys, knobs) -> None:
     plan = _megatron(**knobs)
@@ -158,6 +162,31 @@ def test_comm_groups_follow_the_placement(tmp_path) -> None:
     dp = [[base + 2 * k for k in range(4)] for base in (0, 1, 8, 9)]
     pp = [[i, i + 8] for i in range(8)]
     assert groups == sorted(tp + dp + pp)
+
+
+def test_hsdp_groups_split_dp_into_shard_and_replicate(tmp_path) -> None:
+    # dp 8, tp 2 on 16 NPUs: NPU = tp + 2 dp. Shard groups of 2 dp ranks (the inner part of dp,
+    # as the estimate places them) are {0, 2}, {4, 6}, ...; the 4 replicas of a place in them
+    # {0, 4, 8, 12}, {2, 6, 10, 14}, ...
+    plan = _megatron(dp=8, tp=2, zero=ZeroStage.PARAMETERS, shard_group=2)
+    files = export_files(plan, "chakra")
+    groups = sorted(json.loads(files["traces/comm_group.json"]).values())
+    tp = [[2 * i, 2 * i + 1] for i in range(8)]
+    dp = [[r + 2 * k for k in range(8)] for r in (0, 1)]
+    shard = [[base + r, base + r + 2] for base in (0, 4, 8, 12) for r in (0, 1)]
+    replicate = [[r + 4 * k for k in range(4)] for r in (0, 1, 2, 3)]
+    assert groups == sorted(tp + dp + shard + replicate)
+    # each rank's gradient shard all-reduced across the replicas once per step: GPT 1.7B's
+    # 24 (12 h^2 + 13 h) + (51200 + 2048) h parameters (h = 2304; Narayanan et al. 2021's
+    # 12 l h^2 (1 + 13 / 12h + (V + s) / 12 l h)) x 2 bytes (bf16 gradients) / (tp 2 x 2 shard
+    # ranks); the layer norms, which tp does not split, within 0.1%
+    h = 2304
+    params = 24 * (12 * h * h + 13 * h) + (51200 + 2048) * h
+    trace = read_trace(_write(files, tmp_path) / "traces" / "workload.0.et")
+    replicated = [n for n in trace.nodes if "dp grad reduce" in n.name]
+    assert [n.type for n in replicated] == [7]  # one collective (COMM_COLL_NODE)
+    (size,) = [a.int64_val for a in replicated[0].attr if a.name == "comm_size"]
+    assert size == pytest.approx(params * 2 / 4, rel=1e-3)
 
 
 def test_mlp_convention_is_refused_with_a_reason() -> None:

@@ -51,9 +51,12 @@ def test_in_flight_memory_is_1f1b() -> None:
 
 
 def test_estimate_bubble_uses_the_layers_wgrad_gemms() -> None:
-    zb = simcore.estimate(MODEL, SYSTEM, TRAINING, ZB)
-    base = simcore.estimate(MODEL, SYSTEM, TRAINING, ONE_F_ONE_B)
-    p = StepPlan(MODEL, SYSTEM, TRAINING, ZB)
+    # without tp (nothing for the wgrad GEMMs to hide) both schedules' stages are alike
+    system = CATALOG.system("dgx-h100-256")
+    one_f_one_b = replace(ONE_F_ONE_B, dp=64, tp=1)
+    zb = simcore.estimate(MODEL, system, TRAINING, replace(one_f_one_b, schedule=Schedule.ZB_H1))
+    base = simcore.estimate(MODEL, system, TRAINING, one_f_one_b)
+    p = StepPlan(MODEL, system, TRAINING, replace(one_f_one_b, schedule=Schedule.ZB_H1))
     layers = MODEL.layers // ZB.pp
     # three of the four stages add their drain less 2 T_W each; the slowest (last: LM head)
     # paces the steady state, so the W saved is that of the three others (20 layers each)
@@ -61,6 +64,23 @@ def test_estimate_bubble_uses_the_layers_wgrad_gemms() -> None:
     saved = 2 * 3 * layers * p.kernels.wgrad
     assert base.time.bubble - zb.time.bubble == pytest.approx(saved, rel=1e-9)
     assert zb.step_time < base.step_time
+
+
+def test_b_pass_waits_for_the_backward_tp_collectives() -> None:
+    # 1F1B hides the backward's tp collectives behind the wgrad GEMMs (exposed: what they
+    # outlast them by, plus the overlap slowdown); ZB-H1 defers those GEMMs to W, so each
+    # layer's B pass exposes the whole collective time: 2 all-reduce pairs per layer.
+    from simcore.megatron.calls import tp_pair_calls
+    from simcore.megatron.step import _layer
+
+    p_zb, p_base = StepPlan(MODEL, SYSTEM, TRAINING, ZB), StepPlan(MODEL, SYSTEM, TRAINING,
+                                                                  ONE_F_ONE_B)
+    tp = 2 * p_zb.comm.total(tp_pair_calls(p_zb))
+    wgrad = p_base.kernels.wgrad
+    slowdown = SYSTEM.device.overlap_slowdown
+    assert _layer(p_zb).tp_bwd == pytest.approx(tp, rel=1e-12)
+    assert _layer(p_base).tp_bwd == pytest.approx(
+        max(0.0, tp - wgrad) + slowdown * min(tp, wgrad), rel=1e-12)
 
 
 def test_zb_h1_needs_a_pipeline() -> None:

@@ -62,8 +62,14 @@ from simcore.specs import Convention, ModelSpec, Schedule, Strategy, SystemSpec,
 __all__ = ["BatchResult", "estimate_many"]
 
 _PER_GROUP = tuple(f.name for f in fields(Strategy) if f.name not in ("schedule", "v"))
-_group_key = attrgetter(*_PER_GROUP)
-"""What a group's strategies share: every field but the schedule and v."""
+_fields_key = attrgetter(*_PER_GROUP)
+
+
+def _group_key(s: Strategy) -> tuple[Any, ...]:
+    """What a group's strategies share: every field but the schedule and v, and whether the
+    schedule is zero-bubble (its B pass exposes the backward's tp communication, so its layer
+    differs)."""
+    return (*_fields_key(s), s.schedule is Schedule.ZB_H1)
 
 FIRST, MIDDLE, LAST = 0, 1, 2
 """The stage types (columns of the per-type arrays): stage 0, stage 1 (the middle stages'

@@ -152,8 +152,9 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     attention core) and tp communication, with the plan's sp, recompute and ZeRO-3."""
     s = p.s
     # Backward hides its tp communication behind the weight-gradient GEMMs (Megatron-LM's
-    # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5).
-    tp_bwd = _hidden(p, tp, wgrad)
+    # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5). A zero-bubble
+    # schedule defers those GEMMs to its W pass, so its B pass waits for the whole collective.
+    tp_bwd = tp if s.schedule is Schedule.ZB_H1 else _hidden(p, tp, wgrad)
 
     sp_fwd = sp_bwd = 0.0
     if s.sp > 1:

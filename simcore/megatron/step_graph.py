@@ -16,6 +16,12 @@ groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
   then send the gradient back;
 - context parallelism's K/V all-gathers (and reduce-scatters backward) and ZeRO-3's per-layer
   weight all-gathers (and gradient reduce-scatters) run beside the op's compute;
+- zb-h1: each backward is its B pass (the data gradients, whose tp collectives it waits for:
+  nothing is left to hide them behind) and a W pass of its own (the weight gradients) where
+  :func:`simcore.timeline.stage_order` puts it, ``stage`` micro-batches later;
+- HSDP (a ``shard_group``): ZeRO-3's collectives over the ``dp_shard`` groups, the once-per-step
+  gradient all-reduce over the ``dp_replicate`` groups (the two parts of dp, as
+  :mod:`simcore.megatron.placement` lays them);
 - after the stage's last backward: the gradient all-reduce (reduce-scatter + all-gather with a
   distributed optimizer / ZeRO-1/2), over dp x sp as the estimate splits it
   (:mod:`simcore.megatron.calls`, shared with the estimate); with ``overlap_grad_reduce`` in buckets, all but the last running beside
@@ -44,6 +50,7 @@ from simcore.megatron.calls import (
     tp_pair_calls,
 )
 from simcore.megatron.phases import OpTime, StagePhases, stage_phases
+from simcore.megatron.placement import DpPart
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.step import _ends, _layer, _optimizer_time, _stage, grad_buckets
 from simcore.megatron.step import _Stage as _StageSums
@@ -99,10 +106,23 @@ def _npu(strategy: Strategy, coords: dict[Axis, int]) -> int:
 
 
 def _groups(strategy: Strategy, npu: int) -> dict[str, tuple[int, ...]]:
+    """The NPU's group on every axis and, under HSDP, on both parts of dp: ``dp_shard`` the dp
+    ranks of its shard group (the inner part of dp, as :mod:`simcore.megatron.placement` lays
+    it), ``dp_replicate`` the ranks at its place in the other shard groups."""
     coords = npu_coordinates(strategy, npu)
-    return {axis.value: tuple(_npu(strategy, {**coords, axis: k})
-                              for k in range(_degree(strategy, axis)))
-            for axis in Axis}
+    out = {axis.value: tuple(_npu(strategy, {**coords, axis: k})
+                             for k in range(_degree(strategy, axis)))
+           for axis in Axis}
+    if strategy.replicas > 1:
+        inner = strategy.shard_ranks // strategy.sp
+        d = coords[Axis.DP]
+        base, offset = d - d % inner, d % inner
+        out[DpPart.SHARD.value] = tuple(_npu(strategy, {**coords, Axis.DP: base + k})
+                                        for k in range(inner))
+        out[DpPart.REPLICATE.value] = tuple(
+            _npu(strategy, {**coords, Axis.DP: r * inner + offset})
+            for r in range(strategy.replicas))
+    return out
 
 
 def _micros(seconds: float) -> int:
@@ -189,6 +209,7 @@ def _transfer(p: StepPlan, stage: int, chunk: int, backward: bool, sending: bool
 class _Stage:
     def __init__(self, p: StepPlan, stage: int, phases: StagePhases, sums: _StageSums) -> None:
         self.p, self.stage, self.phases, self.sums = p, stage, phases, sums
+        self.zero_bubble = p.s.schedule is Schedule.ZB_H1
         self.message = int(p.tokens * p.model.hidden * p.training.bytes_per_activation / p.s.tp)
         self.out = _Nodes()
         self.peers: dict[int, tuple[int, int]] = {}
@@ -224,16 +245,23 @@ class _Stage:
             end = n.chain(f"{name} tp", calls.tp, sorted(set(done + beside)))
         else:
             k = self.p.stage_layers[self.stage] // self.p.s.v
-            wgrad = k * self.p.kernels.wgrad
+            # zb-h1: the W pass's share as the timeline splits it (the LM head's included)
+            wgrad = times.wgrad if self.zero_bubble else k * self.p.kernels.wgrad
             cur = n.compute(f"{name} recompute", times.recompute, start)
             cur = n.chain(f"{name} recompute tp", calls.after_recompute, cur)
             beside = n.chain(f"{name} beside", calls.beside, start)
             cur = n.compute(f"{name} dgrad", times.compute - wgrad, cur)
-            grads = n.compute(f"{name} wgrad", wgrad, cur)
+            # zb-h1: the weight gradients are a W pass of their own, later (:meth:`weights`)
+            grads = cur if self.zero_bubble else n.compute(f"{name} wgrad", wgrad, cur)
             tp = n.chain(f"{name} tp", calls.tp, cur)
             end = n.chain(f"{name} tail", calls.tail, sorted(set(grads + tp + beside)))
         end = self._p2p(NodeKind.SEND, chunk, micro, backward, end)
         return end, start
+
+    def weights(self, micro: int, deps: list[int]) -> list[int]:
+        """zb-h1's W pass of one micro-batch: the weight-gradient kernels of the stage (one
+        chunk; the LM head's on the last stage), after the op before it on this stage."""
+        return self.out.compute(f"wgrad c0 mb{micro}", self.phases.backward[0].wgrad, deps)
 
     def buckets(self) -> int:
         p = self.p
@@ -246,8 +274,12 @@ class _Stage:
         order = stage_order(p.s.schedule, self.stage, p.s.pp, p.m, p.s.v)
         deps: list[int] = []
         start: list[int] = []
-        for bwd, chunk, micro in zip(order.backward, order.chunk, order.micro_batch):
-            deps, start = self.op(int(chunk), int(micro), bool(bwd), deps)
+        for kind, chunk, micro in zip(order.kind, order.chunk, order.micro_batch):
+            if kind == 2:
+                start = deps
+                deps = self.weights(int(micro), deps)
+            else:
+                deps, start = self.op(int(chunk), int(micro), bool(kind), deps)
         reduce, gather = grad_reduction_calls(p, self.sums.params)
         calls, n = reduce + gather, self.buckets()
         split = [(a, c, size / n) for a, c, size in calls]
@@ -261,11 +293,7 @@ class _Stage:
 def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                 strategy: Strategy) -> StepGraphs:
     """Every NPU's graph of one step (see the module docstring); raises ValueError when the plan
-    does not divide, or when it holds what the graph does not write yet (HSDP's shard group,
-    the ZB-H1 schedule's separate weight-gradient passes, MoE layers)."""
-    if strategy.replicas > 1 or strategy.schedule is Schedule.ZB_H1:
-        raise ValueError("the step graph (Chakra, ASTRA-sim) does not write HSDP (shard_group)"
-                         " or schedule zb-h1 yet; it offers plain ZeRO-3 and 1f1b/interleaved")
+    does not divide, or when it holds what the graph does not write yet (MoE layers)."""
     if model.moe is not None:
         raise ValueError(f"the step graph (Chakra, ASTRA-sim) does not write MoE layers yet"
                          f" ({model.name}); it offers dense GPT and Llama models")

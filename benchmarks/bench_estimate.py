@@ -1,5 +1,6 @@
-"""Median time of one step estimate (issue 4: under 1 ms) and of the lab's 56-strategy space
-(under 0.2 s together).
+"""Median time of one step estimate (issue 4: under 1 ms; issue 14: under 0.3 ms; issue 21:
+DeepSeek-V3 on 2,048 H800s under 0.5 ms) and of the lab's 56-strategy space (under 0.2 s
+together).
 
 Run: python benchmarks/bench_estimate.py
 - cold: a fresh copy of the system each call, so no collective time is reused;
@@ -17,7 +18,7 @@ from dataclasses import replace
 from planner.catalog import load_catalog
 from simcore import estimate
 from simcore.network import Network
-from simcore.specs import Recompute, Schedule, Strategy, TrainingSpec
+from simcore.specs import Precision, Recompute, Schedule, Strategy, TrainingSpec, ZeroStage
 
 CATALOG = load_catalog()
 
@@ -55,6 +56,17 @@ def main() -> None:
     for cold in (True, False):
         print(f"llama3-70b on dgx-h100-1024, tp8 pp8 dp16, 64 micro-batches"
               f" ({'cold' if cold else 'warm'}): {_median_ms(llama, h100, training, s, cold=cold):.3f} ms")
+    # DeepSeek-V3 as its report ran it (studies/deepseek-v3-h800-2048.yaml): 16 stages of
+    # 3 + 14 x 4 + 3 layers, ep 64, ZeRO-1, FP8, overlapped all-to-alls, 120 micro-batches
+    dsv3 = CATALOG.model("deepseek-v3-mtp")
+    h800 = CATALOG.system("dgx-h800-2048")
+    s = Strategy(dp=128, pp=16, ep=64, etp=1, zero=ZeroStage.OPTIMIZER,
+                 recompute=Recompute.FULL, precision=Precision.FP8, ep_overlap=True,
+                 first_stage_layers=3, last_stage_layers=3)
+    training = TrainingSpec(global_batch=15360, seq_len=4096)
+    for cold in (True, False):
+        print(f"deepseek-v3-mtp on dgx-h800-2048, pp16 ep64 dp128"
+              f" ({'cold' if cold else 'warm'}): {_median_ms(dsv3, h800, training, s, cold=cold):.3f} ms")
     gpt = CATALOG.model("gpt175b")
     lab2 = CATALOG.system("lab-system2")
     s = Strategy(dp=16, tp=4, recompute=Recompute.FULL)

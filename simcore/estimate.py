@@ -7,7 +7,7 @@ seconds, memory bytes. An infeasible plan (one that does not fit in HBM) is an e
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = ["TimeParts", "MemoryParts", "StageEstimate", "Estimate"]
@@ -42,7 +42,9 @@ class TimeParts:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, name) for name in _TIME_PARTS)
+        # the fields in order, spelled out (a loop over them costs a tenth of an estimate)
+        return (self.compute + self.tp + self.sp + self.dp + self.pp + self.fsdp + self.ep
+                + self.bubble + self.optimizer + self.comm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +66,8 @@ class MemoryParts:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, name) for name in _MEMORY_PARTS)
-
-
-_TIME_PARTS = tuple(f.name for f in fields(TimeParts))
-_MEMORY_PARTS = tuple(f.name for f in fields(MemoryParts))
-"""The parts' names, listed once (``dataclasses.fields`` on every ``total`` cost a fifth of an
-estimate)."""
+        return (self.weights + self.gradients + self.optimizer + self.activations
+                + self.gathered_weights + self.comm_buffers + self.overhead + self.tracked)
 
 
 @dataclass(frozen=True, slots=True)

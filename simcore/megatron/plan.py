@@ -42,6 +42,27 @@ def _shared(shared: dict[tuple[Any, ...], Any] | None, key: tuple[Any, ...],
     return found
 
 
+_KEPT_CONTEXTS = 16
+"""(model, system, training) triples whose shared sub-results one process keeps."""
+_CONTEXTS: dict[tuple[int, int, int], tuple[Any, ...]] = {}
+
+
+def _context_shared(model: ModelSpec, system: SystemSpec, training: TrainingSpec
+                    ) -> dict[tuple[Any, ...], Any]:
+    """The ``shared`` dict of every plan of this (model, system, training): a study's estimates
+    reuse the layer's kernels and activations as its collectives are reused (a warm estimate).
+    The specs are frozen, so they are keyed by identity (no hashing of nested specs per call)
+    and held while kept, so that no other object takes their ids; the oldest of
+    :data:`_KEPT_CONTEXTS` goes first."""
+    key = (id(model), id(system), id(training))
+    found = _CONTEXTS.get(key)
+    if found is None:
+        if len(_CONTEXTS) >= _KEPT_CONTEXTS:
+            del _CONTEXTS[next(iter(_CONTEXTS))]
+        found = _CONTEXTS[key] = (model, system, training, {})
+    return found[3]
+
+
 class Comm:
     """The axes' collectives and sends, each with the device's host-side launch cost."""
 
@@ -69,10 +90,13 @@ class StepPlan:
 
     ``shared``: sub-results (the layer's kernels and activations) shared by the plans of one
     (model, system, training), each under the key of the strategy fields it reads
-    (:mod:`simcore.megatron.batched` passes one dict to many plans); None computes them here."""
+    (:mod:`simcore.megatron.batched` passes one dict to many plans); None: the process's dict
+    for these specs (:func:`_context_shared`)."""
 
     def __init__(self, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                  strategy: Strategy, shared: dict[tuple[Any, ...], Any] | None = None) -> None:
+        if shared is None:
+            shared = _context_shared(model, system, training)
         self.model, self.system, self.training, self.s = model, system, training, strategy
         self.shape: LayerShape = _shared(shared, ("shape",), lambda: layer_shape(model))
         self.seq = training.seq_len
@@ -83,6 +107,8 @@ class StepPlan:
         """Seconds of a stage's gradient reduction, by the parameters it holds (memoised)."""
         self.stage_memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         """An MoE model's stage sums by (layers, MoE layers, ends, pp, sends) (memoised)."""
+        self.memory_memo: dict[tuple[Any, ...], Any] = {}
+        """A stage's memory but its activations, by what it holds (memoised)."""
         self.tokens = strategy.micro_batch * self.seq / strategy.sp
         """Tokens of one micro-batch on one device (the sequence split by sp)."""
         device = system.device

@@ -381,8 +381,21 @@ def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
 
 
 def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryParts, float]:
-    s, tr, model = p.s, p.training, p.model
+    s = p.s
     pp = s.pp if pp is None else pp
+    key = (stage.params, stage.expert_params, stage.layers, stage.moe_layers, pp)
+    fixed = p.memory_memo.get(key)
+    if fixed is None:  # the stages between the first and the last hold the same states
+        fixed = p.memory_memo[key] = _fixed_memory(p, stage, pp)
+    flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
+    activations = stage_activations(p, stage, flight, pp)
+    return MemoryParts(fixed.weights, fixed.gradients, fixed.optimizer, activations,
+                       fixed.gathered_weights, fixed.comm_buffers, fixed.overhead), flight
+
+
+def _fixed_memory(p: StepPlan, stage: _Stage, pp: int) -> MemoryParts:
+    """The stage's memory but its activations (which depend on the micro-batches in flight)."""
+    s, tr, model = p.s, p.training, p.model
     group = p.shard_ranks  # the shard group under HSDP, else dp * sp
     zero = s.zero
     weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group)
@@ -398,8 +411,6 @@ def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryPa
             fp8_copy += (stage.moe_layers * (ms.shared_params - dense) / s.tp
                          + stage.expert_params) * FP8_BYTES
         weights += fp8_copy / (group if zero >= ZeroStage.PARAMETERS else 1)
-    flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
-    activations = stage_activations(p, stage, flight, pp)
     h, t = model.hidden, s.tp
     sbh = p.tokens * h
     gathered = 0.0
@@ -411,10 +422,9 @@ def _memory(p: StepPlan, stage: _Stage, pp: int | None = None) -> tuple[MemoryPa
         comm += sbh * tr.bytes_per_activation  # one gathered (b, s, h) activation
     if pp > 1:
         comm += 2 * sbh * tr.bytes_per_activation / t  # send and receive buffers
-    parts = MemoryParts(weights=weights, gradients=grads, optimizer=optimizer,
-                        activations=activations, gathered_weights=gathered, comm_buffers=comm,
-                        overhead=p.system.device.memory_overhead_bytes)
-    return parts, flight
+    return MemoryParts(weights=weights, gradients=grads, optimizer=optimizer,
+                       activations=0.0, gathered_weights=gathered, comm_buffers=comm,
+                       overhead=p.system.device.memory_overhead_bytes)
 
 
 def layer_time(model: ModelSpec, system: SystemSpec, training: TrainingSpec,

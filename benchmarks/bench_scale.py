@@ -21,7 +21,9 @@ The space: Calculon's GPT-3 175B / 1,024-GPU search space in the project's knobs
    the issue measured them (its "Why"): a 92,496-plan GPT-3 175B study
    (benchmarks/studies/gpt3-175b-92k-1024.yaml, the size of the issue's 96,096-strategy one:
    target 10 s), and the whole space serially and with ``--jobs 2`` (target 120 s, 2 GB, 0.1 ms
-   of CPU per plan). ``--skip-run`` leaves it out.
+   of CPU per plan); then the same with ``--prune`` (plans that bounds prove cannot be kept are
+   not estimated, :mod:`planner.prune`), beside the unpruned runs. ``--skip-run`` leaves it
+   out.
 """
 
 from __future__ import annotations
@@ -118,6 +120,10 @@ RUNS = (
     ("1,109,952 plans", SPACE, [], 120.0,
      "old path: not finished, stopped at 8 GB after 702 s (310,272 trials)"),
     ("1,109,952 plans --jobs 2", SPACE, ["--jobs", "2"], 120.0, ""),
+    ("92,496 plans --prune", MID, ["--prune"], 10.0, "the 92,496 plans above, unpruned"),
+    ("1,109,952 plans --prune", SPACE, ["--prune"], 120.0, "the 1,109,952 above, unpruned"),
+    ("1,109,952 --prune --jobs 2", SPACE, ["--prune", "--jobs", "2"], 120.0,
+     "the --jobs 2 run above, unpruned"),
 )
 TARGETS = {"rss_gb": 2.0, "cpu_ms_per_plan": 0.1}
 """Issue 17's targets for `planner run` on 2 cores (and each run's wall time above)."""

@@ -10,7 +10,9 @@ as one table). The columns are those of ``planner trials``; ``number`` is the pl
 table (in the order written), ``state`` is ``COMPLETE``.
 
 The study says it has one in its user attribute ``results``:
-``{"parquet": path, "plans": N, "trials_kept": "all" | "front+best"}``.
+``{"parquet": path, "plans": N, "trials_kept": "all" | "front+best"}``, and for a study pruned
+by bounds (``planner run --prune``, :mod:`planner.prune`) ``"prune": true``, ``"pruned"``
+(plans never estimated, not in the table) and ``"seeds"``.
 """
 
 from __future__ import annotations

@@ -56,37 +56,66 @@ def stored_plans(study: optuna.Study, storage: BaseStorage) -> set[str]:
 
 
 def _mode(study: optuna.Study, storage: BaseStorage, table: rp.ResultsTable | None,
-          plans: int) -> str:
+          plans: int, prune: bool) -> str:
     """Which plans become trials: the study's stored choice, else made now and stored (before
-    any row or trial). A study without a table, or begun before tables existed: all."""
+    any row or trial), with whether its plans are pruned by bounds (a big study of a space
+    listed as arrays only: :mod:`planner.prune`). A study without a table, or begun before
+    tables existed: all."""
     stored = study.user_attrs.get(rp.RESULTS)
     if stored:
         return str(stored["trials_kept"])
     if table is None or storage.get_n_trials(study._study_id) > 0:
         return rp.ALL
     mode = rp.FRONT_BEST if plans > rp.TRIALS_KEPT else rp.ALL
-    study.set_user_attr(rp.RESULTS, {"parquet": str(table.path), "plans": plans,
-                                     "trials_kept": mode})
+    results = {"parquet": str(table.path), "plans": plans, "trials_kept": mode}
+    if prune and mode == rp.FRONT_BEST:
+        results["prune"] = True
+    study.set_user_attr(rp.RESULTS, results)
     return mode
+
+
+def _prunable(config: StudyConfig) -> bool:
+    from planner.prune import can_prune
+
+    return can_prune(config.space)
+
+
+def _kept_indices(study: optuna.Study, config: StudyConfig) -> np.ndarray | None:
+    """The valid indices left after pruning by bounds (the same on every resume: the seeds and
+    bounds are fixed by the space), or None when the study is not pruned."""
+    results = study.user_attrs.get(rp.RESULTS) or {}
+    indices = config.space.valid_indices()
+    if not results.get("prune") or indices is None:
+        return None
+    from planner.prune import prune
+
+    pruning = prune(config.evaluator(), config.space, indices)
+    if results.get("pruned") != pruning.pruned:
+        study.set_user_attr(rp.RESULTS, {**results, "pruned": pruning.pruned,
+                                         "seeds": pruning.seeds})
+    return pruning.kept
 
 
 def exhaustive(study: optuna.Study, storage: BaseStorage, config: StudyConfig, label: str | None,
                jobs: int, progress: bool, stop: StopRequest,
-               plans: Sequence[Strategy] | None = None) -> int:
-    """Estimate every valid strategy of the space (or ``plans``) not stored yet; returns the
-    trials recorded."""
+               plans: Sequence[Strategy] | None = None, prune: bool = False) -> int:
+    """Estimate every valid strategy of the space (or ``plans``) not stored yet, or with
+    ``prune`` (a new big study) every one its bounds do not rule out; returns the trials
+    recorded."""
     where = rp.results_path(label, study.study_name) if label else None
     table = rp.ResultsTable(where) if where else None
     in_study = stored_plans(study, storage)
     in_table = table.plans() if table else None
-    indices = _fresh_indices(config, plans, jobs, in_study, in_table)
-    if indices is not None:  # the workers build their own chunks' strategies
-        n = len(indices)
-        mode = _mode(study, storage, table, n)
+    total = config.space.valid_count if plans is None else len(plans)
+    mode = _mode(study, storage, table, total, prune and plans is None
+                 and _prunable(config))
+    kept = _kept_indices(study, config) if plans is None else None
+    indices = _fresh_indices(config, plans, kept, jobs, in_study, in_table)
+    if indices is not None:  # the chunks' strategies are built where they are estimated
         todo: Sequence[Strategy] = _Lazy(config, indices)
     else:
-        strategies = config.space.valid if plans is None else plans
-        mode = _mode(study, storage, table, len(strategies))
+        strategies = (plans if plans is not None else config.space.valid if kept is None
+                      else config.space.strategies_at(kept))
         todo = _todo(strategies, in_study, in_table, mode)
     run = _Recorder(study, storage, config, table, in_study, in_table, mode, stop)
     with _bar(len(todo), progress, "estimating") as bar:
@@ -122,11 +151,17 @@ class _Lazy(Sequence[Strategy]):
         return self.config.space.strategies_at(self.indices[key:key + 1])[0]
 
 
-def _fresh_indices(config: StudyConfig, plans: Sequence[Strategy] | None, jobs: int,
-                   in_study: set[str], in_table: set[str] | None) -> np.ndarray | None:
-    """The space's valid indices when a parallel run starts a study afresh on a space listed
-    as arrays; None otherwise (a resume compares plans by label, so it lists them)."""
-    if plans is not None or jobs <= 1 or in_study or in_table:
+def _fresh_indices(config: StudyConfig, plans: Sequence[Strategy] | None,
+                   kept: np.ndarray | None, jobs: int, in_study: set[str],
+                   in_table: set[str] | None) -> np.ndarray | None:
+    """The indices to estimate when a study starts afresh on a space listed as arrays: those
+    left after pruning, or with ``jobs > 1`` every valid one; None otherwise (a resume
+    compares plans by label, so it lists them)."""
+    if plans is not None or in_study or in_table:
+        return None
+    if kept is not None:
+        return kept
+    if jobs <= 1:
         return None
     indices = config.space.valid_indices()
     if indices is None or len(indices) < PARALLEL_MIN:
@@ -163,9 +198,12 @@ def _frames(config: StudyConfig, todo: Sequence[Strategy], jobs: int
             ) -> Iterator[pd.DataFrame]:
     evaluator = config.evaluator()
     chunks = list(_chunks(todo, _chunk_size(len(todo), jobs)))
-    if isinstance(todo, _Lazy):
+    if isinstance(todo, _Lazy) and jobs > 1 and len(todo) >= PARALLEL_MIN:
         return estimate_frames_at(evaluator, config.space,
                                   [c.indices for c in chunks], jobs)  # type: ignore[attr-defined]
+    if isinstance(todo, _Lazy):
+        return (evaluator.frame(config.space.strategies_at(c.indices))  # type: ignore[attr-defined]
+                for c in chunks)
     if jobs > 1 and len(todo) >= PARALLEL_MIN:
         return estimate_frames(evaluator, chunks, jobs)
     return (evaluator.frame(chunk) for chunk in chunks)

@@ -165,18 +165,19 @@ def _requeue_running(study: optuna.Study, storage: BaseStorage, requeue: bool) -
 
 
 def run_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label: str, *,
-              resume: bool = False, jobs: int = 1, progress: bool = True) -> RunReport:
+              resume: bool = False, jobs: int = 1, progress: bool = True,
+              prune: bool = False) -> RunReport:
     """Create (or resume) the study and run it to its end; see the module docstring.
 
     A study shared by workers (it has a work queue) is resumed as one worker that first takes
     back every item a stopped worker held: nothing else may be running on it. On a local
     storage, :class:`StudyBusy` if a live process is writing the study."""
     with study_writer(storage, config.name, label):
-        return _run_held(config, storage, label, resume, jobs, progress)
+        return _run_held(config, storage, label, resume, jobs, progress, prune)
 
 
 def _run_held(config: StudyConfig, storage: BaseStorage, label: str, resume: bool, jobs: int,
-              progress: bool) -> RunReport:
+              progress: bool, prune: bool) -> RunReport:
     study, requeued = open_study(config, storage, label, resume=resume)
     with StopRequest() as stop:
         if WORK_QUEUE in study.user_attrs:
@@ -184,7 +185,8 @@ def _run_held(config: StudyConfig, storage: BaseStorage, label: str, resume: boo
             requeued += _reclaim(queue, _info(study, config)["items"])
             added = _drain(study, queue, storage, config, stop, progress)
         elif config.sampler == "exhaustive":
-            added = exhaustive(study, storage, config, label, jobs, progress, stop)
+            added = exhaustive(study, storage, config, label, jobs, progress, stop,
+                               prune=prune)
         elif config.sampler == "random":
             added = exhaustive(study, storage, config, label, jobs, progress, stop,
                                plans=random_draw(config))

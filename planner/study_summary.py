@@ -43,8 +43,14 @@ def study_row(study: optuna.Study, best: pd.DataFrame | None = None) -> dict[str
             "system": cfg.get("system", "?"), "sampler": cfg.get("sampler", "?"),
             "hbm_gb": cfg.get("hbm_gb") or "unlimited", "trials": trials,
             "plans": results.get("plans", trials),
-            "trials kept": results.get("trials_kept", ALL),
+            "trials kept": _kept(results),
             "best step s": (f"{best['step_time_s'].iloc[0]:.4g}" if not best.empty else "-")}
+
+
+def _kept(results: dict[str, Any]) -> str:
+    """Which plans are trials, and how many were pruned by bounds (``planner run --prune``)."""
+    kept = str(results.get("trials_kept", "all"))  # results_parquet.ALL (pandas-free here)
+    return f"{kept}, {results.get('pruned', 0):,} pruned" if results.get("prune") else kept
 
 
 def _stamp(path: Path) -> list[int]:

@@ -258,6 +258,32 @@ class StrategySpace:
         """The strategies at these flat indices (from :meth:`valid_indices`)."""
         return list(self._strategies(np.asarray(flat, np.int64)))
 
+    def columns_at(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """The knobs of the strategies at these flat indices as arrays, in the form
+        :func:`simcore.megatron.bounds.lower_bounds` reads (codes for the enums)."""
+        from simcore.megatron.bounds import RECOMPUTE_CODES, SCHEDULE_CODES
+
+        layouts, pipes = self.layouts(), self.pipelines()
+        li, zi, ri, mi, pi, _, si, qi, ui, hi, _ = np.unravel_index(
+            np.asarray(flat, np.int64), self._shape())
+        lay = np.array([(x.dp, x.tp, x.pp, x.sp) for x in layouts], np.int64)[li]
+        zero = np.array([int(z) for z in self.zero], np.int64)[zi]
+        ends = np.array([[self._ends(x.pp, k) or 0 for k in self.uneven] for x in layouts],
+                        np.int64)[li, ui]
+        group = np.asarray(self.shard_group, np.int64)[hi]
+        return {
+            "dp": lay[:, 0], "tp": lay[:, 1], "pp": lay[:, 2], "sp": lay[:, 3], "zero": zero,
+            "shard_ranks": np.where(group > 0, group, lay[:, 0] * lay[:, 3]),
+            "recompute": np.array([RECOMPUTE_CODES[r] for r in self.recompute], np.int64)[ri],
+            "micro_batch": np.asarray(self.micro_batch, np.int64)[mi],
+            "schedule": np.array([SCHEDULE_CODES[p.schedule.value] for p in pipes],
+                                 np.int64)[pi],
+            "v": np.array([p.v for p in pipes], np.int64)[pi],
+            "sequence_parallel": np.asarray(self.sequence_parallel, bool)[si],
+            "fp8": np.array([q is Precision.FP8 for q in self.precision], bool)[qi],
+            "first_stage_layers": np.maximum(ends, 0),
+        }
+
     def valid_layouts(self) -> list[Layout]:
         """The layouts that hold at least one valid strategy, in :attr:`valid`'s order (from the
         indices where it can: the layout is the slowest-varying knob of the product)."""

@@ -70,6 +70,11 @@ class RunCommand(BaseCommand):
                             help="worker processes sharing the storage (default 1)")
         parser.add_argument("--top", type=_positive_int, default=5,
                             help="best plans to print (default 5)")
+        parser.add_argument("--prune", action="store_true",
+                            help="an exhaustive study of more than 20,000 plans: skip the"
+                            " plans that bounds prove cannot be kept (its best plans and"
+                            " fronts stay those of the whole space; the results table holds"
+                            " the estimated plans)")
         parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -96,7 +101,7 @@ class RunCommand(BaseCommand):
         start = time.perf_counter()
         try:
             report = run_study(config, storage, where, resume=args.resume, jobs=args.jobs,
-                               progress=not args.quiet)
+                               progress=not args.quiet, prune=args.prune)
             kept = journal is None or _still_there(where, journal)
         except KeyboardInterrupt:
             print(where_results_are(config, storage, label, "run", str(args.study),
@@ -121,6 +126,9 @@ class RunCommand(BaseCommand):
                   " failed and re-queued")
         total = len(report.study.get_trials(deepcopy=False))
         print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {where}")
+        pruning = _pruning_line(report.study, args.prune)
+        if pruning:
+            print(pruning)
         best = best_frame(report.study, args.top)
         if is_folder(label):  # planner studies finds the study's row without reading it again
             from planner.study_summary import remember
@@ -131,6 +139,22 @@ class RunCommand(BaseCommand):
         print(format_best(best))
         print(more_hint(config.name, label))
         return 0
+
+
+def _pruning_line(study: optuna.Study, asked: bool) -> str:
+    """What pruning did (planner.prune), or why it did not run; empty when not asked for."""
+    from planner.results_parquet import RESULTS
+
+    results = study.user_attrs.get(RESULTS) or {}
+    if results.get("prune"):
+        pruned, plans = results.get("pruned", 0), results.get("plans", 0)
+        return (f"pruned {pruned:,} of {plans:,} plans by bounds ({results.get('seeds', 0):,}"
+                " estimated first): the best plans and fronts are the whole space's; the"
+                " results table holds the other plans")
+    if not asked:
+        return ""
+    return ("--prune: nothing pruned: only a new exhaustive study of more than 20,000 plans of"
+            " a dense model (no framework rule) is pruned")
 
 
 def _hold(label: str) -> int | None:

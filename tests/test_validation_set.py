@@ -26,6 +26,10 @@ A100_CHECK_MEDIAN = 0.05  # measured 4.1%
 A100_CHECK_MAPE = 0.08  # measured 7.4%
 H100_CHECK_MEDIAN = 0.075  # measured 6.6% (torchtitan's 500 W parts included)
 V100_CHECK_REGRET = 0.03  # measured 2.0%
+# Below issue 14's targets, held so that they do not get worse (README there: Megatron-Core with
+# Transformer Engine in FP8 on H100 runs faster than the llm-foundry-fit H100 says).
+H100_MEGATRON_CHECK_MEDIAN = 0.25  # measured 23.6%, every run slower than measured
+MOE_CHECK_MEDIAN = 0.27  # measured 24.8%
 ONE_NODE_REGRET = 0.01
 
 
@@ -36,7 +40,7 @@ def _validate(capsys, name: str) -> dict:
 
 def test_every_row_is_expressed(capsys) -> None:
     for name in ("a100-fit.csv", "a100-check.csv", "h100-fit.csv", "h100-check.csv",
-                 "v100-fit.csv", "v100-check.csv"):
+                 "v100-fit.csv", "v100-check.csv", "h100-megatron-check.csv", "moe-check.csv"):
         assert _validate(capsys, name)["skipped"] == [], name
 
 
@@ -62,6 +66,19 @@ def test_one_node_plans_ranked_as_measured(capsys) -> None:
 def test_h100_check_error(capsys) -> None:
     data = _validate(capsys, "h100-check.csv")
     assert data["step_time_median_ape"] <= H100_CHECK_MEDIAN
+
+
+def test_h100_megatron_check_error(capsys) -> None:
+    data = _validate(capsys, "h100-megatron-check.csv")
+    assert data["step_time_runs"] == 11
+    assert data["step_time_median_ape"] <= H100_MEGATRON_CHECK_MEDIAN
+    assert all(row["step_time_error"] > 0 for row in data["rows"])  # all estimated slow
+
+
+def test_moe_check_error(capsys) -> None:
+    data = _validate(capsys, "moe-check.csv")
+    assert data["step_time_runs"] == 4
+    assert data["step_time_median_ape"] <= MOE_CHECK_MEDIAN
 
 
 def test_v100_check_ranking(capsys) -> None:

@@ -2,8 +2,9 @@
 
 The constants are the device entry's own (:data:`CONSTANTS`): the achievable fractions of peak
 FLOP/s on large GEMMs and of HBM bandwidth on element-wise kernels, the flash-attention
-kernels' fraction of peak, the per-kernel launch floor, the host's cost of issuing a collective,
-and the framework's memory allowance; the compute's slowdown beside a collective
+kernels' fraction of peak (classic stacks; Transformer Engine's fused attention apart), the
+per-kernel launch floor, the host's cost of issuing a collective, and the framework's memory
+allowance; the compute's slowdown beside a collective
 (``overlap_slowdown``) only when asked for by name, as the catalog takes it from a measurement.
 Nothing per run: every run is estimated with the same device.
 
@@ -28,6 +29,7 @@ from planner.runs_csv import MeasuredRun
 from planner.units import GB
 from planner.validation import Validation, validate
 from simcore.megatron import uses_flash_attention
+from simcore.megatron.plan import uses_transformer_engine
 from simcore.specs import DeviceSpec, SystemSpec
 
 __all__ = ["Constant", "CONSTANTS", "Fit", "calibrate", "PRIOR_WEIGHT", "DEFAULT_TRIALS"]
@@ -61,6 +63,8 @@ class Constant:
 
     def value(self, device: DeviceSpec) -> float:
         raw = getattr(device, self.field)
+        if raw is None and self.field == "fused_attention_efficiency":
+            raw = device.attention_efficiency  # which defaults to matmul_efficiency
         if raw is None:  # attention_efficiency defaults to matmul_efficiency
             raw = device.matmul_efficiency
         return raw / self.scale
@@ -75,6 +79,7 @@ CONSTANTS = (
     Constant("kernel_launch_us", "kernel_launch_s", 1e-6, 0.0, 100.0, "time"),
     Constant("collective_launch_us", "collective_launch_s", 1e-6, 0.0, 200.0, "comm"),
     Constant("attention_efficiency", "attention_efficiency", 1.0, 0.2, 1.0, "flash"),
+    Constant("fused_attention_efficiency", "fused_attention_efficiency", 1.0, 0.2, 1.0, "te"),
     Constant("overlap_slowdown", "overlap_slowdown", 1.0, 0.0, 0.5, "comm", by_default=False),
     Constant("memory_overhead_gb", "memory_overhead_bytes", GB, 0.0, 20.0, "memory"),
 )
@@ -94,9 +99,12 @@ class Fit:
 def _identifiable(runs: Sequence[MeasuredRun]) -> tuple[Constant, ...]:
     timed = [r for r in runs if r.step_time_s is not None]
     flash = [r for r in timed if uses_flash_attention(r.model, r.system, r.training)]
+    te = [r for r in flash if uses_transformer_engine(r.system, r.training)]
+    classic = [r for r in flash if r not in te]
     memory = [r for r in runs if r.peak_memory_gb is not None]
     comm = [r for r in timed if r.strategy.devices > 1]
-    have = {"time": bool(timed), "flash": bool(flash), "memory": bool(memory), "comm": bool(comm)}
+    have = {"time": bool(timed), "flash": bool(classic), "te": bool(te), "memory": bool(memory),
+            "comm": bool(comm)}
     return tuple(c for c in CONSTANTS if have[c.needs])
 
 

@@ -120,7 +120,15 @@ _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
 _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "source",
                     "notes", "calibration", "kernel_launch_us", "collective_launch_us", "sm_count",
                     "overlap_slowdown", "fp8_peak_tflops",
-                    "attention_efficiency", "flash_attention", "bf16"}
+                    "attention_efficiency", "flash_attention", "bf16",
+                    "fused_attention_efficiency", "transformer_engine"}
+
+
+def _flag(path: Path, name: str, entry: dict[str, Any], key: str, default: bool) -> bool:
+    value = entry.get(key, default)
+    if not isinstance(value, bool):
+        raise fail(path, f"{name}.{key}", f"must be true or false, but got {value!r}")
+    return value
 
 
 def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
@@ -130,13 +138,10 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         value = e.get(key, default)
         return number(path, f"{name}.{key}", value, minimum=0, strict=strict)
 
-    flash = e.get("flash_attention", False)
-    if not isinstance(flash, bool):
-        raise fail(path, f"{name}.flash_attention", f"must be true or false, but got {flash!r}")
-    bf16 = e.get("bf16", True)
-    if not isinstance(bf16, bool):
-        raise fail(path, f"{name}.bf16", f"must be true or false, but got {bf16!r}")
+    flash, bf16, te = (_flag(path, name, e, key, default) for key, default in (
+        ("flash_attention", False), ("bf16", True), ("transformer_engine", False)))
     attention = e.get("attention_efficiency")
+    fused = e.get("fused_attention_efficiency")
     fp8 = e.get("fp8_peak_tflops")
     sm_count = e.get("sm_count", 0)
     return _spec(path, name, lambda: DeviceSpec(
@@ -148,6 +153,8 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         sm_count=integer(path, f"{name}.sm_count", sm_count, minimum=0),
         attention_efficiency=None if attention is None else num("attention_efficiency"),
         flash_attention=flash,
+        fused_attention_efficiency=None if fused is None else num("fused_attention_efficiency"),
+        transformer_engine=te,
         bf16=bf16,
         peak_flops_per_s=num("peak_tflops") * 1e12,
         hbm_bytes=num("hbm_gb") * GB,

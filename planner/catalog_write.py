@@ -118,6 +118,10 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         entry["attention_efficiency"] = device.attention_efficiency
     if device.flash_attention:
         entry["flash_attention"] = True
+    if device.fused_attention_efficiency is not None:
+        entry["fused_attention_efficiency"] = device.fused_attention_efficiency
+    if device.transformer_engine:
+        entry["transformer_engine"] = True
     if not device.bf16:
         entry["bf16"] = False
     return entry

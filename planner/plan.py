@@ -198,13 +198,14 @@ def specs_from_dict(path: Path, data: dict[str, Any]
                      {f.name for f in fields(TrainingSpec)})
     if not isinstance(t.get("overlap_grad_reduce", True), bool):
         raise fail(path, "training.overlap_grad_reduce", "must be true or false")
-    flash = t.get("flash_attention")
-    if flash is not None and not isinstance(flash, bool):
-        raise fail(path, "training.flash_attention", "must be true, false or null (the default)")
+    flags = {k: t.get(k) for k in ("flash_attention", "transformer_engine")}
+    for key, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise fail(path, f"training.{key}", "must be true, false or null (the default)")
     ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
-            if k not in ("overlap_grad_reduce", "flash_attention")}
+            if k not in ("overlap_grad_reduce", *flags)}
     training = TrainingSpec(**ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True),
-                            flash_attention=flash)
+                            **flags)
     return model, system, training, convention
 
 

@@ -16,7 +16,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp), ``ep_overlap``
   (true/false; false),
   ``flash_attention`` (true/false;
-  the model's and device's default), ``overlap_grad_reduce`` (true), ``grad_bytes`` (2),
+  the model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with
+  Transformer Engine, or the classic stack; the device's default), ``overlap_grad_reduce``
+  (true), ``grad_bytes`` (2),
   ``name``; ``source`` and ``notes`` are kept for people and not read.
 
 ``model`` may name one entry of a YAML file of several as ``FILE.yaml#NAME``.
@@ -56,8 +58,8 @@ REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "mic
 MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
             "precision", "first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp",
-            "ep_overlap", "flash_attention", "overlap_grad_reduce", "grad_bytes", "name", "source",
-            "notes")
+            "ep_overlap", "flash_attention", "transformer_engine", "overlap_grad_reduce",
+            "grad_bytes", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""
@@ -212,6 +214,7 @@ def _training(row: dict[str, str]) -> TrainingSpec:
         bytes_per_param_grads=_integer(row, "grad_bytes", 2),
         overlap_grad_reduce=True if overlap is None else overlap,
         flash_attention=_boolean(row, "flash_attention"),
+        transformer_engine=_boolean(row, "transformer_engine"),
     )
 
 

@@ -74,7 +74,12 @@ _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
-_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention"}
+NO_TRANSFORMER_ENGINE = ("deepspeed", "torchtitan")
+"""Frameworks whose plans are estimated without Transformer Engine's fused attention and tp
+overlap unless the study says otherwise (torchtitan: PyTorch SDPA and async TP; DeepSpeed:
+its own kernels)."""
+_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention",
+                      "transformer_engine"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
                 "ep", "etp", "ep_overlap"}
@@ -123,6 +128,8 @@ class StudyConfig:
             "global_batch": self.training.global_batch, "seq_len": self.training.seq_len,
             **({"flash_attention": self.training.flash_attention}
                if self.training.flash_attention is not None else {}),
+            **({"transformer_engine": self.training.transformer_engine}
+               if self.training.transformer_engine is not None else {}),
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
             **({"framework": sp.framework} if sp.framework != ANY else {}),
@@ -316,11 +323,13 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     overlap = t.get("overlap_grad_reduce", True)
     if not isinstance(overlap, bool):
         raise fail(path, "training.overlap_grad_reduce", f"must be true or false, got {overlap!r}")
-    flash = t.get("flash_attention")
-    if flash is not None and not isinstance(flash, bool):
-        raise fail(path, "training.flash_attention", f"must be true or false, got {flash!r}")
+    flash, te = (t.get(key) for key in ("flash_attention", "transformer_engine"))
+    for key, value in (("flash_attention", flash), ("transformer_engine", te)):
+        if value is not None and not isinstance(value, bool):
+            raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
     training = TrainingSpec(
         flash_attention=flash,
+        transformer_engine=te,
         global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
         seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1),
         bytes_per_param_grads=integer(path, "training.grad_bytes", t.get("grad_bytes", 2),
@@ -351,6 +360,8 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     if framework not in FRAMEWORKS:
         raise fail(path, "framework", f"unknown framework {framework!r}; use one of"
                    f" {', '.join(FRAMEWORKS)}")
+    if framework in NO_TRANSFORMER_ENGINE and training.transformer_engine is None:
+        training = replace(training, transformer_engine=False)
     space = _space(path, e["space"], model, system, training, convention, framework)
     description = e.get("description", "")
     return StudyConfig(name=name, path=path, model=model, system=system, training=training,

@@ -305,6 +305,12 @@ class DeviceSpec:
     matmul_efficiency."""
     flash_attention: bool = False
     """Plans on this device use flash attention unless the training says otherwise."""
+    fused_attention_efficiency: float | None = None
+    """Achievable fraction of peak of Transformer Engine's fused attention (cuDNN) inside
+    training; None uses attention_efficiency."""
+    transformer_engine: bool = False
+    """Plans on this device train with Transformer Engine unless the training says otherwise
+    (:attr:`TrainingSpec.transformer_engine`)."""
     overlap_slowdown: float = 0.0
     """Fraction by which compute slows while a collective runs beside it (the two share the SMs
     and HBM: Lee et al. 2025, arXiv:2507.03114, measured 18.9% on average on A100, H100, MI250
@@ -332,8 +338,9 @@ class DeviceSpec:
                 or self.sm_count < 0:
             raise ValueError(f"`sm_count >= 0` must hold (a whole number), but got"
                              f" sm_count={self.sm_count!r}")
-        if self.attention_efficiency is not None:
-            _fraction("attention_efficiency", self.attention_efficiency)
+        for name in ("attention_efficiency", "fused_attention_efficiency"):
+            if getattr(self, name) is not None:
+                _fraction(name, getattr(self, name))
         if not (self.memory_overhead_bytes >= 0 and math.isfinite(self.memory_overhead_bytes)):
             raise ValueError(
                 "`memory_overhead_bytes >= 0` must hold, but got"
@@ -382,6 +389,13 @@ class TrainingSpec:
     """Fused (flash) attention: the attention core is one kernel that never stores the s x s
     scores (Dao et al. 2022). None takes the default: on for the llama family and on devices
     whose entry says so (H100-era parts), off otherwise (see :func:`uses_flash_attention`)."""
+    transformer_engine: bool | None = None
+    """Megatron-Core with Transformer Engine, as NeMo and Megatron-Bridge train (2024 on): the
+    attention core in TE's fused (cuDNN) kernel at the device's fused_attention_efficiency, and
+    with sequence parallelism the tp all-gathers and reduce-scatters overlapped with the linear
+    layers' GEMMs (``--tp-comm-overlap``, TE's userbuffers). None takes the device's default
+    (H100-era parts: on); False: the classic stack the devices were fit on (llm-foundry's
+    PyTorch FSDP with FlashAttention-2, Megatron-LM 2020-23, Megatron-DeepSpeed)."""
 
     def __post_init__(self) -> None:
         _positive("global_batch", self.global_batch)

@@ -28,8 +28,9 @@ H100_CHECK_MEDIAN = 0.075  # measured 6.6% (torchtitan's 500 W parts included)
 V100_CHECK_REGRET = 0.03  # measured 2.0%
 # Below issue 14's targets, held so that they do not get worse (README there: Megatron-Core with
 # Transformer Engine in FP8 on H100 runs faster than the llm-foundry-fit H100 says).
-H100_MEGATRON_CHECK_MEDIAN = 0.25  # measured 23.6%, every run slower than measured
-MOE_CHECK_MEDIAN = 0.27  # measured 24.8%
+H100_MEGATRON_FIT_MEDIAN = 0.045  # measured 3.4% (fit on these rows: fused_attention_efficiency)
+H100_MEGATRON_CHECK_MEDIAN = 0.14  # measured 12.3%, both runs slower than measured
+MOE_CHECK_MEDIAN = 0.27  # measured 25.9%
 ONE_NODE_REGRET = 0.01
 
 
@@ -40,7 +41,8 @@ def _validate(capsys, name: str) -> dict:
 
 def test_every_row_is_expressed(capsys) -> None:
     for name in ("a100-fit.csv", "a100-check.csv", "h100-fit.csv", "h100-check.csv",
-                 "v100-fit.csv", "v100-check.csv", "h100-megatron-check.csv", "moe-check.csv"):
+                 "v100-fit.csv", "v100-check.csv", "h100-megatron-fit.csv",
+                 "h100-megatron-check.csv", "moe-check.csv"):
         assert _validate(capsys, name)["skipped"] == [], name
 
 
@@ -68,11 +70,28 @@ def test_h100_check_error(capsys) -> None:
     assert data["step_time_median_ape"] <= H100_CHECK_MEDIAN
 
 
-def test_h100_megatron_check_error(capsys) -> None:
-    data = _validate(capsys, "h100-megatron-check.csv")
-    assert data["step_time_runs"] == 11
-    assert data["step_time_median_ape"] <= H100_MEGATRON_CHECK_MEDIAN
-    assert all(row["step_time_error"] > 0 for row in data["rows"])  # all estimated slow
+def test_h100_megatron_fit_and_check_error(capsys) -> None:
+    fit = _validate(capsys, "h100-megatron-fit.csv")
+    assert fit["step_time_runs"] == 9
+    assert fit["step_time_median_ape"] <= H100_MEGATRON_FIT_MEDIAN
+    check = _validate(capsys, "h100-megatron-check.csv")
+    assert check["step_time_runs"] == 2
+    assert check["step_time_median_ape"] <= H100_MEGATRON_CHECK_MEDIAN
+    assert all(row["step_time_error"] > 0 for row in check["rows"])  # both estimated slow
+
+
+def test_classic_rows_are_estimated_without_transformer_engine(capsys) -> None:
+    # llm-foundry's and torchtitan's H100 runs say transformer_engine false: the same step
+    # time as an H100 without the stack (the fit those constants came from)
+    catalog = load_catalog()
+    runs, _ = read_runs(DATA / "h100-check.csv", catalog)
+    assert runs and all(r.training.transformer_engine is False for r in runs)
+    plain = replace(catalog.device("h100-sxm"), transformer_engine=False,
+                    fused_attention_efficiency=None)
+    on_plain = validate(runs, system_for=lambda r: replace(r.system, device=plain))
+    as_given = validate(runs)
+    assert [r.predicted_step_time_s for r in on_plain.results] == \
+        [r.predicted_step_time_s for r in as_given.results]
 
 
 def test_moe_check_error(capsys) -> None:

@@ -100,6 +100,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="fused attention that never stores the s x s scores (default: on for"
                    " the llama family and on devices whose entry says so, e.g. H100)")
+    t.add_argument("--transformer-engine", action=argparse.BooleanOptionalAction, default=None,
+                   help="Megatron-Core with Transformer Engine: fused attention, tp"
+                   " communication overlapped with the GEMMs (default: the device's; on for"
+                   " H100-era parts)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
@@ -217,7 +221,8 @@ class EstimateCommand(BaseCommand):
             training = TrainingSpec(global_batch=args.global_batch,
                                     seq_len=args.seq_len if args.seq_len is not None else model.seq_len,
                                     bytes_per_param_grads=args.grad_bytes,
-                                    flash_attention=args.flash_attention)
+                                    flash_attention=args.flash_attention,
+                                    transformer_engine=args.transformer_engine)
             est = estimate(model, system, training, strategy, convention)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None

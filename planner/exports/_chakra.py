@@ -116,7 +116,9 @@ def _readme(plan: Plan) -> str:
             " (ASTRA-sim has none), by the compute's slowdown beside a collective"
             " (the device's overlap_slowdown; ASTRA-sim overlaps for free), by a pipeline transfer the estimate charges to ops that send"
             " nothing (the last stage's forwards, the first stage's backwards), by context"
-            " parallelism and ZeRO-3 overlapped per op instead of per layer, by ASTRA-sim's"
+            " parallelism and ZeRO-3 overlapped per op instead of per layer, by the tp"
+            " collectives and interleaved pipeline transfers Transformer Engine's stack hides"
+            " behind compute (here in line), by ASTRA-sim's"
             " timing of communicator groups that span part of a network dimension, and by"
             " runtimes rounded to whole microseconds.")
     title = (f"Chakra traces for plan {plan.label}: {plan.model.name} on {plan.system.name}"

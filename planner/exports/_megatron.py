@@ -46,6 +46,7 @@ from planner.plan import Plan
 from planner.units import GB
 from search_spaces.frameworks import why_not
 from simcore.megatron import uses_flash_attention
+from simcore.megatron.plan import uses_transformer_engine
 from simcore.megatron.precision import AMAX_HISTORY_LEN
 from simcore.specs import (
     Activation,
@@ -160,6 +161,11 @@ def _parallel_args(plan: Plan) -> list[str]:
             f"--context-parallel-size {s.sp}"]
     if s.tp > 1 and s.sequence_parallel:
         args.append("--sequence-parallel")
+        if uses_transformer_engine(plan.system, plan.training):
+            # model_parallel_config.py tp_comm_overlap (d98e8a64; arguments.py: needs
+            # --sequence-parallel): the estimate hides tp behind the GEMMs as TE does
+            args += [("# tp all-gathers / reduce-scatters overlapped with the GEMMs"
+                      " (TE userbuffers)"), "--tp-comm-overlap"]
     if s.pp > 1 and s.schedule is Schedule.ONE_F_ONE_B:
         args.append("# 1F1B is Megatron's default schedule when pp > 1")
     if s.uneven:

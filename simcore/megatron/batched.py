@@ -134,6 +134,7 @@ class _Groups:
         self.stage = {name: np.zeros((k, 3)) for name in _STAGE_FIELDS}
         self.memory = {name: np.zeros((k, 3)) for name in _MEMORY_FIXED}
         self.representative: list[Strategy] = []
+        self.te = False
 
     def add(self, index: int, members: list[int]) -> None:
         """Group ``index``: the strategies at ``members``, equal but for schedule and v."""
@@ -145,6 +146,7 @@ class _Groups:
         layer, ends = _layer(p), _ends(p)
         pp, m = rep.pp, p.m
         self.pp[index], self.m[index] = pp, m
+        self.te = p.te  # the same for every plan of one system and training
         if pp > 1:
             self.send[index] = pp_send(p)
         types = [(FIRST, 0)]
@@ -192,12 +194,12 @@ class _Groups:
         """Every strategy's figures from its group's and its own (schedule, v)."""
         g, v = self.group, self.v
         pp, m = self.pp[g], self.m[g]
-        sends = 2 * v * self.send[g]
+        sends = self._sends(g, v)
         stage = self.stage
         present = self.present[g]
         # _Stage.time: compute + tp + sp + pp + fsdp, per stage type (the first three per group).
         times = (stage["compute"] + stage["tp"] + stage["sp"])[g]
-        times += sends[:, None]
+        times += sends
         times += stage["fsdp"][g]
         times[~present] = -np.inf
         slowest = np.argmax(times, axis=1)  # the first of the slowest, as max() picks
@@ -215,10 +217,9 @@ class _Groups:
         def critical(name: str) -> np.ndarray:
             return m * stage[name][g, slowest]
 
-        # Every stage sends the same (pp_send per chunk boundary), so critical.pp is the sends.
         time = TimeColumns(
             compute=critical("compute"), tp=critical("tp"), sp=critical("sp"), dp=self.dp[g],
-            pp=m * sends, fsdp=critical("fsdp"), ep=np.zeros(len(g)), bubble=pipe - m * t_max,
+            pp=m * sends[np.arange(len(g)), slowest], fsdp=critical("fsdp"), ep=np.zeros(len(g)), bubble=pipe - m * t_max,
             optimizer=self.optimizer[g], comm=np.zeros(len(g)),
         )
         step = _sum(getattr(time, name) for name in ("compute", "tp", "sp", "dp", "pp", "fsdp",
@@ -235,6 +236,19 @@ class _Groups:
             tokens_per_s=self.training.global_batch * self.training.seq_len / step,
             hbm_bytes=np.full(len(g), hbm), fits=fits,
         )
+
+    def _sends(self, g: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Each strategy's pipeline transfers per micro-batch on each stage type
+        (:func:`simcore.megatron.step._sends`): 2 v sends, each hidden behind an op's compute
+        where the stack overlaps them (:func:`simcore.megatron.step.pp_exposed`)."""
+        send = self.send[g][:, None]
+        twice = (2 * v)[:, None]
+        if not self.te:
+            return np.repeat(twice * send, 3, axis=1)
+        op = self.stage["compute"][g] / twice
+        slowdown = self.system.device.overlap_slowdown
+        hidden = np.maximum(0.0, send - op) + slowdown * np.minimum(send, op)
+        return twice * np.where(self.interleaved[:, None], hidden, send)
 
     def _memory(self, g: np.ndarray, pp: np.ndarray,
                 present: np.ndarray) -> tuple[MemoryColumns, np.ndarray, np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ import numpy as np
 from simcore.megatron.activations import layer_activations
 from simcore.megatron.kernels import KernelCosts, layer_kernels
 from simcore.megatron.layers import layer_shape
-from simcore.megatron.plan import uses_flash_attention
+from simcore.megatron.plan import uses_flash_attention, uses_transformer_engine
 from simcore.specs import ModelSpec, Precision, Recompute, SystemSpec, TrainingSpec
 
 __all__ = ["RECOMPUTE_CODES", "SCHEDULE_CODES", "Bounds", "lower_bounds"]
@@ -93,12 +93,13 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     distinct, inverse = _distinct_rows(keys)
     shape = layer_shape(model)
     flash = uses_flash_attention(model, system, training)
+    te = uses_transformer_engine(system, training)
     recomputes = {code: r for r, code in RECOMPUTE_CODES.items()}
     per_layer = np.empty(len(distinct))
     stored = np.empty(len(distinct))
     for i, (mb, tp, sp, seqpar, is_fp8, rc, micro) in enumerate(distinct.tolist()):
         precision = Precision.FP8 if is_fp8 else Precision.BF16
-        k = layer_kernels(model, shape, KernelCosts.of(system.device, precision),
+        k = layer_kernels(model, shape, KernelCosts.of(system.device, precision, te),
                           micro_batch=mb, queries=training.seq_len / sp,
                           seq_len=training.seq_len, tp=tp, sequence_parallel=bool(seqpar),
                           flash=flash, act_bytes=training.bytes_per_activation,

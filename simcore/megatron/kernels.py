@@ -80,9 +80,14 @@ class KernelCosts:
     """Achievable FP8 FLOP/s of the linear layers' GEMMs; None runs them in 16-bit."""
 
     @classmethod
-    def of(cls, device: DeviceSpec, precision: Precision = Precision.BF16) -> KernelCosts:
+    def of(cls, device: DeviceSpec, precision: Precision = Precision.BF16,
+           transformer_engine: bool = False) -> KernelCosts:
+        """The device's costs; ``transformer_engine``: attention in TE's fused kernel, at the
+        device's ``fused_attention_efficiency`` where it has one."""
         flop_rate = device.peak_flops_per_s * device.matmul_efficiency
         attention = device.attention_efficiency
+        if transformer_engine and device.fused_attention_efficiency is not None:
+            attention = device.fused_attention_efficiency
         fp8_rate = None
         if precision is Precision.FP8:
             problem = fp8_problem(device)
@@ -144,6 +149,10 @@ class LayerKernels:
     """The weight-gradient GEMMs of the backward (what hides tp communication)."""
     kernels_forward: int
     kernels_backward: int
+    gemm_forward: float = 0.0
+    """The linear layers' forward GEMMs (what TE's tp overlap hides the forward's tp behind)."""
+    gemm_dgrad: float = 0.0
+    """Their input-gradient GEMMs."""
 
 
 def _gemm_pair(costs: KernelCosts, m: float, n: float, k: float,
@@ -233,4 +242,5 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     return LayerKernels(
         forward=forward, backward=backward, core_forward=sum(core_fwd), wgrad=wgrad,
         kernels_forward=kernels_forward, kernels_backward=kernels_backward,
+        gemm_forward=sum(g[0] for g in gemms), gemm_dgrad=sum(g[1] for g in gemms),
     )

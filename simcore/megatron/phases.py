@@ -17,8 +17,9 @@ from simcore.megatron.step import (
     _moe_layer,
     _optimizer_time,
     _stage,
+    pp_exposed,
 )
-from simcore.specs import Axis, ModelSpec, Strategy, SystemSpec, TrainingSpec
+from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["OpTime", "StagePhases", "stage_phases"]
 
@@ -73,16 +74,14 @@ class StagePhases:
         return sum(op.total for op in self.forward) + sum(op.total for op in self.backward)
 
 
-def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends, i: int,
+def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends, i: int, compute: float,
                moe: _Layer | None = None) -> tuple[list[OpTime], list[OpTime]]:
     """Forward and backward of each model chunk of stage ``i``: the terms of :func:`_stage`,
     split by direction (embedding on the first chunk of the first stage, LM head on the last
     chunk of the last stage; an MoE stage's MoE layers spread evenly over its chunks)."""
-    s, model = p.s, p.model
-    h, t, v = model.hidden, s.tp, s.v
+    s, v = p.s, p.s.v
     k = p.stage_layers[i] // v  # layers per chunk of this stage
-    activation = p.tokens * h * p.training.bytes_per_activation
-    p2p = p.comm.p2p(Axis.PP, activation / t) if s.pp > 1 else 0.0
+    p2p = pp_exposed(p, compute) if s.pp > 1 else 0.0  # ``compute``: the stage's kernels
     fwd = [OpTime(compute=k * layer.fwd_compute, tp=k * layer.tp_fwd, sp=k * layer.sp_fwd,
                   fsdp=k * layer.fsdp_fwd, p2p=p2p) for _ in range(v)]
     bwd = [OpTime(compute=k * layer.bwd_compute, recompute=k * layer.recompute,
@@ -131,7 +130,7 @@ def stage_phases(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     out = []
     for i in range(strategy.pp):
         stage = _stage(p, layer, ends, i, moe=moe)
-        fwd, bwd = _chunk_ops(p, layer, ends, i, moe)
+        fwd, bwd = _chunk_ops(p, layer, ends, i, stage.compute, moe)
         link, exposed = _dp_time(p, stage)
         out.append(StagePhases(i, tuple(fwd), tuple(bwd), link, exposed,
                                _optimizer_time(p, stage)))

@@ -25,7 +25,7 @@ from simcore.specs import (
     TrainingSpec,
 )
 
-__all__ = ["Comm", "StepPlan", "uses_flash_attention"]
+__all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_transformer_engine"]
 
 _T = TypeVar("_T")
 
@@ -112,7 +112,9 @@ class StepPlan:
         self.tokens = strategy.micro_batch * self.seq / strategy.sp
         """Tokens of one micro-batch on one device (the sequence split by sp)."""
         device = system.device
-        self.costs = KernelCosts.of(device, strategy.precision)
+        self.te = uses_transformer_engine(system, training)
+        """Megatron-Core with Transformer Engine (fused attention, tp overlap)."""
+        self.costs = KernelCosts.of(device, strategy.precision, self.te)
         self.flash = uses_flash_attention(model, system, training)
         self.fp8 = strategy.precision is Precision.FP8
         """The linear layers run in FP8 (:mod:`simcore.megatron.precision`)."""
@@ -202,6 +204,14 @@ def _stage_moe_layers(model: ModelSpec, stage_layers: tuple[int, ...]) -> tuple[
         counts.append(model.moe.moe_layers(start, start + n))
         start += n
     return tuple(counts)
+
+
+def uses_transformer_engine(system: SystemSpec, training: TrainingSpec) -> bool:
+    """Whether plans train with Transformer Engine (:attr:`TrainingSpec.transformer_engine`):
+    the training's choice, else the device's default."""
+    if training.transformer_engine is not None:
+        return training.transformer_engine
+    return system.device.transformer_engine
 
 
 def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:

@@ -12,8 +12,9 @@ head stays 16-bit); the embedding and the optimizer never run GEMMs in FP8.
 The FP8 GEMMs take the device's ``matmul_efficiency`` and wave fraction unchanged (calibrated
 on bf16 runs). Measured GEMMs reach a somewhat smaller fraction of the FP8 peak than of the bf16
 one (stas00/ml-engineering@744d01e compute/accelerator, maximum achievable matmul FLOP/s: H100
-SXM 70.9% of FP8 peak against 80.3% of bf16), so fp8 estimates lean optimistic until a device is
-calibrated on FP8 runs.
+SXM 70.9% of FP8 peak against 80.3% of bf16), so fp8 GEMMs alone lean optimistic. The H100's
+Transformer Engine constant (``fused_attention_efficiency``) was fit on FP8 runs of Megatron-Core
+(tests/data/validation/h100-megatron-fit.csv), so the FP8 step as a whole is calibrated there.
 
 What FP8 costs on top of its GEMMs (each a memory-bound kernel at the device's achievable HBM
 bandwidth, with the launch floor of every kernel):

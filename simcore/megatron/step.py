@@ -121,7 +121,7 @@ def _layer(p: StepPlan) -> _Layer:
     """A dense transformer layer."""
     kernels = p.kernels
     return _layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
-                     _tp_layer_comm(p))
+                     _tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad)
 
 
 def _moe_layer(p: StepPlan) -> _Layer:
@@ -136,7 +136,7 @@ def _moe_layer(p: StepPlan) -> _Layer:
     pairs = 2 if p.moe.shared_experts else 1
     tp = pairs * p.comm.total(tp_pair_calls(p))
     layer = _layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
-                      k.core_forward, tp)
+                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad)
     ep = p.comm.total(expert_calls(p.model, p.s, p.expert_tokens,
                                    p.training.bytes_per_activation))
     again = ep if p.s.recompute is Recompute.FULL else 0.0
@@ -147,14 +147,26 @@ def _moe_layer(p: StepPlan) -> _Layer:
 
 
 def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
-              tp: float) -> _Layer:
+              tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0) -> _Layer:
     """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
-    attention core) and tp communication, with the plan's sp, recompute and ZeRO-3."""
+    attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
+    with the plan's sp, recompute and ZeRO-3."""
     s = p.s
-    # Backward hides its tp communication behind the weight-gradient GEMMs (Megatron-LM's
-    # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5). A zero-bubble
-    # schedule defers those GEMMs to its W pass, so its B pass waits for the whole collective.
-    tp_bwd = tp if s.schedule is Schedule.ZB_H1 else _hidden(p, tp, wgrad)
+    zero_bubble = s.schedule is Schedule.ZB_H1
+    if p.te and s.tp > 1 and s.sequence_parallel:
+        # Transformer Engine's userbuffers (--tp-comm-overlap) split each tp all-gather and
+        # reduce-scatter into chunks run beside the GEMMs that consume or produce them: the
+        # forward's behind the forward GEMMs, the backward's behind the input- and
+        # weight-gradient GEMMs (only the former in a zero-bubble B pass).
+        tp_fwd = _hidden(p, tp, gemm_fwd)
+        tp_bwd = _hidden(p, tp, gemm_dgrad + (0.0 if zero_bubble else wgrad))
+    else:
+        # Backward hides its tp communication behind the weight-gradient GEMMs (Megatron-LM's
+        # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5). A
+        # zero-bubble schedule defers those GEMMs to its W pass, so its B pass waits for the
+        # whole collective.
+        tp_fwd = tp
+        tp_bwd = tp if zero_bubble else _hidden(p, tp, wgrad)
 
     sp_fwd = sp_bwd = 0.0
     if s.sp > 1:
@@ -165,7 +177,7 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
 
     if s.recompute is Recompute.FULL:
         recompute = fwd
-        tp_recompute = tp
+        tp_recompute = tp_fwd
     elif s.recompute is Recompute.SELECTIVE:
         recompute = core
         tp_recompute = 0.0
@@ -178,8 +190,8 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
         gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
         fsdp_fwd = _hidden(p, gather, fwd)
         fsdp_bwd = _hidden(p, gather + scatter, bwd + recompute)
-    return _Layer(fwd, bwd, recompute, tp, tp_bwd + tp_recompute, sp_fwd, sp_bwd, fsdp_fwd,
-                  fsdp_bwd, wgrad)
+    return _Layer(fwd, bwd, recompute, tp_fwd, tp_bwd + tp_recompute, sp_fwd, sp_bwd,
+                  fsdp_fwd, fsdp_bwd, wgrad)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,28 +296,49 @@ def _sums(p: StepPlan, layer: _Layer, ends: _Ends, layers: int, n_moe: int, firs
         params += (2 * h if tied_here else shape.head_params) / t
         compute += ends.head_fwd + ends.head_bwd
         tp += p.comm.total(head_calls(p, False)) + p.comm.total(head_calls(p, True))
-    sends = 0.0
-    if pp_time is not None:
-        sends = pp_time
-    elif s.pp > 1:
-        sends = 2 * s.v * pp_send(p)
     bwd = n * (layer.bwd_compute + layer.recompute + layer.tp_bwd)
     if first:
         bwd += ends.embedding_bwd
     wgrad = n * p.kernels.wgrad + (ends.head_wgrad if last else 0.0)
     sp, fsdp = n * (layer.sp_fwd + layer.sp_bwd), n * (layer.fsdp_fwd + layer.fsdp_bwd)
     if not n_moe:
-        return (layers, params, compute, tp, sp, sends, fsdp, bwd, wgrad)
+        return (layers, params, compute, tp, sp, _sends(p, pp_time, compute), fsdp, bwd, wgrad)
     assert moe is not None
     m = n_moe
     ms = p.moe_shape
     params += m * (shape.attention_params + shape.other_params + ms.router_params
                    + ms.shared_params) / t
     experts = m * ms.expert_params * ms.experts / (s.ep * s.expert_tp)
-    return (layers, params, compute + m * moe.compute,
-            tp + m * (moe.tp_fwd + moe.tp_bwd), sp + m * (moe.sp_fwd + moe.sp_bwd), sends,
+    compute += m * moe.compute
+    return (layers, params, compute,
+            tp + m * (moe.tp_fwd + moe.tp_bwd), sp + m * (moe.sp_fwd + moe.sp_bwd),
+            _sends(p, pp_time, compute),
             fsdp, bwd + m * (moe.bwd_compute + moe.recompute + moe.tp_bwd),
             wgrad + m * moe.wgrad, m * (moe.ep_fwd + moe.ep_bwd), m, experts)
+
+
+def _sends(p: StepPlan, pp_time: float | None, compute: float) -> float:
+    """A stage's pipeline transfers for one micro-batch: one per forward and backward of each
+    of its v chunks (:func:`pp_exposed`), or ``pp_time`` (a pipeline over device groups)."""
+    if pp_time is not None:
+        return pp_time
+    if p.s.pp > 1:
+        return 2 * p.s.v * pp_exposed(p, compute)
+    return 0.0
+
+
+def pp_exposed(p: StepPlan, compute: float) -> float:
+    """Seconds of one of a stage's pipeline transfers on its critical path, for a stage of
+    ``compute`` seconds of kernels per micro-batch. Megatron-LM's blocking send/receive pairs
+    wait for the whole transfer (:func:`pp_send`). With Transformer Engine's stack in the
+    interleaved schedule the transfers overlap the next op's compute: Megatron-Core's
+    ``overlap_p2p_comm``, which Megatron-Bridge sets whenever there are virtual stages
+    (``src/megatron/bridge/training/comm_overlap.py`` at 067f987d); then only what outlasts an
+    op's compute (the stage's over its 2 v ops) shows, and the compute's slowdown beside it."""
+    send = pp_send(p)
+    if p.te and p.s.schedule is Schedule.INTERLEAVED:
+        return _hidden(p, send, compute / (2 * p.s.v))
+    return send
 
 
 def pp_send(p: StepPlan) -> float:

@@ -24,6 +24,8 @@ ARGS=(
   --pipeline-model-parallel-size 4
   --context-parallel-size 4
   --sequence-parallel
+  # tp all-gathers / reduce-scatters overlapped with the GEMMs (TE userbuffers)
+  --tp-comm-overlap
   # interleaved 1F1B, v=2 model chunks per rank: layers / (pp * v) = 80 / (4 * 2)
   # (same as --num-virtual-stages-per-pipeline-rank 2; give only one of them)
   --num-layers-per-virtual-pipeline-stage 10

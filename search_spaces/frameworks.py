@@ -84,6 +84,14 @@ def _experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:
     if framework == "torchtitan" and s.expert_tp != 1:
         return (f"etp {s.expert_tp}: torchtitan has no expert tensor parallelism (it shards"
                 " experts over ep and FSDP); it offers etp 1")
+    if framework == "torchtitan":
+        # parallel_dims.py (b5bcd76c): "expert_parallel_degree must divide dp_shard * cp * tp";
+        # the export shards over dp (FSDP) for ZeRO 1-3, replicates for ZeRO 0
+        dp_shard = 1 if s.zero is ZeroStage.NONE else s.dp // s.replicas
+        if (dp_shard * s.sp * s.tp) % s.ep:
+            return (f"ep {s.ep}: torchtitan borrows expert parallelism from dp_shard x cp x tp"
+                    f" = {dp_shard} x {s.sp} x {s.tp}, which it must divide (ZeRO 0 keeps dp"
+                    " replicated: use zero 1-3 to shard over dp)")
     if framework == "deepspeed":
         if model.moe.top_k > 2:
             return (f"top-{model.moe.top_k} routing: DeepSpeed-MoE's gate offers top-1 and"
@@ -93,6 +101,26 @@ def _experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:
                     " out of data parallelism, so ep must divide dp")
         if s.expert_tp != 1:
             return f"etp {s.expert_tp}: DeepSpeed-MoE's experts are not split over tp; use etp 1"
+        return _deepspeed_layers(model)
+    return None
+
+
+def _deepspeed_layers(model: ModelSpec) -> str | None:
+    """Megatron-DeepSpeed's MoE layers (4efb479d): ``--expert-interval`` k puts experts on every
+    k-th layer from the first group's last (``megatron/model/transformer.py``
+    ``get_num_experts_per_layer``: ``layer_num % expert_interval == 0``), each expert a
+    ParallelMLP of the model's ffn_hidden_size, and no shared expert beside them."""
+    moe = model.moe
+    assert moe is not None
+    if moe.first_dense:
+        return (f"first_dense {moe.first_dense}: Megatron-DeepSpeed puts experts on every"
+                " expert-interval-th layer from the start; it has no leading dense layers")
+    if moe.shared_experts:
+        return (f"{moe.shared_experts} shared expert(s): Megatron-DeepSpeed's MoE layer has"
+                " routed experts only")
+    if moe.expert_ffn != model.ffn_hidden:
+        return (f"expert FFN {moe.expert_ffn} != ffn_hidden {model.ffn_hidden}:"
+                " Megatron-DeepSpeed's experts are the model's MLP (ffn_hidden_size)")
     return None
 
 

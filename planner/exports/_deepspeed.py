@@ -25,7 +25,9 @@ Launcher options (``deepspeed-launch.txt``) were checked in deepspeedai/Megatron
 ``--pipeline-model-parallel-size``, ``--no-pipeline-parallel``, ``--sequence-parallel``,
 ``--ds-sequence-parallel-size`` (DeepSpeed-Ulysses, "cannot be combined with
 --sequence-parallel"), ``--zero-stage``, ``--recompute-granularity``,
-``--deepspeed-activation-checkpointing``; and
+``--deepspeed-activation-checkpointing``, and for mixture of experts ``--num-experts``,
+``--topk``, ``--expert-interval``, ``--moe-expert-parallel-size``,
+``--moe-train-capacity-factor``; and
 DeepSpeed's ``--deepspeed --deepspeed_config`` (``deepspeed/__init__.py``).
 """
 
@@ -37,7 +39,7 @@ from typing import Any
 from planner.exports._megatron import header_lines, micro_batches
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
-from simcore.specs import Recompute, ZeroStage
+from simcore.specs import Precision, Recompute, ZeroStage
 
 __all__ = ["ds_config", "export_deepspeed"]
 
@@ -51,9 +53,9 @@ def export_deepspeed(plan: Plan) -> dict[str, str]:
     refused = why_not("deepspeed", plan.model, plan.training, plan.strategy)
     if refused is not None:
         raise ValueError(refused)
-    if plan.model.moe is not None:
-        raise ValueError(f"{plan.model.name} has MoE layers: this export does not write"
-                         " deepspeed's mixture-of-experts model yet; export for megatron")
+    if plan.model.moe is not None and plan.strategy.precision is not Precision.BF16:
+        raise ValueError(f"{plan.model.name} in {plan.strategy.precision.value}: DeepSpeed-MoE"
+                         " trains in 16-bit; export the bf16 plan")
     config = ds_config(plan)
     return {"ds_config.json": json.dumps(config, indent=2) + "\n",
             "deepspeed-launch.txt": _readme(plan, config)}
@@ -148,6 +150,11 @@ def launcher_args(plan: Plan) -> list[str]:
             args += ["--recompute-method uniform", "--recompute-num-layers 1"]
         args.append("--deepspeed-activation-checkpointing")
     args.append("--bf16" if plan.system.device.bf16 else "--fp16")
+    moe = plan.model.moe
+    if moe is not None:  # frameworks.why_not checked top-k, ep | dp, the layers and etp 1
+        args += [f"--num-experts {moe.experts}", f"--topk {moe.top_k}",
+                 f"--expert-interval {moe.every}", f"--moe-expert-parallel-size {s.ep}",
+                 f"--moe-train-capacity-factor {moe.capacity_factor:g}"]
     return args
 
 
@@ -171,6 +178,12 @@ def _notes(plan: Plan) -> list[str]:
     elif s.zero is ZeroStage.PARAMETERS:
         notes += ["- ZeRO 3 (stage 3) is DeepSpeed's FSDP: parameters, gradients and optimizer",
                   "  state sharded over the data-parallel ranks."]
+    if plan.model.moe is not None:
+        moe = plan.model.moe
+        where = "every layer" if moe.every == 1 else f"one layer in {moe.every}"
+        notes += [f"- Mixture of experts as DeepSpeed-MoE runs it: {moe.experts} experts over",
+                  f"  groups of ep={s.ep} data-parallel ranks (deepspeed/moe/layer.py) on {where}",
+                  f"  (--expert-interval), top-{moe.top_k} gating."]
     if s.recompute is not Recompute.NONE:
         notes += ["- The activation_checkpointing section configures DeepSpeed's checkpointing",
                   "  API; --recompute-granularity chooses what the model recomputes."]

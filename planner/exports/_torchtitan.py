@@ -59,6 +59,7 @@ from __future__ import annotations
 import json
 
 from planner.exports._megatron import header_lines, micro_batches
+from planner.exports._torchtitan_moe import expert_comment, expert_fields, moe_flavor
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
 from simcore.specs import Family, Precision, Recompute, Schedule, ZeroStage
@@ -90,9 +91,10 @@ def export_torchtitan(plan: Plan) -> dict[str, str]:
     refused = why_not("torchtitan", plan.model, plan.training, plan.strategy)
     if refused is not None:
         raise ValueError(refused)
-    if plan.model.moe is not None:
-        raise ValueError(f"{plan.model.name} has MoE layers: this export does not write"
-                         " torchtitan's mixture-of-experts model yet; export for megatron")
+    if plan.model.moe is not None and plan.strategy.precision is Precision.FP8:
+        raise ValueError(f"{plan.model.name} in fp8: this export writes torchtitan's MoE"
+                         " models in bf16 only (their float8 grouped GEMMs are not written);"
+                         " export the bf16 plan, or for megatron")
     if not plan.system.device.bf16:
         raise ValueError(f"torchtitan trains in bfloat16 (FSDP2 mixed precision, no loss"
                          f" scaling) and {plan.system.device.name} has no bf16 tensor cores;"
@@ -200,13 +202,22 @@ def _kv(key: str, value: float | str | bool) -> str:
     return f"{key} = {value}"
 
 
-def _toml_model(plan: Plan) -> list[str]:
+def _configuration(plan: Plan) -> tuple[str, str, str] | None:
+    """torchtitan's (model package, flavor, config_registry function) of the plan's model."""
+    moe = moe_flavor(plan)
+    if moe is not None:
+        return moe
     flavor = llama3_flavor(plan)
-    if flavor is None:
+    return None if flavor is None else ("llama3", flavor, f"llama3_{flavor.lower()}")
+
+
+def _toml_model(plan: Plan) -> list[str]:
+    found = _configuration(plan)
+    if found is None:
         lines = ["[model]", (f"# no torchtitan flavor has model {plan.model.name}'s shape;"
                  " set name and flavor to yours")]
     else:
-        lines = ["[model]", _kv("name", "llama3"), _kv("flavor", flavor)]
+        lines = ["[model]", _kv("name", found[0]), _kv("flavor", found[1])]
     if plan.strategy.precision is Precision.FP8:
         lines += ["# fp8: torchao Float8Linear for the linear layers, the LM head in bf16",
                   'converters = ["float8"]', "", "[quantize.linear.float8]",
@@ -239,6 +250,8 @@ def _toml_parallelism(plan: Plan) -> list[str]:
     lines = ["[parallelism]", *(f"# {c}" for c in _zero_comment(plan))]
     lines += [_kv(k, v) for k, v in _data_parallel(plan).items()]
     lines.append(_kv("tensor_parallel_degree", s.tp))
+    lines += [f"# {c}" for c in expert_comment(plan)]
+    lines += [_kv(k, v) for k, v in expert_fields(plan, toml=True).items()]
     if s.tp > 1:
         if not s.sequence_parallel:
             lines.append("# v0.2.2 always applies sequence parallelism with tensor parallelism")
@@ -333,6 +346,8 @@ def _python_apply(plan: Plan) -> list[str]:
     lines += [f"        {k}={_py(v)}," for k, v in _data_parallel(plan).items()]
     lines += [f"        tensor_parallel_degree={s.tp},",
               f"        enable_sequence_parallel={s.tp > 1 and s.sequence_parallel},",
+              *(f"        # {c}" for c in expert_comment(plan)),
+              *(f"        {k}={v}," for k, v in expert_fields(plan, toml=False).items()),
               f"        pipeline_parallel_degree={s.pp},"]
     if s.pp > 1:
         lines += [f"        # {c}" for c in _pipeline_comment(plan)]
@@ -366,14 +381,14 @@ def _python_apply(plan: Plan) -> list[str]:
 
 
 def _python_entry(plan: Plan) -> list[str]:
-    flavor = llama3_flavor(plan)
+    found = _configuration(plan)
     lines = ["def plan_config() -> Trainer.Config:"]
-    if flavor is None:
+    if found is None:
         return lines + [(f'    """No torchtitan configuration has model {plan.model.name}\'s'
                         ' shape: call apply_plan on yours."""'),
                         f"    raise NotImplementedError({plan.model.name!r})"]
-    name = f"llama3_{flavor.lower()}"
-    return lines + [f'    """The plan on torchtitan\'s llama3 {flavor} configuration."""',
-                    f"    from torchtitan.models.llama3.config_registry import {name}",
+    package, flavor, name = found
+    return lines + [f'    """The plan on torchtitan\'s {package} {flavor} configuration."""',
+                    f"    from torchtitan.models.{package}.config_registry import {name}",
                     "",
                     f"    return apply_plan({name}())"]

@@ -1,0 +1,86 @@
+"""torchtitan's and DeepSpeed-MoE's exports of mixture-of-experts plans (issue 21): the fields
+each framework reads, checked against its source (planner/exports/_torchtitan_moe.py,
+planner/exports/_deepspeed.py name the commits), and the plans each refuses in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.catalog import load_catalog
+from planner.exports import export_files
+from planner.plan import make_plan
+from search_spaces.frameworks import why_not
+from simcore.specs import Convention, Precision, Strategy, TrainingSpec, ZeroStage
+
+CATALOG = load_catalog()
+QWEN3 = CATALOG.model("qwen3-30b-a3b")
+MIXTRAL = CATALOG.model("mixtral-8x7b")
+TRAINING = TrainingSpec(global_batch=1024, seq_len=4096)
+EP16 = Strategy(dp=16, ep=16, etp=1, zero=ZeroStage.OPTIMIZER)
+"""Megatron-Bridge's Qwen3-30B-A3B layout on 16 H100s (tests/data/validation/moe-check.csv)."""
+
+
+def _plan(model, strategy, system="dgx-h100-16", training=TRAINING):  # type: ignore[no-untyped-def]
+    return make_plan(model, CATALOG.system(system), training, strategy, Convention.MEGATRON)
+
+
+def test_torchtitan_writes_qwen3_30b_a3b_with_its_expert_parallelism() -> None:
+    files = export_files(_plan(QWEN3, EP16), "torchtitan")
+    toml = files["torchtitan.toml"]
+    for line in ('name = "qwen3"', 'flavor = "30B-A3B"', "data_parallel_shard_degree = 16",
+                 "expert_parallel_degree = 16", "expert_tensor_parallel_degree = 1"):
+        assert line in toml
+    config = files["torchtitan_config.py"]
+    assert "        expert_parallel_degree=16," in config
+    assert "from torchtitan.models.qwen3.config_registry import qwen3_30b_a3b" in config
+    compile(config, "torchtitan_config.py", "exec")  # valid Python
+
+
+def test_torchtitan_writes_deepseek_v3_671b() -> None:
+    dsv3 = CATALOG.model("deepseek-v3")  # 61 layers, as torchtitan's 671B (no MTP layer)
+    strategy = Strategy(dp=256, ep=64, etp=1, zero=ZeroStage.OPTIMIZER)
+    toml = export_files(_plan(dsv3, strategy, "dgx-h100-256",
+                              TrainingSpec(global_batch=2048, seq_len=4096)),
+                        "torchtitan")["torchtitan.toml"]
+    assert 'name = "deepseek_v3"' in toml and 'flavor = "671B"' in toml
+    assert "expert_parallel_degree = 64" in toml
+
+
+def test_torchtitan_refuses_what_its_mesh_cannot_hold() -> None:
+    # parallel_dims.py: ep must divide dp_shard * cp * tp; ZeRO 0 replicates dp (dp_shard 1)
+    replicated = Strategy(dp=16, ep=16, etp=1, zero=ZeroStage.NONE)
+    assert "must divide" in why_not("torchtitan", QWEN3, TRAINING, replicated)
+    assert why_not("torchtitan", QWEN3, TRAINING, EP16) is None
+    with pytest.raises(ValueError, match="must divide"):
+        export_files(_plan(QWEN3, replicated), "torchtitan")
+
+
+def test_torchtitan_moe_in_fp8_is_refused_in_one_line() -> None:
+    fp8 = Strategy(dp=16, ep=16, etp=1, zero=ZeroStage.OPTIMIZER, precision=Precision.FP8)
+    with pytest.raises(ValueError, match="bf16 only"):
+        export_files(_plan(QWEN3, fp8), "torchtitan")
+
+
+def test_deepspeed_writes_mixtral_as_deepspeed_moe() -> None:
+    # Mixtral: every layer MoE, top-2, experts of the model's FFN width: what Megatron-DeepSpeed's
+    # --num-experts / --topk / --expert-interval layer holds; ep 8 divides dp 16
+    strategy = Strategy(dp=16, tp=4, ep=8, etp=1, zero=ZeroStage.OPTIMIZER)
+    training = TrainingSpec(global_batch=256, seq_len=4096)
+    launch = export_files(_plan(MIXTRAL, strategy, "dgx-h100-64", training),
+                          "deepspeed")["deepspeed-launch.txt"]
+    for option in ("--num-experts 8", "--topk 2", "--expert-interval 1",
+                   "--moe-expert-parallel-size 8", "--moe-train-capacity-factor 1"):
+        assert f"  {option}\n" in launch
+
+
+def test_deepspeed_refuses_what_its_moe_layer_cannot_hold() -> None:
+    assert "top-1 and top-2" in why_not("deepspeed", QWEN3, TRAINING, EP16)
+    shared = CATALOG.model("deepseek-v3")
+    assert "top-1 and top-2" in why_not("deepspeed", shared, TRAINING, EP16)
+    from dataclasses import replace
+
+    assert shared.moe is not None
+    top2 = replace(shared, moe=replace(shared.moe, top_k=2))
+    assert "first_dense 3" in why_not("deepspeed", top2, TRAINING, EP16)
+    no_dense = replace(top2, moe=replace(top2.moe, first_dense=0))
+    assert "shared expert" in why_not("deepspeed", no_dense, TRAINING, EP16)

@@ -110,3 +110,15 @@ def test_interleaved_pipeline_transfers_hide_behind_an_ops_compute() -> None:
     classic = StepPlan(LLAMA2_7B, system, replace(training, transformer_engine=False),
                        interleaved)
     assert pp_exposed(classic, stage.compute) == pp_send(classic)
+
+
+def test_planner_estimate_says_which_stack(capsys) -> None:
+    import json
+
+    from planner.cli import main
+
+    args = ["estimate", "--model", "llama3-8b", "--system", "dgx-h100-8", "--global-batch", "64"]
+    assert main(args) == 0
+    assert "Megatron-Core + Transformer Engine" in capsys.readouterr().out.splitlines()[0]
+    assert main([*args, "--no-transformer-engine", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["transformer_engine"] is False

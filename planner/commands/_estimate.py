@@ -226,24 +226,29 @@ class EstimateCommand(BaseCommand):
             est = estimate(model, system, training, strategy, convention)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None
-        self._print(args, model, system, strategy, est)
+        self._print(args, model, system, strategy, est, training)
         return 0
 
     @staticmethod
     def _print(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
-               strategy: Strategy, est: Estimate) -> None:
+               strategy: Strategy, est: Estimate, training: TrainingSpec) -> None:
+        from simcore.megatron.plan import uses_transformer_engine
+
+        te = uses_transformer_engine(system, training)
         if args.json:
             from planner.plan import strategy_dict  # Optuna and pandas: only for --json
 
             aware = system.network.congestion is Congestion.AWARE
             out = {"model": model.name, "system": system.name,
                    **({"congestion": Congestion.AWARE.value} if aware else {}),
+                   "transformer_engine": te,
                    "strategy": strategy_dict(strategy), **est.to_dict()}
             print(json.dumps(out, indent=2))
         else:
             aware = system.network.congestion is Congestion.AWARE
+            stack = "Megatron-Core + Transformer Engine" if te else "classic stack"
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
-                  f"{', congestion-aware' if aware else ''}): {_describe(strategy)}")
+                  f"{', congestion-aware' if aware else ''}, {stack}): {_describe(strategy)}")
             print(_table(est))
 
 

@@ -197,7 +197,8 @@ class EstimateCommand(BaseCommand):
             from planner.plan import read_plan  # Optuna and pandas: only for --plan
 
             plan = read_plan(args.plan)
-            self._print(args, plan.model, plan.system, plan.strategy, plan.estimate)
+            self._print(args, plan.model, plan.system, plan.strategy, plan.estimate,
+                        plan.training)
             return 0
         for flag in ("model", "system", "global_batch"):
             if getattr(args, flag) is None:

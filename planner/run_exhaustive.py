@@ -28,6 +28,7 @@ from optuna.trial import TrialState
 
 from planner import results_parquet as rp
 from planner.plan import strategy_from_attrs
+from planner.prune import can_prune, prune
 from planner.record import frozen_trial
 from planner.run_common import StopRequest, _bar
 from planner.run_jobs import estimate_frames, estimate_frames_at
@@ -74,12 +75,6 @@ def _mode(study: optuna.Study, storage: BaseStorage, table: rp.ResultsTable | No
     return mode
 
 
-def _prunable(config: StudyConfig) -> bool:
-    from planner.prune import can_prune
-
-    return can_prune(config.space)
-
-
 def _kept_indices(study: optuna.Study, config: StudyConfig) -> np.ndarray | None:
     """The valid indices left after pruning by bounds (the same on every resume: the seeds and
     bounds are fixed by the space), or None when the study is not pruned."""
@@ -87,8 +82,6 @@ def _kept_indices(study: optuna.Study, config: StudyConfig) -> np.ndarray | None
     indices = config.space.valid_indices()
     if not results.get("prune") or indices is None:
         return None
-    from planner.prune import prune
-
     pruning = prune(config.evaluator(), config.space, indices)
     if results.get("pruned") != pruning.pruned:
         study.set_user_attr(rp.RESULTS, {**results, "pruned": pruning.pruned,
@@ -108,7 +101,7 @@ def exhaustive(study: optuna.Study, storage: BaseStorage, config: StudyConfig, l
     in_table = table.plans() if table else None
     total = config.space.valid_count if plans is None else len(plans)
     mode = _mode(study, storage, table, total, prune and plans is None
-                 and _prunable(config))
+                 and can_prune(config.space))
     kept = _kept_indices(study, config) if plans is None else None
     indices = _fresh_indices(config, plans, kept, jobs, in_study, in_table)
     if indices is not None:  # the chunks' strategies are built where they are estimated

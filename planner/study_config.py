@@ -49,7 +49,7 @@ from planner.inputs import load
 from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
-from search_spaces.frameworks import ANY, FRAMEWORKS
+from search_spaces.frameworks import ANY, FRAMEWORKS, WITHOUT_TRANSFORMER_ENGINE
 from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
@@ -74,10 +74,6 @@ _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
-NO_TRANSFORMER_ENGINE = ("deepspeed", "torchtitan")
-"""Frameworks whose plans are estimated without Transformer Engine's fused attention and tp
-overlap unless the study says otherwise (torchtitan: PyTorch SDPA and async TP; DeepSpeed:
-its own kernels)."""
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention",
                       "transformer_engine"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
@@ -360,7 +356,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     if framework not in FRAMEWORKS:
         raise fail(path, "framework", f"unknown framework {framework!r}; use one of"
                    f" {', '.join(FRAMEWORKS)}")
-    if framework in NO_TRANSFORMER_ENGINE and training.transformer_engine is None:
+    if framework in WITHOUT_TRANSFORMER_ENGINE and training.transformer_engine is None:
         training = replace(training, transformer_engine=False)
     space = _space(path, e["space"], model, system, training, convention, framework)
     description = e.get("description", "")

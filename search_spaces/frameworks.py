@@ -44,10 +44,16 @@ from __future__ import annotations
 
 from simcore.specs import ModelSpec, Precision, Schedule, Strategy, TrainingSpec, ZeroStage
 
-__all__ = ["ANY", "FRAMEWORKS", "why_not"]
+__all__ = ["WITHOUT_TRANSFORMER_ENGINE", "ANY", "FRAMEWORKS", "why_not"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
+
+
+WITHOUT_TRANSFORMER_ENGINE = ("deepspeed", "torchtitan")
+"""Frameworks whose plans are estimated without Transformer Engine's fused attention and tp
+overlap unless the study says otherwise (torchtitan: PyTorch SDPA and async TP; DeepSpeed:
+its own kernels; :attr:`simcore.specs.TrainingSpec.transformer_engine`)."""
 
 
 def why_not(framework: str, model: ModelSpec, training: TrainingSpec,

@@ -310,7 +310,12 @@ class StrategySpace:
                 len(self.shard_group), len(self.experts()))
 
     def _valid_indices(self) -> np.ndarray:
-        """Flat indices (into :meth:`_shape`) of the valid candidates, ascending."""
+        """Flat indices (into :meth:`_shape`) of the valid candidates, ascending (computed once
+        per space, read-only)."""
+        return self._valid_index_array
+
+    @cached_property
+    def _valid_index_array(self) -> np.ndarray:
         layouts, pipes = self.layouts(), self.pipelines()
         if not layouts or not pipes:
             return np.empty(0, np.int64)
@@ -346,7 +351,9 @@ class StrategySpace:
                            and _experts_ok(x, ep, etp, self.etp)
                            for ep, etp, _ in self.experts()] for x in layouts], bool)
         ok = ok & dense.reshape(len(layouts), 1, 1, 1, 1, 1, 1, 1, 1, 1, -1)
-        return np.flatnonzero(np.broadcast_to(ok, self._shape()))
+        found = np.flatnonzero(np.broadcast_to(ok, self._shape()))
+        found.flags.writeable = False
+        return found
 
     def _precision_ok(self) -> np.ndarray:
         """Which of the allowed precisions the device and convention can run (the same rule as

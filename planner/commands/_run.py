@@ -153,8 +153,10 @@ def _pruning_line(study: optuna.Study, asked: bool) -> str:
                 " results table holds the other plans")
     if not asked:
         return ""
-    return ("--prune: nothing pruned: only a new exhaustive study of more than 20,000 plans of"
-            " a dense model (no framework rule) is pruned")
+    from planner.results_parquet import TRIALS_KEPT
+
+    return (f"--prune: nothing pruned: only a new exhaustive study of more than {TRIALS_KEPT:,}"
+            " plans of a dense model (no framework rule) is pruned")
 
 
 def _hold(label: str) -> int | None:

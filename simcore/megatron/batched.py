@@ -203,13 +203,13 @@ class _Groups:
         times += stage["fsdp"][g]
         times[~present] = -np.inf
         slowest = np.argmax(times, axis=1)  # the first of the slowest, as max() picks
-        t_max = times[np.arange(len(g)), slowest]
+        rows = np.arange(len(g))
+        t_max = times[rows, slowest]
         total = _stage_sum(times, pp)
         del times
         fill = total - t_max
         if self.zb.any():  # ZB-H1: fill -= 2 (sum W - W_slowest), as pipeline_time
             zb = self.zb
-            rows = np.arange(len(g))
             wgrad = stage["wgrad"][g]
             fill[zb] -= (2 * (_stage_sum(wgrad, pp) - wgrad[rows, slowest]))[zb]
         pipe = m * t_max + fill / v
@@ -219,7 +219,8 @@ class _Groups:
 
         time = TimeColumns(
             compute=critical("compute"), tp=critical("tp"), sp=critical("sp"), dp=self.dp[g],
-            pp=m * sends[np.arange(len(g)), slowest], fsdp=critical("fsdp"), ep=np.zeros(len(g)), bubble=pipe - m * t_max,
+            pp=m * sends[rows, slowest], fsdp=critical("fsdp"), ep=np.zeros(len(g)),
+            bubble=pipe - m * t_max,
             optimizer=self.optimizer[g], comm=np.zeros(len(g)),
         )
         step = _sum(getattr(time, name) for name in ("compute", "tp", "sp", "dp", "pp", "fsdp",

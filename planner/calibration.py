@@ -99,7 +99,7 @@ class Fit:
 def _identifiable(runs: Sequence[MeasuredRun]) -> tuple[Constant, ...]:
     timed = [r for r in runs if r.step_time_s is not None]
     flash = [r for r in timed if uses_flash_attention(r.model, r.system, r.training)]
-    te = [r for r in flash if uses_transformer_engine(r.system, r.training)]
+    te = [r for r in flash if uses_transformer_engine(r.system, r.training, r.strategy.zero)]
     classic = [r for r in flash if r not in te]
     memory = [r for r in runs if r.peak_memory_gb is not None]
     comm = [r for r in timed if r.strategy.devices > 1]

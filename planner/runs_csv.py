@@ -17,7 +17,7 @@ Columns (a header row, any order; names as below, case-insensitive):
   (true/false; false),
   ``flash_attention`` (true/false;
   the model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with
-  Transformer Engine, or the classic stack; the device's default), ``overlap_grad_reduce``
+  Transformer Engine, or the classic stack; the device's default for the plan's ZeRO stage), ``overlap_grad_reduce``
   (true), ``grad_bytes`` (2),
   ``name``; ``source`` and ``notes`` are kept for people and not read.
 

@@ -49,7 +49,7 @@ from planner.inputs import load
 from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
-from search_spaces.frameworks import ANY, FRAMEWORKS, WITHOUT_TRANSFORMER_ENGINE
+from search_spaces.frameworks import ANY, FRAMEWORKS, transformer_engine
 from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
@@ -356,8 +356,9 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     if framework not in FRAMEWORKS:
         raise fail(path, "framework", f"unknown framework {framework!r}; use one of"
                    f" {', '.join(FRAMEWORKS)}")
-    if framework in WITHOUT_TRANSFORMER_ENGINE and training.transformer_engine is None:
-        training = replace(training, transformer_engine=False)
+    if training.transformer_engine is None:
+        te = transformer_engine(framework, system.device.transformer_engine)
+        training = replace(training, transformer_engine=te)
     space = _space(path, e["space"], model, system, training, convention, framework)
     description = e.get("description", "")
     return StudyConfig(name=name, path=path, model=model, system=system, training=training,

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from simcore.specs import ModelSpec, Precision, Schedule, Strategy, TrainingSpec, ZeroStage
 
-__all__ = ["WITHOUT_TRANSFORMER_ENGINE", "ANY", "FRAMEWORKS", "why_not"]
+__all__ = ["WITHOUT_TRANSFORMER_ENGINE", "ANY", "FRAMEWORKS", "transformer_engine", "why_not"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
@@ -54,6 +54,18 @@ WITHOUT_TRANSFORMER_ENGINE = ("deepspeed", "torchtitan")
 """Frameworks whose plans are estimated without Transformer Engine's fused attention and tp
 overlap unless the study says otherwise (torchtitan: PyTorch SDPA and async TP; DeepSpeed:
 its own kernels; :attr:`simcore.specs.TrainingSpec.transformer_engine`)."""
+
+
+def transformer_engine(framework: str, device_default: bool) -> bool | None:
+    """The ``transformer_engine`` of a ``framework`` study whose training names none: off for
+    the frameworks without it; Megatron's on the device's default for every plan (its ZeRO-3,
+    Megatron-FSDP, runs Transformer Engine's layers too); None for ``any``, where the plan's
+    ZeRO stage decides (:func:`simcore.megatron.plan.uses_transformer_engine`)."""
+    if framework in WITHOUT_TRANSFORMER_ENGINE:
+        return False
+    if framework == "megatron":
+        return device_default
+    return None
 
 
 def why_not(framework: str, model: ModelSpec, training: TrainingSpec,

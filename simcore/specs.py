@@ -309,8 +309,8 @@ class DeviceSpec:
     """Achievable fraction of peak of Transformer Engine's fused attention (cuDNN) inside
     training; None uses attention_efficiency."""
     transformer_engine: bool = False
-    """Plans on this device train with Transformer Engine unless the training says otherwise
-    (:attr:`TrainingSpec.transformer_engine`)."""
+    """Plans with ZeRO 0-1 on this device train with Transformer Engine unless the training says
+    otherwise (:attr:`TrainingSpec.transformer_engine`)."""
     overlap_slowdown: float = 0.0
     """Fraction by which compute slows while a collective runs beside it (the two share the SMs
     and HBM: Lee et al. 2025, arXiv:2507.03114, measured 18.9% on average on A100, H100, MI250
@@ -394,7 +394,8 @@ class TrainingSpec:
     attention core in TE's fused (cuDNN) kernel at the device's fused_attention_efficiency, and
     with sequence parallelism the tp all-gathers and reduce-scatters overlapped with the linear
     layers' GEMMs (``--tp-comm-overlap``, TE's userbuffers). None takes the device's default
-    (H100-era parts: on); False: the classic stack the devices were fit on (llm-foundry's
+    (H100-era parts: on) for plans with ZeRO 0-1 and the classic stack for ZeRO-2/3 plans
+    (:func:`simcore.megatron.plan.uses_transformer_engine`); False: the classic stack the devices were fit on (llm-foundry's
     PyTorch FSDP with FlashAttention-2, Megatron-LM 2020-23, Megatron-DeepSpeed)."""
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ from planner.study_config import load_study_config
 from simcore.megatron.calls import tp_pair_calls
 from simcore.megatron.plan import StepPlan, uses_transformer_engine
 from simcore.megatron.step import _layer
-from simcore.specs import Convention, Schedule, Strategy, TrainingSpec
+from simcore.specs import Convention, Schedule, Strategy, TrainingSpec, ZeroStage
 
 CATALOG = load_catalog()
 H100 = CATALOG.system("dgx-h100-8")
@@ -26,10 +26,25 @@ TRAINING = TrainingSpec(global_batch=128, seq_len=4096)
 
 
 def test_h100_era_parts_default_to_it_and_the_training_decides() -> None:
-    assert uses_transformer_engine(H100, TRAINING)
-    assert not uses_transformer_engine(A100, TRAINING)
-    assert not uses_transformer_engine(H100, replace(TRAINING, transformer_engine=False))
-    assert uses_transformer_engine(A100, replace(TRAINING, transformer_engine=True))
+    for zero in (ZeroStage.NONE, ZeroStage.OPTIMIZER):  # Megatron's distributed optimizer
+        assert uses_transformer_engine(H100, TRAINING, zero)
+        assert not uses_transformer_engine(A100, TRAINING, zero)
+        assert not uses_transformer_engine(H100, replace(TRAINING, transformer_engine=False),
+                                           zero)
+        assert uses_transformer_engine(A100, replace(TRAINING, transformer_engine=True), zero)
+
+
+def test_zero_2_and_3_plans_default_to_the_pytorch_stack() -> None:
+    # every ZeRO-2/3 H100 run of tests/data/validation (llm-foundry, torchtitan, NeMo AutoModel)
+    # is PyTorch FSDP without Transformer Engine; the training's word still decides
+    for zero in (ZeroStage.GRADIENTS, ZeroStage.PARAMETERS):
+        assert not uses_transformer_engine(H100, TRAINING, zero)
+        assert uses_transformer_engine(H100, replace(TRAINING, transformer_engine=True), zero)
+    fsdp = StepPlan(LLAMA2_7B, H100, TRAINING, Strategy(dp=8, zero=ZeroStage.PARAMETERS))
+    classic = StepPlan(LLAMA2_7B, H100, replace(TRAINING, transformer_engine=False),
+                       Strategy(dp=8, zero=ZeroStage.PARAMETERS))
+    assert not fsdp.te
+    assert fsdp.kernels.core_forward == classic.kernels.core_forward
 
 
 def test_attention_runs_at_the_fused_kernels_efficiency() -> None:
@@ -76,7 +91,9 @@ def test_torchtitan_and_deepspeed_studies_are_estimated_without_it() -> None:
     hsdp = load_study_config(root / "llama3-70b-h100-hsdp.yaml")  # framework: torchtitan
     assert hsdp.training.transformer_engine is False
     megatron = load_study_config(root / "mixtral-8x7b-h100-64.yaml")  # framework: megatron
-    assert megatron.training.transformer_engine is None  # the device's default: on
+    assert megatron.training.transformer_engine is True  # the device's, for Megatron-FSDP too
+    gpt3 = load_study_config(root / "gpt3-175b-h100-fp8.yaml")  # framework: any
+    assert gpt3.training.transformer_engine is None  # the plan's ZeRO stage decides
 
 
 def test_a_device_entry_flag_that_is_not_a_boolean_is_one_line(tmp_path: Path) -> None:
@@ -121,4 +138,6 @@ def test_planner_estimate_says_which_stack(capsys) -> None:
     assert main(args) == 0
     assert "Megatron-Core + Transformer Engine" in capsys.readouterr().out.splitlines()[0]
     assert main([*args, "--no-transformer-engine", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["transformer_engine"] is False
+    assert main([*args, "--zero", "3", "--json"]) == 0  # FSDP: the PyTorch stack by default
     assert json.loads(capsys.readouterr().out)["transformer_engine"] is False

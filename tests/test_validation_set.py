@@ -94,6 +94,20 @@ def test_classic_rows_are_estimated_without_transformer_engine(capsys) -> None:
         [r.predicted_step_time_s for r in as_given.results]
 
 
+def test_zero_2_and_3_h100_runs_take_the_classic_stack_by_default() -> None:
+    # Every ZeRO-2/3 H100 run here is PyTorch FSDP without Transformer Engine: a user who
+    # leaves the column out gets the step times of the stack they ran (the default follows
+    # the plan's ZeRO stage: simcore.megatron.plan.uses_transformer_engine)
+    catalog = load_catalog()
+    for name in ("h100-fit.csv", "h100-check.csv"):
+        runs, _ = read_runs(DATA / name, catalog)
+        assert runs and all(r.strategy.zero >= 2 for r in runs), name
+        unsaid = [replace(r, training=replace(r.training, transformer_engine=None))
+                  for r in runs]
+        assert [r.predicted_step_time_s for r in validate(unsaid).results] == \
+            [r.predicted_step_time_s for r in validate(runs).results], name
+
+
 def test_moe_check_error(capsys) -> None:
     data = _validate(capsys, "moe-check.csv")
     assert data["step_time_runs"] == 4

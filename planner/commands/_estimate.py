@@ -103,7 +103,7 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--transformer-engine", action=argparse.BooleanOptionalAction, default=None,
                    help="Megatron-Core with Transformer Engine: fused attention, tp"
                    " communication overlapped with the GEMMs (default: the device's; on for"
-                   " H100-era parts)")
+                   " H100-era parts with ZeRO 0-1, off with ZeRO 2-3: PyTorch FSDP)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
@@ -235,7 +235,7 @@ class EstimateCommand(BaseCommand):
                strategy: Strategy, est: Estimate, training: TrainingSpec) -> None:
         from simcore.megatron.plan import uses_transformer_engine
 
-        te = uses_transformer_engine(system, training)
+        te = uses_transformer_engine(system, training, strategy.zero)
         if args.json:
             from planner.plan import strategy_dict  # Optuna and pandas: only for --json
 

@@ -161,7 +161,7 @@ def _parallel_args(plan: Plan) -> list[str]:
             f"--context-parallel-size {s.sp}"]
     if s.tp > 1 and s.sequence_parallel:
         args.append("--sequence-parallel")
-        if uses_transformer_engine(plan.system, plan.training):
+        if uses_transformer_engine(plan.system, plan.training, s.zero):
             # model_parallel_config.py tp_comm_overlap (d98e8a64; arguments.py: needs
             # --sequence-parallel): the estimate hides tp behind the GEMMs as TE does
             args += [("# tp all-gathers / reduce-scatters overlapped with the GEMMs"

@@ -134,7 +134,7 @@ class _Groups:
         self.stage = {name: np.zeros((k, 3)) for name in _STAGE_FIELDS}
         self.memory = {name: np.zeros((k, 3)) for name in _MEMORY_FIXED}
         self.representative: list[Strategy] = []
-        self.te = False
+        self.te = np.zeros(k, bool)
 
     def add(self, index: int, members: list[int]) -> None:
         """Group ``index``: the strategies at ``members``, equal but for schedule and v."""
@@ -146,7 +146,7 @@ class _Groups:
         layer, ends = _layer(p), _ends(p)
         pp, m = rep.pp, p.m
         self.pp[index], self.m[index] = pp, m
-        self.te = p.te  # the same for every plan of one system and training
+        self.te[index] = p.te
         if pp > 1:
             self.send[index] = pp_send(p)
         types = [(FIRST, 0)]
@@ -244,12 +244,13 @@ class _Groups:
         where the stack overlaps them (:func:`simcore.megatron.step.pp_exposed`)."""
         send = self.send[g][:, None]
         twice = (2 * v)[:, None]
-        if not self.te:
+        if not self.te.any():
             return np.repeat(twice * send, 3, axis=1)
         op = self.stage["compute"][g] / twice
         slowdown = self.system.device.overlap_slowdown
         hidden = np.maximum(0.0, send - op) + slowdown * np.minimum(send, op)
-        return twice * np.where(self.interleaved[:, None], hidden, send)
+        overlapped = (self.interleaved & self.te[g])[:, None]
+        return twice * np.where(overlapped, hidden, send)
 
     def _memory(self, g: np.ndarray, pp: np.ndarray,
                 present: np.ndarray) -> tuple[MemoryColumns, np.ndarray, np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ from simcore.megatron.activations import layer_activations
 from simcore.megatron.kernels import KernelCosts, layer_kernels
 from simcore.megatron.layers import layer_shape
 from simcore.megatron.plan import uses_flash_attention, uses_transformer_engine
-from simcore.specs import ModelSpec, Precision, Recompute, SystemSpec, TrainingSpec
+from simcore.specs import ModelSpec, Precision, Recompute, SystemSpec, TrainingSpec, ZeroStage
 
 __all__ = ["RECOMPUTE_CODES", "SCHEDULE_CODES", "Bounds", "lower_bounds"]
 
@@ -88,18 +88,20 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     recompute) and its kept activation bytes, computed once per distinct set of knobs they
     read."""
     fp8 = c["fp8"].astype(bool)
+    te = np.array([uses_transformer_engine(system, training, ZeroStage(z))
+                   for z in range(4)])[c["zero"]]
     keys = np.stack([c["micro_batch"], c["tp"], c["sp"], c["sequence_parallel"].astype(int),
-                     fp8.astype(int), c["recompute"], np.where(fp8, m, 0)], axis=1)
+                     fp8.astype(int), c["recompute"], np.where(fp8, m, 0), te.astype(int)],
+                    axis=1)
     distinct, inverse = _distinct_rows(keys)
     shape = layer_shape(model)
     flash = uses_flash_attention(model, system, training)
-    te = uses_transformer_engine(system, training)
     recomputes = {code: r for r, code in RECOMPUTE_CODES.items()}
     per_layer = np.empty(len(distinct))
     stored = np.empty(len(distinct))
-    for i, (mb, tp, sp, seqpar, is_fp8, rc, micro) in enumerate(distinct.tolist()):
+    for i, (mb, tp, sp, seqpar, is_fp8, rc, micro, with_te) in enumerate(distinct.tolist()):
         precision = Precision.FP8 if is_fp8 else Precision.BF16
-        k = layer_kernels(model, shape, KernelCosts.of(system.device, precision, te),
+        k = layer_kernels(model, shape, KernelCosts.of(system.device, precision, bool(with_te)),
                           micro_batch=mb, queries=training.seq_len / sp,
                           seq_len=training.seq_len, tp=tp, sequence_parallel=bool(seqpar),
                           flash=flash, act_bytes=training.bytes_per_activation,

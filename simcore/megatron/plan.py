@@ -23,6 +23,7 @@ from simcore.specs import (
     Strategy,
     SystemSpec,
     TrainingSpec,
+    ZeroStage,
 )
 
 __all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_transformer_engine"]
@@ -112,7 +113,7 @@ class StepPlan:
         self.tokens = strategy.micro_batch * self.seq / strategy.sp
         """Tokens of one micro-batch on one device (the sequence split by sp)."""
         device = system.device
-        self.te = uses_transformer_engine(system, training)
+        self.te = uses_transformer_engine(system, training, strategy.zero)
         """Megatron-Core with Transformer Engine (fused attention, tp overlap)."""
         self.costs = KernelCosts.of(device, strategy.precision, self.te)
         self.flash = uses_flash_attention(model, system, training)
@@ -144,7 +145,7 @@ class StepPlan:
             ))
         self.kernels: LayerKernels = _shared(
             shared, ("kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
-                     self.m if self.fp8 else 0),  # fp8 casts the weights once per step (m)
+                     self.te, self.m if self.fp8 else 0),  # fp8 casts the weights once per step (m)
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
@@ -169,7 +170,7 @@ class StepPlan:
         a = training.bytes_per_activation
         self.moe_kernels: LayerKernels = _shared(
             shared, ("moe kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
-                     self.m if self.fp8 else 0),
+                     self.te, self.m if self.fp8 else 0),
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
@@ -177,7 +178,8 @@ class StepPlan:
                 micro_batches=self.m, ffn=width,
             ))
         self.experts = _shared(
-            shared, ("experts", s.micro_batch, s.sp, s.tp, s.ep, s.expert_tp, s.precision),
+            shared, ("experts", s.micro_batch, s.sp, s.tp, s.ep, s.expert_tp, s.precision,
+                     self.te),
             lambda: expert_kernels(model, self.costs, tokens=self.expert_tokens, ep=s.ep,
                                    etp=s.expert_tp, act_bytes=a))
         self.moe_act: LayerActivations = _shared(
@@ -206,12 +208,17 @@ def _stage_moe_layers(model: ModelSpec, stage_layers: tuple[int, ...]) -> tuple[
     return tuple(counts)
 
 
-def uses_transformer_engine(system: SystemSpec, training: TrainingSpec) -> bool:
-    """Whether plans train with Transformer Engine (:attr:`TrainingSpec.transformer_engine`):
-    the training's choice, else the device's default."""
+def uses_transformer_engine(system: SystemSpec, training: TrainingSpec, zero: ZeroStage) -> bool:
+    """Whether a plan with this ZeRO stage trains with Transformer Engine
+    (:attr:`TrainingSpec.transformer_engine`): the training's choice, else the device's default
+    for plans Megatron-Core runs (ZeRO 0 or 1: its distributed optimizer). Plans that shard
+    gradients or weights (ZeRO 2 or 3) are, by default, what the PyTorch FSDP and DeepSpeed
+    stacks run, without Transformer Engine: every such H100 run of the validation set (76 of
+    llm-foundry, torchtitan, NeMo AutoModel) is; Megatron-FSDP plans say so in the training
+    (a ``framework: megatron`` study does)."""
     if training.transformer_engine is not None:
         return training.transformer_engine
-    return system.device.transformer_engine
+    return system.device.transformer_engine and zero <= ZeroStage.OPTIMIZER
 
 
 def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:

@@ -69,8 +69,9 @@ def transformer_engine(framework: str, device_default: bool) -> bool | None:
 
 
 def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
-            strategy: Strategy) -> str | None:
-    """Why ``framework`` cannot run ``strategy`` as written, or None if it can."""
+            strategy: Strategy, *, bf16: bool = True) -> str | None:
+    """Why ``framework`` cannot run ``strategy`` as written, or None if it can (``bf16``: the
+    device trains in bf16, not fp16 with loss scaling: :attr:`simcore.specs.DeviceSpec.bf16`)."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"unknown framework {framework!r}; use one of {', '.join(FRAMEWORKS)}")
     if framework != ANY and model.moe is not None:
@@ -80,7 +81,7 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
     if framework == "megatron":
         return _megatron(strategy)
     if framework == "deepspeed":
-        return _deepspeed(strategy)
+        return _deepspeed(strategy, bf16)
     if framework == "torchtitan":
         return _torchtitan(model, strategy)
     return None  # any
@@ -177,12 +178,13 @@ def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
     return None
 
 
-def _deepspeed(s: Strategy) -> str | None:
+def _deepspeed(s: Strategy, bf16: bool) -> str | None:
     # deepspeed/runtime/pipe/engine.py (edaa7221): ZeRO-2 and ZeRO-3 are incompatible with the
     # pipeline engine.
+    offers = "ZeRO 1 (in bf16; ZeRO 0 too in fp16)" if bf16 else "ZeRO 0 or 1"
     if s.pp > 1 and s.zero >= ZeroStage.GRADIENTS:
-        return (f"zero {int(s.zero)} with pp {s.pp}: DeepSpeed's pipeline engine offers ZeRO 0"
-                " or 1 with pp > 1")
+        return (f"zero {int(s.zero)} with pp {s.pp}: DeepSpeed's pipeline engine offers"
+                f" {offers} with pp > 1")
     # deepspeed/runtime/pipe/schedule.py, as planner/exports/_deepspeed.py notes (edaa7221):
     # TrainSchedule is 1F1B with one stage per rank; no GPipe or interleaved schedule.
     if s.pp > 1 and s.schedule is not Schedule.ONE_F_ONE_B:
@@ -205,4 +207,14 @@ def _deepspeed(s: Strategy) -> str | None:
     if s.uneven:
         return ("first_stage_layers / last_stage_layers: DeepSpeed's PipelineModule offers only"
                 " its partition_method (uniform, parameters, type:regex), not set counts")
+    # deepspeed/runtime/engine.py _do_optimizer_sanity_check (edaa7221; v0.12.6 alike): bf16
+    # without ZeRO under the pipeline engine takes the BFLOAT16 wrapper, whose BF16_Optimizer
+    # (bf16_optimizer.py) shards the fp32 master weights and Adam states over the data-parallel
+    # ranks and all-gathers the weights after each step: ZeRO-1's memory and traffic, not
+    # ZeRO-0's. (fp16 takes FP16_Optimizer, unsharded; pp 1 runs --no-pipeline-parallel, whose
+    # DDP_BFLOAT16 wrapper is unsharded too.)
+    if bf16 and s.pp > 1 and s.zero is ZeroStage.NONE:
+        return (f"zero 0 with pp {s.pp} in bf16: DeepSpeed's pipeline engine trains bf16 with"
+                " its BF16_Optimizer, which shards the optimizer over the data-parallel ranks"
+                " (ZeRO 1); use zero 1")
     return None

@@ -228,7 +228,8 @@ class StrategySpace:
     def _framework_refuses(self, strategy: Strategy) -> str | None:
         if self.framework == ANY:
             return None
-        return why_not(self.framework, self.model, self.training, strategy)
+        return why_not(self.framework, self.model, self.training, strategy,
+                       bf16=self.system.device.bf16)
 
     @cached_property
     def valid(self) -> tuple[Strategy, ...]:

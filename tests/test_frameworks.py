@@ -59,17 +59,32 @@ def test_deepspeed_pipeline_takes_zero_0_or_1() -> None:
     for zero in (ZeroStage.GRADIENTS, ZeroStage.PARAMETERS):
         reason = _why("deepspeed", dp=32, pp=2, zero=zero)
         assert reason is not None and f"zero {int(zero)} with pp 2" in reason
-        assert "ZeRO 0 or 1" in reason
+        assert "offers ZeRO 1 (in bf16; ZeRO 0 too in fp16)" in reason
+        fp16 = why_not("deepspeed", MODEL, TRAINING, Strategy(dp=32, pp=2, zero=zero), bf16=False)
+        assert fp16 is not None and "offers ZeRO 0 or 1" in fp16
     assert _why("deepspeed", dp=32, pp=2, zero=ZeroStage.OPTIMIZER) is None
     assert _why("deepspeed", dp=64, pp=1, zero=ZeroStage.PARAMETERS) is None
 
 
+def test_deepspeed_pipeline_in_bf16_shards_the_optimizer() -> None:
+    # deepspeed/runtime/engine.py _do_optimizer_sanity_check (edaa7221, v0.12.6 alike): bf16
+    # without ZeRO under the pipeline engine is the BF16_Optimizer, which shards the fp32
+    # master weights and Adam states over dp: what runs is ZeRO 1, not the plan's ZeRO 0
+    reason = _why("deepspeed", dp=32, pp=2, zero=ZeroStage.NONE)
+    assert reason is not None and "zero 0 with pp 2 in bf16" in reason
+    assert "BF16_Optimizer" in reason and "use zero 1" in reason
+    # fp16 (FP16_Optimizer) and pp 1 (--no-pipeline-parallel: DDP_BFLOAT16) keep ZeRO 0
+    assert why_not("deepspeed", MODEL, TRAINING, Strategy(dp=32, pp=2), bf16=False) is None
+    assert _why("deepspeed", dp=64, pp=1, zero=ZeroStage.NONE) is None
+
+
 def test_deepspeed_pipeline_runs_only_1f1b() -> None:
     for schedule, v in ((Schedule.GPIPE, 1), (Schedule.INTERLEAVED, 2)):
-        reason = _why("deepspeed", dp=32, pp=2, schedule=schedule, v=v)
+        reason = _why("deepspeed", dp=32, pp=2, schedule=schedule, v=v, zero=ZeroStage.OPTIMIZER)
         assert reason is not None and f"schedule {schedule.value}" in reason
         assert "only 1f1b" in reason
-    assert _why("deepspeed", dp=32, pp=2, schedule=Schedule.ONE_F_ONE_B) is None
+    assert _why("deepspeed", dp=32, pp=2, schedule=Schedule.ONE_F_ONE_B,
+                zero=ZeroStage.OPTIMIZER) is None
 
 
 def test_deepspeed_ulysses_without_tp_or_pp() -> None:
@@ -77,7 +92,7 @@ def test_deepspeed_ulysses_without_tp_or_pp() -> None:
         reason = _why("deepspeed", dp=16, sp=2, **knobs)
         assert reason is not None and "sp 2" in reason and "tp 1 and pp 1" in reason
     assert _why("deepspeed", dp=32, sp=2) is None
-    assert _why("deepspeed", dp=16, tp=2, pp=2) is None  # no Ulysses: tp and pp are fine
+    assert _why("deepspeed", dp=16, tp=2, pp=2, zero=ZeroStage.OPTIMIZER) is None  # no Ulysses
 
 
 def test_any_runs_everything_and_unknown_is_an_error() -> None:
@@ -91,14 +106,16 @@ def test_any_runs_everything_and_unknown_is_an_error() -> None:
 def test_deepspeed_study_space_drops_what_deepspeed_refuses(tmp_path) -> None:
     # 64 devices, tp = sp = 1: layouts (dp 64, pp 1) and (dp 32, pp 2), times ZeRO 0-3 = 8 plans,
     # all valid for simcore (80 layers split in 2; 512 sequences tile dp 64 and dp 32).
-    # DeepSpeed's pipeline engine drops (pp 2, ZeRO 2) and (pp 2, ZeRO 3): 8 - 2 = 6 plans.
+    # DeepSpeed's pipeline engine drops (pp 2, ZeRO 2) and (pp 2, ZeRO 3), and in bf16 (pp 2,
+    # ZeRO 0), which its BF16_Optimizer runs as ZeRO 1: 8 - 3 = 5 plans.
     any_ = load_study_config(_study(tmp_path, "any"))
     ds = load_study_config(_study(tmp_path, "ds", "framework: deepspeed\n"))
+    assert any_.system.device.bf16
     assert len(any_.space.valid) == 2 * 4
     dropped = set(any_.space.valid) - set(ds.space.valid)
-    assert {(s.pp, s.zero) for s in dropped} == {(2, ZeroStage.GRADIENTS),
+    assert {(s.pp, s.zero) for s in dropped} == {(2, ZeroStage.NONE), (2, ZeroStage.GRADIENTS),
                                                  (2, ZeroStage.PARAMETERS)}
-    assert len(ds.space.valid) == 6 and set(ds.space.valid) <= set(any_.space.valid)
+    assert len(ds.space.valid) == 5 and set(ds.space.valid) <= set(any_.space.valid)
     refused = next(iter(dropped))
     assert "DeepSpeed's pipeline engine" in str(ds.space.reason_invalid(refused))
     assert ds.summary()["framework"] == "deepspeed"
@@ -127,7 +144,7 @@ def test_export_of_a_refused_plan_is_one_line_exit_2(tmp_path, capsys) -> None:
                  *storage]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "zero 3 with pp 2" in err and "ZeRO 0 or 1" in err
+    assert "zero 3 with pp 2" in err and "offers ZeRO 1" in err
     assert not out.exists()
     assert main(["export", "zero3pp2", "--format", "megatron", "--out", str(out),
                  *storage]) == 0
@@ -139,6 +156,6 @@ def test_study_with_framework_runs_and_exports(tmp_path, capsys) -> None:
     storage = ("--storage", str(tmp_path / "s.db"))
     path = _study(tmp_path, "dsrun", "framework: deepspeed\n")
     assert main(["run", str(path), "--quiet", *storage]) == 0
-    assert main(["export", "dsrun", "--top", "6", "--format", "deepspeed", "--out",
+    assert main(["export", "dsrun", "--top", "5", "--format", "deepspeed", "--out",
                  str(tmp_path / "out"), *storage]) == 0
-    assert len(list((tmp_path / "out").glob("*/ds_config.json"))) == 6
+    assert len(list((tmp_path / "out").glob("*/ds_config.json"))) == 5  # every plan it holds

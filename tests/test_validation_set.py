@@ -23,7 +23,7 @@ DATA = Path(__file__).parent / "data" / "validation"
 # <= 3% where a source measured several plans. What this set reaches (README's table) is held
 # here with a small margin, so a modelling change that loses accuracy fails.
 A100_CHECK_MEDIAN = 0.05  # measured 4.1%
-A100_CHECK_MAPE = 0.08  # measured 7.4%
+A100_CHECK_MAPE = 0.08  # measured 7.6%
 H100_CHECK_MEDIAN = 0.075  # measured 6.6% (torchtitan's 500 W parts included)
 V100_CHECK_REGRET = 0.03  # measured 2.0%
 # Below issue 14's targets, held so that they do not get worse (README there: Megatron-Core with
@@ -63,6 +63,18 @@ def test_one_node_plans_ranked_as_measured(capsys) -> None:
                 if g["key"]["system"] in ("systems.yaml#jean-zay-a100-8", "dgx1-v100-8")]
     assert len(one_node) == 3
     assert all(g["regret"] <= ONE_NODE_REGRET for g in one_node), one_node
+
+
+def test_lucie_runs_fit_in_the_memory_they_ran_in(capsys) -> None:
+    # Lucie-Training's chronicles/parallelism/parallelism.md: each plan ran at "the maximum
+    # Micro Batch Size (MBS) that does not cause OOM" on A100 80GB, so each fits. DeepSpeed
+    # 0.12.6 (its requirements.txt) trains bf16 "ZeRO stage 0" with the BF16_Optimizer, which
+    # shards the fp32 master weights and Adam states (the rows say zero 1, fp32 gradients):
+    # as ZeRO-0 seven of these runs were estimated at 86-92 GB.
+    rows = [r for r in _validate(capsys, "a100-check.csv")["rows"]
+            if r["name"].startswith("Lucie")]
+    assert len(rows) == 20
+    assert all(r["fits"] and r["predicted_peak_memory_gb"] <= 80 for r in rows), rows
 
 
 def test_h100_check_error(capsys) -> None:

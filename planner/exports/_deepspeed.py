@@ -50,7 +50,8 @@ LAUNCHER_SOURCE = "deepspeedai/Megatron-DeepSpeed 4efb479d (2025-07-16), megatro
 def export_deepspeed(plan: Plan) -> dict[str, str]:
     """``ds_config.json`` (the JSON DeepSpeed reads) and ``deepspeed-launch.txt`` (the rest);
     raises ValueError if DeepSpeed cannot run the plan."""
-    refused = why_not("deepspeed", plan.model, plan.training, plan.strategy)
+    refused = why_not("deepspeed", plan.model, plan.training, plan.strategy,
+                      bf16=plan.system.device.bf16)
     if refused is not None:
         raise ValueError(refused)
     if plan.model.moe is not None and plan.strategy.precision is not Precision.BF16:

@@ -41,6 +41,22 @@ def test_pipeline_time_is_the_papers_closed_form() -> None:
     assert one_f_one_b - zb == pytest.approx(2 * (p - 1) * t_w, rel=1e-12)
 
 
+@pytest.mark.parametrize(("t_f", "t_b", "t_w", "p"),
+                         [(1.0, 1.0, 1.0, 8), (1.0, 1.2, 0.7, 4), (1.0, 1.1, 0.5, 16)])
+def test_fewer_micro_batches_than_stages(t_f, t_b, t_w, p) -> None:
+    # Qi et al. appendix H: with m <= p "a ZB iteration takes (m + p - 1)(T_F + T_B) + T_W"
+    # (fewer W passes are left to fill the drain); the schedule's timeline ends there too. The
+    # m >= p closed form would have it (p - m) T_W shorter, 41% too fast at m 1, p 8.
+    t = t_f + t_b + t_w
+    for m in range(1, p + 1):
+        appendix_h = (m + p - 1) * (t_f + t_b) + t_w
+        zb, _ = pipeline_time([t] * p, m, 1, [t_w] * p)
+        assert zb == pytest.approx(appendix_h, rel=1e-12), m
+        ops = schedule_pipeline(Schedule.ZB_H1, np.full((p, 1), t_f), np.full((p, 1), t_b + t_w),
+                                m, np.full((p, 1), t_w))
+        assert ops.makespan == pytest.approx(appendix_h, rel=1e-12), m
+
+
 def test_in_flight_memory_is_1f1b() -> None:
     for stage in range(4):
         assert in_flight(Schedule.ZB_H1, stage, 4, 16, 1) == in_flight(
@@ -121,6 +137,13 @@ def test_space_and_batched_estimate() -> None:
                              schedule=(Schedule.ZB_H1,), framework="megatron").valid
     batch = estimate_many(MODEL, SYSTEM, TRAINING, valid)
     for i, s in enumerate(valid):
+        e = simcore.estimate(MODEL, SYSTEM, TRAINING, s)
+        assert batch.step_time[i] == e.step_time and batch.time.bubble[i] == e.time.bubble
+    # fewer micro-batches than stages (512 / (64 x 8) = 1 < pp 2; 512 / (32 x 8) = 2 < pp 4),
+    # where fewer W passes fill the drain
+    few = [replace(ZB, dp=64, pp=2, micro_batch=8), replace(ZB, dp=32, micro_batch=8)]
+    batch = estimate_many(MODEL, SYSTEM, TRAINING, few)
+    for i, s in enumerate(few):
         e = simcore.estimate(MODEL, SYSTEM, TRAINING, s)
         assert batch.step_time[i] == e.step_time and batch.time.bubble[i] == e.time.bubble
 

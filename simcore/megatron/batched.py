@@ -208,10 +208,11 @@ class _Groups:
         total = _stage_sum(times, pp)
         del times
         fill = total - t_max
-        if self.zb.any():  # ZB-H1: fill -= 2 (sum W - W_slowest), as pipeline_time
+        if self.zb.any():  # ZB-H1: fill -= wgrad_fill (sum W - W_slowest), as pipeline_time
             zb = self.zb
             wgrad = stage["wgrad"][g]
-            fill[zb] -= (2 * (_stage_sum(wgrad, pp) - wgrad[rows, slowest]))[zb]
+            fills = 1 + np.minimum(1, (m - 1) / np.maximum(pp - 1, 1))
+            fill[zb] -= (fills * (_stage_sum(wgrad, pp) - wgrad[rows, slowest]))[zb]
         pipe = m * t_max + fill / v
 
         def critical(name: str) -> np.ndarray:

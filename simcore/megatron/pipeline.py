@@ -11,14 +11,17 @@ Zero bubble ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv:240
 section 3.1, Figure 3): the backward splits into B (input gradients, on the critical path to the
 previous stage) and W (weight gradients, deferred); the drain is filled by the W passes, so the
 bubble falls from 1F1B's ``(p-1)(T_F + T_B + T_W)`` to ``(p-1)(T_F + T_B - T_W)`` with the same
-peak activation memory as 1F1B (p micro-batches in flight on the first stage).
+peak activation memory as 1F1B (p micro-batches in flight on the first stage). With fewer
+micro-batches than stages (m < p) fewer W passes are left to fill the drain: the step is
+``(m + p - 1)(T_F + T_B) + T_W`` (Qi et al. appendix H), which the schedule's timeline
+(:func:`simcore.timeline.schedule_pipeline`) reproduces.
 """
 
 from __future__ import annotations
 
 from simcore.specs import Schedule
 
-__all__ = ["in_flight", "pipeline_time"]
+__all__ = ["in_flight", "pipeline_time", "wgrad_fill"]
 
 
 def in_flight(schedule: Schedule, stage: int, pp: int, m: int, v: int) -> float:
@@ -40,12 +43,20 @@ def pipeline_time(stage_times: list[float], m: int, v: int,
     The slowest stage runs all m micro-batches back to back; the others add the fill and drain
     once, divided by v when interleaved: ``m * max + (sum - max) / v``. With equal stages this is
     ``(m + (p - 1) / v) * t``, Narayanan's bubble. ``wgrad_times`` (ZB-H1): each other stage's
-    share is its ``t - 2 T_W``, so equal stages of ``t = T_F + T_B + T_W`` give
-    ``m t + (p - 1)(T_F + T_B - T_W)``, Qi et al.'s ZB-H1 bubble.
+    share is its ``t - 2 T_W`` when m >= p, so equal stages of ``t = T_F + T_B + T_W`` give
+    ``m t + (p - 1)(T_F + T_B - T_W)``, Qi et al.'s ZB-H1 bubble; with m < p only
+    ``t - (1 + (m - 1) / (p - 1)) T_W``, which gives ``(m + p - 1)(T_F + T_B) + T_W``.
     """
     slowest = max(range(len(stage_times)), key=stage_times.__getitem__)
     t_max = stage_times[slowest]
     fill = sum(stage_times) - t_max
     if wgrad_times is not None:
-        fill -= 2 * (sum(wgrad_times) - wgrad_times[slowest])
+        fill -= wgrad_fill(m, len(stage_times)) * (sum(wgrad_times) - wgrad_times[slowest])
     return m * t_max + fill / v, slowest
+
+
+def wgrad_fill(m: int, pp: int) -> float:
+    """ZB-H1: how many W passes' worth of each other stage's share the drain absorbs: 2 with at
+    least as many micro-batches as stages, ``1 + (m - 1) / (p - 1)`` with fewer
+    (:func:`pipeline_time`)."""
+    return 1 + min(1, (m - 1) / (pp - 1)) if pp > 1 else 2

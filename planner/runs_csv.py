@@ -18,7 +18,11 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``flash_attention`` (true/false;
   the model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with
   Transformer Engine, or the classic stack; the device's default for the plan's ZeRO stage), ``overlap_grad_reduce``
-  (true), ``grad_bytes`` (2),
+  (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
+  the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
+  ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
+  context, NCCL's buffers and the caching allocator's slack: the device's ``memory_overhead_gb``
+  allowance; ``device``),
   ``name``; ``source`` and ``notes`` are kept for people and not read.
 
 ``model`` may name one entry of a YAML file of several as ``FILE.yaml#NAME``.
@@ -59,7 +63,7 @@ MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
             "precision", "first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp",
             "ep_overlap", "flash_attention", "transformer_engine", "overlap_grad_reduce",
-            "grad_bytes", "name", "source", "notes")
+            "grad_bytes", "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""
@@ -83,6 +87,8 @@ class MeasuredRun:
     strategy: Strategy
     step_time_s: float | None
     peak_memory_gb: float | None
+    memory_allocated: bool = False
+    """``peak_memory_gb`` is PyTorch's allocated peak, not the device's use (``memory_measured``)."""
 
     @property
     def group(self) -> tuple[str, str, int, int]:
@@ -145,6 +151,14 @@ def _boolean(row: dict[str, str], key: str) -> bool | None:
     if text in _FALSE:
         return False
     raise _RowError(f"{key}={row[key]!r} must be true or false")
+
+
+def _allocated(row: dict[str, str]) -> bool:
+    text = row.get("memory_measured", "").lower()
+    if text not in ("", "device", "allocated"):
+        raise _RowError(f"memory_measured={row['memory_measured']!r} is not one of device,"
+                        " allocated")
+    return text == "allocated"
 
 
 def _enum(row: dict[str, str], key: str, enum: type, default: object) -> object:
@@ -293,7 +307,7 @@ def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[Ski
             runs.append(MeasuredRun(
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
                 model=model, system=system, training=_training(row), strategy=_strategy(row),
-                step_time_s=step, peak_memory_gb=memory))
+                step_time_s=step, peak_memory_gb=memory, memory_allocated=_allocated(row)))
         except _RowError as e:
             skipped.append(SkippedRun(line, name, str(e)))
     return runs, skipped

@@ -30,6 +30,8 @@ class RunResult:
     run: MeasuredRun
     predicted_step_time_s: float
     predicted_peak_memory_gb: float
+    """What the run measured: the device's use, or without the allowance for what PyTorch's
+    allocator does not count (``memory_measured allocated``)."""
     fits: bool
 
     @property
@@ -184,5 +186,6 @@ def validate(runs: Iterable[MeasuredRun], skipped: Iterable[SkippedRun] = (), *,
         except ValueError as e:
             left_out.append(SkippedRun(run.line, run.name, str(e)))
             continue
-        results.append(RunResult(run, est.step_time, est.memory.total / GB, est.fits))
+        memory = est.memory.total - (est.memory.overhead if run.memory_allocated else 0.0)
+        results.append(RunResult(run, est.step_time, memory / GB, est.fits))
     return Validation(tuple(results), tuple(sorted(left_out, key=lambda s: s.line)))

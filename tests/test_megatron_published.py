@@ -2,19 +2,15 @@
 
 Targets (issue 4): iteration time median error <= 10% and every run within 20%; per-GPU memory
 of the BLOOM rows median error <= 10%; the out-of-memory rows predicted not to fit.
-Since issue 14 the A100's constants are fit on llm-foundry's runs (tests/data/validation), so
-every figure here is a check: Table 4's layer times too, which were the fit set before (then
-within 10%; now 0% to +31%: the element-wise kernels of the fit's FSDP stack, whose bandwidth
-the A100's memory_efficiency now describes, are slower than Megatron-LM's fused ones, and the
-unfused attention of these GPT layers is element-wise heavy).
+Since issue 14 the A100's constants are fit on measured runs in tests/data/validation (README
+there), none of these, so every figure here is a check: Table 4's layer times too, which were
+the fit set before.
 
-Since the compute slowdown beside collectives (the devices' overlap_slowdown, 0.189 after Lee et
-al. 2025) and the refit it brought (A100 memory_efficiency 0.418 -> 0.367), the one-node GPT
-22B runs, all element-wise heavy, moved the wrong way: iteration time with full recompute
-+19.5% -> +25.7% (the other eight: median 5.7% -> 5.3%, GPT 1T and MT-NLG closer), Table 4
-layer times +24% -> +31% at worst. The llm-foundry check runs moved the right way (H100 median
-9.8% -> 6.6%, A100 MAPE 7.7% -> 7.4%). The bounds below hold today's figures with a margin; one
-element-wise efficiency per device cannot fit both stacks (README, "Not modelled").
+Fit on llm-foundry's PyTorch FSDP runs alone (memory_efficiency 0.367) the element-wise heavy
+GPT layers here came out slow: GPT 22B with full recompute +25.7%, Table 4 layer times up to
++31%. Fit on those runs and the zero-bubble paper's Megatron-LM runs together (memory_efficiency
+0.737, matmul 0.707): iteration times within 10% (mean 7.9% -> 4.8%, GPT 22B +3.1%), every
+Table 4 layer time within 9%.
 """
 
 from __future__ import annotations
@@ -50,10 +46,10 @@ def test_iteration_time_korthikanti_tables_3_and_5() -> None:
              for r in ITERATION]
     errors = _errors(pairs)
     assert statistics.median(errors) <= 0.10, errors
-    assert max(errors) <= 0.27, errors  # GPT 22B with full recompute: +25.7% (docstring)
+    assert max(errors) <= 0.12, errors  # GPT 1T with full recompute: +9.9%
 
 
-TABLE_4_TOLERANCE = 0.32  # GPT 22B selective backward: +31% (docstring)
+TABLE_4_TOLERANCE = 0.10  # forward +8.2% at worst (docstring)
 
 
 @pytest.mark.parametrize("run", LAYER, ids=lambda r: r.label)

@@ -10,7 +10,7 @@ import pytest
 from planner.catalog import load_catalog
 from planner.cli import main
 from planner.runs_csv import MeasuredRun, read_runs
-from planner.validation import RunResult, Validation, kendall_tau
+from planner.validation import RunResult, Validation, kendall_tau, validate
 from simcore.specs import Strategy, TrainingSpec
 
 HEADER = "name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch"
@@ -90,6 +90,25 @@ def test_fp8_uneven_stages_and_hsdp_columns(tmp_path: Path) -> None:
             s.schedule.value) == ("fp8", 19, 19, 16, "zb-h1")
     p = plain.strategy
     assert (p.precision.value, p.first_stage_layers, p.shard_group) == ("bf16", None, None)
+
+
+def test_an_allocated_peak_leaves_out_the_devices_allowance(tmp_path: Path) -> None:
+    # memory_measured allocated (PyTorch's max_memory_allocated) is compared with the estimate
+    # less the device's memory_overhead_gb (CUDA context, NCCL, allocator slack), which only
+    # the device's whole use (nvidia-smi, the default) shows
+    path = _write(tmp_path, HEADER + ",peak_memory_gb,memory_measured",
+                  "dev,gpt-1.7b,dgx-a100-8,64,2048,8,1,1,1,20,",
+                  "alloc,gpt-1.7b,dgx-a100-8,64,2048,8,1,1,1,20,allocated",
+                  "bad,gpt-1.7b,dgx-a100-8,64,2048,8,1,1,1,20,reserved")
+    catalog = load_catalog()
+    runs, (bad,) = read_runs(path, catalog)
+    assert [r.memory_allocated for r in runs] == [False, True]
+    assert "memory_measured='reserved' is not one of device, allocated" in bad.reason
+    device, allocated = validate(runs).results
+    overhead = catalog.device("a100-80gb").memory_overhead_bytes / 1e9  # 9 GB (gpus.yaml)
+    assert overhead == 9
+    assert device.predicted_peak_memory_gb - allocated.predicted_peak_memory_gb == \
+        pytest.approx(overhead, rel=1e-12)
 
 
 def test_a_shard_group_without_zero_3_is_a_skipped_row(tmp_path: Path) -> None:

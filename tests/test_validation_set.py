@@ -22,8 +22,10 @@ DATA = Path(__file__).parent / "data" / "validation"
 # Issue 14's targets on runs not fit on: median step-time error <= 8% and plan-choice regret
 # <= 3% where a source measured several plans. What this set reaches (README's table) is held
 # here with a small margin, so a modelling change that loses accuracy fails.
-A100_CHECK_MEDIAN = 0.05  # measured 4.1%
-A100_CHECK_MAPE = 0.08  # measured 7.6%
+A100_CHECK_MEDIAN = 0.07  # measured 6.3% (4.1% fit on llm-foundry alone, README there)
+A100_CHECK_MAPE = 0.095  # measured 8.9% (7.6% fit on llm-foundry alone)
+A100_MEGATRON_CHECK_MAPE = 0.05  # measured 3.8% (27.8% fit on llm-foundry alone)
+ZB_PAPER_MEMORY_MEDIAN = 0.05  # measured 1.8%; the memory allowance is not fit on these
 H100_CHECK_MEDIAN = 0.075  # measured 6.6% (torchtitan's 500 W parts included)
 V100_CHECK_REGRET = 0.03  # measured 2.0%
 # Below issue 14's targets, held so that they do not get worse (README there: Megatron-Core with
@@ -40,7 +42,8 @@ def _validate(capsys, name: str) -> dict:
 
 
 def test_every_row_is_expressed(capsys) -> None:
-    for name in ("a100-fit.csv", "a100-check.csv", "h100-fit.csv", "h100-check.csv",
+    for name in ("a100-fit.csv", "a100-check.csv", "a100-megatron-fit.csv",
+                 "a100-megatron-check.csv", "h100-fit.csv", "h100-check.csv",
                  "v100-fit.csv", "v100-check.csv", "h100-megatron-fit.csv",
                  "h100-megatron-check.csv", "moe-check.csv"):
         assert _validate(capsys, name)["skipped"] == [], name
@@ -51,6 +54,26 @@ def test_a100_check_error(capsys) -> None:
     assert data["step_time_runs"] == 104
     assert data["step_time_median_ape"] <= A100_CHECK_MEDIAN
     assert data["step_time_mape"] <= A100_CHECK_MAPE
+
+
+def test_megatron_2020_table_error(capsys) -> None:
+    # Megatron-LM's 2020 DGX-A100 weak scaling (tp 1-8 on one node, and x 128 data parallel),
+    # not fit on: the single-node small-GPT regime with full recompute
+    data = _validate(capsys, "a100-megatron-check.csv")
+    assert data["step_time_runs"] == 8
+    assert data["step_time_mape"] <= A100_MEGATRON_CHECK_MAPE
+
+
+def test_zero_bubble_paper_memory_and_schedule_choice(capsys) -> None:
+    # The zero-bubble paper's measured peaks (PyTorch's allocated memory) and its 29 pairs of
+    # 1F1B and a zero-bubble schedule of one question: ZB-1p (ZB-H1's memory limit; its
+    # bubble equals ZB-H1's in the paper's Table 5) and ZB-2p with m <= p ("essentially the
+    # same", appendix H) measured faster in every pair, and the estimate picks it every time.
+    data = _validate(capsys, "a100-megatron-fit.csv")
+    assert data["memory_runs"] == 62
+    assert data["memory_median_ape"] <= ZB_PAPER_MEMORY_MEDIAN
+    assert data["groups_count"] == 29
+    assert all(g["picked"] == g["fastest"] and "ZB" in g["picked"] for g in data["groups"])
 
 
 def test_one_node_plans_ranked_as_measured(capsys) -> None:
@@ -172,6 +195,24 @@ def test_calibrate_writes_a_device_a_system_can_name(tmp_path: Path, capsys,
     assert main(["calibrate", str(DATA / "v100-fit.csv"), "--device", "v100-16gb", "--name",
                  "my-v100", "--trials", "5"]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_several_files_are_read_as_one(tmp_path: Path, capsys, monkeypatch) -> None:
+    # validate: the two files' rows and groups together; calibrate: fit on both (the A100's
+    # shipped constants come from a100-fit.csv and a100-megatron-fit.csv together)
+    both = [str(DATA / "v100-fit.csv"), str(DATA / "v100-check.csv")]
+    assert main(["validate", *both, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["step_time_runs"] == 11 + 27
+    assert data["groups_count"] == 1 + 4
+    monkeypatch.setenv("PLANNER_CATALOG", str(tmp_path / "catalog"))
+    assert main(["calibrate", *both, "--device", str(DATA / "uncalibrated.yaml") + "#v100-16gb",
+                 "--name", "v100-both", "--trials", "10", "--json"]) == 0
+    # v100-fit's 11 runs on v100-16gb, and v100-check's DLPerf DeepSpeed rows on the same part
+    entry = yaml.safe_load((tmp_path / "catalog" / "devices" / "v100-both.yaml").read_text())
+    files = entry["v100-both"]["calibration"]["runs_csv"]
+    assert "v100-fit.csv" in files and "v100-check.csv" in files
+    assert json.loads(capsys.readouterr().out)["runs"] > 11
 
 
 @pytest.mark.parametrize(("args", "message"), [

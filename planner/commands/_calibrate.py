@@ -31,13 +31,14 @@ def _figures(v: Validation) -> dict[str, Any]:
     return {k: s[k] for k in keep}
 
 
-def _entry_text(fit: Fit, runs_csv: Path, base: str) -> str:
+def _entry_text(fit: Fit, runs_csv: list[Path], base: str) -> str:
     entry: dict[str, Any] = device_entry(fit.device)
     today = datetime.date.today().isoformat()
+    files = ", ".join(str(p) for p in runs_csv)
     entry["source"] = (f"{base} calibrated by `planner calibrate` on {today} to"
-                       f" {len(fit.runs)} measured runs in {runs_csv}")
+                       f" {len(fit.runs)} measured runs in {files}")
     entry["calibration"] = {
-        "base_device": base, "runs_csv": str(runs_csv), "runs": len(fit.runs),
+        "base_device": base, "runs_csv": files, "runs": len(fit.runs),
         "fitted": [c.key for c in fit.constants],
         "before": _figures(fit.before), "after": _figures(fit.after),
     }
@@ -65,8 +66,9 @@ class CalibrateCommand(BaseCommand):
             " and write the calibrated device into your catalog.")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("runs", type=Path, metavar="RUNS.csv",
-                            help="measured runs, the format of `planner validate`")
+        parser.add_argument("runs", type=Path, nargs="+", metavar="RUNS.csv",
+                            help="measured runs, the format of `planner validate` (one file or"
+                            " several, fit together)")
         parser.add_argument("--device", required=True,
                             help="the device the runs ran on: a catalog name, or FILE.yaml#NAME"
                             " for a starting point of your own (rows on other devices are left"
@@ -95,11 +97,12 @@ class CalibrateCommand(BaseCommand):
         _check_clash(args.name, target, args.out is not None)
         if target.exists() and not args.force:
             raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
-        runs, _ = read_runs(args.runs, catalog)
+        runs = [r for path in args.runs for r in read_runs(path, catalog)[0]]
         mine = [r for r in runs if r.system.device.name == base.name]
         if not mine:
             found = sorted({r.system.device.name for r in runs}) or ["none"]
-            raise PlannerUsageError(f"{args.runs}: no run is on device {base.name!r} (the"
+            files = ", ".join(str(p) for p in args.runs)
+            raise PlannerUsageError(f"{files}: no run is on device {base.name!r} (the"
                                     f" runs' devices: {', '.join(found)})")
         show = sys.stderr.isatty() and not args.json
         progress = (lambda i, n: print(f"\rfitting: trial {i}/{n}", end="", file=sys.stderr)
@@ -112,7 +115,7 @@ class CalibrateCommand(BaseCommand):
             raise PlannerUsageError(f"--fit: {e}") from None
         if show:
             print(file=sys.stderr)
-        text = _entry_text(fit, args.runs.resolve(), base.name)
+        text = _entry_text(fit, [p.resolve() for p in args.runs], base.name)
         device_from_entry(target, args.name, yaml.safe_load(text)[args.name])  # reads back
         write_entry(target, text)
         if args.json:

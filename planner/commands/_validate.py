@@ -8,7 +8,7 @@ from pathlib import Path
 
 from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand
-from planner.runs_csv import read_runs
+from planner.runs_csv import MeasuredRun, SkippedRun, read_runs
 from planner.validation import Validation, validate
 
 
@@ -66,14 +66,20 @@ class ValidateCommand(BaseCommand):
     help = "Estimate measured runs (a CSV) and report the error and the plan-choice regret."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("runs", type=Path, metavar="RUNS.csv",
+        parser.add_argument("runs", type=Path, nargs="+", metavar="RUNS.csv",
                             help="measured runs: model, system, global_batch, seq_len, dp, tp,"
                             " pp, micro_batch, step_time_s and/or peak_memory_gb (see the"
-                            " README for the optional columns)")
+                            " README for the optional columns); several files are read as one")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def run(self, args: argparse.Namespace) -> int:
-        runs, skipped = read_runs(args.runs, load_catalog())
+        catalog = load_catalog()
+        runs: list[MeasuredRun] = []
+        skipped: list[SkippedRun] = []
+        for path in args.runs:
+            found, left_out = read_runs(path, catalog)
+            runs += found
+            skipped += left_out
         result = validate(runs, skipped)
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))

@@ -18,9 +18,12 @@ from search_spaces.encoding import LayoutEncoding, strategy_label
 from search_spaces.frameworks import why_not
 from search_spaces.space import StrategySpace
 from simcore.megatron.activations import layer_activations
+from simcore.megatron.calls import grad_reduction_calls
 from simcore.megatron.kernels import KernelCosts
 from simcore.megatron.layers import layer_shape
+from simcore.megatron.plan import StepPlan
 from simcore.megatron.precision import CAST_BYTES, fp8_overheads
+from simcore.megatron.step import _ends, _layer, _stage, fp8_weight_params
 from simcore.specs import (
     Convention,
     DeviceSpec,
@@ -103,6 +106,31 @@ def test_fp8_memory_by_hand() -> None:
     assert bf16.memory.activations - fp8.memory.activations == 4 * 256 * (3 * 512 + 2048)
     assert fp8.memory.gradients == bf16.memory.gradients
     assert fp8.memory.optimizer == bf16.memory.optimizer
+
+
+def test_fp8_param_gather_keeps_the_linear_weights_in_fp8_only() -> None:
+    # ZeRO 1 with Transformer Engine (H100's default): Megatron-LM's --fp8-param-gather, as its
+    # FP8 example, NeMo 2 and Megatron-Bridge run it. The linear weights' 16-bit copy goes
+    # (2 bytes each) and the FP8 one stays (1): weights fall by 1 byte per linear parameter,
+    # 4 layers x (4 h^2 + 2 h f) = 12,582,912 bytes; and the distributed optimizer's all-gather
+    # moves those parameters in 1 byte instead of 2.
+    training = TrainingSpec(global_batch=1024, seq_len=256)
+    s = Strategy(dp=1024, recompute=Recompute.NONE, zero=ZeroStage.OPTIMIZER)
+    bf16 = simcore.estimate(TINY, SYSTEM, training, s)
+    fp8 = simcore.estimate(TINY, SYSTEM, training, replace(s, precision=FP8))
+    linear = 4 * (4 * 512**2 + 2 * 512 * 2048)
+    assert bf16.memory.weights - fp8.memory.weights == linear
+    plan = StepPlan(TINY, SYSTEM, training, replace(s, precision=FP8))
+    stage = _stage(plan, _layer(plan), _ends(plan), 0)
+    assert plan.fp8_params and fp8_weight_params(plan, stage) == linear
+    _, (gather,) = grad_reduction_calls(plan, stage.params, linear)
+    assert gather[2] == ((stage.params - linear) * 2 + linear) / 1024
+    # ZeRO 0 cannot (Megatron-LM asserts the distributed optimizer or FSDP), nor the classic
+    # stack: both keep the 16-bit weights beside the FP8 copy (test_fp8_memory_by_hand)
+    zero0 = StepPlan(TINY, SYSTEM, training, replace(s, precision=FP8, zero=ZeroStage.NONE))
+    classic = StepPlan(TINY, SYSTEM, replace(training, transformer_engine=False),
+                       replace(s, precision=FP8))
+    assert not zero0.fp8_params and not classic.fp8_params
 
 
 def test_fp8_activations_under_tp_and_full_recompute() -> None:
@@ -193,6 +221,7 @@ def test_megatron_export_sets_fp8_flags() -> None:
     for flag in ("--fp8-format hybrid", "--fp8-amax-history-len 1024",
                  "--fp8-amax-compute-algo max", "--bf16"):
         assert f"  {flag}\n" in script
+    assert "  --fp8-param-gather\n" in script  # ZeRO 1 with Transformer Engine, as estimated
     assert "--fp8" not in export_files(_plan(Precision.BF16), "megatron")["megatron.sh"]
 
 

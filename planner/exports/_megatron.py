@@ -46,7 +46,7 @@ from planner.plan import Plan
 from planner.units import GB
 from search_spaces.frameworks import why_not
 from simcore.megatron import uses_flash_attention
-from simcore.megatron.plan import uses_transformer_engine
+from simcore.megatron.plan import uses_fp8_param_gather, uses_transformer_engine
 from simcore.megatron.precision import AMAX_HISTORY_LEN
 from simcore.specs import (
     Activation,
@@ -124,7 +124,9 @@ def _script(plan: Plan) -> str:
                 model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16),
                 megatron_moe_args(plan)]
     if plan.strategy.precision is not Precision.BF16:
-        sections.append(precision_args(plan.strategy.precision))
+        sections.append(precision_args(
+            plan.strategy.precision,
+            param_gather=uses_fp8_param_gather(plan.system, plan.training, plan.strategy)))
     for section in filter(None, sections):
         lines += [f"  {a}" for a in section] + [""]
     lines[-1] = ")"
@@ -271,15 +273,21 @@ def _hsdp_args(plan: Plan) -> list[str]:
             "--outer-dp-sharding-strategy no_shard"]
 
 
-def precision_args(precision: Precision) -> list[str]:
-    """Megatron-LM's FP8 options (none in bf16), with a comment line."""
+def precision_args(precision: Precision, *, param_gather: bool = False) -> list[str]:
+    """Megatron-LM's FP8 options (none in bf16), with a comment line; ``param_gather``: the
+    linear layers' weights kept and all-gathered in FP8 (``--fp8-param-gather``)."""
     if precision is Precision.BF16:
         return []
-    return ["# fp8: Transformer Engine runs the linear layers' GEMMs in FP8 (delayed scaling),",
+    args = ["# fp8: Transformer Engine runs the linear layers' GEMMs in FP8 (delayed scaling),",
             "# as estimated; attention, LM head and optimizer stay bf16",
             "--fp8-format hybrid",
             f"--fp8-amax-history-len {AMAX_HISTORY_LEN}",
             "--fp8-amax-compute-algo max"]
+    if param_gather:
+        args += ["# the linear layers' weights kept in FP8 only and all-gathered in FP8, as",
+                 "# estimated (needs the distributed optimizer or Megatron-FSDP)",
+                 "--fp8-param-gather"]
+    return args
 
 
 def model_args(m: ModelSpec, seq: int, flash: bool, bf16: bool = True) -> list[str]:

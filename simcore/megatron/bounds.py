@@ -130,11 +130,13 @@ def _distinct_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _states(model: ModelSpec, training: TrainingSpec, c: dict[str, np.ndarray],
             first: np.ndarray) -> np.ndarray:
-    """The first stage's weights, gradients and optimizer state (its layers and embedding)."""
+    """The first stage's weights, gradients and optimizer state (its layers and embedding); in
+    fp8 without the linear layers' 16-bit weights, which ``--fp8-param-gather`` drops."""
     shape = layer_shape(model)
     params = (first * shape.layer_params + shape.embedding_params) / c["tp"]
     group, zero = c["shard_ranks"], c["zero"]
-    weights = params * training.bytes_per_param_weights / np.where(zero >= 3, group, 1)
+    linear = np.where(c["fp8"].astype(bool), first * shape.matmul_params / c["tp"], 0)
+    weights = (params - linear) * training.bytes_per_param_weights / np.where(zero >= 3, group, 1)
     grads = params * training.bytes_per_param_grads / np.where(zero >= 2, group, 1)
     optimizer = params * training.bytes_per_param_optimizer / np.where(zero >= 1, group, 1)
     return weights + grads + optimizer

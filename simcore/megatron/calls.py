@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from simcore.megatron.placement import AxisLike, DpPart
+from simcore.megatron.precision import FP8_BYTES
 from simcore.network import Collective
 from simcore.specs import Axis, ZeroStage
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from simcore.megatron.plan import StepPlan
 
 __all__ = ["Call", "cp_kv_calls", "dp_group_calls", "embedding_calls", "fsdp_layer_calls",
-           "grad_reduction_calls", "head_calls", "tp_pair_calls"]
+           "gathered_weight_bytes", "grad_reduction_calls", "head_calls", "tp_pair_calls"]
 
 Call = tuple[AxisLike, Collective, float]
 
@@ -93,21 +94,29 @@ def dp_group_calls(p: StepPlan, collective: Collective, size: float, *,
 
 
 def fsdp_layer_calls(p: StepPlan) -> tuple[list[Call], list[Call]]:
-    """ZeRO-3 per layer: its weights all-gathered (before forward, and again before backward)
-    and its gradients reduce-scattered (after backward), over the shard group (HSDP) or the
-    whole data-parallel group."""
+    """ZeRO-3 per layer: its weights all-gathered (before forward, and again before backward;
+    the linear layers' in FP8 with ``fp8_params``) and its gradients reduce-scattered (after
+    backward), over the shard group (HSDP) or the whole data-parallel group."""
     params = p.shape.layer_params / p.s.tp
     tr = p.training
-    return (dp_group_calls(p, Collective.ALL_GATHER,
-                           params * tr.bytes_per_param_weights / p.shard_ranks, shard=True),
+    fp8 = p.shape.matmul_params / p.s.tp if p.fp8_params else 0.0
+    weights = gathered_weight_bytes(params, fp8, tr.bytes_per_param_weights)
+    return (dp_group_calls(p, Collective.ALL_GATHER, weights / p.shard_ranks, shard=True),
             dp_group_calls(p, Collective.REDUCE_SCATTER, params * tr.bytes_per_param_grads,
                            shard=True))
 
 
-def grad_reduction_calls(p: StepPlan, params: float) -> tuple[list[Call], list[Call]]:
+def gathered_weight_bytes(params: float, fp8_params: float, weight_bytes: int) -> float:
+    """Bytes of ``params`` weights all-gathered, ``fp8_params`` of them in FP8."""
+    return (params - fp8_params) * weight_bytes + fp8_params * FP8_BYTES
+
+
+def grad_reduction_calls(p: StepPlan, params: float,
+                         fp8_params: float = 0.0) -> tuple[list[Call], list[Call]]:
     """A stage's gradient reduction over the data-parallel group for its ``params``: the
     gradients all-reduced (ZeRO-0) or reduce-scattered, then the updated weights all-gathered
-    (ZeRO-1/2); nothing for one replica or ZeRO-3 (its layers reduce their own). HSDP: each
+    (ZeRO-1/2; ``fp8_params`` of them, the linear layers' under ``--fp8-param-gather``, in
+    FP8); nothing for one replica or ZeRO-3 (its layers reduce their own). HSDP: each
     rank's reduce-scattered gradient shard all-reduced across the replicas once per step, as
     FSDP2 does after the shard group's reduce-scatter (``foreach_reduce``'s ``all_reduce`` over
     the replicate mesh axis, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``);
@@ -121,6 +130,6 @@ def grad_reduction_calls(p: StepPlan, params: float) -> tuple[list[Call], list[C
     grads = params * tr.bytes_per_param_grads
     if s.zero is ZeroStage.NONE:
         return dp_group_calls(p, Collective.ALL_REDUCE, grads), []
+    weights = gathered_weight_bytes(params, fp8_params, tr.bytes_per_param_weights)
     return (dp_group_calls(p, Collective.REDUCE_SCATTER, grads),
-            dp_group_calls(p, Collective.ALL_GATHER,
-                           params * tr.bytes_per_param_weights / p.dp_group))
+            dp_group_calls(p, Collective.ALL_GATHER, weights / p.dp_group))

@@ -26,7 +26,8 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_transformer_engine"]
+__all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_fp8_param_gather",
+           "uses_transformer_engine"]
 
 _T = TypeVar("_T")
 
@@ -119,6 +120,8 @@ class StepPlan:
         self.flash = uses_flash_attention(model, system, training)
         self.fp8 = strategy.precision is Precision.FP8
         """The linear layers run in FP8 (:mod:`simcore.megatron.precision`)."""
+        self.fp8_params = uses_fp8_param_gather(system, training, strategy)
+        """The linear layers' weights are kept in FP8 only and all-gathered in FP8."""
         self.dp_group = strategy.dp * strategy.sp
         """Ranks that hold the same weights and share the gradient reduction."""
         self.hsdp = strategy.replicas > 1
@@ -219,6 +222,18 @@ def uses_transformer_engine(system: SystemSpec, training: TrainingSpec, zero: Ze
     if training.transformer_engine is not None:
         return training.transformer_engine
     return system.device.transformer_engine and zero <= ZeroStage.OPTIMIZER
+
+
+def uses_fp8_param_gather(system: SystemSpec, training: TrainingSpec, strategy: Strategy) -> bool:
+    """Whether an FP8 plan keeps its linear layers' weights in FP8 only and all-gathers them in
+    FP8: Megatron-LM's ``--fp8-param-gather`` ("Keep the compute param in fp8 ... and perform
+    the param all-gather in fp8", ``megatron/training/arguments.py`` d98e8a64), which needs its
+    distributed optimizer or FSDP and which its FP8 example
+    (``examples/llama/train_llama3_8b_h100_fp8.sh``), NeMo 2's FP8 recipes
+    (``bf16_with_fp8_mixed``) and Megatron-Bridge's set: Transformer Engine's FP8 plans with
+    ZeRO 1-3 (:mod:`simcore.megatron.precision`)."""
+    return (strategy.precision is Precision.FP8 and strategy.zero >= ZeroStage.OPTIMIZER
+            and uses_transformer_engine(system, training, strategy.zero))
 
 
 def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:

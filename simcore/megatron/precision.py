@@ -32,8 +32,12 @@ bandwidth, with the launch floor of every kernel):
 
 Memory: TE keeps an FP8 copy of each linear layer's weight (1 byte per parameter, on top of the
 16-bit weights and fp32 master weights); each linear layer saves its input for the weight
-gradient in FP8 (1 byte per element instead of 2). Both are in
-:mod:`simcore.megatron.activations` and :mod:`simcore.megatron.step`.
+gradient in FP8 (1 byte per element instead of 2). With the distributed optimizer or FSDP under
+Transformer Engine (ZeRO 1-3), Megatron-LM's ``--fp8-param-gather`` keeps the FP8 copy as the
+only compute weight (no 16-bit one) and all-gathers it in FP8
+(:func:`simcore.megatron.plan.uses_fp8_param_gather`). These are in
+:mod:`simcore.megatron.activations`, :mod:`simcore.megatron.step` and
+:mod:`simcore.megatron.calls`.
 """
 
 from __future__ import annotations

@@ -360,7 +360,7 @@ def _dp_time(p: StepPlan, stage: _Stage) -> tuple[float, float]:
     key = (stage.params, stage.expert_params)
     link = p.grad_links.get(key)
     if link is None:  # the stages between the first and last hold the same parameters
-        reduce, gather = grad_reduction_calls(p, stage.params)
+        reduce, gather = grad_reduction_calls(p, stage.params, fp8_weight_params(p, stage))
         link = p.comm.total(reduce) + p.comm.total(gather)
         if stage.expert_params:
             reduce, gather = expert_grad_calls(p, stage.expert_params)
@@ -436,14 +436,13 @@ def _fixed_memory(p: StepPlan, stage: _Stage, pp: int) -> MemoryParts:
         w, g, o = model_state_bytes(stage.expert_params, tr, zero, s.edp)
         weights, grads, optimizer = weights + w, grads + g, optimizer + o
     if p.fp8:
-        # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights are.
-        fp8_copy = stage.layers * p.shape.matmul_params / s.tp * FP8_BYTES
-        if stage.moe_layers:  # an MoE layer's linears: attention, shared and routed experts
-            ms = p.moe_shape
-            dense = p.shape.matmul_params - p.shape.attention_params
-            fp8_copy += (stage.moe_layers * (ms.shared_params - dense) / s.tp
-                         + stage.expert_params) * FP8_BYTES
-        weights += fp8_copy / (group if zero >= ZeroStage.PARAMETERS else 1)
+        # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights
+        # are; with --fp8-param-gather it is their only compute copy (no 16-bit one).
+        linear = _linear_params(p, stage)
+        shard = group if zero >= ZeroStage.PARAMETERS else 1
+        weights += linear * FP8_BYTES / shard
+        if p.fp8_params:
+            weights -= linear * tr.bytes_per_param_weights / shard
     h, t = model.hidden, s.tp
     sbh = p.tokens * h
     gathered = 0.0
@@ -458,6 +457,25 @@ def _fixed_memory(p: StepPlan, stage: _Stage, pp: int) -> MemoryParts:
     return MemoryParts(weights=weights, gradients=grads, optimizer=optimizer,
                        activations=0.0, gathered_weights=gathered, comm_buffers=comm,
                        overhead=p.system.device.memory_overhead_bytes)
+
+
+def _linear_params(p: StepPlan, stage: _Stage) -> float:
+    """The stage's linear-layer weights on this device (an MoE layer's: its attention's, shared
+    and routed experts')."""
+    linear = stage.layers * p.shape.matmul_params / p.s.tp
+    if stage.moe_layers:
+        dense = p.shape.matmul_params - p.shape.attention_params
+        linear += stage.moe_layers * (p.moe_shape.shared_params - dense) / p.s.tp
+        linear += stage.expert_params
+    return linear
+
+
+def fp8_weight_params(p: StepPlan, stage: _Stage) -> float:
+    """Of the stage's ``params`` (not its routed experts'), those the data-parallel all-gather
+    moves in FP8: the dense linear layers' under ``--fp8-param-gather``, else none."""
+    if not p.fp8_params:
+        return 0.0
+    return _linear_params(p, stage) - stage.expert_params
 
 
 def layer_time(model: ModelSpec, system: SystemSpec, training: TrainingSpec,

@@ -52,7 +52,14 @@ from simcore.megatron.calls import (
 from simcore.megatron.phases import OpTime, StagePhases, stage_phases
 from simcore.megatron.placement import DpPart
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.step import _ends, _layer, _optimizer_time, _stage, grad_buckets
+from simcore.megatron.step import (
+    _ends,
+    _layer,
+    _optimizer_time,
+    _stage,
+    fp8_weight_params,
+    grad_buckets,
+)
 from simcore.megatron.step import _Stage as _StageSums
 from simcore.specs import (
     Axis,
@@ -280,7 +287,8 @@ class _Stage:
                 deps = self.weights(int(micro), deps)
             else:
                 deps, start = self.op(int(chunk), int(micro), bool(kind), deps)
-        reduce, gather = grad_reduction_calls(p, self.sums.params)
+        reduce, gather = grad_reduction_calls(p, self.sums.params,
+                                              fp8_weight_params(p, self.sums))
         calls, n = reduce + gather, self.buckets()
         split = [(a, c, size / n) for a, c, size in calls]
         hidden = self.out.chain("dp grad reduce (overlapped)", split * (n - 1), start)

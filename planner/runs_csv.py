@@ -17,8 +17,8 @@ Columns (a header row, any order; names as below, case-insensitive):
   (true/false; false),
   ``flash_attention`` (true/false;
   the model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with
-  Transformer Engine, or the classic stack; the device's default for the plan's ZeRO stage), ``overlap_grad_reduce``
-  (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
+  Transformer Engine, or the classic stack; the device's default for the plan's ZeRO stage),
+  ``overlap_grad_reduce`` (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
   the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
   ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
   context, NCCL's buffers and the caching allocator's slack: the device's ``memory_overhead_gb``
@@ -88,7 +88,8 @@ class MeasuredRun:
     step_time_s: float | None
     peak_memory_gb: float | None
     memory_allocated: bool = False
-    """``peak_memory_gb`` is PyTorch's allocated peak, not the device's use (``memory_measured``)."""
+    """``peak_memory_gb`` is PyTorch's allocated peak, not the device's use
+    (``memory_measured``)."""
 
     @property
     def group(self) -> tuple[str, str, int, int]:

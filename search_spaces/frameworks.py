@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from simcore.specs import ModelSpec, Precision, Schedule, Strategy, TrainingSpec, ZeroStage
 
-__all__ = ["WITHOUT_TRANSFORMER_ENGINE", "ANY", "FRAMEWORKS", "transformer_engine", "why_not"]
+__all__ = ["ANY", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "transformer_engine", "why_not"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")

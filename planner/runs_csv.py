@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +56,8 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["MeasuredRun", "SkippedRun", "read_runs", "REQUIRED", "MEASURED", "OPTIONAL"]
+__all__ = ["MEASURED", "OPTIONAL", "REQUIRED", "MeasuredRun", "SkippedRun", "read_runs",
+           "read_runs_files"]
 
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
 MEASURED = ("step_time_s", "peak_memory_gb")
@@ -286,6 +287,18 @@ def _default_name(line: int, row: dict[str, str]) -> str:
     extra += [row[k] for k in ("recompute",) if row.get(k)]
     where = f"{row.get('model', '?')} on {row.get('system', '?')}"
     return f"line {line}: {where} {plan} {' '.join(extra)}".strip()
+
+
+def read_runs_files(paths: Iterable[Path],
+                    catalog: Catalog) -> tuple[list[MeasuredRun], list[SkippedRun]]:
+    """:func:`read_runs` of several CSV files, read as one."""
+    runs: list[MeasuredRun] = []
+    skipped: list[SkippedRun] = []
+    for path in paths:
+        found, left_out = read_runs(path, catalog)
+        runs += found
+        skipped += left_out
+    return runs, skipped
 
 
 def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[SkippedRun]]:

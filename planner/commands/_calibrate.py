@@ -19,7 +19,7 @@ from planner.commands._base import BaseCommand
 from planner.commands._validate import percent
 from planner.errors import PlannerUsageError
 from planner.inputs import load
-from planner.runs_csv import read_runs
+from planner.runs_csv import read_runs_files
 from planner.validation import Validation
 from simcore.specs import DeviceSpec
 
@@ -97,7 +97,7 @@ class CalibrateCommand(BaseCommand):
         _check_clash(args.name, target, args.out is not None)
         if target.exists() and not args.force:
             raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
-        runs = [r for path in args.runs for r in read_runs(path, catalog)[0]]
+        runs, _ = read_runs_files(args.runs, catalog)
         mine = [r for r in runs if r.system.device.name == base.name]
         if not mine:
             found = sorted({r.system.device.name for r in runs}) or ["none"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand
-from planner.runs_csv import MeasuredRun, SkippedRun, read_runs
+from planner.runs_csv import read_runs_files
 from planner.validation import Validation, validate
 
 
@@ -73,14 +73,7 @@ class ValidateCommand(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def run(self, args: argparse.Namespace) -> int:
-        catalog = load_catalog()
-        runs: list[MeasuredRun] = []
-        skipped: list[SkippedRun] = []
-        for path in args.runs:
-            found, left_out = read_runs(path, catalog)
-            runs += found
-            skipped += left_out
-        result = validate(runs, skipped)
+        result = validate(*read_runs_files(args.runs, load_catalog()))
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))
         else:

@@ -267,9 +267,7 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
         layers = p.stage_layers[i] if pp == s.pp else model.layers // pp
     n_moe = p.stage_moe_layers[i] if moe is not None and pp == s.pp else 0
     first, last = i == 0, i == pp - 1
-    if not n_moe:
-        return _Stage(i, *_sums(p, layer, ends, layers, n_moe, first, last, pp, pp_time, moe))
-    # an MoE model's middle stages are alike: each distinct one is summed once
+    # the middle stages are alike: each distinct one is summed once
     key = (layers, n_moe, first, last, pp, pp_time)
     found = p.stage_memo.get(key)
     if found is None:
@@ -512,7 +510,8 @@ def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPl
     stage whose memory comes closest to its device's HBM. ``peak_flops_per_s`` is the devices'
     sum, for MFU."""
     wgrads = [st.wgrad for _, st in stages] if schedule is Schedule.ZB_H1 else None
-    pipe, slowest = pipeline_time([st.time for _, st in stages], m, v, wgrads)
+    times = [st.time for _, st in stages]
+    pipe, slowest = pipeline_time(times, m, v, wgrads)
     critical = stages[slowest][1]
     # the stages between the first and the last are alike: each distinct one is timed once
     alike = {(id(sp), st.params, st.expert_params, st.bwd): (sp, st) for sp, st in stages}
@@ -521,14 +520,14 @@ def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPl
     time = TimeParts(
         compute=m * critical.compute, tp=m * critical.tp, sp=m * critical.sp,
         dp=dp_exposed, pp=m * critical.pp, fsdp=m * critical.fsdp, ep=m * critical.ep,
-        bubble=pipe - m * critical.time, optimizer=optimizer,
+        bubble=pipe - m * times[slowest], optimizer=optimizer,
     )
     memories = [_memory(sp, st, pp) for sp, st in stages]
     hbms = [sp.system.device.hbm_bytes for sp, _ in stages]
     totals = [parts.total for parts, _ in memories]
     stage_estimates = tuple(
-        StageEstimate(st.index, st.layers, st.time, flight, parts, sp.system.device.name)
-        for (sp, st), (parts, flight) in zip(stages, memories)
+        StageEstimate(st.index, st.layers, t, flight, parts, sp.system.device.name)
+        for (sp, st), t, (parts, flight) in zip(stages, times, memories)
     )
     peak_stage = max(range(len(stages)), key=lambda i: totals[i] / hbms[i])
     peak, hbm = memories[peak_stage][0], hbms[peak_stage]

@@ -104,9 +104,9 @@ def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStud
             else _bad_zero(path, z) for z in _list(path, "space.zero", s["zero"])))
     if "schedule" in s:
         schedule = choice(path, "space.schedule", s["schedule"], Schedule)
-        if schedule is Schedule.INTERLEAVED:
-            raise fail(path, "space.schedule", "interleaved is not modelled on mixed systems;"
-                       " use 1f1b or gpipe")
+        if schedule in (Schedule.INTERLEAVED, Schedule.ZBV):
+            raise fail(path, "space.schedule", f"{schedule.value} is not modelled on mixed"
+                       " systems; use 1f1b or gpipe")
         kw["schedule"] = schedule
     if "profile" in e:
         kw["profiles"] = _profiles(path, e["profile"], model)

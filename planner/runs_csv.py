@@ -8,9 +8,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``micro_batch``, and at least one of ``step_time_s`` and ``peak_memory_gb`` (decimal GB);
 - optional: ``sp`` (context parallel, 1), ``zero`` (0-3 or ``fsdp``; 0), ``recompute`` (none,
   selective, full; none), ``sequence_parallel`` (true/false; true), ``schedule`` (1f1b, gpipe,
-  interleaved, zb-h1; interleaved when ``v`` > 1, else 1f1b), ``v`` (1), ``placement`` (axes
-  innermost first, e.g. ``tp-sp-dp-pp``; commas need the field quoted), ``precision`` (bf16,
-  fp8; bf16), ``first_stage_layers`` and ``last_stage_layers`` (uneven pipeline stages, as
+  interleaved, zb-h1, zbv; interleaved when ``v`` > 1, else 1f1b), ``v`` (1; 2 for zbv),
+  ``placement`` (axes innermost first, e.g. ``tp-sp-dp-pp``; commas need the field quoted),
+  ``precision`` (bf16, fp8; bf16), ``first_stage_layers`` and ``last_stage_layers`` (uneven pipeline stages, as
   Megatron-LM's ``--decoder-first/last-pipeline-num-layers``; empty: an equal share),
   ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp), ``ep`` and
   ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp), ``ep_overlap``
@@ -199,7 +199,8 @@ def _placement(row: dict[str, str]) -> dict[str, tuple[Axis, ...]]:
 
 
 def _strategy(row: dict[str, str]) -> Strategy:
-    v = _integer(row, "v", 1)
+    named = _enum(row, "schedule", Schedule, None)
+    v = _integer(row, "v", 2 if named is Schedule.ZBV else 1)
     default_schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
     sequence_parallel = _boolean(row, "sequence_parallel")
     try:
@@ -209,7 +210,7 @@ def _strategy(row: dict[str, str]) -> Strategy:
             sequence_parallel=True if sequence_parallel is None else sequence_parallel,
             zero=_zero(row), recompute=_enum(row, "recompute", Recompute, Recompute.NONE),
             micro_batch=_integer(row, "micro_batch"),
-            schedule=_enum(row, "schedule", Schedule, default_schedule), v=v, **_placement(row),
+            schedule=named or default_schedule, v=v, **_placement(row),
             precision=_enum(row, "precision", Precision, Precision.BF16),
             first_stage_layers=_optional_integer(row, "first_stage_layers"),
             last_stage_layers=_optional_integer(row, "last_stage_layers"),

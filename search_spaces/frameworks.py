@@ -32,6 +32,8 @@ overlap MoE all-to-alls, not a zero-bubble schedule); torchtitan's zero-bubble c
 (``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``) are multi-stage and need at least 2
 stages per rank (``torchtitan/distributed/pipeline_parallel.py``, b5bcd76c:
 "Multi-stage schedule requires at least 2 stages per rank"); DeepSpeed runs 1F1B only.
+Zero-bubble V (``zbv``): torchtitan runs it (``pipeline_parallel_schedule = "ZBVZeroBubble"``,
+its stages laid out in a V, ``style="v"`` in the same file); Megatron-LM and DeepSpeed do not.
 
 fp8: Megatron-LM runs it through Transformer Engine (``--fp8-format``,
 ``megatron/core/transformer/transformer_config.py`` d98e8a64); torchtitan through torchao's
@@ -42,7 +44,15 @@ deepspeedai/DeepSpeed#6908), so a DeepSpeed study keeps bf16 only.
 
 from __future__ import annotations
 
-from simcore.specs import ModelSpec, Precision, Schedule, Strategy, TrainingSpec, ZeroStage
+from simcore.specs import (
+    ZERO_BUBBLE,
+    ModelSpec,
+    Precision,
+    Schedule,
+    Strategy,
+    TrainingSpec,
+    ZeroStage,
+)
 
 __all__ = ["ANY", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "transformer_engine", "why_not"]
 
@@ -150,9 +160,9 @@ def _megatron(s: Strategy) -> str | None:
     if s.pp > 1 and s.schedule is Schedule.GPIPE:
         return ("schedule gpipe: Megatron-LM has no GPipe schedule; it offers 1f1b and"
                 " interleaved")
-    if s.schedule is Schedule.ZB_H1:
-        return ("schedule zb-h1: Megatron-LM has no zero-bubble schedule; it offers 1f1b and"
-                " interleaved")
+    if s.schedule in ZERO_BUBBLE:
+        return (f"schedule {s.schedule.value}: Megatron-LM has no zero-bubble schedule; it"
+                " offers 1f1b and interleaved")
     return None
 
 
@@ -161,7 +171,8 @@ def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
     # zero-bubble ones) "requires at least 2 stages per rank"; ZB-H1 has one.
     if s.schedule is Schedule.ZB_H1:
         return ("schedule zb-h1: torchtitan's zero-bubble schedules (InterleavedZeroBubble,"
-                " ZBVZeroBubble) need 2+ stages per rank; it offers gpipe, 1f1b, interleaved")
+                " ZBVZeroBubble) need 2+ stages per rank; it offers gpipe, 1f1b, interleaved,"
+                " zbv")
     # torchtitan/distributed/pipeline_parallel.py (b5bcd76c) _generate_llm_fqn_per_model_part:
     # pipeline_parallel_first/last_stage_less_layers shorten the first and last *virtual* stage
     # only (rank 0's first chunk, the last rank's last chunk), never every chunk of those ranks

@@ -24,6 +24,7 @@ from search_spaces.frameworks import ANY, why_not
 from simcore.conventions import implementation
 from simcore.specs import (
     DEFAULT_PLACEMENT,
+    ZERO_BUBBLE,
     Axis,
     Convention,
     ModelSpec,
@@ -100,14 +101,15 @@ class Layout:
 
 @dataclass(frozen=True, slots=True)
 class PipelineChoice:
-    """A schedule with its model chunks per device (v > 1 only for interleaved)."""
+    """A schedule with its model chunks per device (v > 1 only for interleaved, and zbv's 2)."""
 
     schedule: Schedule
     v: int = 1
 
     @property
     def label(self) -> str:
-        return self.schedule.value + (f"-v{self.v}" if self.v > 1 else "")
+        interleaved = self.schedule is Schedule.INTERLEAVED
+        return self.schedule.value + (f"-v{self.v}" if interleaved and self.v > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ class StrategySpace:
     micro_batch: tuple[int, ...] = (1,)
     schedule: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B,)
     v: tuple[int, ...] = (1,)
-    """Model chunks per device for the interleaved schedule (other schedules use 1)."""
+    """Model chunks per device for the interleaved schedule (zbv uses 2, the others 1)."""
     placement: tuple[tuple[Axis, ...], ...] = (DEFAULT_PLACEMENT,)
     sequence_parallel: tuple[bool, ...] = (True,)
     framework: str = ANY
@@ -173,6 +175,8 @@ class StrategySpace:
         for s in self.schedule:
             if s is Schedule.INTERLEAVED:
                 out.extend(PipelineChoice(s, v) for v in self.v if v > 1)
+            elif s is Schedule.ZBV:
+                out.append(PipelineChoice(s, 2))
             else:
                 out.append(PipelineChoice(s))
         return tuple(out)
@@ -331,7 +335,8 @@ class StrategySpace:
             "micro_batch": np.asarray(self.micro_batch, np.int64)[mi],
             "v": np.array([p.v for p in pipes], np.int64)[pi],
             "interleaved": np.array([p.schedule is Schedule.INTERLEAVED for p in pipes])[pi],
-            "zero_bubble": np.array([p.schedule is Schedule.ZB_H1 for p in pipes])[pi],
+            "zero_bubble": np.array([p.schedule in ZERO_BUBBLE for p in pipes])[pi],
+            "zbv": np.array([p.schedule is Schedule.ZBV for p in pipes])[pi],
             "sequence_parallel": np.asarray(self.sequence_parallel, bool)[si],
         }
         check = implementation(self.convention).valid_plans

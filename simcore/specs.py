@@ -14,6 +14,7 @@ from simcore.network import Network
 
 __all__ = [
     "DEFAULT_PLACEMENT",
+    "ZERO_BUBBLE",
     "Activation",
     "Axis",
     "Convention",
@@ -108,6 +109,15 @@ class Schedule(_Named):
     input-gradient pass B and the weight-gradient pass W, W deferred to fill the drain; bubble
     ``(p-1)(T_F + T_B - T_W)`` against 1F1B's ``(p-1)(T_F + T_B + T_W)``, the same peak
     activation memory as 1F1B (p micro-batches in flight)."""
+    ZBV = "zbv"
+    """Zero-bubble V (Qi et al. 2023 section 6): two model chunks per rank laid out in a V
+    (rank r holds chunks r and 2p-1-r, so rank 0 holds the embedding and the LM head), B and W
+    split, run in PyTorch's ``ScheduleZBVZeroBubble`` order (what torchtitan's ``ZBVZeroBubble``
+    runs); v = 2, 1F1B's peak activation memory on every rank (:mod:`simcore.megatron.pipeline`)."""
+
+
+ZERO_BUBBLE = frozenset({Schedule.ZB_H1, Schedule.ZBV})
+"""The schedules that split each backward into B (input gradients) and W (weight gradients)."""
 
 
 class ZeroStage(IntEnum):
@@ -431,7 +441,7 @@ class Strategy:
     """Sequences per micro-batch per data-parallel replica."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
     v: int = 1
-    """Model chunks per device for the interleaved schedule; 1 otherwise."""
+    """Model chunks per device: the interleaved schedule's v, 2 for zbv; 1 otherwise."""
     placement: tuple[Axis, ...] = field(default=DEFAULT_PLACEMENT)
     """Axes onto the network dimensions, innermost first."""
     precision: Precision = Precision.BF16
@@ -472,7 +482,11 @@ class Strategy:
                 and self.tp >= 1 and self.pp >= 1 and self.sp >= 1 and self.micro_batch >= 1
                 and self.v >= 1 and self.ep >= 1):
             self._check_degrees()
-        if self.v != 1 and self.schedule is not Schedule.INTERLEAVED:
+        if self.schedule is Schedule.ZBV:
+            if self.v != 2:
+                raise ValueError(f"schedule=zbv runs exactly 2 model chunks per rank; set v=2"
+                                 f" (got v={self.v})")
+        elif self.v != 1 and self.schedule is not Schedule.INTERLEAVED:
             raise ValueError(f"v > 1 needs schedule=interleaved, but got schedule={self.schedule}")
         if self.first_stage_layers is not None or self.last_stage_layers is not None:
             for name in ("first_stage_layers", "last_stage_layers"):

@@ -28,6 +28,10 @@ Schedules (Narayanan et al. 2021, arXiv:2104.04473, section 2.2):
   end. Stage i then holds at most ``(p - i) + i = p`` micro-batches, 1F1B's peak, and with
   per-micro-batch times F, B, W on every stage the schedule ends at
   ``m (F + B + W) + (p - 1)(F + B - W)``, the paper's bubble and the estimate's closed form.
+- ``zbv``: PyTorch's ``ScheduleZBVZeroBubble`` order on a V of two chunks per stage (chunk 0
+  runs down the stages, chunk 1 back up; :mod:`simcore.megatron.pipeline`), whose end with
+  equal stages and m >= 2p - 1 is the estimate's :func:`simcore.megatron.pipeline.zbv_bubble`
+  closed form.
 
 With equal stages and forward / backward times f and b per micro-batch (f/v and b/v per chunk)
 the schedule ends at ``(m + p - 1)(f + b)`` for GPipe and 1F1B and ``(m + (p - 1)/v)(f + b)``
@@ -62,7 +66,15 @@ import numpy as np
 from simcore.estimate import Estimate
 from simcore.megatron.checks import micro_batches
 from simcore.megatron.phases import stage_phases
-from simcore.specs import Convention, ModelSpec, Schedule, Strategy, SystemSpec, TrainingSpec
+from simcore.specs import (
+    ZERO_BUBBLE,
+    Convention,
+    ModelSpec,
+    Schedule,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+)
 
 __all__ = [
     "PHASES",
@@ -163,6 +175,42 @@ def _zero_bubble_order(stage: int, pp: int, m: int) -> StageOrder:
                       min(pp - stage - 1, m), kind == 2)
 
 
+def _zbv_order(rank: int, pp: int, m: int) -> StageOrder:
+    """zbv: PyTorch's ``ScheduleZBVZeroBubble`` order for ``rank`` (module docstring of
+    :mod:`simcore.megatron.pipeline`), its ops on micro-batches past m dropped as PyTorch drops
+    them."""
+    n = max(2 * pp - 1, m)
+    ops: list[tuple[int, int, int]] = []  # (chunk, kind, micro-batch)
+    count = dict.fromkeys(((c, k) for c in (0, 1) for k in (0, 1, 2)), 0)
+    f0, b0, w0, f1, b1, w1 = (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)  # (chunk, kind)
+
+    def run(*steps: tuple[int, int]) -> None:
+        for step in steps:
+            ops.append((*step, count[step]))
+            count[step] += 1
+
+    for _ in range(2 * (pp - rank) - 1):
+        run(f0)
+    for _ in range(rank):
+        run(f1, f0)
+    for _ in range(pp - rank):
+        run(f1, b1, w1)
+    while count[f1] < count[f0] or count[f0] < n:
+        if count[f0] < n:
+            run(f0)
+        run(b0, w0, f1, b1, w1)
+    for _ in range(rank):
+        run(b0, b1)
+    for _ in range(pp - rank):
+        run(b0, w0)
+    for w, b in ((w1, b1), (w0, b0)):
+        while count[w] < count[b]:
+            run(w)
+    chunk, kind, micro = (np.array(x, np.intp) for x in zip(*[op for op in ops if op[2] < m]))
+    warmup = int(np.argmax(kind != 0))
+    return StageOrder(kind == 1, chunk, micro, warmup, kind == 2)
+
+
 def stage_order(schedule: Schedule, stage: int, pp: int, m: int, v: int = 1) -> StageOrder:
     """The forwards and backwards stage ``stage`` of ``pp`` runs for ``m`` micro-batches and
     ``v`` model chunks, in the order ``schedule`` runs them (see the module docstring)."""
@@ -173,6 +221,10 @@ def stage_order(schedule: Schedule, stage: int, pp: int, m: int, v: int = 1) -> 
         if v != 1:
             raise ValueError(f"zb-h1 runs one model chunk per stage, but got v={v}")
         return _zero_bubble_order(stage, pp, m)
+    if schedule is Schedule.ZBV:
+        if v != 2:
+            raise ValueError(f"zbv runs two model chunks per stage, but got v={v}")
+        return _zbv_order(stage, pp, m)
     group = m if schedule is Schedule.GPIPE else pp
     micro, chunk = _chunk_table(m, v, group)
     total = m * v
@@ -200,7 +252,7 @@ class PipelineOps:
     sweeps: int
     """Down-and-up sweeps the fixed point took."""
     kind: np.ndarray | None = None
-    """0 forward, 1 backward (B), 2 weight gradient (W, zb-h1 only); None: ``backward``."""
+    """0 forward, 1 backward (B), 2 weight gradient (W, zb-h1 and zbv); None: ``backward``."""
 
     @property
     def kinds(self) -> np.ndarray:
@@ -213,6 +265,25 @@ class PipelineOps:
     @property
     def duration(self) -> np.ndarray:
         return self.end - self.start
+
+
+def _v_dependencies(order: list[StageOrder], pp: int, m: int) -> np.ndarray:
+    """:func:`_dependencies` for zbv's V: chunk 0 runs down the stages and chunk 1 back up
+    (rank r holds virtual stages r and 2p-1-r); a forward needs the previous virtual stage's,
+    a B the next one's; the last virtual stage's B (chunk 1 on stage 0) only its own forward,
+    run before it on the same stage."""
+    kind = np.stack([o.kind for o in order])
+    n = kind.shape[1]
+    stage = np.broadcast_to(np.arange(pp)[:, None], kind.shape)
+    chunk = np.stack([o.chunk for o in order])
+    virtual = np.where(chunk == 0, stage, 2 * pp - 1 - stage)
+    micro = np.stack([o.micro_batch for o in order])
+    where = np.empty((2 * pp, 3, m), np.intp)
+    where[virtual, kind, micro] = stage * n + np.arange(n)[None, :]
+    needs = np.full((2 * pp, 3, m), -1, np.intp)
+    needs[1:, 0] = where[:-1, 0]
+    needs[:-1, 1] = where[1:, 1]
+    return needs[virtual, kind, micro]
 
 
 def _dependencies(order: list[StageOrder], pp: int, m: int, v: int) -> np.ndarray:
@@ -246,10 +317,13 @@ def schedule_pipeline(schedule: Schedule, forward: np.ndarray, backward: np.ndar
     if forward.ndim != 2 or forward.shape != backward.shape:
         raise ValueError("forward and backward must both have shape (pp, v)")
     pp, v = forward.shape
-    zero_bubble = schedule is Schedule.ZB_H1
+    zero_bubble = schedule in ZERO_BUBBLE
     w = np.zeros_like(backward) if wgrad is None or not zero_bubble else np.asarray(wgrad, float)
     order = [stage_order(schedule, i, pp, m, v) for i in range(pp)]
-    needs = _dependencies(order, pp, m, v)
+    if schedule is Schedule.ZBV:
+        needs = _v_dependencies(order, pp, m)
+    else:
+        needs = _dependencies(order, pp, m, v)
     rows = np.arange(pp)[:, None]
     kind = np.stack([o.kind for o in order])
     chunk = np.stack([o.chunk for o in order])
@@ -415,7 +489,7 @@ def _megatron_timeline(model: ModelSpec, system: SystemSpec, training: TrainingS
     parts = np.array([[[[getattr(op, name) for name in _OP_PARTS] for op in ops]
                        for ops in (st.forward, st.backward)] for st in phases])
     wgrad = np.array([[op.wgrad for op in st.backward] for st in phases])
-    if strategy.schedule is Schedule.ZB_H1:  # the W pass apart from the rest of the backward
+    if strategy.schedule in ZERO_BUBBLE:  # the W pass apart from the rest of the backward
         w_parts = np.zeros_like(parts[:, 1])
         w_parts[..., _OP_PARTS.index("compute")] = wgrad
         parts = np.stack([parts[:, 0], parts[:, 1] - w_parts, w_parts], axis=1)
@@ -436,9 +510,9 @@ def _megatron_timeline(model: ModelSpec, system: SystemSpec, training: TrainingS
     stage_times = [st.micro_batch_time for st in phases]
     equal = "" if max(stage_times) - min(stage_times) <= 1e-12 * max(stage_times) else (
         " Stages differ (embedding, LM head), so the schedule's end may differ slightly from the"
-        " estimate's closed form m*max + (sum-max)/v; the estimate is unchanged.")
+        " estimate's closed form; the estimate is unchanged.")
     passes = ("forward, backward (input gradients) and weight-gradient passes" if
-              strategy.schedule is Schedule.ZB_H1 else "forward/backward")
+              strategy.schedule in ZERO_BUBBLE else "forward/backward")
     note = (f"{strategy.schedule} schedule, p={pp}, v={v}, m={m}: {passes} per"
             " micro-batch and chunk with exposed tp/sp/fsdp and p2p drawn after each op's"
             " compute; then the exposed dp reduction and the optimizer." + equal)

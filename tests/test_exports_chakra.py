@@ -96,14 +96,21 @@ def _megatron(system: str = "dgx-a100-16", **knobs: object) -> Plan:
 def _schedule_end(plan: Plan) -> float:
     """When the last stage's optimizer step ends: each stage's ops scheduled as the estimate
     times them, less the transfer of the ops that send nothing (the last virtual stage's
-    forward, the first one's backward), then its own gradient reduction and optimizer."""
+    forward, the first one's backward; zbv's V also passes chunk 0 to chunk 1 on the last
+    stage without a send), then its own gradient reduction and optimizer."""
     s = plan.strategy
     phases = stage_phases(plan.model, plan.system, plan.training, s)
     forward = np.array([[op.total for op in st.forward] for st in phases])
     backward = np.array([[op.total for op in st.backward] for st in phases])
-    forward[s.pp - 1, s.v - 1] -= phases[-1].forward[-1].p2p
+    p2p = phases[-1].forward[-1].p2p
+    if s.schedule is Schedule.ZBV:
+        forward[0, 1] -= p2p
+        forward[s.pp - 1, 0] -= p2p
+        backward[s.pp - 1, 1] -= p2p
+    else:
+        forward[s.pp - 1, s.v - 1] -= p2p
     backward[0, 0] -= phases[0].backward[0].p2p
-    wgrad = np.array([[op.wgrad for op in st.backward] for st in phases])  # zb-h1's W
+    wgrad = np.array([[op.wgrad for op in st.backward] for st in phases])  # the W passes
     m = plan.training.global_batch // (s.dp * s.micro_batch)
     ends = schedule_pipeline(s.schedule, forward, backward, m, wgrad).end.max(axis=1)
     return max(end + st.dp_exposed + st.optimizer for end, st in zip(ends, phases))
@@ -119,6 +126,8 @@ def _schedule_end(plan: Plan) -> float:
     {"dp": 2, "tp": 4, "pp": 2, "schedule": Schedule.GPIPE, "recompute": Recompute.SELECTIVE},
     {"dp": 4, "tp": 2, "pp": 2, "schedule": Schedule.ZB_H1},
     {"dp": 2, "tp": 2, "pp": 4, "schedule": Schedule.ZB_H1, "recompute": Recompute.FULL},
+    {"dp": 4, "tp": 2, "pp": 2, "schedule": Schedule.ZBV, "v": 2},
+    {"dp": 2, "tp": 2, "pp": 4, "schedule": Schedule.ZBV, "v": 2, "recompute": Recompute.FULL},
     {"dp": 8, "tp": 2, "zero": ZeroStage.PARAMETERS, "shard_group": 4},
 ], ids=str)
 def test_megatron_plan_replays_to_its_schedule(tmp_path, capsys, knobs) -> None:

@@ -30,6 +30,13 @@ from simcore.specs import (
 )
 
 
+def _chunks(args: argparse.Namespace) -> int:
+    """``--v``, or its default: 2 for zbv (two chunks per rank), else 1."""
+    if args.v is not None:
+        return int(args.v)
+    return 2 if args.schedule == Schedule.ZBV.value else 1
+
+
 def _placement(text: str) -> tuple[Axis, ...]:
     problem = PlannerUsageError(
         f"--placement: {text!r} must list dp, tp, pp and sp once each, innermost first,"
@@ -75,7 +82,8 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
     g.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
     g.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
-    g.add_argument("--v", type=int, default=1, help="model chunks per device (interleaved)")
+    g.add_argument("--v", type=int, default=None,
+                   help="model chunks per device (interleaved; default 1, 2 for zbv)")
     g.add_argument("--placement", default="tp,sp,dp,pp",
                    help="axes onto network dimensions, innermost first (default tp,sp,dp,pp)")
     g.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
@@ -138,7 +146,8 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
             sequence_parallel=not args.no_sequence_parallel,
             zero=ZeroStage.PARAMETERS if args.fsdp else ZeroStage(args.zero),
             recompute=Recompute(args.recompute), micro_batch=args.micro_batch,
-            schedule=Schedule(args.schedule), v=args.v, placement=_placement(args.placement),
+            schedule=Schedule(args.schedule), v=_chunks(args),
+            placement=_placement(args.placement),
             precision=Precision(args.precision), first_stage_layers=args.first_stage_layers,
             last_stage_layers=args.last_stage_layers, shard_group=args.shard_group,
             ep=args.ep, etp=args.etp, ep_overlap=args.ep_overlap,

@@ -71,7 +71,7 @@ PY_SOURCE = ("pytorch/torchtitan main b5bcd76c (2026-08-22), torchtitan/trainer.
              "torchtitan/config/configs.py")
 
 SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
-             Schedule.INTERLEAVED: "Interleaved1F1B"}
+             Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.ZBV: "ZBVZeroBubble"}
 """The plan's schedule -> torch.distributed.pipelining's schedule name."""
 
 _LLAMA3 = {(32, 4096, 14336, 32, 8): "8B", (80, 8192, 28672, 64, 8): "70B",
@@ -149,7 +149,7 @@ def _pipeline(plan: Plan) -> dict[str, int | str]:
     s = plan.strategy
     if s.pp == 1:
         return {}
-    chunks = s.v if s.schedule is Schedule.INTERLEAVED else 1
+    chunks = s.v  # interleaved's v, zbv's 2, else 1
     if s.uneven:  # v = 1 (search_spaces.frameworks refuses the rest)
         counts = s.stage_layers(plan.model.layers)
         middle = counts[1]
@@ -173,10 +173,14 @@ def _pipeline_comment(plan: Plan) -> list[str]:
                  " first and last stage hold layers_per_stage - less_layers"),
                 ("(_generate_llm_fqn_per_model_part, torchtitan/distributed/pipeline_parallel.py"
                  " b5bcd76c); embedding and output count as no layers, as in the estimate")]
-    chunks = s.v if s.schedule is Schedule.INTERLEAVED else 1
-    return [(f"{chunks} stage(s) per rank: layers per stage = layers / (pp * v)"
-            f" = {plan.model.layers} / ({s.pp} * {chunks});"),
-            "embedding and output count as no layers, as in the plan's estimate"]
+    chunks = s.v  # interleaved's v, zbv's 2, else 1
+    lines = [(f"{chunks} stage(s) per rank: layers per stage = layers / (pp * v)"
+              f" = {plan.model.layers} / ({s.pp} * {chunks});"),
+             "embedding and output count as no layers, as in the plan's estimate"]
+    if s.schedule is Schedule.ZBV:
+        lines.append(f"ZBVZeroBubble lays the {2 * s.pp} stages out in a V: rank r holds stages"
+                     f" r and {2 * s.pp - 1} - r, so rank 0 holds the embedding and the output")
+    return lines
 
 
 # -- torchtitan.toml (v0.2.2) -----------------------------------------------------------------

@@ -42,7 +42,7 @@ from simcore.megatron.batched_result import (
 )
 from simcore.megatron.checks import valid_plans
 from simcore.megatron.layers import layer_shape
-from simcore.megatron.pipeline import in_flight
+from simcore.megatron.pipeline import in_flight, zbv_bubble
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.step import (
     _dp_time,
@@ -57,7 +57,15 @@ from simcore.megatron.step import (
     pp_send,
     stage_activations,
 )
-from simcore.specs import Convention, ModelSpec, Schedule, Strategy, SystemSpec, TrainingSpec
+from simcore.specs import (
+    ZERO_BUBBLE,
+    Convention,
+    ModelSpec,
+    Schedule,
+    Strategy,
+    SystemSpec,
+    TrainingSpec,
+)
 
 __all__ = ["BatchResult", "estimate_many"]
 
@@ -68,14 +76,14 @@ _fields_key = attrgetter(*_PER_GROUP)
 def _group_key(s: Strategy) -> tuple[Any, ...]:
     """What a group's strategies share: every field but the schedule and v, and whether the
     schedule is zero-bubble (its B pass exposes the backward's tp communication, so its layer
-    differs)."""
-    return (*_fields_key(s), s.schedule is Schedule.ZB_H1)
+    differs) and whether it is zbv (its first stage holds the LM head too)."""
+    return (*_fields_key(s), s.schedule in ZERO_BUBBLE, s.schedule is Schedule.ZBV)
 
 FIRST, MIDDLE, LAST = 0, 1, 2
 """The stage types (columns of the per-type arrays): stage 0, stage 1 (the middle stages'
 peak, when pp >= 3) and stage pp - 1 (when pp >= 2; with pp = 1 the first stage is the last)."""
 
-_STAGE_FIELDS = ("compute", "tp", "sp", "fsdp", "wgrad")
+_STAGE_FIELDS = ("compute", "tp", "sp", "fsdp", "wgrad", "bwd")
 _MEMORY_FIXED = ("weights", "gradients", "optimizer", "gathered_weights", "comm_buffers",
                  "overhead", "tracked")
 """The memory parts that do not depend on the schedule (activations do, through in-flight)."""
@@ -122,6 +130,7 @@ class _Groups:
         self.vs: list[int] = []
         self.interleaveds: list[bool] = []
         self.zbs: list[bool] = []
+        self.zbvs: list[bool] = []
         self.stage_activations: tuple[list[np.ndarray], ...] = ([], [], [])
         self.pp = np.empty(k, np.int64)
         self.m = np.empty(k, np.int64)
@@ -166,6 +175,7 @@ class _Groups:
         self.vs += [v for _, v in schedules]
         self.interleaveds += [s is Schedule.INTERLEAVED for s, _ in schedules]
         self.zbs += [s is Schedule.ZB_H1 for s, _ in schedules]
+        self.zbvs += [s is Schedule.ZBV for s, _ in schedules]
         missing = [MIDDLE, LAST][:3 - len(stages)]
         for column in missing:
             self.stage_activations[column].append(np.zeros(len(members)))
@@ -187,6 +197,7 @@ class _Groups:
         self.v = np.array(self.vs, np.int64)[back]
         self.interleaved = np.array(self.interleaveds, bool)[back]
         self.zb = np.array(self.zbs, bool)[back]
+        self.zbv = np.array(self.zbvs, bool)[back]
         self.activations = np.stack([np.concatenate(a) for a in self.stage_activations],
                                     axis=1)[back]
 
@@ -206,7 +217,6 @@ class _Groups:
         rows = np.arange(len(g))
         t_max = times[rows, slowest]
         total = _stage_sum(times, pp)
-        del times
         fill = total - t_max
         if self.zb.any():  # ZB-H1: fill -= wgrad_fill (sum W - W_slowest), as pipeline_time
             zb = self.zb
@@ -214,6 +224,12 @@ class _Groups:
             fills = 1 + np.minimum(1, (m - 1) / np.maximum(pp - 1, 1))
             fill[zb] -= (fills * (_stage_sum(wgrad, pp) - wgrad[rows, slowest]))[zb]
         pipe = m * t_max + fill / v
+        if self.zbv.any():  # each other stage's share of zbv_bubble, as zbv_time
+            zbv = self.zbv
+            share = self._zbv_shares(times[zbv], g[zbv], pp[zbv])
+            fill = _stage_sum(share, pp[zbv]) - share[np.arange(len(share)), slowest[zbv]]
+            pipe[zbv] = (m * t_max)[zbv] + fill
+        del times
 
         def critical(name: str) -> np.ndarray:
             return m * stage[name][g, slowest]
@@ -238,6 +254,14 @@ class _Groups:
             tokens_per_s=self.training.global_batch * self.training.seq_len / step,
             hbm_bytes=np.full(len(g), hbm), fits=fits,
         )
+
+    def _zbv_shares(self, times: np.ndarray, g: np.ndarray, pp: np.ndarray) -> np.ndarray:
+        """Each stage type's :func:`zbv_bubble` over p - 1 (:func:`zbv_time`), from its time,
+        backward (B + W) and weight-gradient W per micro-batch, halved into chunks."""
+        bwd, w = self.stage["bwd"][g], self.stage["wgrad"][g]
+        depth = pp[:, None]
+        bubble = zbv_bubble(depth, (times - bwd) / 2, (bwd - w) / 2, w / 2)
+        return np.where(np.isfinite(times), bubble / (depth - 1), 0.0)
 
     def _sends(self, g: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Each strategy's pipeline transfers per micro-batch on each stage type
@@ -312,7 +336,7 @@ def _check_all(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     for name in ("first_stage_layers", "last_stage_layers"):
         columns[name] = np.array([getattr(r, name) or 0 for r in reps])[g.group]
     columns["v"], columns["interleaved"] = g.v, g.interleaved
-    columns["zero_bubble"] = g.zb
+    columns["zero_bubble"], columns["zbv"] = g.zb | g.zbv, g.zbv
     ok = valid_plans(model, system, training, columns)
     if not ok.all():
         bad = strategies[int(np.argmin(ok))]

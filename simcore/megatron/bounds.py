@@ -11,7 +11,8 @@ non-negative parts, so it can never exceed the estimate:
   and LM head add to it); the pipeline ``m t_max + (sum - t_max) / v``
   (:func:`simcore.megatron.pipeline.pipeline_time`) equals ``(m - 1/v) t_max + sum / v``,
   which grows with every stage's time; ZB-H1's takes ``2 (sum W - W_slowest)`` off the fill,
-  so only ``m t_max`` is kept there. The gradient reduction and the optimizer add to it.
+  so only ``m t_max`` is kept there, as for zbv (whose bubble is a maximum of non-negative
+  terms, :func:`simcore.megatron.pipeline.zbv_bubble`). The gradient reduction and the optimizer add to it.
 - peak memory: the first stage's weights, gradients and optimizer state (its layers and the
   embedding, under the plan's ZeRO stage and shard group,
   :func:`simcore.megatron.states.model_state_bytes`), the activations its layers keep for the
@@ -39,9 +40,9 @@ __all__ = ["RECOMPUTE_CODES", "SCHEDULE_CODES", "Bounds", "lower_bounds"]
 
 SAFETY = 1 - 1e-9
 RECOMPUTE_CODES = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
-SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3}
+SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3, "zbv": 4}
 """Integer codes of the columns ``recompute`` and ``schedule`` (by :class:`Schedule` value)."""
-_GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _ZB_H1 = range(4)
+_GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _ZB_H1, _ZBV = range(5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ def lower_bounds(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     most = np.maximum(middle, first)
     v, schedule = c["v"], c["schedule"]
     t_max = most * per_layer
-    step = np.where(schedule == _ZB_H1, m * t_max,
+    step = np.where((schedule == _ZB_H1) | (schedule == _ZBV), m * t_max,
                     (m - 1 / v) * t_max + layers * per_layer / v)
     memory = _states(model, training, c, first) + first * stored * _in_flight(c, m)
     memory += system.device.memory_overhead_bytes

@@ -78,6 +78,8 @@ def check_plan(
             raise ValueError(problem)
     if s.schedule is Schedule.ZB_H1 and s.pp < 2:
         raise ValueError("schedule=zb-h1 needs pp >= 2; use 1f1b with pp=1")
+    if s.schedule is Schedule.ZBV:
+        _check_zbv(training, s)
     if s.schedule is Schedule.INTERLEAVED:
         if s.pp < 2:
             raise ValueError("schedule=interleaved needs pp >= 2; use 1f1b with pp=1")
@@ -87,6 +89,24 @@ def check_plan(
                 f"schedule=interleaved needs the micro-batch count ({m}) to be a multiple of"
                 f" pp={s.pp}; change micro_batch or dp, or use schedule=1f1b"
             )
+
+
+def _check_zbv(training: TrainingSpec, s: Strategy) -> None:
+    """zbv: a pipeline of equal chunks, filled. The closed form of its bubble
+    (:func:`simcore.megatron.pipeline.zbv_bubble`) holds from 2p - 1 micro-batches, the count
+    PyTorch's schedule pads its order to; with fewer the V never fills and the step is not
+    modelled. The first and last chunks' counts (torchtitan's ``less_layers``, both on rank 0)
+    are not modelled either."""
+    if s.pp < 2:
+        raise ValueError("schedule=zbv needs pp >= 2; use 1f1b with pp=1")
+    if s.uneven:
+        raise ValueError("schedule=zbv is modelled with equal chunks only; drop"
+                         " first_stage_layers / last_stage_layers or use 1f1b or interleaved")
+    m = micro_batches(training, s)
+    if m < 2 * s.pp - 1:
+        raise ValueError(
+            f"schedule=zbv needs at least 2*pp-1={2 * s.pp - 1} micro-batches to fill its V,"
+            f" but gets {m}; lower micro_batch or dp, or use 1f1b or interleaved")
 
 
 def _check_experts(model: ModelSpec, s: Strategy) -> None:
@@ -136,8 +156,8 @@ def valid_plans(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     """:func:`check_plan` over many strategies at once: True where it would pass. ``columns``
     holds equal-length integer arrays ``dp``, ``tp``, ``pp``, ``sp``, ``micro_batch``, ``v`` and
     boolean arrays ``interleaved`` and ``sequence_parallel`` (the rules in the same order); and
-    optionally ``first_stage_layers`` and ``last_stage_layers`` (0 for an equal share) and
-    boolean ``zero_bubble`` (schedule zb-h1)."""
+    optionally ``first_stage_layers`` and ``last_stage_layers`` (0 for an equal share),
+    boolean ``zero_bubble`` (schedule zb-h1 or zbv) and boolean ``zbv``."""
     dp, tp, pp, sp = (np.asarray(columns[k], np.int64) for k in ("dp", "tp", "pp", "sp"))
     mb, v = np.asarray(columns["micro_batch"], np.int64), np.asarray(columns["v"], np.int64)
     interleaved = np.asarray(columns["interleaved"], bool)
@@ -156,6 +176,9 @@ def valid_plans(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     ok &= batch % (dp * mb) == 0
     m = batch // (dp * mb)
     ok &= ~interleaved | ((pp >= 2) & (m % pp == 0))
+    if "zbv" in columns:  # _check_zbv
+        zbv = np.asarray(columns["zbv"], bool)
+        ok &= ~zbv | ((pp >= 2) & (first == 0) & (last == 0) & (m >= 2 * pp - 1))
     return ok
 
 

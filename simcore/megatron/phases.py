@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from simcore.megatron.calls import embedding_calls, head_calls
 from simcore.megatron.checks import check_plan
+from simcore.megatron.pipeline import head_stage
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.step import (
     _dp_time,
@@ -103,7 +104,7 @@ def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends, i: int, compute: float,
         fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,
                          tp=fwd[0].tp + embedding)
         bwd[0] = replace(bwd[0], compute=bwd[0].compute + ends.embedding_bwd)
-    if i == s.pp - 1:
+    if i == head_stage(s.schedule, s.pp):
         gather = p.comm.total(head_calls(p, False))
         scatter = p.comm.total(head_calls(p, True))
         last_f, last_b = fwd[-1], bwd[-1]

@@ -50,11 +50,12 @@ from simcore.megatron.checks import check_plan
 from simcore.megatron.flops import model_flops as _model_flops
 from simcore.megatron.flops import recompute_flops as _recompute_flops
 from simcore.megatron.moe import expert_calls, expert_grad_calls
-from simcore.megatron.pipeline import in_flight, pipeline_time
+from simcore.megatron.pipeline import head_stage, in_flight, pipeline_time, zbv_time
 from simcore.megatron.plan import StepPlan, uses_flash_attention
 from simcore.megatron.precision import FP8_BYTES
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import (
+    ZERO_BUBBLE,
     Axis,
     ModelSpec,
     Recompute,
@@ -152,7 +153,7 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
     with the plan's sp, recompute and ZeRO-3."""
     s = p.s
-    zero_bubble = s.schedule is Schedule.ZB_H1
+    zero_bubble = s.schedule in ZERO_BUBBLE
     if p.te and s.tp > 1 and s.sequence_parallel:
         # Transformer Engine's userbuffers (--tp-comm-overlap) split each tp all-gather and
         # reduce-scatter into chunks run beside the GEMMs that consume or produce them: the
@@ -266,7 +267,7 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
     if layers is None:
         layers = p.stage_layers[i] if pp == s.pp else model.layers // pp
     n_moe = p.stage_moe_layers[i] if moe is not None and pp == s.pp else 0
-    first, last = i == 0, i == pp - 1
+    first, last = i == 0, i == head_stage(s.schedule, pp)
     # the middle stages are alike: each distinct one is summed once
     key = (layers, n_moe, first, last, pp, pp_time)
     found = p.stage_memo.get(key)
@@ -290,7 +291,7 @@ def _sums(p: StepPlan, layer: _Layer, ends: _Ends, layers: int, n_moe: int, firs
         compute += ends.embedding_fwd + ends.embedding_bwd
         tp += p.comm.total(embedding_calls(p))
     if last:
-        tied_here = model.tied_embeddings and pp == 1
+        tied_here = model.tied_embeddings and first  # one rank holds both ends
         params += (2 * h if tied_here else shape.head_params) / t
         compute += ends.head_fwd + ends.head_bwd
         tp += p.comm.total(head_calls(p, False)) + p.comm.total(head_calls(p, True))
@@ -405,7 +406,7 @@ def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
     sbh = p.tokens * h
     if stage.index == 0 and p.shape.dropout:
         activations += sbh / t * flight  # embedding dropout output (Korthikanti section 4.3)
-    if stage.index == pp - 1:
+    if stage.index == head_stage(s.schedule, pp):
         # Final norm output, LM head input and fp32 logits: 4sbh/t (1 + V/h) (section 4.3).
         activations += 4 * sbh / t * (1 + model.vocab / h)
     return activations
@@ -509,9 +510,13 @@ def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPl
     pipeline, the slowest stage's parts, the exposed gradient reduction and optimizer, and the
     stage whose memory comes closest to its device's HBM. ``peak_flops_per_s`` is the devices'
     sum, for MFU."""
-    wgrads = [st.wgrad for _, st in stages] if schedule is Schedule.ZB_H1 else None
+    wgrads = [st.wgrad for _, st in stages] if schedule in ZERO_BUBBLE else None
     times = [st.time for _, st in stages]
-    pipe, slowest = pipeline_time(times, m, v, wgrads)
+    if schedule is Schedule.ZBV:
+        assert wgrads is not None
+        pipe, slowest = zbv_time(times, [st.bwd for _, st in stages], wgrads, m)
+    else:
+        pipe, slowest = pipeline_time(times, m, v, wgrads)
     critical = stages[slowest][1]
     # the stages between the first and the last are alike: each distinct one is timed once
     alike = {(id(sp), st.params, st.expert_params, st.bwd): (sp, st) for sp, st in stages}

@@ -18,7 +18,9 @@ groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
   weight all-gathers (and gradient reduce-scatters) run beside the op's compute;
 - zb-h1: each backward is its B pass (the data gradients, whose tp collectives it waits for:
   nothing is left to hide them behind) and a W pass of its own (the weight gradients) where
-  :func:`simcore.timeline.stage_order` puts it, ``stage`` micro-batches later;
+  :func:`simcore.timeline.stage_order` puts it, ``stage`` micro-batches later; zbv alike, in
+  PyTorch's order, its transfers along the V (the last stage passes chunk 0 to its own chunk
+  1 without a send);
 - HSDP (a ``shard_group``): ZeRO-3's collectives over the ``dp_shard`` groups, the once-per-step
   gradient all-reduce over the ``dp_replicate`` groups (the two parts of dp, as
   :mod:`simcore.megatron.placement` lays them);
@@ -50,6 +52,7 @@ from simcore.megatron.calls import (
     tp_pair_calls,
 )
 from simcore.megatron.phases import OpTime, StagePhases, stage_phases
+from simcore.megatron.pipeline import head_stage
 from simcore.megatron.placement import DpPart
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.step import (
@@ -62,6 +65,7 @@ from simcore.megatron.step import (
 )
 from simcore.megatron.step import _Stage as _StageSums
 from simcore.specs import (
+    ZERO_BUBBLE,
     Axis,
     ModelSpec,
     Recompute,
@@ -153,7 +157,8 @@ class _OpCalls:
 def _op_calls(p: StepPlan, stage: int, chunk: int, backward: bool) -> _OpCalls:
     s = p.s
     k = p.stage_layers[stage] // s.v  # layers per chunk of this stage
-    first, last = stage == 0 and chunk == 0, stage == s.pp - 1 and chunk == s.v - 1
+    first = stage == 0 and chunk == 0
+    last = stage == head_stage(s.schedule, s.pp) and chunk == s.v - 1
     pairs = tp_pair_calls(p) * (2 * k)
     head = head_calls(p, backward) if last else []
     beside: list[Call] = []
@@ -202,21 +207,26 @@ def _transfer(p: StepPlan, stage: int, chunk: int, backward: bool, sending: bool
               ) -> tuple[int, int, int] | None:
     """(other stage, the sender's virtual stage, direction) of the op's pipeline transfer, or
     None: forwards go to the next virtual stage (chunk c on the last stage feeds chunk c + 1 on
-    stage 0), backwards to the previous one."""
+    stage 0; zbv's V: chunk 1 of stage r is virtual stage 2p-1-r, so the last stage feeds
+    itself), backwards to the previous one."""
     pp, v = p.s.pp, p.s.v
-    g = chunk * pp + stage
+    v_shape = p.s.schedule is Schedule.ZBV
+    g = (2 * pp - 1 - stage if chunk else stage) if v_shape else chunk * pp + stage
     towards_end = sending != backward  # a forward's send or a backward's receive
     other = g + 1 if towards_end else g - 1
     if pp == 1 or not 0 <= other < pp * v:
         return None
+    rank = (other if other < pp else 2 * pp - 1 - other) if v_shape else other % pp
+    if rank == stage:
+        return None
     sender = g if sending else other
-    return other % pp, sender, int(backward)
+    return rank, sender, int(backward)
 
 
 class _Stage:
     def __init__(self, p: StepPlan, stage: int, phases: StagePhases, sums: _StageSums) -> None:
         self.p, self.stage, self.phases, self.sums = p, stage, phases, sums
-        self.zero_bubble = p.s.schedule is Schedule.ZB_H1
+        self.zero_bubble = p.s.schedule in ZERO_BUBBLE
         self.message = int(p.tokens * p.model.hidden * p.training.bytes_per_activation / p.s.tp)
         self.out = _Nodes()
         self.peers: dict[int, tuple[int, int]] = {}
@@ -265,10 +275,11 @@ class _Stage:
         end = self._p2p(NodeKind.SEND, chunk, micro, backward, end)
         return end, start
 
-    def weights(self, micro: int, deps: list[int]) -> list[int]:
-        """zb-h1's W pass of one micro-batch: the weight-gradient kernels of the stage (one
-        chunk; the LM head's on the last stage), after the op before it on this stage."""
-        return self.out.compute(f"wgrad c0 mb{micro}", self.phases.backward[0].wgrad, deps)
+    def weights(self, chunk: int, micro: int, deps: list[int]) -> list[int]:
+        """A zero-bubble W pass of one micro-batch: the weight-gradient kernels of the chunk
+        (the LM head's on the chunk that holds it), after the op before it on this stage."""
+        return self.out.compute(f"wgrad c{chunk} mb{micro}", self.phases.backward[chunk].wgrad,
+                                deps)
 
     def buckets(self) -> int:
         p = self.p
@@ -284,7 +295,7 @@ class _Stage:
         for kind, chunk, micro in zip(order.kind, order.chunk, order.micro_batch):
             if kind == 2:
                 start = deps
-                deps = self.weights(int(micro), deps)
+                deps = self.weights(int(chunk), int(micro), deps)
             else:
                 deps, start = self.op(int(chunk), int(micro), bool(kind), deps)
         reduce, gather = grad_reduction_calls(p, self.sums.params,

@@ -294,4 +294,4 @@ def test_torchtitan_schedule_names() -> None:
     from planner.exports._torchtitan import SCHEDULES
     # torch/distributed/pipelining/schedules.py get_schedule_class accepts these names
     assert SCHEDULES == {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
-                         Schedule.INTERLEAVED: "Interleaved1F1B"}
+                         Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.ZBV: "ZBVZeroBubble"}

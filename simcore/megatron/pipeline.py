@@ -111,7 +111,7 @@ def zbv_time(stage_times: list[float], backward_times: list[float], wgrad_times:
     exactly. Rank 0 holds the embedding and the LM head; when that makes it the slowest, its
     slack absorbs part of the others' bubble, which this counts whole: the schedule of
     PyTorch's order ends 2.1% before it for Llama-3-70B at tp 8, pp 4, 16 micro-batches
-    (``tests/test_zbv.py``); never after it."""
+    (``tests/test_zbv.py``)."""
     pp = len(stage_times)
     slowest = max(range(pp), key=stage_times.__getitem__)
     fill = 0.0

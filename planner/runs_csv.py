@@ -10,15 +10,14 @@ Columns (a header row, any order; names as below, case-insensitive):
   selective, full; none), ``sequence_parallel`` (true/false; true), ``schedule`` (1f1b, gpipe,
   interleaved, zb-h1, zbv; interleaved when ``v`` > 1, else 1f1b), ``v`` (1; 2 for zbv),
   ``placement`` (axes innermost first, e.g. ``tp-sp-dp-pp``; commas need the field quoted),
-  ``precision`` (bf16, fp8; bf16), ``first_stage_layers`` and ``last_stage_layers`` (uneven pipeline stages, as
-  Megatron-LM's ``--decoder-first/last-pipeline-num-layers``; empty: an equal share),
-  ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp), ``ep`` and
-  ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp), ``ep_overlap``
-  (true/false; false),
-  ``flash_attention`` (true/false;
-  the model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with
-  Transformer Engine, or the classic stack; the device's default for the plan's ZeRO stage),
-  ``overlap_grad_reduce`` (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
+  ``precision`` (bf16, fp8; bf16), ``first_stage_layers`` and ``last_stage_layers`` (uneven
+  pipeline stages, as Megatron-LM's ``--decoder-first/last-pipeline-num-layers``; empty: an
+  equal share), ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp),
+  ``ep`` and ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp),
+  ``ep_overlap`` (true/false; false), ``flash_attention`` (true/false; the model's and device's
+  default), ``transformer_engine`` (true/false: Megatron-Core with Transformer Engine, or the
+  classic stack; the device's default for the plan's ZeRO stage), ``overlap_grad_reduce``
+  (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
   the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
   ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
   context, NCCL's buffers and the caching allocator's slack: the device's ``memory_overhead_gb``

@@ -405,8 +405,9 @@ class TrainingSpec:
     with sequence parallelism the tp all-gathers and reduce-scatters overlapped with the linear
     layers' GEMMs (``--tp-comm-overlap``, TE's userbuffers). None takes the device's default
     (H100-era parts: on) for plans with ZeRO 0-1 and the classic stack for ZeRO-2/3 plans
-    (:func:`simcore.megatron.plan.uses_transformer_engine`); False: the classic stack the devices were fit on (llm-foundry's
-    PyTorch FSDP with FlashAttention-2, Megatron-LM 2020-23, Megatron-DeepSpeed)."""
+    (:func:`simcore.megatron.plan.uses_transformer_engine`); False: the classic stack the
+    devices were fit on (llm-foundry's PyTorch FSDP with FlashAttention-2, Megatron-LM
+    2020-23, Megatron-DeepSpeed)."""
 
     def __post_init__(self) -> None:
         _positive("global_batch", self.global_batch)

@@ -12,7 +12,8 @@ non-negative parts, so it can never exceed the estimate:
   (:func:`simcore.megatron.pipeline.pipeline_time`) equals ``(m - 1/v) t_max + sum / v``,
   which grows with every stage's time; ZB-H1's takes ``2 (sum W - W_slowest)`` off the fill,
   so only ``m t_max`` is kept there, as for zbv (whose bubble is a maximum of non-negative
-  terms, :func:`simcore.megatron.pipeline.zbv_bubble`). The gradient reduction and the optimizer add to it.
+  terms, :func:`simcore.megatron.pipeline.zbv_bubble`). The gradient reduction and the
+  optimizer add to it.
 - peak memory: the first stage's weights, gradients and optimizer state (its layers and the
   embedding, under the plan's ZeRO stage and shard group,
   :func:`simcore.megatron.states.model_state_bytes`), the activations its layers keep for the

@@ -97,8 +97,9 @@ def wgrad_fill(m: int, pp: int) -> float:
 def zbv_bubble(pp: int, f: _F, b: _F, w: _F) -> _F:
     """The zbv schedule's bubble for per-chunk F, B and W times f, b, w on every rank (floats,
     or arrays element by element), m >= 2p - 1 (module docstring)."""
-    first = np.maximum.reduce([b, f, 2 * b - 2 * w, 2 * f - b - w, 2 * f - 3 * w, f + b - 2 * w])
-    step = np.maximum.reduce([b, w, 2 * f - b, 2 * b - 2 * w, 2 * f - 2 * w])
+    largest = np.maximum.reduce if isinstance(f, np.ndarray) else max  # floats: no numpy call
+    first = largest([b, f, 2 * b - 2 * w, 2 * f - b - w, 2 * f - 3 * w, f + b - 2 * w])
+    step = largest([b, w, 2 * f - b, 2 * b - 2 * w, 2 * f - 2 * w])
     return first + (pp - 2) * step
 
 
@@ -117,5 +118,5 @@ def zbv_time(stage_times: list[float], backward_times: list[float], wgrad_times:
     fill = 0.0
     for i, (t, bwd, w) in enumerate(zip(stage_times, backward_times, wgrad_times)):
         if i != slowest:
-            fill += float(zbv_bubble(pp, (t - bwd) / 2, (bwd - w) / 2, w / 2)) / (pp - 1)
+            fill += zbv_bubble(pp, (t - bwd) / 2, (bwd - w) / 2, w / 2) / (pp - 1)
     return m * stage_times[slowest] + fill, slowest

@@ -108,7 +108,8 @@ class StepPlan:
         self.grad_links: dict[tuple[float, float], float] = {}
         """Seconds of a stage's gradient reduction, by the parameters it holds (memoised)."""
         self.stage_memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        """An MoE model's stage sums by (layers, MoE layers, ends, pp, sends) (memoised)."""
+        """The stage sums by (layers, MoE layers, ends, pp, sends): the alike middle stages
+        are summed once (memoised)."""
         self.memory_memo: dict[tuple[Any, ...], Any] = {}
         """A stage's memory but its activations, by what it holds (memoised)."""
         self.tokens = strategy.micro_batch * self.seq / strategy.sp

@@ -22,8 +22,9 @@ DATA = Path(__file__).parent / "data" / "validation"
 # Issue 14's targets on runs not fit on: median step-time error <= 8% and plan-choice regret
 # <= 3% where a source measured several plans. What this set reaches (README's table) is held
 # here with a small margin, so a modelling change that loses accuracy fails.
-A100_CHECK_MEDIAN = 0.07  # measured 6.3% (4.1% fit on llm-foundry alone, README there)
-A100_CHECK_MAPE = 0.095  # measured 8.9% (7.6% fit on llm-foundry alone)
+A100_CHECK_MEDIAN = 0.065  # measured 5.9% (6.3% with Jean Zay's assumed Omni-Path, README there)
+A100_CHECK_MAPE = 0.08  # measured 7.1% (8.9% with the assumed Omni-Path)
+A100_CHECK_REGRET = 0.03  # measured 0.9% (7.0% with the assumed Omni-Path)
 A100_MEGATRON_CHECK_MAPE = 0.05  # measured 3.8% (27.8% fit on llm-foundry alone)
 ZB_PAPER_MEMORY_MEDIAN = 0.05  # measured 1.8%; the memory allowance is not fit on these
 ZB_CHECK_MEDIAN = 0.04  # measured 2.7% (the paper's Tables 6-7 at pp 16-32, not fit on)
@@ -56,6 +57,19 @@ def test_a100_check_error(capsys) -> None:
     assert data["step_time_runs"] == 104
     assert data["step_time_median_ape"] <= A100_CHECK_MEDIAN
     assert data["step_time_mape"] <= A100_CHECK_MAPE
+
+
+def test_a100_check_ranking(capsys) -> None:
+    # Lucie-7B's plans on one and two Jean Zay nodes (5 groups of 5 plans with llama2-13b's
+    # two on 64 A100): the plan the estimate picks is measured within 3% of the fastest. With
+    # the Omni-Path links assumed from the line rate (3.8 GB/s per GPU, not 0.494 as measured
+    # on that cluster) it picked data parallelism across both nodes, 31% slower at batch 192.
+    data = _validate(capsys, "a100-check.csv")
+    assert data["groups_count"] == 5
+    assert data["regret_mean"] <= A100_CHECK_REGRET
+    two_nodes = [g for g in data["groups"]
+                 if g["key"]["system"] == "systems.yaml#jean-zay-a100-16"]
+    assert len(two_nodes) == 2 and two_nodes[0]["picked"] == two_nodes[0]["fastest"]
 
 
 def test_megatron_2020_table_error(capsys) -> None:

@@ -16,8 +16,11 @@ so in a comment.
 
 Uneven pipeline stages (``first_stage_layers`` / ``last_stage_layers``): Megatron-LM's
 ``--decoder-first/last-pipeline-num-layers`` run them all (v must divide each stage's count,
-:func:`simcore.megatron.checks.check_plan`); torchtitan's ``pipeline_parallel_first/
-last_stage_less_layers`` shorten the first and last stages with v = 1; DeepSpeed has no way.
+:func:`simcore.megatron.checks.check_plan`), and with v > 1 a first / last stage one layer short
+of the others' multiple of v through ``--account-for-embedding/loss-in-pipeline-split``
+(:meth:`simcore.specs.Strategy.short_ends`); torchtitan's ``pipeline_parallel_first/
+last_stage_less_layers`` shorten the first and last stages with v = 1, and with v > 1 the first
+and last virtual stage by one layer (the same short split); DeepSpeed has no way.
 
 HSDP (``shard_group``): torchtitan's ``data_parallel_shard_degree`` x
 ``data_parallel_replicate_degree`` (FSDP2 ``fully_shard`` on the 2-D ``dp_replicate, dp_shard``
@@ -180,9 +183,10 @@ def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
     if not s.uneven:
         return None
     counts = s.stage_layers(model.layers)
-    if s.v > 1:
+    if s.v > 1 and s.short_ends(model.layers) is None:
         return (f"uneven stages with v {s.v}: torchtitan shortens only the first and last"
-                " virtual stage; it offers uneven stages with 1f1b or gpipe (v 1)")
+                " virtual stage by a layer; it offers uneven stages with 1f1b or gpipe (v 1),"
+                " or with v > 1 the first / last stage one layer short of the others")
     if max(counts[0], counts[-1]) > counts[1]:
         return (f"first/last stage with {counts[0]}/{counts[-1]} layers, more than the"
                 f" {counts[1]} between: torchtitan offers only shorter first and last stages")

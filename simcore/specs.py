@@ -585,3 +585,38 @@ class Strategy:
         return ((middle if first is None else first,) + (middle,) * (pp - 2)
                 + (middle if last is None else last,))
 
+    def short_ends(self, layers: int) -> tuple[bool, bool] | None:
+        """Whether the first / last stage is one layer short as Megatron-LM's
+        ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``
+        make it with v > 1: the embedding (the loss) counts as a layer, every stage holds
+        ``N = (layers + ends) / pp`` slots, v divides N, and only the first virtual stage of the
+        first stage (the last of the last) holds one layer fewer
+        (``megatron/core/transformer/transformer_block.py`` ``get_num_layers_to_build``,
+        d98e8a64). None where the stages are not split so with v > 1 (:meth:`stage_layers`'s
+        counts are then each a multiple of v, or the plan is refused)."""
+        if self.v == 1 or not self.uneven:
+            return None
+        counts = self.stage_layers(layers)
+        if all(n % self.v == 0 for n in counts):
+            return None  # --decoder-first/last-pipeline-num-layers
+        n = counts[0] + (counts[0] % self.v != 0)  # the slots of every stage
+        if (n % self.v or any(c != n for c in counts[1:-1])
+                or counts[0] not in (n, n - 1) or counts[-1] not in (n, n - 1)):
+            return None
+        return counts[0] == n - 1, counts[-1] == n - 1
+
+    def chunk_layers(self, layers: int, stage: int) -> tuple[int, ...]:
+        """Transformer layers of each of stage ``stage``'s v model chunks: its count split
+        evenly, but for the short first or last virtual stage of :meth:`short_ends`."""
+        count = self.stage_layers(layers)[stage]
+        ends = self.short_ends(layers)
+        if ends is None:
+            return (count // self.v,) * self.v
+        per_chunk = (count + (count % self.v != 0)) // self.v
+        chunks = [per_chunk] * self.v
+        if stage == 0 and ends[0]:
+            chunks[0] -= 1
+        if stage == self.pp - 1 and ends[1]:
+            chunks[-1] -= 1
+        return tuple(chunks)
+

@@ -228,3 +228,21 @@ def test_export_command_writes_the_traces(tmp_path, capsys) -> None:
     script = (folder / "run-astra-sim.sh").read_text()
     assert '--workload-configuration="$HERE/traces/workload"' in script
     assert '--comm-group-configuration="$HERE/traces/comm_group.json"' in script
+
+
+def test_short_first_and_last_virtual_stages_replay_to_their_schedule(tmp_path, capsys) -> None:
+    # Megatron's account-for-embedding/loss split on a 22-layer copy: (22 + 2) / 2 = 12 slots per
+    # stage, 6 per chunk with v 2; chunk 0 of stage 0 and chunk 1 of stage 1 hold 5 layers
+    c = load_catalog()
+    model = replace(c.model("gpt-1.7b"), layers=22)
+    s = Strategy(dp=4, tp=2, pp=2, schedule=Schedule.INTERLEAVED, v=2, first_stage_layers=11,
+                 last_stage_layers=11)
+    assert s.chunk_layers(22, 0) == (5, 6) and s.chunk_layers(22, 1) == (6, 5)
+    plan = make_plan(model, _no_call_latency(c.system("dgx-a100-16")), SMALL, s,
+                     Convention.MEGATRON)
+    folder = _write(export_files(plan, "chakra"), tmp_path)
+    npus = _replay(capsys, folder)
+    wall = max(r["wall_time"] for r in npus) * 1e-9
+    computes = sum(1 for path in (folder / "traces").glob("workload.*.et")
+                   for n in read_trace(path).nodes if n.type == 4)
+    assert abs(wall - _schedule_end(plan)) <= 0.5e-6 * computes / 16 * s.pp

@@ -77,9 +77,12 @@ def test_checks_refuse_bad_splits_in_one_line(specs) -> None:
         (Strategy(**META, first_stage_layers=6, last_stage_layers=7), "must split evenly"),
         (Strategy(**{**META, "pp": 1, "dp": 2048}, first_stage_layers=7), "need pp >= 2"),
         # Megatron: "number of layers at first stage: 7 must be divisible by virtual pipeline
-        # parallel degree 2".
-        (Strategy(**META, schedule=Schedule.INTERLEAVED, v=2, first_stage_layers=7,
-                  last_stage_layers=7), "v=2 must divide every stage's layers"),
+        # parallel degree 3"; nor is 7 one short of a multiple of 3 (8).
+        (Strategy(**META, schedule=Schedule.INTERLEAVED, v=3, first_stage_layers=7,
+                  last_stage_layers=7), "v=3 must divide every stage's layers"),
+        # 6 + 14 x 8 + 8: 6 is two short of 8, not one (no account-for-embedding split).
+        (Strategy(**META, schedule=Schedule.INTERLEAVED, v=4, first_stage_layers=6,
+                  last_stage_layers=8), "v=4 must divide every stage's layers"),
         # 126 - 63 - 63 = 0 layers for 14 middle stages ("Mismatch" in Megatron).
         (Strategy(**META, first_stage_layers=63, last_stage_layers=63), "must split evenly"),
     ]
@@ -186,7 +189,10 @@ def test_space_enumerates_the_knob_and_both_paths_agree(specs) -> None:
     assert len(space.valid) == len(fast)
     ends = {(s.pp, s.first_stage_layers, s.last_stage_layers) for s in fast}
     assert ends == {(1, None, None), (2, None, None), (4, 31, 31), (8, 15, 15), (16, 7, 7)}
-    assert all(s.schedule is Schedule.ONE_F_ONE_B for s in fast if s.uneven)  # v 2, 7 refused
+    # interleaved: v 7 divides none of 31 / 32, 15 / 16, 7 / 8; v 2 divides 32, 16 and 8, the
+    # ends one short of them (Megatron's account-for-embedding/loss split)
+    looped = {(s.pp, s.v) for s in fast if s.uneven and s.schedule is Schedule.INTERLEAVED}
+    assert looped == {(4, 2), (8, 2), (16, 2)}
 
 
 def test_405b_study_holds_meta_s_split() -> None:
@@ -257,3 +263,64 @@ def test_frameworks_that_cannot_split_unevenly_refuse(specs) -> None:
     assert "virtual stage" in str(why_not("torchtitan", model, TRAINING, looped))
     with pytest.raises(Exception, match="STAGE cannot build it: uneven"):
         export_files(_plan(specs, first_stage_layers=7, last_stage_layers=7), "astra-sim")
+
+
+# -- with v > 1: the embedding and the loss counted as layers ----------------------------------
+def test_short_ends_are_megatron_s_account_for_embedding_and_loss_split(specs) -> None:
+    """get_num_layers_to_build (transformer_block.py, d98e8a64) with both account flags:
+    (126 + 1 + 1) / 16 = 8 slots per stage, 8 / v per virtual stage, one fewer in rank 0's first
+    and rank 15's last. v = 4: 2 per chunk, rank 0 holds 1 + 2 + 2 + 2 = 7."""
+    s = Strategy(**META, schedule=Schedule.INTERLEAVED, v=4, first_stage_layers=7,
+                 last_stage_layers=7)
+    assert s.short_ends(126) == (True, True)
+    assert s.chunk_layers(126, 0) == (1, 2, 2, 2)
+    assert s.chunk_layers(126, 7) == (2, 2, 2, 2)
+    assert s.chunk_layers(126, 15) == (2, 2, 2, 1)
+    # v = 8: one layer per virtual stage, the first holds the embedding alone
+    v8 = replace(s, v=8)
+    assert v8.chunk_layers(126, 0) == (0,) + (1,) * 7
+    # only the embedding counted: 126 + 1 = 127 does not divide by 16; on pp 2 (126 + 1 + 1) / 2
+    # = 64, 63 + 63 with v 2 is 31 + 32 and 32 + 31
+    two = Strategy(dp=1024, tp=8, pp=2, schedule=Schedule.INTERLEAVED, v=2, first_stage_layers=63)
+    assert two.stage_layers(126) == (63, 63) and two.short_ends(126) == (True, True)
+    assert two.chunk_layers(126, 0) == (31, 32) and two.chunk_layers(126, 1) == (32, 31)
+    # a split Megatron's --decoder-first/last-pipeline-num-layers already gives is not one
+    even = Strategy(dp=512, tp=8, pp=4, schedule=Schedule.INTERLEAVED, v=2,
+                    first_stage_layers=32, last_stage_layers=30)
+    assert even.short_ends(126) is None and even.chunk_layers(126, 3) == (15, 15)
+
+
+def test_short_ends_time_each_chunk_with_its_layers(specs) -> None:
+    model, _, system = specs
+    s = Strategy(**META, schedule=Schedule.INTERLEAVED, v=4, first_stage_layers=7,
+                 last_stage_layers=7)
+    est = simcore.estimate(model, system, TRAINING, s)
+    assert [st.layers for st in est.stages] == [7] + [8] * 14 + [7]
+    phases = stage_phases(model, system, TRAINING, s)
+    assert [p.micro_batch_time for p in phases] == pytest.approx(_times(est), rel=1e-12)
+    # rank 0's first chunk runs one layer and the embedding, its others two layers each
+    first = phases[0].forward
+    middle = phases[1].forward[0].compute / 2  # one layer's forward
+    assert first[1].compute == pytest.approx(2 * middle)
+    assert middle < first[0].compute < 2 * middle
+    timeline = step_timeline(model, system, TRAINING, s, estimate=est)
+    assert timeline.pp == 16 and 0.95 * est.step_time < timeline.end <= est.step_time
+
+
+def test_short_ends_export_as_megatron_and_torchtitan_run_them(specs) -> None:
+    plan = _plan(specs, schedule=Schedule.INTERLEAVED, v=4, first_stage_layers=7,
+                 last_stage_layers=7)
+    script = str(export_files(plan, "megatron")["megatron.sh"])
+    assert "--account-for-embedding-in-pipeline-split" in script
+    assert "--account-for-loss-in-pipeline-split" in script
+    assert "--num-virtual-stages-per-pipeline-rank 4" in script
+    assert "decoder-first" not in script and "decoder-last" not in script
+    toml = str(export_files(plan, "torchtitan")["torchtitan.toml"])
+    # 64 virtual stages of 8 / 4 = 2 layers, the first and the last one short
+    assert "pipeline_parallel_layers_per_stage = 2" in toml
+    assert "pipeline_parallel_first_stage_less_layers = 1" in toml
+    assert "pipeline_parallel_last_stage_less_layers = 1" in toml
+    model = specs[0]
+    assert why_not("megatron", model, TRAINING, plan.strategy) is None
+    assert why_not("torchtitan", model, TRAINING, plan.strategy) is None
+    assert why_not("deepspeed", model, TRAINING, plan.strategy) is not None  # no interleaving

@@ -192,10 +192,23 @@ def _uneven_args(plan: Plan) -> list[str]:
     stages without a set count split the rest evenly; ``argument_utils.py`` maps the options to
     ``num_layers_in_first/last_pipeline_stage``). The embedding and the LM head stay on the first
     and last stage on top of their layers, as the estimate counts them
-    (``--account-for-embedding-in-pipeline-split`` is the other way, refused with these)."""
+    With v > 1 a first / last stage one layer short of the others' multiple of v is Megatron's
+    ``--account-for-embedding/loss-in-pipeline-split`` (:meth:`Strategy.short_ends`)."""
     s = plan.strategy
     counts = s.stage_layers(plan.model.layers)
     args = [f"# uneven stages: {' + '.join(_runs(counts))} = {plan.model.layers} layers"]
+    ends = s.short_ends(plan.model.layers)
+    if ends is not None:
+        # transformer_block.py get_num_layers_to_build (d98e8a64): the embedding / loss counts
+        # as a layer, (layers + ends) / pp per stage, one fewer in the first / last virtual stage
+        slots = counts[0] + ends[0]
+        args.append(f"# with v={s.v}: {slots} slots per stage, the embedding and / or loss"
+                    " taking one in the first / last virtual stage")
+        if ends[0]:
+            args.append("--account-for-embedding-in-pipeline-split")
+        if ends[1]:
+            args.append("--account-for-loss-in-pipeline-split")
+        return args
     if s.first_stage_layers is not None:
         args.append(f"--decoder-first-pipeline-num-layers {s.first_stage_layers}")
     if s.last_stage_layers is not None:

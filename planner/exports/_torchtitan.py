@@ -150,6 +150,13 @@ def _pipeline(plan: Plan) -> dict[str, int | str]:
     if s.pp == 1:
         return {}
     chunks = s.v  # interleaved's v, zbv's 2, else 1
+    ends = s.short_ends(plan.model.layers)
+    if ends is not None:  # v > 1: the first / last virtual stage one layer short
+        per_chunk = (s.stage_layers(plan.model.layers)[0] + ends[0]) // s.v
+        return {"pipeline_parallel_schedule": SCHEDULES[s.schedule],
+                "pipeline_parallel_layers_per_stage": per_chunk,
+                "pipeline_parallel_first_stage_less_layers": int(ends[0]),
+                "pipeline_parallel_last_stage_less_layers": int(ends[1])}
     if s.uneven:  # v = 1 (search_spaces.frameworks refuses the rest)
         counts = s.stage_layers(plan.model.layers)
         middle = counts[1]
@@ -169,6 +176,13 @@ def _pipeline_comment(plan: Plan) -> list[str]:
         return []
     if s.uneven:
         counts = s.stage_layers(plan.model.layers)
+        if s.v > 1:
+            return [(f"uneven stages {counts[0]}, {counts[1]} x {s.pp - 2}, {counts[-1]} over"
+                     f" {s.v} stages per rank: the first and last of the {s.pp * s.v} stages hold"
+                     " layers_per_stage - less_layers"),
+                    ("(_generate_llm_fqn_per_model_part, torchtitan/distributed/"
+                     "pipeline_parallel.py b5bcd76c); Megatron-LM's"
+                     " --account-for-embedding/loss-in-pipeline-split")]
         return [(f"uneven stages {counts[0]}, {counts[1]} x {s.pp - 2}, {counts[-1]}:"
                  " first and last stage hold layers_per_stage - less_layers"),
                 ("(_generate_llm_fqn_per_model_part, torchtitan/distributed/pipeline_parallel.py"

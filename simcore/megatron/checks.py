@@ -142,12 +142,16 @@ def _check_experts(model: ModelSpec, s: Strategy) -> None:
 def _check_uneven(model: ModelSpec, s: Strategy) -> None:
     """Megatron-LM's rules for uneven stages (``transformer_config.py`` d98e8a64, "Uneven PP"):
     the middle stages split the rest evenly, and with virtual stages each stage's count is a
-    multiple of v (``arguments.py``: set v by ``--num-virtual-stages-per-pipeline-rank``)."""
+    multiple of v (``arguments.py``: set v by ``--num-virtual-stages-per-pipeline-rank``), or the
+    first / last stage is one layer short of the others' multiple of v, the embedding / loss
+    counted as a layer (``--account-for-embedding/loss-in-pipeline-split``,
+    :meth:`Strategy.short_ends`)."""
     counts = s.stage_layers(model.layers)  # one line when the rest does not split
-    if s.v > 1 and any(n % s.v for n in counts):
+    if s.v > 1 and any(n % s.v for n in counts) and s.short_ends(model.layers) is None:
         raise ValueError(
-            f"v={s.v} must divide every stage's layers ({', '.join(map(str, counts))}): each of"
-            " its model chunks holds as many (Megatron-LM's uneven pipeline rule)"
+            f"v={s.v} must divide every stage's layers ({', '.join(map(str, counts))}), or the"
+            " first / last stage be one layer short of the others' multiple of v (Megatron-LM's"
+            " uneven pipeline and account-for-embedding/loss splits)"
         )
 
 
@@ -192,5 +196,13 @@ def _stages_ok(layers: int, pp: np.ndarray, v: np.ndarray, first: np.ndarray,
                      rest == 0)
     middle = rest // np.maximum(middle_stages, 1)
     chunks = (first % v == 0) & (last % v == 0) & ((middle_stages == 0) | (middle % v == 0))
+    # or the first / last stage one layer short of N slots per stage (Strategy.short_ends)
+    first_count = np.where(first > 0, first, middle)
+    last_count = np.where(last > 0, last, middle)
+    n = first_count + (first_count % v != 0)
+    short = ((n % v == 0) & ((first_count == n) | (first_count == n - 1))
+             & ((last_count == n) | (last_count == n - 1))
+             & ((middle_stages == 0) | (middle == n)))
+    chunks |= short
     uneven = (pp >= 2) & (rest >= 0) & split & chunks
     return np.where(even, layers % (pp * v) == 0, uneven)

@@ -81,24 +81,23 @@ def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends, i: int, compute: float,
     split by direction (embedding on the first chunk of the first stage, LM head on the last
     chunk of the last stage; an MoE stage's MoE layers spread evenly over its chunks)."""
     s, v = p.s, p.s.v
-    k = p.stage_layers[i] // v  # layers per chunk of this stage
+    chunks = p.chunk_layers[i]  # layers of each chunk of this stage
     p2p = pp_exposed(p, compute) if s.pp > 1 else 0.0  # ``compute``: the stage's kernels
     fwd = [OpTime(compute=k * layer.fwd_compute, tp=k * layer.tp_fwd, sp=k * layer.sp_fwd,
-                  fsdp=k * layer.fsdp_fwd, p2p=p2p) for _ in range(v)]
+                  fsdp=k * layer.fsdp_fwd, p2p=p2p) for k in chunks]
     bwd = [OpTime(compute=k * layer.bwd_compute, recompute=k * layer.recompute,
                   tp=k * layer.tp_bwd, sp=k * layer.sp_bwd, fsdp=k * layer.fsdp_bwd, p2p=p2p,
-                  wgrad=k * p.kernels.wgrad) for _ in range(v)]
+                  wgrad=k * p.kernels.wgrad) for k in chunks]
     if moe is not None and p.stage_moe_layers[i]:
-        n = p.stage_moe_layers[i] / v  # of each chunk's k layers, MoE ones
-        d = k - n
-        fwd = [replace(op, compute=d * layer.fwd_compute + n * moe.fwd_compute,
-                       tp=d * layer.tp_fwd + n * moe.tp_fwd, sp=d * layer.sp_fwd
-                       + n * moe.sp_fwd, ep=n * moe.ep_fwd) for op in fwd]
-        bwd = [replace(op, compute=d * layer.bwd_compute + n * moe.bwd_compute,
-                       recompute=d * layer.recompute + n * moe.recompute,
-                       tp=d * layer.tp_bwd + n * moe.tp_bwd, sp=d * layer.sp_bwd
-                       + n * moe.sp_bwd, wgrad=d * p.kernels.wgrad + n * moe.wgrad,
-                       ep=n * moe.ep_bwd) for op in bwd]
+        n = p.stage_moe_layers[i] / v  # of each chunk's layers, MoE ones
+        fwd = [replace(op, compute=(k - n) * layer.fwd_compute + n * moe.fwd_compute,
+                       tp=(k - n) * layer.tp_fwd + n * moe.tp_fwd, sp=(k - n) * layer.sp_fwd
+                       + n * moe.sp_fwd, ep=n * moe.ep_fwd) for k, op in zip(chunks, fwd)]
+        bwd = [replace(op, compute=(k - n) * layer.bwd_compute + n * moe.bwd_compute,
+                       recompute=(k - n) * layer.recompute + n * moe.recompute,
+                       tp=(k - n) * layer.tp_bwd + n * moe.tp_bwd, sp=(k - n) * layer.sp_bwd
+                       + n * moe.sp_bwd, wgrad=(k - n) * p.kernels.wgrad + n * moe.wgrad,
+                       ep=n * moe.ep_bwd) for k, op in zip(chunks, bwd)]
     if i == 0:
         embedding = p.comm.total(embedding_calls(p))
         fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,

@@ -4,6 +4,7 @@ activations, and the axes' collectives with the device's launch cost."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any, TypeVar
 
 from simcore.megatron.activations import LayerActivations, layer_activations
@@ -158,6 +159,12 @@ class StepPlan:
             ))
         if self.moe is not None:
             self._moe_parts(shared)
+
+    @cached_property
+    def chunk_layers(self) -> tuple[tuple[int, ...], ...]:
+        """Per stage, the transformer layers of each of its v model chunks
+        (:meth:`Strategy.chunk_layers`: even, or Megatron's short first / last virtual stage)."""
+        return tuple(self.s.chunk_layers(self.model.layers, i) for i in range(self.s.pp))
 
     def _moe_parts(self, shared: dict[tuple[Any, ...], Any] | None) -> None:
         """An MoE layer's kernels and activations: the attention and shared experts as a layer

@@ -156,7 +156,7 @@ class _OpCalls:
 
 def _op_calls(p: StepPlan, stage: int, chunk: int, backward: bool) -> _OpCalls:
     s = p.s
-    k = p.stage_layers[stage] // s.v  # layers per chunk of this stage
+    k = p.chunk_layers[stage][chunk]  # layers of this chunk
     first = stage == 0 and chunk == 0
     last = stage == head_stage(s.schedule, s.pp) and chunk == s.v - 1
     pairs = tp_pair_calls(p) * (2 * k)
@@ -261,7 +261,7 @@ class _Stage:
             beside = n.chain(f"{name} beside", calls.beside, start)
             end = n.chain(f"{name} tp", calls.tp, sorted(set(done + beside)))
         else:
-            k = self.p.stage_layers[self.stage] // self.p.s.v
+            k = self.p.chunk_layers[self.stage][chunk]
             # zb-h1: the W pass's share as the timeline splits it (the LM head's included)
             wgrad = times.wgrad if self.zero_bubble else k * self.p.kernels.wgrad
             cur = n.compute(f"{name} recompute", times.recompute, start)

@@ -37,6 +37,7 @@ from planner.fields import fields as check_fields
 from planner.record import strategy_attrs
 from search_spaces import strategy_label
 from simcore.estimate import Estimate
+from simcore.layout import parse_layout
 from simcore.network import Congestion
 from simcore.specs import (
     Axis,
@@ -152,7 +153,14 @@ def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
                     last_stage_layers=_layers(a.get("last_stage_layers")),
                     shard_group=_layers(a.get("shard_group")),
                     ep=_layers(a.get("ep")) or 1, etp=_layers(a.get("etp")),
-                    ep_overlap=_flag(a.get("ep_overlap")))
+                    ep_overlap=_flag(a.get("ep_overlap")), layout=_layout(a.get("layout")))
+
+
+def _layout(value: Any) -> tuple[int, ...] | None:
+    """A stored Megatron layout string (:mod:`simcore.layout`); plans without one hold none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return parse_layout(str(value))
 
 
 def _layers(value: Any) -> int | None:
@@ -222,7 +230,7 @@ def _name(path: Path, field: str, value: Any) -> str:
 
 
 _STRATEGY_FIELDS = set(strategy_dict(Strategy()))
-_UNEVEN = {"first_stage_layers", "last_stage_layers"}
+_UNEVEN = {"first_stage_layers", "last_stage_layers", "layout"}
 
 
 def _strategy(path: Path, data: Any) -> Strategy:

@@ -18,6 +18,7 @@ import simcore
 from planner.units import GB
 from search_spaces import strategy_label
 from simcore.estimate import Estimate
+from simcore.layout import format_layout
 from simcore.specs import Convention, ModelSpec, Precision, Strategy, SystemSpec, TrainingSpec
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ def strategy_attrs(s: Strategy) -> dict[str, Any]:
     for name in ("first_stage_layers", "last_stage_layers", "shard_group", "etp"):
         if getattr(s, name) is not None:  # only when set
             out[name] = getattr(s, name)
+    if s.layout is not None:  # Megatron's layout string
+        out["layout"] = format_layout(s.layout)
     if s.ep > 1:
         out["ep"] = s.ep
     if s.ep_overlap:

@@ -12,7 +12,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``placement`` (axes innermost first, e.g. ``tp-sp-dp-pp``; commas need the field quoted),
   ``precision`` (bf16, fp8; bf16), ``first_stage_layers`` and ``last_stage_layers`` (uneven
   pipeline stages, as Megatron-LM's ``--decoder-first/last-pipeline-num-layers``; empty: an
-  equal share), ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp),
+  equal share), ``pipeline_layout`` (Megatron-LM's ``--pipeline-model-parallel-layout``
+  string, e.g. ``Et*2|(t*2|)*34,t*3|(t*2|)*3,tL``; ``v`` defaults to its stages / pp),
+  ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp),
   ``ep`` and ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp),
   ``ep_overlap`` (true/false; false), ``flash_attention`` (true/false; the model's and device's
   default), ``transformer_engine`` (true/false: Megatron-Core with Transformer Engine, or the
@@ -43,6 +45,7 @@ from planner.catalog import Catalog
 from planner.errors import PlannerUsageError
 from planner.fields import MAX_INTEGER, MAX_NUMBER, placement_axes
 from planner.inputs import read_text
+from simcore.layout import parse_layout
 from simcore.specs import (
     Axis,
     ModelSpec,
@@ -61,7 +64,8 @@ __all__ = ["MEASURED", "OPTIONAL", "REQUIRED", "MeasuredRun", "SkippedRun", "rea
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
 MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
-            "precision", "first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp",
+            "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+            "shard_group", "ep", "etp",
             "ep_overlap", "flash_attention", "transformer_engine", "overlap_grad_reduce",
             "grad_bytes", "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
@@ -197,9 +201,24 @@ def _placement(row: dict[str, str]) -> dict[str, tuple[Axis, ...]]:
     return {"placement": axes}
 
 
+def _layout(row: dict[str, str]) -> tuple[int, ...] | None:
+    """The ``pipeline_layout`` cell: Megatron's ``--pipeline-model-parallel-layout`` string
+    (:mod:`simcore.layout`), None where empty."""
+    text = (row.get("pipeline_layout") or "").strip()
+    if not text:
+        return None
+    try:
+        return parse_layout(text)
+    except ValueError as e:
+        raise _RowError(str(e)) from None
+
+
 def _strategy(row: dict[str, str]) -> Strategy:
     named = _enum(row, "schedule", Schedule, None)
-    v = _integer(row, "v", 2 if named is Schedule.ZBV else 1)
+    layout = _layout(row)
+    pp = _integer(row, "pp")
+    v = _integer(row, "v", 2 if named is Schedule.ZBV else
+                 len(layout) // pp if layout is not None and len(layout) % pp == 0 else 1)
     default_schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
     sequence_parallel = _boolean(row, "sequence_parallel")
     try:
@@ -215,7 +234,7 @@ def _strategy(row: dict[str, str]) -> Strategy:
             last_stage_layers=_optional_integer(row, "last_stage_layers"),
             shard_group=_optional_integer(row, "shard_group"),
             ep=_integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
-            ep_overlap=bool(_boolean(row, "ep_overlap")),
+            ep_overlap=bool(_boolean(row, "ep_overlap")), layout=layout,
         )
     except ValueError as e:
         if isinstance(e, _RowError):

@@ -20,6 +20,7 @@ from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 from search_spaces.space import Layout, PipelineChoice, StrategySpace
+from simcore.layout import format_layout
 from simcore.specs import Axis, Precision, Strategy
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ def strategy_label(s: Strategy) -> str:
         parts.append(f"first{s.first_stage_layers}")
     if s.last_stage_layers is not None:
         parts.append(f"last{s.last_stage_layers}")
+    if s.layout is not None:
+        parts.append("layout=" + format_layout(s.layout))
     if s.shard_group is not None:
         parts.append(f"shard{s.shard_group}")
     if s.ep > 1:

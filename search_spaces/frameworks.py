@@ -182,6 +182,10 @@ def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
     # as Megatron's split with v > 1 does, and never lengthen them.
     if not s.uneven:
         return None
+    if s.layout is not None:
+        return ("layout: torchtitan splits by layers_per_stage and less_layers (or module"
+                " names, which this exporter does not write); it offers first / last stages"
+                " one layer short")
     counts = s.stage_layers(model.layers)
     if s.v > 1 and s.short_ends(model.layers) is None:
         return (f"uneven stages with v {s.v}: torchtitan shortens only the first and last"
@@ -220,8 +224,9 @@ def _deepspeed(s: Strategy, bf16: bool) -> str | None:
     # partition_method is "uniform" (layer counts), "parameters" or "type:[regex]" (balanced
     # counts of the matching layers); no method takes per-stage layer counts.
     if s.uneven:
-        return ("first_stage_layers / last_stage_layers: DeepSpeed's PipelineModule offers only"
-                " its partition_method (uniform, parameters, type:regex), not set counts")
+        knob = "layout" if s.layout is not None else "first_stage_layers / last_stage_layers"
+        return (f"{knob}: DeepSpeed's PipelineModule offers only its partition_method"
+                " (uniform, parameters, type:regex), not set counts")
     # deepspeed/runtime/engine.py _do_optimizer_sanity_check (edaa7221; v0.12.6 alike): bf16
     # without ZeRO under the pipeline engine takes the BFLOAT16 wrapper, whose BF16_Optimizer
     # (bf16_optimizer.py) shards the fp32 master weights and Adam states over the data-parallel

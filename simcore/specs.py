@@ -454,6 +454,11 @@ class Strategy:
     last_stage_layers: int | None = None
     """Transformer layers on the last pipeline stage; None: an equal share
     (``--decoder-last-pipeline-num-layers``)."""
+    layout: tuple[int, ...] | None = None
+    """Transformer layers of every virtual stage, in Megatron-LM's order (virtual stage i on
+    rank i % pp as its chunk i // pp; pp * v of them, the embedding in the first, the LM head
+    and loss in the last): ``--pipeline-model-parallel-layout``, :mod:`simcore.layout`. None:
+    the split the other fields give."""
     ep: int = 1
     """Expert parallelism (MoE models): each MoE layer's routed experts split over ep ranks,
     carved out of the tp x sp x dp ranks of a pipeline stage as Megatron-LM's "parallel folding"
@@ -495,6 +500,8 @@ class Strategy:
                 if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                           or value < 1):
                     raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
+        if self.layout is not None:
+            self._check_layout()
         if self.shard_group is not None:
             self._check_shard_group()
         if self.etp is not None or self.ep > 1:
@@ -520,6 +527,20 @@ class Strategy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
+
+    def _check_layout(self) -> None:
+        layout = self.layout
+        assert layout is not None
+        if not isinstance(layout, tuple) or not all(
+                type(n) is int and n >= 0 for n in layout):
+            raise ValueError(f"layout must be a tuple of layer counts >= 0, but got {layout!r}")
+        if len(layout) != self.pp * self.v:
+            raise ValueError(
+                f"layout has {len(layout)} virtual stages, but pp * v = {self.pp} * {self.v}"
+                f" = {self.pp * self.v}; give pp * v stages (Megatron derives v from the layout)")
+        if self.first_stage_layers is not None or self.last_stage_layers is not None:
+            raise ValueError("layout cannot be combined with first_stage_layers /"
+                             " last_stage_layers (Megatron refuses both); give one of them")
 
     def _check_shard_group(self) -> None:
         g, group = self.shard_group, self.dp * self.sp
@@ -560,8 +581,9 @@ class Strategy:
 
     @property
     def uneven(self) -> bool:
-        """The first or last stage holds a set number of layers."""
-        return self.first_stage_layers is not None or self.last_stage_layers is not None
+        """The first or last stage holds a set number of layers, or a layout sets them all."""
+        return (self.first_stage_layers is not None or self.last_stage_layers is not None
+                or self.layout is not None)
 
     def stage_layers(self, layers: int) -> tuple[int, ...]:
         """Transformer layers on each pipeline stage, first to last: Megatron-LM's rule (the
@@ -569,6 +591,8 @@ class Strategy:
         evenly; ``transformer_config.py`` d98e8a64). A ValueError when the rest does not
         divide; :func:`simcore.check` says why in one line."""
         first, last, pp = self.first_stage_layers, self.last_stage_layers, self.pp
+        if self.layout is not None:
+            return tuple(sum(self.layout[c * pp + r] for c in range(self.v)) for r in range(pp))
         if not self.uneven:
             return (layers // pp,) * pp
         if pp == 1:
@@ -594,7 +618,7 @@ class Strategy:
         (``megatron/core/transformer/transformer_block.py`` ``get_num_layers_to_build``,
         d98e8a64). None where the stages are not split so with v > 1 (:meth:`stage_layers`'s
         counts are then each a multiple of v, or the plan is refused)."""
-        if self.v == 1 or not self.uneven:
+        if self.v == 1 or not self.uneven or self.layout is not None:
             return None
         counts = self.stage_layers(layers)
         if all(n % self.v == 0 for n in counts):
@@ -607,7 +631,10 @@ class Strategy:
 
     def chunk_layers(self, layers: int, stage: int) -> tuple[int, ...]:
         """Transformer layers of each of stage ``stage``'s v model chunks: its count split
-        evenly, but for the short first or last virtual stage of :meth:`short_ends`."""
+        evenly, but for the short first or last virtual stage of :meth:`short_ends`, or as the
+        layout gives them."""
+        if self.layout is not None:
+            return tuple(self.layout[c * self.pp + stage] for c in range(self.v))
         count = self.stage_layers(layers)[stage]
         ends = self.short_ends(layers)
         if ends is None:

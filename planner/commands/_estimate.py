@@ -14,6 +14,7 @@ from planner.fields import placement_axes
 from planner.units import GB
 from simcore import convention_of, estimate
 from simcore.estimate import Estimate
+from simcore.layout import format_layout, parse_layout
 from simcore.network import Congestion
 from simcore.specs import (
     Axis,
@@ -30,11 +31,23 @@ from simcore.specs import (
 )
 
 
-def _chunks(args: argparse.Namespace) -> int:
-    """``--v``, or its default: 2 for zbv (two chunks per rank), else 1."""
+def _chunks(args: argparse.Namespace, layout: tuple[int, ...] | None = None) -> int:
+    """``--v``, or its default: 2 for zbv (two chunks per rank), the layout's stages per rank,
+    else 1."""
     if args.v is not None:
         return int(args.v)
+    if layout is not None and args.pp >= 1 and len(layout) % args.pp == 0:
+        return len(layout) // args.pp
     return 2 if args.schedule == Schedule.ZBV.value else 1
+
+
+def _layout(args: argparse.Namespace) -> tuple[int, ...] | None:
+    if getattr(args, "pipeline_layout", None) is None:
+        return None
+    try:
+        return parse_layout(args.pipeline_layout)
+    except ValueError as e:
+        raise PlannerUsageError(f"--pipeline-layout: {e}") from None
 
 
 def _placement(text: str) -> tuple[Axis, ...]:
@@ -93,6 +106,11 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " --decoder-first-pipeline-num-layers; default: an equal share)")
     g.add_argument("--last-stage-layers", type=int, metavar="N",
                    help="layers on the last pipeline stage (default: an equal share)")
+    g.add_argument("--pipeline-layout", metavar="TEXT",
+                   help="every virtual stage's layers as Megatron-LM's"
+                   " --pipeline-model-parallel-layout writes them, e.g."
+                   " 'Et*2|(t*2|)*34,t*3|(t*2|)*3,tL' (E embedding, t layer, L loss);"
+                   " --v defaults to its stages / --pp")
     g.add_argument("--ep", type=int, default=1,
                    help="expert-parallel degree of an MoE model (carved out of tp*sp*dp)")
     g.add_argument("--etp", type=int, help="expert tensor-parallel degree (default: tp)")
@@ -140,17 +158,18 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
                 f"--tp*--pp*--sp = {others} must divide the system's {devices} devices"
             )
         dp = devices // others
+    layout = _layout(args)
     try:
         return Strategy(
             dp=dp, tp=args.tp, pp=args.pp, sp=args.sp,
             sequence_parallel=not args.no_sequence_parallel,
             zero=ZeroStage.PARAMETERS if args.fsdp else ZeroStage(args.zero),
             recompute=Recompute(args.recompute), micro_batch=args.micro_batch,
-            schedule=Schedule(args.schedule), v=_chunks(args),
+            schedule=Schedule(args.schedule), v=_chunks(args, layout),
             placement=_placement(args.placement),
             precision=Precision(args.precision), first_stage_layers=args.first_stage_layers,
             last_stage_layers=args.last_stage_layers, shard_group=args.shard_group,
-            ep=args.ep, etp=args.etp, ep_overlap=args.ep_overlap,
+            ep=args.ep, etp=args.etp, ep_overlap=args.ep_overlap, layout=layout,
         )
     except ValueError as e:
         raise PlannerUsageError(f"strategy: {e}") from None
@@ -272,7 +291,10 @@ def _describe(s: Strategy) -> str:
         parts.append(f"HSDP shard group {s.shard_group}")
     if s.ep > 1 or s.etp is not None:
         parts.append(f"ep={s.ep} etp={s.expert_tp}" + (" overlapped" if s.ep_overlap else ""))
-    if s.uneven:
+    if s.layout is not None:
+        parts.append("layers per stage " + " + ".join(map(str, s.stage_layers(0)))
+                     + f" (layout {format_layout(s.layout)})")
+    elif s.uneven:
         parts.append(f"stages: first {s.first_stage_layers or 'even'},"
                      f" last {s.last_stage_layers or 'even'} layers")
     if s.precision is not Precision.BF16:

@@ -45,6 +45,7 @@ from planner.exports.moe_args import megatron_moe_args
 from planner.plan import Plan
 from planner.units import GB
 from search_spaces.frameworks import why_not
+from simcore.layout import format_layout
 from simcore.megatron import uses_flash_attention
 from simcore.megatron.plan import uses_fp8_param_gather, uses_transformer_engine
 from simcore.megatron.precision import AMAX_HISTORY_LEN
@@ -172,7 +173,10 @@ def _parallel_args(plan: Plan) -> list[str]:
         args.append("# 1F1B is Megatron's default schedule when pp > 1")
     if s.uneven:
         args += _uneven_args(plan)
-    if s.schedule is Schedule.INTERLEAVED and s.uneven:
+    if s.schedule is Schedule.INTERLEAVED and s.layout is not None:
+        args.append(f"# interleaved 1F1B, v={s.v} model chunks per rank: the layout's"
+                    f" {len(s.layout)} stages / pp {s.pp}")
+    elif s.schedule is Schedule.INTERLEAVED and s.uneven:
         # arguments.py (d98e8a64): with uneven stages, v must be given as the virtual stages
         # per rank, not as layers per virtual stage.
         args += [f"# interleaved 1F1B, v={s.v} model chunks per rank (each stage's layers / v)",
@@ -197,6 +201,10 @@ def _uneven_args(plan: Plan) -> list[str]:
     s = plan.strategy
     counts = s.stage_layers(plan.model.layers)
     args = [f"# uneven stages: {' + '.join(_runs(counts))} = {plan.model.layers} layers"]
+    if s.layout is not None:
+        # pipeline_parallel_layer_layout.py (d98e8a64): virtual stage i on rank i % pp
+        return args + ["# every virtual stage's layers (E embedding, t layer, L loss)",
+                       f"--pipeline-model-parallel-layout '{format_layout(s.layout)}'"]
     ends = s.short_ends(plan.model.layers)
     if ends is not None:
         # transformer_block.py get_num_layers_to_build (d98e8a64): the embedding / loss counts

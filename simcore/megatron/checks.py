@@ -147,6 +147,11 @@ def _check_uneven(model: ModelSpec, s: Strategy) -> None:
     counted as a layer (``--account-for-embedding/loss-in-pipeline-split``,
     :meth:`Strategy.short_ends`)."""
     counts = s.stage_layers(model.layers)  # one line when the rest does not split
+    if s.layout is not None:
+        if sum(counts) != model.layers:
+            raise ValueError(f"layout holds {sum(counts)} transformer layers, but the model"
+                             f" has {model.layers}")
+        return
     if s.v > 1 and any(n % s.v for n in counts) and s.short_ends(model.layers) is None:
         raise ValueError(
             f"v={s.v} must divide every stage's layers ({', '.join(map(str, counts))}), or the"

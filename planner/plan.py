@@ -153,7 +153,8 @@ def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
                     last_stage_layers=_layers(a.get("last_stage_layers")),
                     shard_group=_layers(a.get("shard_group")),
                     ep=_layers(a.get("ep")) or 1, etp=_layers(a.get("etp")),
-                    ep_overlap=_flag(a.get("ep_overlap")), layout=_layout(a.get("layout")))
+                    ep_overlap=_flag(a.get("ep_overlap")), ep_dedup=_flag(a.get("ep_dedup")),
+                    layout=_layout(a.get("layout")))
 
 
 def _layout(value: Any) -> tuple[int, ...] | None:
@@ -235,7 +236,8 @@ _UNEVEN = {"first_stage_layers", "last_stage_layers", "layout"}
 
 def _strategy(path: Path, data: Any) -> Strategy:
     e = check_fields(path, "strategy", data, _STRATEGY_FIELDS,
-                     {"precision", "shard_group", "ep", "etp", "ep_overlap"} | _UNEVEN)
+                     {"precision", "shard_group", "ep", "etp", "ep_overlap", "ep_dedup"}
+                     | _UNEVEN)
     if not isinstance(e["placement"], list):
         raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
     try:

@@ -58,6 +58,8 @@ def strategy_attrs(s: Strategy) -> dict[str, Any]:
         out["ep"] = s.ep
     if s.ep_overlap:
         out["ep_overlap"] = True
+    if s.ep_dedup:
+        out["ep_dedup"] = True
     return out
 
 

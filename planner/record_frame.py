@@ -54,10 +54,10 @@ def frame(evaluator: Evaluator, strategies: Sequence[Strategy]) -> pd.DataFrame:
 
 _KNOBS = ("dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
           "placement", "sequence_parallel", "precision", "first_stage_layers",
-          "last_stage_layers", "shard_group", "ep", "etp", "ep_overlap")
+          "last_stage_layers", "shard_group", "ep", "etp", "ep_overlap", "ep_dedup")
 _OPTIONAL = {"precision": Precision.BF16.value, "first_stage_layers": None,
              "last_stage_layers": None, "shard_group": None, "ep": 1, "etp": None,
-             "ep_overlap": None}
+             "ep_overlap": None, "ep_dedup": None}
 """Attributes a trial stores only when they differ from this
 (:func:`planner.record.strategy_attrs`)."""
 _NOT_ATTRS = ("number", "state")
@@ -86,6 +86,7 @@ def _strategy_columns(strategies: Sequence[Strategy]) -> dict[str, Any]:
         "etp": pd.array(list(cols["etp"]), dtype="Int64"),
         "ep_overlap": pd.array([1 if o else None for o in cols["ep_overlap"]],
                                dtype="Int64"),  # 1 or none, as the nullable columns beside it
+        "ep_dedup": pd.array([1 if o else None for o in cols["ep_dedup"]], dtype="Int64"),
     }
 
 
@@ -137,7 +138,7 @@ def records_from_frame(frame: pd.DataFrame, hbm_gb: float | None,
                 continue
             if pd.isna(row[key]) or row[key] == default:
                 del row[key]
-            elif key == "ep_overlap":
+            elif key in ("ep_overlap", "ep_dedup"):
                 row[key] = True
             elif key != "precision":  # a nullable integer read back as a float
                 row[key] = int(row[key])

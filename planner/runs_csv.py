@@ -16,7 +16,7 @@ Columns (a header row, any order; names as below, case-insensitive):
   string, e.g. ``Et*2|(t*2|)*34,t*3|(t*2|)*3,tL``; ``v`` defaults to its stages / pp),
   ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp),
   ``ep`` and ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp),
-  ``ep_overlap`` (true/false; false), ``flash_attention`` (true/false; the model's and device's
+  ``ep_overlap`` and ``ep_dedup`` (true/false; false), ``flash_attention`` (true/false; the model's and device's
   default), ``transformer_engine`` (true/false: Megatron-Core with Transformer Engine, or the
   classic stack; the device's default for the plan's ZeRO stage), ``overlap_grad_reduce``
   (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
@@ -66,7 +66,7 @@ MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
             "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp",
-            "ep_overlap", "flash_attention", "transformer_engine", "overlap_grad_reduce",
+            "ep_overlap", "ep_dedup", "flash_attention", "transformer_engine", "overlap_grad_reduce",
             "grad_bytes", "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
@@ -234,7 +234,8 @@ def _strategy(row: dict[str, str]) -> Strategy:
             last_stage_layers=_optional_integer(row, "last_stage_layers"),
             shard_group=_optional_integer(row, "shard_group"),
             ep=_integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
-            ep_overlap=bool(_boolean(row, "ep_overlap")), layout=layout,
+            ep_overlap=bool(_boolean(row, "ep_overlap")),
+            ep_dedup=bool(_boolean(row, "ep_dedup")), layout=layout,
         )
     except ValueError as e:
         if isinstance(e, _RowError):

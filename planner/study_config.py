@@ -78,7 +78,7 @@ _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_att
                       "transformer_engine"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
-                "ep", "etp", "ep_overlap"}
+                "ep", "etp", "ep_overlap", "ep_dedup"}
 _POWERS = ("powers_of_two", "powers of two")
 DEFAULT_N_TRIALS = 200
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
@@ -146,6 +146,7 @@ class StudyConfig:
                 **({"etp": ["tp" if e is None else e for e in sp.etp]}
                    if sp.etp != (None,) else {}),
                 **({"ep_overlap": list(sp.ep_overlap)} if sp.ep_overlap != (False,) else {}),
+                **({"ep_dedup": list(sp.ep_dedup)} if sp.ep_dedup != (False,) else {}),
             },
             **({"description": self.description} if self.description else {}),
         }
@@ -269,14 +270,16 @@ def _experts(path: Path, e: dict[str, Any], model: ModelSpec, devices: int,
              kw: dict[str, Any]) -> None:
     """``ep`` (expert-parallel degrees) and ``etp`` (expert tensor-parallel degrees, or ``tp``
     for the plan's own), for a model with MoE layers."""
-    if ("ep" in e or "etp" in e or "ep_overlap" in e) and model.moe is None:
-        knob = next(k for k in ("ep", "etp", "ep_overlap") if k in e)
+    if ("ep" in e or "etp" in e or "ep_overlap" in e or "ep_dedup" in e) and model.moe is None:
+        knob = next(k for k in ("ep", "etp", "ep_overlap", "ep_dedup") if k in e)
         raise fail(path, f"space.{knob}", f"expert parallelism needs a model with MoE layers,"
                    f" and {model.name} has none; leave {knob} out")
     if "ep" in e:
         kw["ep"] = _degrees(path, "space.ep", e["ep"], devices)
     if "ep_overlap" in e:
         kw["ep_overlap"] = _bools(path, "space.ep_overlap", e["ep_overlap"])
+    if "ep_dedup" in e:
+        kw["ep_dedup"] = _bools(path, "space.ep_dedup", e["ep_dedup"])
     if "etp" in e:
         kw["etp"] = tuple(dict.fromkeys(
             None if k == "tp" else integer(path, "space.etp", k, minimum=1)

@@ -18,7 +18,7 @@ __all__ = ["KNOBS", "PLACEMENTS", "OPTIONAL_KNOBS", "best_frame", "format_best",
 KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
          "placement", "sequence_parallel", "precision"]
 OPTIONAL_KNOBS = ["first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp",
-                  "ep_overlap"]
+                  "ep_overlap", "ep_dedup"]
 """Stored only on plans with uneven pipeline stages, an HSDP shard group or expert parallelism
 (:func:`planner.record.strategy_attrs`), so a study's table has these columns only when it holds
 such plans."""

@@ -88,6 +88,8 @@ def strategy_label(s: Strategy) -> str:
         parts.append(f"etp{s.etp}")
     if s.ep_overlap:
         parts.append("ep-overlap")
+    if s.ep_dedup:
+        parts.append("ep-dedup")
     if s.placement != _DEFAULT_PLACEMENT:
         parts.append("placement=" + _placement_label(s.placement))
     return " ".join(parts)
@@ -132,6 +134,7 @@ class LayoutEncoding:
             "ep": list(sp.ep),
             "etp": [0 if e is None else e for e in sp.etp],
             "ep_overlap": list(sp.ep_overlap),
+            "ep_dedup": list(sp.ep_dedup),
         }
         return {k: v for k, v in knobs.items() if len(v) > 1}
 
@@ -157,6 +160,8 @@ class LayoutEncoding:
             full["etp"] = s.etp or 0  # 0: the plan's tp
         if "ep_overlap" in self._choices:
             full["ep_overlap"] = s.ep_overlap
+        if "ep_dedup" in self._choices:
+            full["ep_dedup"] = s.ep_dedup
         return {k: full[k] for k in self._choices}
 
     def suggest(self, trial: optuna.Trial) -> Strategy:

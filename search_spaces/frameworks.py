@@ -110,6 +110,9 @@ def _experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:
     (``deepspeed/moe/layer.py`` ``MoE``: "k ... only supports k=1 or k=2"; ``ep_size`` divides
     the data-parallel world), experts not split over tp."""
     assert model.moe is not None
+    if s.ep_dedup and framework != "megatron":
+        return (f"ep_dedup: this exporter writes no deduplicated dispatcher for {framework}"
+                " (Megatron-LM's --moe-token-dispatcher-type flex with DeepEP does it)")
     if s.ep_overlap and framework != "megatron":
         return (f"ep_overlap: {framework} has no overlap of the expert all-to-alls with another"
                 " micro-batch's compute (Megatron-LM's --overlap-moe-expert-parallel-comm)")

@@ -154,6 +154,9 @@ class StrategySpace:
     ep_overlap: tuple[bool, ...] = (False,)
     """Expert all-to-alls overlapped with another micro-batch's compute or not
     (:attr:`simcore.specs.Strategy.ep_overlap`); overlap applies where ep > 1."""
+    ep_dedup: tuple[bool, ...] = (False,)
+    """Expert all-to-alls deduplicated across nodes (DeepEP / HybridEP) or not
+    (:attr:`simcore.specs.Strategy.ep_dedup`); it applies where ep > 1."""
 
     @property
     def devices(self) -> int:
@@ -181,20 +184,22 @@ class StrategySpace:
                 out.append(PipelineChoice(s))
         return tuple(out)
 
-    def experts(self) -> tuple[tuple[int, int | None, bool], ...]:
-        """Every (ep, etp, ep_overlap) from the allowed lists (overlap only with ep > 1)."""
-        return tuple((ep, etp, overlap) for ep, etp, overlap in
-                     itertools.product(self.ep, self.etp, self.ep_overlap)
-                     if not overlap or ep > 1)
+    def experts(self) -> tuple[tuple[int, int | None, bool, bool], ...]:
+        """Every (ep, etp, ep_overlap, ep_dedup) from the allowed lists (overlap and dedup only
+        with ep > 1)."""
+        return tuple((ep, etp, overlap, dedup) for ep, etp, overlap, dedup in
+                     itertools.product(self.ep, self.etp, self.ep_overlap, self.ep_dedup)
+                     if not (overlap or dedup) or ep > 1)
 
     def candidates(self) -> Iterator[Strategy]:
         """Every combination of the allowed values with the right product, valid or not."""
-        for layout, zero, rc, mb, pipe, place, seqpar, precision, short, group, (ep, etp, ov) in (
+        for layout, zero, rc, mb, pipe, place, seqpar, precision, short, group, expert in (
                 itertools.product(self.layouts(), self.zero, self.recompute, self.micro_batch,
                                   self.pipelines(), self.placement, self.sequence_parallel,
                                   self.precision, self.uneven, self.shard_group,
                                   self.experts())):
             ends = self._ends(layout.pp, short)
+            ep, etp, ov, dedup = expert
             if (ends == -1 or not _shard_group_ok(layout, zero, group)
                     or not _experts_ok(layout, ep, etp, self.etp)):
                 continue  # no split with the ends this much shorter, no such shard group or
@@ -203,7 +208,8 @@ class StrategySpace:
                            recompute=rc, micro_batch=mb, schedule=pipe.schedule, v=pipe.v,
                            placement=place, sequence_parallel=seqpar, precision=precision,
                            first_stage_layers=ends, last_stage_layers=ends,
-                           shard_group=group or None, ep=ep, etp=etp, ep_overlap=ov)
+                           shard_group=group or None, ep=ep, etp=etp, ep_overlap=ov,
+                           ep_dedup=dedup)
 
     def _ends(self, pp: int, short: int) -> int | None:
         """The first/last stage's layers for ``uneven`` = ``short`` (None: even; -1: none)."""
@@ -355,7 +361,7 @@ class StrategySpace:
         # a dense model (the only kind listed here): no expert parallelism
         dense = np.array([[ep == 1 and (etp is None or etp == x.tp)
                            and _experts_ok(x, ep, etp, self.etp)
-                           for ep, etp, _ in self.experts()] for x in layouts], bool)
+                           for ep, etp, _, _ in self.experts()] for x in layouts], bool)
         ok = ok & dense.reshape(len(layouts), 1, 1, 1, 1, 1, 1, 1, 1, 1, -1)
         found = np.flatnonzero(np.broadcast_to(ok, self._shape()))
         found.flags.writeable = False
@@ -375,7 +381,7 @@ class StrategySpace:
         for li, zi, ri, mi, pi, ci, si, qi, ui, hi, ei in zip(
                 *(a.tolist() for a in np.unravel_index(flat, shape))):
             layout, pipe = layouts[li], pipes[pi]
-            ep, etp, overlap = experts[ei]
+            ep, etp, overlap, dedup = experts[ei]
             ends = self._ends(layout.pp, self.uneven[ui])
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp,
                            zero=self.zero[zi], recompute=self.recompute[ri],
@@ -384,7 +390,7 @@ class StrategySpace:
                            sequence_parallel=self.sequence_parallel[si],
                            precision=self.precision[qi], first_stage_layers=ends,
                            last_stage_layers=ends, shard_group=self.shard_group[hi] or None,
-                           ep=ep, etp=etp, ep_overlap=overlap)
+                           ep=ep, etp=etp, ep_overlap=overlap, ep_dedup=dedup)
 
     def enumerate(self) -> tuple[Strategy, ...]:
         """Every valid strategy exactly once."""

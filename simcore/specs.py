@@ -473,6 +473,13 @@ class Strategy:
     ``--delay-wgrad-compute`` (``megatron/core/transformer/moe/README.md``, "Expert Parallel
     (EP) Communication Overlap"), what DeepSeek-V3's DualPipe does (arXiv:2412.19437 section
     3.2.1). Needs ep > 1."""
+    ep_dedup: bool = False
+    """The expert dispatch sends each token once to each remote node that holds any of its
+    experts and forwards it there over the node's links, and the combine returns it alike:
+    Megatron-LM's flex dispatcher with DeepEP or HybridEP (``--moe-token-dispatcher-type flex
+    --moe-flex-dispatcher-backend deepep``; ``megatron/core/transformer/moe/README.md``: "removes
+    redundant tokens during cross-node communication"), DeepSeek-V3's dispatch (arXiv:2412.19437
+    section 3.2.2). False: NCCL's all-to-all, a copy per expert. Needs ep > 1."""
     shard_group: int | None = None
     """HSDP: ranks each ZeRO-3 shard group spans (shard within, replicate across); None shards
     over the whole data-parallel group (dp * sp, plain ZeRO-3 / FSDP). A multiple of sp that

@@ -117,6 +117,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ep-overlap", action="store_true",
                    help="the expert all-to-alls beside another micro-batch's compute"
                    " (Megatron-LM's --overlap-moe-expert-parallel-comm)")
+    g.add_argument("--ep-dedup", action="store_true",
+                   help="the expert all-to-alls send a token once per remote node that holds"
+                   " its experts (DeepEP / HybridEP: Megatron-LM's flex dispatcher)")
     g.add_argument("--shard-group", type=int, metavar="N",
                    help="HSDP: ranks of a ZeRO-3 shard group, replicated across the rest of"
                    " dp x sp (needs --zero 3; default: shard over all of them)")
@@ -169,7 +172,8 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
             placement=_placement(args.placement),
             precision=Precision(args.precision), first_stage_layers=args.first_stage_layers,
             last_stage_layers=args.last_stage_layers, shard_group=args.shard_group,
-            ep=args.ep, etp=args.etp, ep_overlap=args.ep_overlap, layout=layout,
+            ep=args.ep, etp=args.etp, ep_overlap=args.ep_overlap, ep_dedup=args.ep_dedup,
+            layout=layout,
         )
     except ValueError as e:
         raise PlannerUsageError(f"strategy: {e}") from None
@@ -290,7 +294,8 @@ def _describe(s: Strategy) -> str:
     if s.shard_group is not None:
         parts.append(f"HSDP shard group {s.shard_group}")
     if s.ep > 1 or s.etp is not None:
-        parts.append(f"ep={s.ep} etp={s.expert_tp}" + (" overlapped" if s.ep_overlap else ""))
+        parts.append(f"ep={s.ep} etp={s.expert_tp}" + (" overlapped" if s.ep_overlap else "")
+                     + (" deduplicated" if s.ep_dedup else ""))
     if s.layout is not None:
         parts.append("layers per stage " + " + ".join(map(str, s.stage_layers(0)))
                      + f" (layout {format_layout(s.layout)})")

@@ -5,6 +5,7 @@ from NVIDIA/Megatron-LM@d98e8a64 ``megatron/training/arguments.py`` and
 from __future__ import annotations
 
 from planner.plan import Plan
+from simcore.specs import Strategy
 
 __all__ = ["megatron_moe_args"]
 
@@ -22,19 +23,29 @@ def _layer_freq(plan: Plan) -> str:
     return "'" + str(pattern).replace(" ", "") + "'"
 
 
+def _dispatcher(s: Strategy) -> list[str]:
+    """The token dispatcher: NCCL's all-to-all, or with ``ep_dedup`` the flex dispatcher on
+    DeepEP, which "removes redundant tokens during cross-node communication" (``moe/README.md``
+    d98e8a64, FlexDispatcher)."""
+    if s.ep_dedup:
+        return ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]
+    return ["--moe-token-dispatcher-type alltoall"]
+
+
 def megatron_moe_args(plan: Plan) -> list[str]:
     """The MoE options with comment lines; empty for a dense model."""
     m, s = plan.model, plan.strategy
     moe = m.moe
     if moe is None:
         return []
-    args = [f"# mixture of experts: {moe.experts} experts, top-{moe.top_k}, all-to-all dispatcher"
+    kind = "DeepEP flex" if s.ep_dedup else "all-to-all"
+    args = [f"# mixture of experts: {moe.experts} experts, top-{moe.top_k}, {kind} dispatcher"
             " (as estimated: dispatch and combine on the critical path)",
             f"--num-experts {moe.experts}",
             f"--moe-router-topk {moe.top_k}",
             f"--moe-ffn-hidden-size {moe.expert_ffn}",
             f"--moe-layer-freq {_layer_freq(plan)}",
-            "--moe-token-dispatcher-type alltoall",
+            *_dispatcher(s),
             "--moe-grouped-gemm",
             f"--expert-model-parallel-size {s.ep}",
             f"--expert-tensor-parallel-size {s.expert_tp}"]

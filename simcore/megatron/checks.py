@@ -117,6 +117,8 @@ def _check_experts(model: ModelSpec, s: Strategy) -> None:
     moe = model.moe
     if s.ep_overlap and s.ep == 1:
         raise ValueError("ep_overlap overlaps the expert all-to-alls, which need ep > 1")
+    if s.ep_dedup and s.ep == 1:
+        raise ValueError("ep_dedup deduplicates the expert all-to-alls, which need ep > 1")
     if moe is None:
         if s.ep > 1 or (s.etp is not None and s.etp != s.tp):
             raise ValueError(f"ep={s.ep}, etp={s.expert_tp}: expert parallelism needs a model"

@@ -45,10 +45,10 @@ from simcore.network import Collective
 from simcore.specs import Activation, ModelSpec, MoESpec, Recompute, Strategy, ZeroStage
 
 if TYPE_CHECKING:
-    from simcore.megatron.plan import StepPlan
+    from simcore.megatron.plan import Comm, StepPlan
 
 __all__ = ["ExpertKernels", "MoEShape", "dispatch_bytes", "expert_activations", "expert_calls",
-           "expert_grad_calls", "expert_kernels", "moe_shape", "routed_rows"]
+           "expert_comm", "expert_grad_calls", "expert_kernels", "moe_shape", "routed_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +168,19 @@ def expert_calls(model: ModelSpec, s: Strategy, tokens: float, act_bytes: int) -
     if s.ep > 1:
         calls.append((ExpertPart.EP, Collective.ALL_TO_ALL, size))
     return calls
+
+
+def expert_comm(comm: Comm, model: ModelSpec, s: Strategy, tokens: float,
+                act_bytes: int) -> float:
+    """Seconds of one MoE layer's forward collectives (:func:`expert_calls`); with
+    ``ep_dedup`` its two all-to-alls send each token once per remote block that holds any of its
+    experts (:func:`simcore.megatron.placement.pairwise_all_to_all`)."""
+    calls = expert_calls(model, s, tokens, act_bytes)
+    if not s.ep_dedup:
+        return comm.total(calls)
+    rest = [c for c in calls if c[0] is not ExpertPart.EP]
+    return comm.total(rest) + 2 * comm.dispatch(dispatch_bytes(model, tokens, act_bytes),
+                                                _moe(model).top_k)
 
 
 def expert_grad_calls(p: StepPlan, params: float) -> tuple[list[Call], list[Call]]:

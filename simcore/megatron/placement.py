@@ -125,6 +125,7 @@ class AxisNetworks:
         """Per call on the axis: the call latency of every dimension it spans."""
         self._times: dict[tuple[AxisLike, Collective, int], float] = {}
         self._p2p: dict[tuple[Axis, int], float] = {}
+        self._dedup: dict[tuple[int, int], float] = {}
 
     def collective(self, axis: AxisLike, collective: Collective, size_bytes: float) -> float:
         """Seconds for one collective over the axis's group (size as ASTRA-sim takes it: the
@@ -146,6 +147,20 @@ class AxisNetworks:
             self._times[key] = cached
         return cached
 
+    def dispatch(self, size_bytes: float, top_k: int) -> float:
+        """Seconds for an all-to-all over the ep group that sends each token once per block
+        holding its experts (:func:`pairwise_all_to_all` with ``dedup_k``); 0 for ep 1."""
+        network = self.networks.get(ExpertPart.EP)
+        size = int(size_bytes)
+        if network is None or size <= 0:
+            return 0.0
+        key = (size, top_k)
+        cached = self._dedup.get(key)
+        if cached is None:
+            cached = self._dedup[key] = (pairwise_all_to_all(network, size, top_k)
+                                         + self._call[ExpertPart.EP])
+        return cached
+
     def p2p(self, axis: Axis, size_bytes: float) -> float:
         """Seconds to send a message to the next rank along the axis."""
         network = self.networks[axis]
@@ -160,18 +175,33 @@ class AxisNetworks:
         return cached
 
 
-def pairwise_all_to_all(network: Network, size: int) -> float:
+def pairwise_all_to_all(network: Network, size: int, dedup_k: int | None = None) -> float:
     """Seconds for an all-to-all of ``size`` bytes per rank as NCCL runs it: pairwise sends,
     each rank sending ``size / n`` to every other rank once. A message travels over the outermost
     dimension in which the two ranks differ; the dimensions' links work at once, so the time is
     the slowest dimension's bytes over its link bandwidth, plus its latency: for a node of g GPUs
     in N nodes, ``size (N - 1) / N`` over the network between nodes and ``size (g - 1) / (g N)``
     inside the node. (ASTRA-sim's ring all-to-all forwards each piece hop by hop, about n/2
-    times the bytes; its direct one gives every pair a link of its own: neither is a switch.)"""
+    times the bytes; its direct one gives every pair a link of its own: neither is a switch.)
+
+    ``dedup_k``: ``size`` holds each token's ``k`` expert copies, and the dispatch sends a token
+    once to each block of another dimension that holds any of its experts, which forwards it
+    over the dimensions inside (DeepEP / HybridEP: one RDMA copy per remote node, then NVLink).
+    With the experts spread evenly, a token reaches each of the ``n - 1`` other blocks of a
+    dimension with probability ``1 - (1 - b / N)^k`` (blocks of ``b`` of the ``N`` ranks), so
+    that dimension carries ``size / k (n - 1)(1 - (1 - b / N)^k)``: for 2 nodes at top-8, a
+    quarter of the ``size (n - 1) / n`` above. The innermost dimension forwards every copy not
+    for the rank it lands on: ``size (n - 1) / n``."""
     per_peer = size / network.npus
     inner, slowest = 1, 0.0
-    for dim in network.dims:
-        sent = per_peer * (dim.npus - 1) * inner
+    for i, dim in enumerate(network.dims):
+        if dedup_k is None:
+            sent = per_peer * (dim.npus - 1) * inner
+        elif i == 0:
+            sent = size * (dim.npus - 1) / dim.npus
+        else:
+            hit = 1 - (1 - inner / network.npus) ** dedup_k
+            sent = size / dedup_k * (dim.npus - 1) * hit
         slowest = max(slowest, sent / dim.bandwidth_bytes_per_s + dim.latency_s)
         inner *= dim.npus
     return slowest

@@ -87,6 +87,11 @@ class Comm:
         t = self.nets.p2p(axis, size_bytes)
         return t + self.launch if t else 0.0
 
+    def dispatch(self, size_bytes: float, top_k: int) -> float:
+        """A deduplicated expert all-to-all (:meth:`AxisNetworks.dispatch`)."""
+        t = self.nets.dispatch(size_bytes, top_k)
+        return t + self.launch if t else 0.0
+
 
 class StepPlan:
     """The quantities every part of the estimate shares.

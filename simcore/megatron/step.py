@@ -49,7 +49,7 @@ from simcore.megatron.calls import (
 from simcore.megatron.checks import check_plan
 from simcore.megatron.flops import model_flops as _model_flops
 from simcore.megatron.flops import recompute_flops as _recompute_flops
-from simcore.megatron.moe import expert_calls, expert_grad_calls
+from simcore.megatron.moe import expert_comm, expert_grad_calls
 from simcore.megatron.pipeline import head_stage, in_flight, pipeline_time, zbv_time
 from simcore.megatron.plan import StepPlan, uses_flash_attention
 from simcore.megatron.precision import FP8_BYTES
@@ -141,8 +141,7 @@ def _moe_layer(p: StepPlan) -> _Layer:
     tp = pairs * p.comm.total(tp_pair_calls(p))
     layer = _layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
                       k.core_forward, tp, k.gemm_forward, k.gemm_dgrad)
-    ep = p.comm.total(expert_calls(p.model, p.s, p.expert_tokens,
-                                   p.training.bytes_per_activation))
+    ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
     again = ep if p.s.recompute is Recompute.FULL else 0.0
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
         hidden = _hidden(p, 2 * ep + again, layer.compute)

@@ -281,11 +281,12 @@ class EstimateCommand(BaseCommand):
             aware = system.network.congestion is Congestion.AWARE
             stack = "Megatron-Core + Transformer Engine" if te else "classic stack"
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
-                  f"{', congestion-aware' if aware else ''}, {stack}): {_describe(strategy)}")
+                  f"{', congestion-aware' if aware else ''}, {stack}):"
+                  f" {_describe(strategy, model.layers)}")
             print(_table(est))
 
 
-def _describe(s: Strategy) -> str:
+def _describe(s: Strategy, layers: int) -> str:
     parts = [f"dp={s.dp} tp={s.tp} pp={s.pp} sp={s.sp}", f"micro-batch {s.micro_batch}",
              f"{s.schedule.value}" + (f" v={s.v}" if s.v > 1 else ""),
              f"recompute {s.recompute.value}"]
@@ -297,7 +298,7 @@ def _describe(s: Strategy) -> str:
         parts.append(f"ep={s.ep} etp={s.expert_tp}" + (" overlapped" if s.ep_overlap else "")
                      + (" deduplicated" if s.ep_dedup else ""))
     if s.layout is not None:
-        parts.append("layers per stage " + " + ".join(map(str, s.stage_layers(0)))
+        parts.append("layers per stage " + " + ".join(map(str, s.stage_layers(layers)))
                      + f" (layout {format_layout(s.layout)})")
     elif s.uneven:
         parts.append(f"stages: first {s.first_stage_layers or 'even'},"

@@ -67,6 +67,7 @@ def _params(name: str) -> tuple[float, float]:
     ("mixtral-8x22b", 141, 39),      # Mistral, "Cheaper, Better, Faster, Stronger" (04/2024)
     ("deepseek-v3", 671, 37),        # arXiv:2412.19437 abstract: 671B total, 37B activated
     ("qwen3-30b-a3b", 30.5, 3.3),    # Qwen3-30B-A3B model card: 30.5B total, 3.3B activated
+    ("qwen3-235b-a22b", 235, 22),    # Qwen3-235B-A22B model card: 235B total, 22B activated
 ])
 def test_catalog_shapes_give_the_published_parameter_counts(name, total, active) -> None:
     got_total, got_active = _params(name)
@@ -264,3 +265,80 @@ def test_ep_overlap_reads_back_from_trials_and_from_a_results_table() -> None:
     attrs = strategy_dict(replace(PLAN, ep_overlap=True)) | {"placement": "tp,sp,dp,pp"}
     for stored, expected in ((True, True), (1, True), (float("nan"), False), (None, False)):
         assert strategy_from_attrs(attrs | {"ep_overlap": stored}).ep_overlap is expected
+
+
+def test_fp8_keeps_the_expert_gemms_inputs_in_one_byte() -> None:
+    # Transformer Engine's grouped linear layer saves its inputs quantised, as its dense linear
+    # layers do. By hand, Mixtral at micro-batch 1, seq 4096, tp 1: T = 4096 tokens, k = 2,
+    # so 8,192 routed rows; FC1's input is h = 4,096 wide and FC2's the expert FFN, 14,336:
+    # FP8 saves 1 byte of each, 8192 x (4096 + 14336) bytes a layer.
+    from simcore.specs import Precision
+    h100 = DeviceSpec(name="x", peak_flops_per_s=1e15, hbm_bytes=80e9,
+                      hbm_bandwidth_bytes_per_s=3e12, fp8_peak_flops_per_s=2e15)
+    system = replace(H100_64, device=h100)
+    training = TrainingSpec(global_batch=256, seq_len=4096, transformer_engine=True)
+    plan = replace(PLAN, recompute=Recompute.NONE)
+    bf16 = StepPlan(MIXTRAL, system, training, plan)
+    fp8 = StepPlan(MIXTRAL, system, training, replace(plan, precision=Precision.FP8))
+    assert bf16.expert_act - fp8.expert_act == pytest.approx(8192 * (4096 + 14336), rel=1e-12)
+    assert bf16.expert_act_full - fp8.expert_act_full == pytest.approx(8192 * (4096 + 14336))
+
+
+@pytest.mark.parametrize(("model", "ep", "dedup", "forward", "backward"), [
+    # Counted in the sources at NVIDIA/Megatron-LM@d7288711 (Megatron-Bridge v0.4.0's) and
+    # Transformer Engine 2.14 for Megatron-Bridge's H100 FP8 (current scaling) presets, one
+    # micro-batch on one rank, collectives apart:
+    # Qwen3-30B-A3B ep 16 on HybridEP, 8 local experts: router GEMM 1 + 8 small, dispatch and
+    # combine 15, FC1 and FC2 a GEMM each per expert (16), SwiGLU 1, two inputs quantised per
+    # expert in 4 kernels (64): 105 forward; backward router 2 GEMMs + 8, 10, 32 GEMMs, SwiGLU's
+    # 2, 64 quantisations of the output gradients: 118.
+    ("qwen3-30b-a3b", 16, True, 105, 118),
+    # Qwen3-235B-A22B ep 32 on the all-to-all dispatcher, 4 local experts: 1 + 8 + 19 + 8 + 1 +
+    # 32 = 69 forward; 2 + 8 + 7 + 16 + 2 + 32 = 67 backward.
+    ("qwen3-235b-a22b", 32, False, 69, 67),
+])
+def test_expert_kernel_inventory_counts_megatron_s_launches(model, ep, dedup, forward,
+                                                            backward) -> None:
+    # With every rate infinite each kernel costs the launch floor: 1 s, so seconds = kernels.
+    inf = float("inf")
+    costs = KernelCosts(flop_rate=inf, byte_rate=inf, attention_rate=inf, launch=1.0,
+                        sm_count=0, fp8_rate=inf)
+    k = expert_kernels(CATALOG.model(model), costs, tokens=4096, ep=ep, etp=1, act_bytes=2,
+                       dedup=dedup)
+    assert (k.kernels_forward, k.kernels_backward) == (forward, backward)
+    assert (k.forward, k.backward) == (forward, backward)
+
+
+def test_other_stacks_run_the_experts_as_one_grouped_gemm() -> None:
+    # Without Transformer Engine FC1 and FC2 are one grouped kernel each and every FP8 input
+    # one cast over all local experts: Qwen3-30B-A3B ep 16 forward 1 + 8 + 19 + 2 + 1 + 2 = 33
+    inf = float("inf")
+    costs = KernelCosts(flop_rate=inf, byte_rate=inf, attention_rate=inf, launch=1.0,
+                        sm_count=0, fp8_rate=inf)
+    k = expert_kernels(CATALOG.model("qwen3-30b-a3b"), costs, tokens=4096, ep=16, etp=1,
+                       act_bytes=2, transformer_engine=False)
+    assert (k.kernels_forward, k.forward) == (33, 33)
+    assert (k.kernels_backward, k.backward) == (2 + 8 + 7 + 4 + 2 + 2, 25)
+
+
+def test_expert_kernels_move_their_bytes_once_each() -> None:
+    # With launches free, GEMMs instant and 1 byte/s, Qwen3-30B-A3B ep 16 (T = 4096 tokens,
+    # 128 experts, top-8: 32,768 rows, h 2048, expert FFN 768) forward moves, by hand: the
+    # router's fp32 scores read and written 2 x 4 T E; the permute and unpermute 2 x 2 bytes x
+    # rows x h each; SwiGLU reads gate and up, writes one: 3 x 2 x rows x 768; FP8 quantises
+    # FC1's and FC2's inputs: amax reads 2 bytes, the cast reads 2 and writes 1 twice (6 bytes
+    # an element in all), rows x (2048 + 768); and every GEMM its operands (KernelCosts.gemm /
+    # .linear: the router's 16-bit, each of the 8 experts' FC1 and FC2 1-byte inputs and
+    # weights, 16-bit outputs, on 4,096 rows each)
+    inf = float("inf")
+    costs = KernelCosts(flop_rate=inf, byte_rate=1.0, attention_rate=inf, launch=0.0,
+                        sm_count=0, fp8_rate=inf)
+    k = expert_kernels(CATALOG.model("qwen3-30b-a3b"), costs, tokens=4096, ep=16, etp=1,
+                       act_bytes=2)
+    rows = 4096 * 8
+    expected = (2 * 4 * 4096 * 128 + 2 * (2 * 2 * rows * 2048) + 3 * 2 * rows * 768
+                + 6 * rows * (2048 + 768)
+                + 2 * (4096 * 2048 + 2048 * 128 + 4096 * 128)
+                + 8 * ((4096 * 2048 + 2048 * 1536) + 2 * 4096 * 1536)
+                + 8 * ((4096 * 768 + 768 * 2048) + 2 * 4096 * 2048))
+    assert k.forward == pytest.approx(expected, rel=1e-12)

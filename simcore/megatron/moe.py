@@ -11,11 +11,12 @@ sequence parallelism for MoE with tp > 1), ``k`` experts per token, ``E`` expert
 ``ep`` ranks and each expert's FFN over ``etp`` ranks, and the capacity factor ``c`` (the
 busiest rank's tokens over the mean; the step runs at it):
 
-- router: the (T x h) @ (h x E) GEMM and the score/top-k kernels;
+- router: the (T x h) @ (h x E) GEMM and its small kernels (:data:`ROUTER_KERNELS`);
 - permute the T k token copies by expert, all-to-all them over the ep group (dispatch), with
-  etp > 1 all-gather them over the etp group; the experts' FC1 and FC2 as grouped GEMMs (one
-  kernel each for the E / ep local experts, ``--moe-grouped-gemm``) on ``etp T k c / (E/ep)``
-  rows per expert with 1/etp of the width; the activation function; reduce-scatter over etp,
+  etp > 1 all-gather them over the etp group; the experts' FC1 and FC2 (``--moe-grouped-gemm``:
+  under Transformer Engine one GEMM launch per local expert, :func:`expert_kernels`) on
+  ``etp T k c / (E/ep)`` rows per expert with 1/etp of the width, in FP8 each input quantised
+  per expert (:data:`QUANTIZE_KERNELS`); the activation function; reduce-scatter over etp,
   all-to-all back (combine), unpermute and weight by the router's probabilities. Per rank that
   is ``2 T k c (3 h f_e)`` GEMM FLOPs forward with SwiGLU, whatever ep and etp;
 - backward: the same all-to-alls (and etp collectives) in reverse, each GEMM's input and weight
@@ -23,14 +24,15 @@ busiest rank's tokens over the mean; the step runs at it):
 
 All-to-all size: each rank sends (and receives) its ``T k c`` rows of h 16-bit values, minus
 the share that stays on it (``(ep-1)/ep``, as the collective layer times an all-to-all of that
-per-rank buffer). The all-to-alls are on the critical path (Megatron-LM overlaps them only with
-``--overlap-moe-expert-parallel-comm``, not modelled).
+per-rank buffer). The all-to-alls are on the critical path unless the plan overlaps them
+(``ep_overlap``: Megatron-LM's ``--overlap-moe-expert-parallel-comm``).
 
 Activations kept for backward, per rank (16-bit): the router's input ``2 T h`` and fp32
 probabilities ``4 T E``, the permuted input ``2 T k c h`` (FC1's input), FC1's output
 ``2 etp T k c (2 f_e/etp)`` with SwiGLU (``f_e/etp`` otherwise), the activation's output ``2 T k
 c f_e`` (FC2's input), and FC2's output ``2 T k c h`` (the combine weights the rows by the
-probabilities). Full recompute keeps only the layer input; selective keeps everything here.
+probabilities). In FP8 FC1's and FC2's inputs are kept quantised, 1 byte an element. Full
+recompute keeps only the layer input; selective keeps everything here.
 """
 
 from __future__ import annotations
@@ -41,13 +43,15 @@ from typing import TYPE_CHECKING
 from simcore.megatron.calls import Call
 from simcore.megatron.kernels import BACKWARD_KERNELS, KernelCosts
 from simcore.megatron.placement import ExpertPart
+from simcore.megatron.precision import CAST_BYTES
 from simcore.network import Collective
 from simcore.specs import Activation, ModelSpec, MoESpec, Recompute, Strategy, ZeroStage
 
 if TYPE_CHECKING:
     from simcore.megatron.plan import Comm, StepPlan
 
-__all__ = ["ExpertKernels", "MoEShape", "dispatch_bytes", "expert_activations", "expert_calls",
+__all__ = ["DISPATCH_KERNELS", "QUANTIZE_KERNELS", "ROUTER_KERNELS", "ExpertKernels", "MoEShape",
+           "dispatch_bytes", "expert_activations", "expert_calls",
            "expert_comm", "expert_grad_calls", "expert_kernels", "moe_shape", "routed_rows"]
 
 
@@ -90,6 +94,31 @@ def routed_rows(model: ModelSpec, tokens: float) -> float:
     return tokens * moe.top_k * moe.capacity_factor
 
 
+ROUTER_KERNELS = 8
+"""Small kernels of the router besides its GEMM, forward and backward alike, with Megatron-LM's
+router fusion (``--moe-router-fusion``, Transformer Engine's fused top-k, aux-loss score and aux
+loss): at NVIDIA/Megatron-LM@d7288711 ``moe/router.py`` and ``moe/moe_utils.py`` forward the top-
+k, the aux-loss scores, the tokens-per-expert histogram, the aux loss, its two logging updates and
+the benchmark's random logits (2); backward their gradients, the loss scaler's two, and the adds
+that merge the logits' and the input's gradients and accumulate the weight gradient."""
+
+DISPATCH_KERNELS = {False: (19, 7), True: (15, 10)}
+"""Small kernels of the token dispatch and combine, forward and backward, by whether the
+dispatch is deduplicated: Megatron-LM's all-to-all dispatcher (``moe/token_dispatcher.py`` at
+d7288711: its preprocess 6, the fused permute 4, the sort by expert 2, the FP8 padding 3, the sort
+back 3, the unpermute 1; backward 7) or its flex dispatcher on HybridEP (the probabilities' cast,
+the dispatch's metadata, scan, padding and permute kernels, the combine's unpermute and syncs:
+about 15, backward 10; HybridEP's build flags move these by 2-4). Two of them, the permute and the
+unpermute, move every routed row; the others are index and count kernels, at the launch floor."""
+
+QUANTIZE_KERNELS = 4
+"""Kernels to quantise one expert's GEMM input to FP8 under Transformer Engine's tensor-wise
+current-scaling recipe (Megatron-Bridge's FP8 presets, "FP8-CS"): zero the amax, compute it,
+compute the scale, cast (and transpose). TE 2.14 (NVIDIA/TransformerEngine@71bbefbf,
+``pytorch/csrc/extensions/cast.cpp`` ``split_quantize``, ``csrc/quantizer.cpp``) loops them over
+the local experts, one tensor at a time."""
+
+
 @dataclass(frozen=True, slots=True)
 class ExpertKernels:
     """Seconds of the routed experts' kernels for one micro-batch on one rank, and their count."""
@@ -102,51 +131,92 @@ class ExpertKernels:
     kernels_backward: int
 
 
+def _quantize(costs: KernelCosts, elements: float) -> float:
+    """One tensor's FP8 quantisation (:data:`QUANTIZE_KERNELS`): the amax reads it in 16 bits,
+    the cast writes it twice in FP8 (row- and column-wise), two kernels at the launch floor."""
+    return (2 * costs.launch + costs.elementwise(2 * elements)
+            + costs.elementwise(CAST_BYTES * elements))
+
+
 def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: int, etp: int,
-                   act_bytes: int) -> ExpertKernels:
-    """The router and routed experts of one MoE layer for ``tokens`` tokens on this rank."""
+                   act_bytes: int, dedup: bool = False,
+                   transformer_engine: bool = True) -> ExpertKernels:
+    """The router and routed experts of one MoE layer for ``tokens`` tokens on this rank.
+
+    The kernel inventory is that of Megatron-LM with Transformer Engine (module docstring): the
+    router's GEMM and :data:`ROUTER_KERNELS`; the dispatcher's :data:`DISPATCH_KERNELS`; each
+    local expert's FC1 and FC2 as GEMMs of their own (TE's grouped linear layer runs one cuBLAS
+    GEMM per expert, on side streams: ``common/gemm/cublaslt_gemm.cu``
+    ``multi_stream_cublas_gemm``; its grouped CUTLASS kernel is 16-bit only and opt-in), and in
+    FP8 the quantisation of each expert's GEMM inputs forward (FC1's, FC2's) and output
+    gradients backward (:data:`QUANTIZE_KERNELS` each); the activation function over all local
+    rows. FP8 expert weights are cast once a step and are not counted. Without
+    ``transformer_engine`` (another stack's grouped GEMM: DeepGEMM, PyTorch's ``grouped_mm``)
+    FC1 and FC2 are one grouped kernel each over the local experts, and each FP8 input is cast
+    by one kernel over all of them."""
     moe = _moe(model)
     h, a, e = model.hidden, act_bytes, moe.experts
-    local = e / ep
+    local = max(1, e // ep)
     rows = routed_rows(model, tokens)  # T k c: this rank's token copies
     per_expert = etp * rows / local  # rows of each local expert's GEMMs after the etp gather
     swiglu = model.activation is Activation.SWIGLU
     width = moe.expert_ffn / etp
-    fc1 = (per_expert, (2 if swiglu else 1) * width, h)
+    fc1_width = (2 if swiglu else 1) * width
+    fc1 = (per_expert, fc1_width, h)
     fc2 = (per_expert, h, width)
-    router = (tokens, e, h)
-    gemms = []
+    launches = local if transformer_engine else 1  # GEMM launches per FC
+    batch = 1 if transformer_engine else local  # experts per launch
+    expert_fwd = expert_dgrad = expert_wgrad = 0.0
     for m, n, k in (fc1, fc2):
-        gemms.append((costs.linear(m, n, k, local), costs.linear(m, k, n, local),
-                      costs.linear(k, n, m, local)))
-    m, n, k = router
-    gemms.append((costs.gemm(m, n, k), costs.gemm(m, k, n), costs.gemm(k, n, m)))
-    # Router scores (fp32) and top-k; permute and unpermute (read and write each copy's row,
-    # once each way); the activation function over the local experts' rows.
-    elementwise = [2 * 4 * tokens * e, 2 * a * rows * h, 2 * a * rows * h,
-                   (3 if swiglu else 2) * a * etp * rows * width]
-    ew_fwd = [costs.elementwise(x) for x in elementwise]
-    forward = sum(g[0] for g in gemms) + sum(ew_fwd)
-    wgrad = sum(g[2] for g in gemms)
-    backward = (sum(g[1] for g in gemms) + wgrad
-                + sum(BACKWARD_KERNELS * costs.elementwise(x) for x in elementwise))
-    return ExpertKernels(forward=forward, backward=backward, wgrad=wgrad,
-                         kernels_forward=len(gemms) + len(elementwise),
-                         kernels_backward=2 * len(gemms) + BACKWARD_KERNELS * len(elementwise))
+        expert_fwd += launches * costs.linear(m, n, k, batch)
+        expert_dgrad += launches * costs.linear(m, k, n, batch)
+        expert_wgrad += launches * costs.linear(k, n, m, batch)
+    m, n, k = tokens, e, h
+    router = (costs.gemm(m, n, k), costs.gemm(m, k, n), costs.gemm(k, n, m))
+    small_fwd, small_bwd = DISPATCH_KERNELS[dedup]
+    move = costs.elementwise(2 * a * rows * h)  # the permute or the unpermute of every row
+    activation = costs.elementwise((3 if swiglu else 2) * a * etp * rows * width)
+    scores = costs.elementwise(2 * 4 * tokens * e)  # the router's fp32 scores, read and written
+    forward = (router[0] + scores + (ROUTER_KERNELS - 1) * costs.launch + 2 * move
+               + (small_fwd - 2) * costs.launch + expert_fwd + activation)
+    backward = (router[1] + router[2] + scores + (ROUTER_KERNELS - 1) * costs.launch + 2 * move
+                + (small_bwd - 2) * costs.launch + expert_dgrad + expert_wgrad
+                + BACKWARD_KERNELS * activation)
+    n_fwd = 1 + ROUTER_KERNELS + small_fwd + 2 * launches + 1
+    n_bwd = 2 + ROUTER_KERNELS + small_bwd + 4 * launches + BACKWARD_KERNELS
+    if costs.fp8_rate is not None:
+        fwd_inputs, bwd_inputs = (per_expert * h, per_expert * width), (per_expert * h,
+                                                                         per_expert * fc1_width)
+        if transformer_engine:
+            forward += local * sum(_quantize(costs, x) for x in fwd_inputs)
+            backward += local * sum(_quantize(costs, x) for x in bwd_inputs)
+            n_fwd += 2 * QUANTIZE_KERNELS * local
+            n_bwd += 2 * QUANTIZE_KERNELS * local
+        else:
+            forward += sum(costs.elementwise(CAST_BYTES * local * x) for x in fwd_inputs)
+            backward += sum(costs.elementwise(CAST_BYTES * local * x) for x in bwd_inputs)
+            n_fwd += 2
+            n_bwd += 2
+    return ExpertKernels(forward=forward, backward=backward, wgrad=router[2] + expert_wgrad,
+                         kernels_forward=n_fwd, kernels_backward=n_bwd)
 
 
 def expert_activations(model: ModelSpec, *, tokens: float, etp: int, act_bytes: int,
-                       recompute: Recompute) -> float:
+                       recompute: Recompute, linear_input_bytes: float | None = None) -> float:
     """Bytes the router and routed experts keep for backward, on one rank (module docstring);
-    0 under full recompute (the layer input, counted with the attention, is all it keeps)."""
+    0 under full recompute (the layer input, counted with the attention, is all it keeps).
+    ``linear_input_bytes``: what FC1's and FC2's saved inputs take an element (FP8: 1, as
+    Transformer Engine's grouped linear layer saves its inputs quantised, as its dense linear
+    layers do, :mod:`simcore.megatron.activations`); the activation width by default."""
     if recompute is Recompute.FULL:
         return 0.0
     moe = _moe(model)
     h, a, f = model.hidden, act_bytes, moe.expert_ffn
+    x = a if linear_input_bytes is None else linear_input_bytes
     rows = routed_rows(model, tokens)
     fc1_out = (2 if model.activation is Activation.SWIGLU else 1) * f
-    return (a * tokens * h + 4 * tokens * moe.experts + a * rows * h + a * rows * fc1_out
-            + a * rows * f + a * rows * h)
+    return (a * tokens * h + 4 * tokens * moe.experts + x * rows * h + a * rows * fc1_out
+            + x * rows * f + a * rows * h)
 
 
 def dispatch_bytes(model: ModelSpec, tokens: float, act_bytes: int) -> float:

@@ -195,9 +195,10 @@ class StepPlan:
             ))
         self.experts = _shared(
             shared, ("experts", s.micro_batch, s.sp, s.tp, s.ep, s.expert_tp, s.precision,
-                     self.te),
+                     self.te, s.ep_dedup),
             lambda: expert_kernels(model, self.costs, tokens=self.expert_tokens, ep=s.ep,
-                                   etp=s.expert_tp, act_bytes=a))
+                                   etp=s.expert_tp, act_bytes=a, dedup=s.ep_dedup,
+                                   transformer_engine=self.te))
         self.moe_act: LayerActivations = _shared(
             shared, ("moe act", s.micro_batch, s.tp, s.sp, s.sequence_parallel, s.recompute,
                      self.fp8),
@@ -206,12 +207,15 @@ class StepPlan:
                 sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=s.recompute,
                 flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2, ffn=width,
             ))
+        saved = FP8_BYTES if self.fp8 else a
         self.expert_act = expert_activations(model, tokens=self.expert_tokens, etp=s.expert_tp,
-                                             act_bytes=a, recompute=s.recompute)
+                                             act_bytes=a, recompute=s.recompute,
+                                             linear_input_bytes=saved)
         """The router's and routed experts' kept activations (0 under full recompute)."""
         self.expert_act_full = expert_activations(model, tokens=self.expert_tokens,
                                                   etp=s.expert_tp, act_bytes=a,
-                                                  recompute=Recompute.NONE)
+                                                  recompute=Recompute.NONE,
+                                                  linear_input_bytes=saved)
 
 
 def _stage_moe_layers(model: ModelSpec, stage_layers: tuple[int, ...]) -> tuple[int, ...]:

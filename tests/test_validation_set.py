@@ -34,7 +34,7 @@ V100_CHECK_REGRET = 0.03  # measured 2.0%
 # Below issue 14's targets, held so that they do not get worse (README there: Megatron-Core with
 # Transformer Engine in FP8 on H100 runs faster than the llm-foundry-fit H100 says).
 H100_MEGATRON_FIT_MEDIAN = 0.045  # measured 3.3% (fit on these rows: fused_attention_efficiency)
-H100_MEGATRON_CHECK_MEDIAN = 0.14  # measured 12.3%, both runs slower than measured
+H100_MEGATRON_CHECK_MEDIAN = 0.10  # measured 9.1% (Llama 3 70B +14%, +11%; 405B -7.5%, +1.0%)
 MOE_CHECK_MEDIAN = 0.09  # measured 8.2% (31.6% before the MoE layer's kernel inventory)
 MOE_CHECK_MAPE = 0.16  # measured 14.8%, DeepSeek-V3's report +43% of it (25.8% before)
 ONE_NODE_REGRET = 0.01
@@ -139,9 +139,10 @@ def test_h100_megatron_fit_and_check_error(capsys) -> None:
     assert fit["step_time_runs"] == 9
     assert fit["step_time_median_ape"] <= H100_MEGATRON_FIT_MEDIAN
     check = _validate(capsys, "h100-megatron-check.csv")
-    assert check["step_time_runs"] == 2
+    assert check["step_time_runs"] == 4
     assert check["step_time_median_ape"] <= H100_MEGATRON_CHECK_MEDIAN
-    assert all(row["step_time_error"] > 0 for row in check["rows"])  # both estimated slow
+    seventy = [row for row in check["rows"] if "llama3-70b" in row["name"]]
+    assert len(seventy) == 2 and all(row["step_time_error"] > 0 for row in seventy)  # slow
 
 
 def test_classic_rows_are_estimated_without_transformer_engine(capsys) -> None:

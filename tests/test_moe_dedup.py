@@ -19,7 +19,7 @@ from search_spaces.frameworks import why_not
 from search_spaces.space import StrategySpace
 from simcore.megatron.placement import pairwise_all_to_all
 from simcore.network import Network
-from simcore.specs import Convention, Precision, Strategy, TrainingSpec, ZeroStage
+from simcore.specs import Convention, Precision, Recompute, Strategy, TrainingSpec, ZeroStage
 
 CATALOG = load_catalog()
 QWEN = CATALOG.model("qwen3-30b-a3b")  # 128 experts, top-8
@@ -52,11 +52,11 @@ def test_the_estimate_charges_the_deduplicated_all_to_alls() -> None:
     dedup = simcore.estimate(QWEN, H100_16, TRAINING, replace(EP16, ep_dedup=True))
     # The flex dispatcher's small kernels (simcore.megatron.moe.DISPATCH_KERNELS: 15 forward
     # and 10 backward against the all-to-all dispatcher's 19 and 7) are one launch fewer a
-    # layer: 48 layers x 64 micro-batches (1024 / dp 16) of H100's 13.8 us launch floor
-    launch = H100_16.device.kernel_launch_s
-    fewer = 48 * 64 * launch * ((19 - 15) + (7 - 10))
-    recompute_fwd = 48 * 64 * launch * (19 - 15) if EP16.recompute.value == "full" else 0.0
-    assert plain.time.compute - dedup.time.compute == pytest.approx(fewer + recompute_fwd)
+    # layer without recompute: 48 layers x 64 micro-batches (1024 / dp 16) of H100's 13.8 us
+    # launch floor
+    assert EP16.recompute is Recompute.NONE
+    fewer = 48 * 64 * H100_16.device.kernel_launch_s * ((19 - 15) + (7 - 10))
+    assert plain.time.compute - dedup.time.compute == pytest.approx(fewer)
     # every all-to-all goes from the IB bound (size / 2) to the NVLink or the IB one of the
     # closed form above: about a quarter of the bytes across nodes
     assert 0.2 * plain.time.ep < dedup.time.ep < 0.35 * plain.time.ep

@@ -31,10 +31,14 @@ Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
   divides every stage's count; ``--num-virtual-stages-per-pipeline-rank`` gives v then).
 
 - fp8 (``megatron/core/transformer/transformer_config.py``: ``fp8`` is ``--fp8-format``,
-  ``fp8_amax_history_len``, ``fp8_amax_compute_algo``; ``fp8_recipe`` defaults to "delayed"):
-  ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``, as
-  ``examples/llama/train_llama3_8b_h100_fp8.sh`` runs Llama-3 8B in FP8 on H100s. Transformer
-  Engine runs the linear layers in FP8; ``--transformer-impl transformer_engine`` is the default.
+  ``fp8_recipe`` one of tensorwise, delayed, mxfp8, blockwise): ``--fp8-format hybrid
+  --fp8-recipe tensorwise``, per-tensor current scaling, as Megatron-Bridge's H100 FP8 presets
+  ("FP8-CS": ``src/megatron/bridge/training/mixed_precision.py``
+  ``bf16_with_fp8_current_scaling_mixed``) ran the measured FP8 runs the estimate is checked on
+  (``tests/data/validation``: h100-megatron-check, moe-check). The MoE layer's FP8 costs are
+  that recipe's (:data:`simcore.megatron.moe.QUANTIZE_KERNELS`); Megatron-LM's default,
+  delayed scaling, fuses the experts' casts. Transformer Engine runs the linear layers in FP8;
+  ``--transformer-impl transformer_engine`` is the default.
 
 Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.frameworks.why_not`.
 """
@@ -48,7 +52,6 @@ from search_spaces.frameworks import why_not
 from simcore.layout import format_layout
 from simcore.megatron import uses_flash_attention
 from simcore.megatron.plan import uses_fp8_param_gather, uses_transformer_engine
-from simcore.megatron.precision import AMAX_HISTORY_LEN
 from simcore.specs import (
     Activation,
     Family,
@@ -299,11 +302,10 @@ def precision_args(precision: Precision, *, param_gather: bool = False) -> list[
     linear layers' weights kept and all-gathered in FP8 (``--fp8-param-gather``)."""
     if precision is Precision.BF16:
         return []
-    args = ["# fp8: Transformer Engine runs the linear layers' GEMMs in FP8 (delayed scaling),",
-            "# as estimated; attention, LM head and optimizer stay bf16",
+    args = ["# fp8: Transformer Engine runs the linear layers' GEMMs in FP8 with per-tensor",
+            "# current scaling, as estimated; attention, LM head and optimizer stay bf16",
             "--fp8-format hybrid",
-            f"--fp8-amax-history-len {AMAX_HISTORY_LEN}",
-            "--fp8-amax-compute-algo max"]
+            "--fp8-recipe tensorwise"]
     if param_gather:
         args += ["# the linear layers' weights kept in FP8 only and all-gathered in FP8, as",
                  "# estimated (needs the distributed optimizer or Megatron-FSDP)",

@@ -28,7 +28,13 @@ bandwidth, with the launch floor of every kernel):
   orientations (TE's fused cast-transpose). The cast computes the tensor's amax as it reads it.
 - the delayed-scaling update (Megatron-LM's default ``fp8_recipe = "delayed"``): per linear layer
   and direction, one kernel rolls the amax history (``--fp8-amax-history-len`` entries, fp32)
-  of its FP8 tensors and computes their scales.
+  of its FP8 tensors and computes their scales. Per-tensor current scaling ("tensorwise", what
+  Megatron-Bridge's H100 FP8 presets run and the Megatron-LM export writes) computes the amax
+  before each cast instead; its dense layers come out within the checks' error with this
+  count (tests/data/validation h100-megatron-check, which ran it), where pricing a separate amax
+  pass and two scale kernels per cast puts them 4-6% slower. The routed experts' casts, which
+  Transformer Engine does not fuse under that recipe, are counted apart
+  (:data:`simcore.megatron.moe.QUANTIZE_KERNELS`).
 
 Memory: TE keeps an FP8 copy of each linear layer's weight (1 byte per parameter, on top of the
 16-bit weights and fp32 master weights); each linear layer saves its input for the weight
@@ -69,7 +75,7 @@ FP8 copies written (see the module docstring)."""
 
 AMAX_HISTORY_LEN = 1024
 """Entries of each FP8 tensor's amax history: ``--fp8-amax-history-len 1024`` as Megatron-LM's
-FP8 example uses it (examples/llama/train_llama3_8b_h100_fp8.sh, d98e8a64), and the exports."""
+FP8 example uses it (examples/llama/train_llama3_8b_h100_fp8.sh, d98e8a64)."""
 
 TENSORS_PER_LINEAR = 3
 """FP8 tensors of one linear layer with scaling state: input, weight and output gradient."""

@@ -16,8 +16,8 @@ Columns (a header row, any order; names as below, case-insensitive):
   string, e.g. ``Et*2|(t*2|)*34,t*3|(t*2|)*3,tL``; ``v`` defaults to its stages / pp),
   ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp),
   ``ep`` and ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp),
-  ``ep_overlap`` and ``ep_dedup`` (true/false; false), ``flash_attention`` (true/false; the model's and device's
-  default), ``transformer_engine`` (true/false: Megatron-Core with Transformer Engine, or the
+  ``ep_overlap`` and ``ep_dedup`` (true/false; false), ``flash_attention`` (true/false; the
+  model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with Transformer Engine, or the
   classic stack; the device's default for the plan's ZeRO stage), ``overlap_grad_reduce``
   (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
   the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
@@ -45,7 +45,7 @@ from planner.catalog import Catalog
 from planner.errors import PlannerUsageError
 from planner.fields import MAX_INTEGER, MAX_NUMBER, placement_axes
 from planner.inputs import read_text
-from simcore.layout import parse_layout
+from simcore.layout import layout_chunks, parse_layout
 from simcore.specs import (
     Axis,
     ModelSpec,
@@ -65,9 +65,8 @@ REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "mic
 MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
             "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
-            "shard_group", "ep", "etp",
-            "ep_overlap", "ep_dedup", "flash_attention", "transformer_engine", "overlap_grad_reduce",
-            "grad_bytes", "memory_measured", "name", "source", "notes")
+            "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
+            "transformer_engine", "overlap_grad_reduce", "grad_bytes", "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""
@@ -217,8 +216,8 @@ def _strategy(row: dict[str, str]) -> Strategy:
     named = _enum(row, "schedule", Schedule, None)
     layout = _layout(row)
     pp = _integer(row, "pp")
-    v = _integer(row, "v", 2 if named is Schedule.ZBV else
-                 len(layout) // pp if layout is not None and len(layout) % pp == 0 else 1)
+    from_layout = None if layout is None else layout_chunks(layout, pp)
+    v = _integer(row, "v", 2 if named is Schedule.ZBV else from_layout or 1)
     default_schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
     sequence_parallel = _boolean(row, "sequence_parallel")
     try:

@@ -133,9 +133,8 @@ def _check_uneven(strategy: Strategy, convention: Convention) -> None:
     DistIR study's equal stages, and STAGE's graph spreads the layers round-robin."""
     if convention is not Convention.MEGATRON:
         raise ValueError(
-            f"first_stage_layers / last_stage_layers / layout need the megatron convention, but"
-            f" the plan"
-            f" uses the {convention.value} convention (equal stages only)"
+            "first_stage_layers / last_stage_layers / layout need the megatron convention, but"
+            f" the plan uses the {convention.value} convention (equal stages only)"
         )
 
 

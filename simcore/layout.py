@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_layout", "parse_layout"]
+__all__ = ["format_layout", "layout_chunks", "parse_layout"]
 
 _GROUP = re.compile(r"\(([^)]+)\)\*(\d+)")
 _REPEAT = re.compile(r"(.)\*(\d+)")
@@ -40,6 +40,14 @@ def parse_layout(text: str) -> tuple[int, ...]:
         raise ValueError(f"pipeline layout {text!r}: the embedding E must open the first stage"
                          " and the loss L close the last, each once (Megatron's rule)")
     return tuple(stage.count("t") for stage in stages)
+
+
+def layout_chunks(layout: tuple[int, ...], pp: int) -> int | None:
+    """The model chunks per rank (v) a layout of ``pp`` ranks gives: its virtual stages / pp;
+    None when they do not divide (the strategy's check then says so in one line)."""
+    if pp >= 1 and len(layout) % pp == 0:
+        return len(layout) // pp
+    return None
 
 
 def format_layout(counts: tuple[int, ...]) -> str:

@@ -14,7 +14,7 @@ from planner.fields import placement_axes
 from planner.units import GB
 from simcore import convention_of, estimate
 from simcore.estimate import Estimate
-from simcore.layout import format_layout, parse_layout
+from simcore.layout import format_layout, layout_chunks, parse_layout
 from simcore.network import Congestion
 from simcore.specs import (
     Axis,
@@ -36,8 +36,9 @@ def _chunks(args: argparse.Namespace, layout: tuple[int, ...] | None = None) -> 
     else 1."""
     if args.v is not None:
         return int(args.v)
-    if layout is not None and args.pp >= 1 and len(layout) % args.pp == 0:
-        return len(layout) // args.pp
+    from_layout = None if layout is None else layout_chunks(layout, args.pp)
+    if from_layout is not None:
+        return from_layout
     return 2 if args.schedule == Schedule.ZBV.value else 1
 
 

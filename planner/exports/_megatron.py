@@ -198,8 +198,8 @@ def _uneven_args(plan: Plan) -> list[str]:
     """Megatron-LM's uneven pipeline split (``transformer_config.py`` d98e8a64, "Uneven PP": the
     stages without a set count split the rest evenly; ``argument_utils.py`` maps the options to
     ``num_layers_in_first/last_pipeline_stage``). The embedding and the LM head stay on the first
-    and last stage on top of their layers, as the estimate counts them
-    With v > 1 a first / last stage one layer short of the others' multiple of v is Megatron's
+    and last stage on top of their layers, as the estimate counts them. With v > 1 a first /
+    last stage one layer short of the others' multiple of v is Megatron's
     ``--account-for-embedding/loss-in-pipeline-split`` (:meth:`Strategy.short_ends`)."""
     s = plan.strategy
     counts = s.stage_layers(plan.model.layers)

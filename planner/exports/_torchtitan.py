@@ -152,7 +152,7 @@ def _pipeline(plan: Plan) -> dict[str, int | str]:
     chunks = s.v  # interleaved's v, zbv's 2, else 1
     ends = s.short_ends(plan.model.layers)
     if ends is not None:  # v > 1: the first / last virtual stage one layer short
-        per_chunk = (s.stage_layers(plan.model.layers)[0] + ends[0]) // s.v
+        per_chunk = max(s.chunk_layers(plan.model.layers, 0))
         return {"pipeline_parallel_schedule": SCHEDULES[s.schedule],
                 "pipeline_parallel_layers_per_stage": per_chunk,
                 "pipeline_parallel_first_stage_less_layers": int(ends[0]),

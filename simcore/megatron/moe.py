@@ -187,8 +187,8 @@ def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: i
     n_fwd = 1 + router_fwd + small_fwd + 2 * launches + 1
     n_bwd = 2 + router_bwd + small_bwd + 4 * launches + BACKWARD_KERNELS
     if costs.fp8_rate is not None:
-        fwd_inputs, bwd_inputs = (per_expert * h, per_expert * width), (per_expert * h,
-                                                                         per_expert * fc1_width)
+        fwd_inputs = (per_expert * h, per_expert * width)  # FC1's and FC2's inputs
+        bwd_inputs = (per_expert * h, per_expert * fc1_width)  # their output gradients
         if transformer_engine:
             forward += local * sum(_quantize(costs, x) for x in fwd_inputs)
             backward += local * sum(_quantize(costs, x) for x in bwd_inputs)

@@ -17,8 +17,10 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp),
   ``ep`` and ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp),
   ``ep_overlap`` and ``ep_dedup`` (true/false; false), ``flash_attention`` (true/false; the
-  model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with Transformer Engine, or the
-  classic stack; the device's default for the plan's ZeRO stage), ``overlap_grad_reduce``
+  model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with
+  Transformer Engine, or the classic stack; the device's default for the plan's ZeRO stage),
+  ``recompute_early_stop`` (true/false: full recompute stops at each layer's last saved
+  tensor, PyTorch's non-reentrant checkpointing; the stack's default), ``overlap_grad_reduce``
   (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
   the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
   ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
@@ -66,7 +68,8 @@ MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
             "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
-            "transformer_engine", "overlap_grad_reduce", "grad_bytes", "memory_measured", "name", "source", "notes")
+            "transformer_engine", "recompute_early_stop", "overlap_grad_reduce", "grad_bytes",
+            "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""
@@ -250,6 +253,7 @@ def _training(row: dict[str, str]) -> TrainingSpec:
         overlap_grad_reduce=True if overlap is None else overlap,
         flash_attention=_boolean(row, "flash_attention"),
         transformer_engine=_boolean(row, "transformer_engine"),
+        recompute_early_stop=_boolean(row, "recompute_early_stop"),
     )
 
 

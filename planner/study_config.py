@@ -49,7 +49,7 @@ from planner.inputs import load
 from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
-from search_spaces.frameworks import ANY, FRAMEWORKS, transformer_engine
+from search_spaces.frameworks import ANY, FRAMEWORKS, recompute_early_stop, transformer_engine
 from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
@@ -75,7 +75,7 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention",
-                      "transformer_engine"}
+                      "transformer_engine", "recompute_early_stop"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
                 "ep", "etp", "ep_overlap", "ep_dedup"}
@@ -126,6 +126,8 @@ class StudyConfig:
                if self.training.flash_attention is not None else {}),
             **({"transformer_engine": self.training.transformer_engine}
                if self.training.transformer_engine is not None else {}),
+            **({"recompute_early_stop": self.training.recompute_early_stop}
+               if self.training.recompute_early_stop is not None else {}),
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
             **({"framework": sp.framework} if sp.framework != ANY else {}),
@@ -322,13 +324,15 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     overlap = t.get("overlap_grad_reduce", True)
     if not isinstance(overlap, bool):
         raise fail(path, "training.overlap_grad_reduce", f"must be true or false, got {overlap!r}")
-    flash, te = (t.get(key) for key in ("flash_attention", "transformer_engine"))
-    for key, value in (("flash_attention", flash), ("transformer_engine", te)):
+    flags = ("flash_attention", "transformer_engine", "recompute_early_stop")
+    flash, te, early = (t.get(key) for key in flags)
+    for key, value in zip(flags, (flash, te, early)):
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
     training = TrainingSpec(
         flash_attention=flash,
         transformer_engine=te,
+        recompute_early_stop=early,
         global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
         seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1),
         bytes_per_param_grads=integer(path, "training.grad_bytes", t.get("grad_bytes", 2),
@@ -362,6 +366,8 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     if training.transformer_engine is None:
         te = transformer_engine(framework, system.device.transformer_engine)
         training = replace(training, transformer_engine=te)
+    if training.recompute_early_stop is None:
+        training = replace(training, recompute_early_stop=recompute_early_stop(framework))
     space = _space(path, e["space"], model, system, training, convention, framework)
     description = e.get("description", "")
     return StudyConfig(name=name, path=path, model=model, system=system, training=training,

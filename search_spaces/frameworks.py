@@ -57,7 +57,8 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["ANY", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "transformer_engine", "why_not"]
+__all__ = ["ANY", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "recompute_early_stop",
+           "transformer_engine", "why_not"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
@@ -78,6 +79,20 @@ def transformer_engine(framework: str, device_default: bool) -> bool | None:
         return False
     if framework == "megatron":
         return device_default
+    return None
+
+
+def recompute_early_stop(framework: str) -> bool | None:
+    """The ``recompute_early_stop`` of a ``framework`` study whose training names none:
+    torchtitan's full activation checkpointing is PyTorch's non-reentrant ``checkpoint_wrapper``
+    (``torchtitan/distributed/activation_checkpoint.py``), which stops each layer's recompute
+    at its last saved tensor; Megatron-LM's (``tensor_parallel.checkpoint``) and DeepSpeed's
+    (``deepspeed.checkpointing``) re-run the whole layer; None for ``any``, where the plan's
+    stack decides (:func:`simcore.megatron.plan.uses_recompute_early_stop`)."""
+    if framework == "torchtitan":
+        return True
+    if framework in ("megatron", "deepspeed"):
+        return False
     return None
 
 

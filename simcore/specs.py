@@ -408,6 +408,20 @@ class TrainingSpec:
     (:func:`simcore.megatron.plan.uses_transformer_engine`); False: the classic stack the
     devices were fit on (llm-foundry's PyTorch FSDP with FlashAttention-2, Megatron-LM
     2020-23, Megatron-DeepSpeed)."""
+    recompute_early_stop: bool | None = None
+    """Under full recompute, each layer's recompute stops at the last tensor its backward
+    saved, as PyTorch's non-reentrant activation checkpointing does by default ("Non-reentrant
+    checkpoint stops recomputation as soon as all needed intermediate activations have been
+    recomputed", ``torch.utils.checkpoint``, ``set_checkpoint_early_stop``): the layer's last
+    linear layer (FC2), its tp collective and the residual add are not run again. torchtitan
+    (``checkpoint_wrapper``, not re-entrant) and llm-foundry (which forces
+    ``activation_checkpointing_reentrant`` false) run it; Megatron-LM's and DeepSpeed's own
+    checkpointing re-run the whole layer ("Reentrant checkpoint always recomputes function in
+    its entirety"). None takes the stack's default: on for plans on the PyTorch FSDP stack
+    (ZeRO-2/3 without Transformer Engine, as
+    :func:`simcore.megatron.plan.uses_transformer_engine` reads them), off otherwise
+    (:func:`simcore.megatron.plan.uses_recompute_early_stop`). An MoE layer's recompute is
+    priced whole either way."""
 
     def __post_init__(self) -> None:
         _positive("global_batch", self.global_batch)

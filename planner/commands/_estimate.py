@@ -134,6 +134,11 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="Megatron-Core with Transformer Engine: fused attention, tp"
                    " communication overlapped with the GEMMs (default: the device's; on for"
                    " H100-era parts with ZeRO 0-1, off with ZeRO 2-3: PyTorch FSDP)")
+    t.add_argument("--recompute-early-stop", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="full recompute stops at each layer's last saved tensor, as PyTorch's"
+                   " non-reentrant checkpointing does (FC2 and the residual add not re-run;"
+                   " default: on for ZeRO 2-3 plans without Transformer Engine)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
@@ -256,7 +261,8 @@ class EstimateCommand(BaseCommand):
                                     seq_len=args.seq_len if args.seq_len is not None else model.seq_len,
                                     bytes_per_param_grads=args.grad_bytes,
                                     flash_attention=args.flash_attention,
-                                    transformer_engine=args.transformer_engine)
+                                    transformer_engine=args.transformer_engine,
+                                    recompute_early_stop=args.recompute_early_stop)
             est = estimate(model, system, training, strategy, convention)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None

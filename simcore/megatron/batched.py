@@ -227,8 +227,7 @@ class _Groups:
         if self.zbv.any():  # each other stage's share of zbv_bubble, as zbv_time
             zbv = self.zbv
             share = self._zbv_shares(times[zbv], g[zbv], pp[zbv])
-            fill = _stage_sum(share, pp[zbv]) - share[np.arange(len(share)), slowest[zbv]]
-            pipe[zbv] = (m * t_max)[zbv] + fill
+            pipe[zbv] = (m * t_max)[zbv] + _sum_but_slowest(share, pp[zbv], slowest[zbv])
         del times
 
         def critical(name: str) -> np.ndarray:
@@ -308,6 +307,23 @@ def _sum(arrays: Any) -> np.ndarray:
         out = a.copy() if out is None else out + a
     assert out is not None
     return out
+
+
+def _sum_but_slowest(times: np.ndarray, pp: np.ndarray, slowest: np.ndarray) -> np.ndarray:
+    """The sum of each strategy's pp stages but its slowest (the first stage of the slowest
+    type), first to last, as :func:`simcore.megatron.pipeline.zbv_time` adds them: the
+    slowest adds 0.0, which leaves the sum as it was, so the two agree to the last bit."""
+    total = np.empty(len(pp))
+    for depth in np.unique(pp):
+        rows = pp == depth
+        skip = slowest[rows]
+        acc = np.where(skip == FIRST, 0.0, times[rows, FIRST])
+        for j in range(depth - 2):
+            acc += np.where((skip == MIDDLE) & (j == 0), 0.0, times[rows, MIDDLE])
+        if depth >= 2:
+            acc += np.where(skip == LAST, 0.0, times[rows, LAST])
+        total[rows] = acc
+    return total
 
 
 def _stage_sum(times: np.ndarray, pp: np.ndarray) -> np.ndarray:

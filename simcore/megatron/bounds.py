@@ -7,7 +7,8 @@ non-negative parts, so it can never exceed the estimate:
 
 - step time: the pipeline of stages that do nothing but their layers' kernels. The estimate's
   stage time is ``compute + tp + sp + pp + fsdp`` with ``compute`` at least ``layers x (forward
-  + backward + recompute)`` of :func:`simcore.megatron.kernels.layer_kernels` (the embedding
+  + backward + recompute)`` of :func:`simcore.megatron.kernels.layer_kernels` (a recompute
+  that stops early without the forward's tail; the embedding
   and LM head add to it); the pipeline ``m t_max + (sum - t_max) / v``
   (:func:`simcore.megatron.pipeline.pipeline_time`) equals ``(m - 1/v) t_max + sum / v``,
   which grows with every stage's time; ZB-H1's takes ``2 (sum W - W_slowest)`` off the fill,
@@ -34,7 +35,11 @@ import numpy as np
 from simcore.megatron.activations import layer_activations
 from simcore.megatron.kernels import KernelCosts, layer_kernels
 from simcore.megatron.layers import layer_shape
-from simcore.megatron.plan import uses_flash_attention, uses_transformer_engine
+from simcore.megatron.plan import (
+    uses_flash_attention,
+    uses_recompute_early_stop,
+    uses_transformer_engine,
+)
 from simcore.specs import ModelSpec, Precision, Recompute, SystemSpec, TrainingSpec, ZeroStage
 
 __all__ = ["RECOMPUTE_CODES", "SCHEDULE_CODES", "Bounds", "lower_bounds"]
@@ -92,16 +97,19 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     fp8 = c["fp8"].astype(bool)
     te = np.array([uses_transformer_engine(system, training, ZeroStage(z))
                    for z in range(4)])[c["zero"]]
+    early = np.array([uses_recompute_early_stop(system, training, ZeroStage(z))
+                      for z in range(4)])[c["zero"]]
     keys = np.stack([c["micro_batch"], c["tp"], c["sp"], c["sequence_parallel"].astype(int),
-                     fp8.astype(int), c["recompute"], np.where(fp8, m, 0), te.astype(int)],
-                    axis=1)
+                     fp8.astype(int), c["recompute"], np.where(fp8, m, 0), te.astype(int),
+                     early.astype(int)], axis=1)
     distinct, inverse = _distinct_rows(keys)
     shape = layer_shape(model)
     flash = uses_flash_attention(model, system, training)
     recomputes = {code: r for r, code in RECOMPUTE_CODES.items()}
     per_layer = np.empty(len(distinct))
     stored = np.empty(len(distinct))
-    for i, (mb, tp, sp, seqpar, is_fp8, rc, micro, with_te) in enumerate(distinct.tolist()):
+    for i, (mb, tp, sp, seqpar, is_fp8, rc, micro, with_te, stops_early) in enumerate(
+            distinct.tolist()):
         precision = Precision.FP8 if is_fp8 else Precision.BF16
         k = layer_kernels(model, shape, KernelCosts.of(system.device, precision, bool(with_te)),
                           micro_batch=mb, queries=training.seq_len / sp,
@@ -109,7 +117,9 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                           flash=flash, act_bytes=training.bytes_per_activation,
                           micro_batches=max(micro, 1))
         recompute = recomputes[rc]
-        again = (k.forward if recompute is Recompute.FULL else
+        # full recompute stopping early skips the forward's tail (recompute_early_stop)
+        again = (k.forward - (k.forward_tail if stops_early else 0.0)
+                 if recompute is Recompute.FULL else
                  k.core_forward if recompute is Recompute.SELECTIVE else 0.0)
         per_layer[i] = k.forward + k.backward + again
         stored[i] = layer_activations(

@@ -153,6 +153,9 @@ class LayerKernels:
     """The linear layers' forward GEMMs (what TE's tp overlap hides the forward's tp behind)."""
     gemm_dgrad: float = 0.0
     """Their input-gradient GEMMs."""
+    forward_tail: float = 0.0
+    """The forward's kernels after the last tensor its backward saves: FC2's GEMM and the
+    residual add after it (what a recompute that stops early does not run again)."""
 
 
 def _gemm_pair(costs: KernelCosts, m: float, n: float, k: float,
@@ -239,8 +242,12 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         backward += fp8.backward
         kernels_forward += fp8.kernels_forward
         kernels_backward += fp8.kernels_backward
+    # FC2 saves its input (the activation's output) and the residual add saves nothing: the
+    # layer's last saved tensor is FC2's input (the attention's output projection without FFN)
+    tail = gemms[-1][0] + ew_fwd[3] if f else 0.0
     return LayerKernels(
         forward=forward, backward=backward, core_forward=sum(core_fwd), wgrad=wgrad,
         kernels_forward=kernels_forward, kernels_backward=kernels_backward,
         gemm_forward=sum(g[0] for g in gemms), gemm_dgrad=sum(g[1] for g in gemms),
+        forward_tail=tail,
     )

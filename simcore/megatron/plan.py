@@ -28,7 +28,7 @@ from simcore.specs import (
 )
 
 __all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_fp8_param_gather",
-           "uses_transformer_engine"]
+           "uses_recompute_early_stop", "uses_transformer_engine"]
 
 _T = TypeVar("_T")
 
@@ -125,6 +125,9 @@ class StepPlan:
         """Megatron-Core with Transformer Engine (fused attention, tp overlap)."""
         self.costs = KernelCosts.of(device, strategy.precision, self.te)
         self.flash = uses_flash_attention(model, system, training)
+        self.early_stop = (strategy.recompute is Recompute.FULL
+                           and uses_recompute_early_stop(system, training, strategy.zero))
+        """Full recompute stops at the layer's last saved tensor (PyTorch's checkpointing)."""
         self.fp8 = strategy.precision is Precision.FP8
         """The linear layers run in FP8 (:mod:`simcore.megatron.precision`)."""
         self.fp8_params = uses_fp8_param_gather(system, training, strategy)
@@ -239,6 +242,19 @@ def uses_transformer_engine(system: SystemSpec, training: TrainingSpec, zero: Ze
     if training.transformer_engine is not None:
         return training.transformer_engine
     return system.device.transformer_engine and zero <= ZeroStage.OPTIMIZER
+
+
+def uses_recompute_early_stop(system: SystemSpec, training: TrainingSpec,
+                              zero: ZeroStage) -> bool:
+    """Whether full recompute stops each layer's recompute at its last saved tensor
+    (:attr:`TrainingSpec.recompute_early_stop`): the training's choice, else on for the plans
+    the PyTorch FSDP stack runs by default (ZeRO-2/3 without Transformer Engine: llm-foundry's,
+    torchtitan's and NeMo AutoModel's runs of the validation set, all on PyTorch's
+    non-reentrant checkpointing), off for Megatron-LM's and DeepSpeed's re-entrant
+    checkpointing."""
+    if training.recompute_early_stop is not None:
+        return training.recompute_early_stop
+    return zero >= ZeroStage.GRADIENTS and not uses_transformer_engine(system, training, zero)
 
 
 def uses_fp8_param_gather(system: SystemSpec, training: TrainingSpec, strategy: Strategy) -> bool:

@@ -124,8 +124,15 @@ def _tp_layer_comm(p: StepPlan) -> float:
 def _layer(p: StepPlan) -> _Layer:
     """A dense transformer layer."""
     kernels = p.kernels
-    return _layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
-                     _tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad)
+    layer = _layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
+                      _tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad)
+    if not p.early_stop:
+        return layer
+    # PyTorch's non-reentrant checkpointing stops the recompute at FC2's input: FC2, its tp
+    # collective (the pair's all-reduce or reduce-scatter) and the residual add are not re-run
+    fc2_comm = p.comm.total(tp_pair_calls(p)[-1:])
+    return replace(layer, recompute=layer.recompute - kernels.forward_tail,
+                   tp_bwd=layer.tp_bwd - min(fc2_comm, layer.tp_fwd / 2))
 
 
 def _moe_layer(p: StepPlan) -> _Layer:

@@ -172,6 +172,9 @@ def _op_calls(p: StepPlan, stage: int, chunk: int, backward: bool) -> _OpCalls:
         embedding = embedding_calls(p) if first else []
         return _OpCalls([], embedding + pairs + head, [], beside)
     again = pairs if s.recompute is Recompute.FULL else []
+    if p.early_stop:  # the recompute stops before FC2's collective (the pair's last call)
+        pair = tp_pair_calls(p)
+        again = (pair + pair[:-1]) * k
     return _OpCalls(again, pairs, head, beside)
 
 

@@ -272,21 +272,25 @@ class EstimateCommand(BaseCommand):
     @staticmethod
     def _print(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
                strategy: Strategy, est: Estimate, training: TrainingSpec) -> None:
-        from simcore.megatron.plan import uses_transformer_engine
+        from simcore.megatron.plan import uses_recompute_early_stop, uses_transformer_engine
 
         te = uses_transformer_engine(system, training, strategy.zero)
+        early = (est.convention == "megatron" and strategy.recompute is Recompute.FULL
+                 and uses_recompute_early_stop(system, training, strategy.zero))
         if args.json:
             from planner.plan import strategy_dict  # Optuna and pandas: only for --json
 
             aware = system.network.congestion is Congestion.AWARE
             out = {"model": model.name, "system": system.name,
                    **({"congestion": Congestion.AWARE.value} if aware else {}),
-                   "transformer_engine": te,
+                   "transformer_engine": te, "recompute_early_stop": early,
                    "strategy": strategy_dict(strategy), **est.to_dict()}
             print(json.dumps(out, indent=2))
         else:
             aware = system.network.congestion is Congestion.AWARE
             stack = "Megatron-Core + Transformer Engine" if te else "classic stack"
+            if early:
+                stack += ", recompute stops at each layer's last saved tensor"
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
                   f"{', congestion-aware' if aware else ''}, {stack}):"
                   f" {_describe(strategy, model.layers)}")

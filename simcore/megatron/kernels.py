@@ -243,7 +243,8 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         kernels_forward += fp8.kernels_forward
         kernels_backward += fp8.kernels_backward
     # FC2 saves its input (the activation's output) and the residual add saves nothing: the
-    # layer's last saved tensor is FC2's input (the attention's output projection without FFN)
+    # layer's last saved tensor is FC2's input. Without an FFN here (an MoE layer, whose routed
+    # experts are priced apart) the tail is not counted.
     tail = gemms[-1][0] + ew_fwd[3] if f else 0.0
     return LayerKernels(
         forward=forward, backward=backward, core_forward=sum(core_fwd), wgrad=wgrad,

@@ -135,8 +135,8 @@ def test_a_runs_csv_column_and_planner_estimate_flag_set_it(tmp_path: Path, caps
 def test_llm_foundrys_checkpointed_runs_are_no_longer_estimated_slow_as_a_group() -> None:
     # llm-foundry's A100 and H100 tables (fit and check files: 78 rows with activation
     # checkpointing, "act", 131 without, "acf"). Priced as re-running the whole layer, the
-    # checkpointed rows came out 10.2 points slower than the others on average (+5.7% against
-    # -4.5%); with the early stop llm-foundry's PyTorch checkpointing does, 4.0 points.
+    # checkpointed rows came out 9.7 points slower than the others on average (+5.1% against
+    # -4.6%); with the early stop llm-foundry's PyTorch checkpointing does, 3.6 points.
     runs = []
     for name in ("a100-fit.csv", "a100-check.csv", "h100-fit.csv", "h100-check.csv"):
         runs += read_runs(VALIDATION / name, CATALOG)[0]
@@ -150,5 +150,5 @@ def test_llm_foundrys_checkpointed_runs_are_no_longer_estimated_slow_as_a_group(
         return statistics.mean(x.step_time_error for x in validate(rows).results)
 
     gap = mean_error(act, None) - mean_error(acf, None)
-    assert math.fabs(gap) <= 0.05
+    assert math.fabs(gap) <= 0.045
     assert mean_error(act, False) - mean_error(acf, None) >= 0.09

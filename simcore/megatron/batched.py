@@ -227,7 +227,7 @@ class _Groups:
         if self.zbv.any():  # each other stage's share of zbv_bubble, as zbv_time
             zbv = self.zbv
             share = self._zbv_shares(times[zbv], g[zbv], pp[zbv])
-            pipe[zbv] = (m * t_max)[zbv] + _sum_but_slowest(share, pp[zbv], slowest[zbv])
+            pipe[zbv] = (m * t_max)[zbv] + _stage_sum(share, pp[zbv], but=slowest[zbv])
         del times
 
         def critical(name: str) -> np.ndarray:
@@ -309,34 +309,21 @@ def _sum(arrays: Any) -> np.ndarray:
     return out
 
 
-def _sum_but_slowest(times: np.ndarray, pp: np.ndarray, slowest: np.ndarray) -> np.ndarray:
-    """The sum of each strategy's pp stages but its slowest (the first stage of the slowest
-    type), first to last, as :func:`simcore.megatron.pipeline.zbv_time` adds them: the
-    slowest adds 0.0, which leaves the sum as it was, so the two agree to the last bit."""
+def _stage_sum(times: np.ndarray, pp: np.ndarray, but: np.ndarray | None = None) -> np.ndarray:
+    """``sum(stage_times)`` of each strategy's pp stages, first to last, as
+    :func:`simcore.megatron.pipeline.pipeline_time` adds them; ``but``: each strategy's stage
+    type left out once (its first stage of that type, as
+    :func:`simcore.megatron.pipeline.zbv_time` skips the slowest), which adds 0.0 instead, so the
+    sums agree with the scalar ones to the last bit."""
     total = np.empty(len(pp))
     for depth in np.unique(pp):
         rows = pp == depth
-        skip = slowest[rows]
+        skip = np.full(int(rows.sum()), -1) if but is None else but[rows]
         acc = np.where(skip == FIRST, 0.0, times[rows, FIRST])
         for j in range(depth - 2):
             acc += np.where((skip == MIDDLE) & (j == 0), 0.0, times[rows, MIDDLE])
         if depth >= 2:
             acc += np.where(skip == LAST, 0.0, times[rows, LAST])
-        total[rows] = acc
-    return total
-
-
-def _stage_sum(times: np.ndarray, pp: np.ndarray) -> np.ndarray:
-    """``sum(stage_times)`` of each strategy's pp stages, first to last, as
-    :func:`simcore.megatron.pipeline.pipeline_time` adds them."""
-    total = np.empty(len(pp))
-    for depth in np.unique(pp):
-        rows = pp == depth
-        acc = times[rows, FIRST].copy()
-        for _ in range(depth - 2):
-            acc += times[rows, MIDDLE]
-        if depth >= 2:
-            acc += times[rows, LAST]
         total[rows] = acc
     return total
 

@@ -124,15 +124,11 @@ def _tp_layer_comm(p: StepPlan) -> float:
 def _layer(p: StepPlan) -> _Layer:
     """A dense transformer layer."""
     kernels = p.kernels
-    layer = _layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
-                      _tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad)
-    if not p.early_stop:
-        return layer
-    # PyTorch's non-reentrant checkpointing stops the recompute at FC2's input: FC2, its tp
-    # collective (the pair's all-reduce or reduce-scatter) and the residual add are not re-run
-    fc2_comm = p.comm.total(tp_pair_calls(p)[-1:])
-    return replace(layer, recompute=layer.recompute - kernels.forward_tail,
-                   tp_bwd=layer.tp_bwd - min(fc2_comm, layer.tp_fwd / 2))
+    # FC2's tp collective is the pair's last call (its all-reduce, or its reduce-scatter)
+    tail_comm = p.comm.total(tp_pair_calls(p)[-1:]) if p.early_stop else 0.0
+    return _layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
+                     _tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
+                     tail=kernels.forward_tail, tail_comm=tail_comm)
 
 
 def _moe_layer(p: StepPlan) -> _Layer:
@@ -157,10 +153,13 @@ def _moe_layer(p: StepPlan) -> _Layer:
 
 
 def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
-              tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0) -> _Layer:
+              tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
+              tail: float = 0.0, tail_comm: float = 0.0) -> _Layer:
     """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
     attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
-    with the plan's sp, recompute and ZeRO-3."""
+    with the plan's sp, recompute and ZeRO-3. ``tail`` and ``tail_comm``: the forward's kernels
+    and tp collective after its last saved tensor, which a full recompute that stops early
+    (:attr:`StepPlan.early_stop`) does not run again (an MoE layer passes none: priced whole)."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
     if p.te and s.tp > 1 and s.sequence_parallel:
@@ -185,7 +184,12 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
         sp_fwd = _hidden(p, gather, core)
         sp_bwd = _hidden(p, gather + scatter, 2 * core)
 
-    if s.recompute is Recompute.FULL:
+    if s.recompute is Recompute.FULL and p.early_stop:
+        # PyTorch's non-reentrant checkpointing stops at FC2's input: FC2, its tp collective
+        # and the residual add are not re-run
+        recompute = fwd - tail
+        tp_recompute = tp_fwd - min(tail_comm, tp_fwd / 2)
+    elif s.recompute is Recompute.FULL:
         recompute = fwd
         tp_recompute = tp_fwd
     elif s.recompute is Recompute.SELECTIVE:

@@ -215,7 +215,7 @@ def test_calibrating_on_a_fifth_improves_the_other_four_fifths() -> None:
     fifth = runs[::5]
     rest = [r for i, r in enumerate(runs) if i % 5]
     start = catalog.device(str(DATA / "uncalibrated.yaml") + "#a100-80gb")
-    fit = calibrate(fifth, start, "a100-fifth", trials=120)
+    fit = calibrate(fifth, start, "a100-fifth")
     before = validate(rest, system_for=lambda r: replace(r.system, device=start)).summary()
     after = validate(rest, system_for=lambda r: replace(r.system, device=fit.device)).summary()
     assert after["step_time_mape"] < before["step_time_mape"]

@@ -31,6 +31,13 @@ def _figures(v: Validation) -> dict[str, Any]:
     return {k: s[k] for k in keep}
 
 
+def _cross_validation(fit: Fit) -> dict[str, Any] | None:
+    cv = fit.cross_validation
+    if cv is None:
+        return None
+    return {"folds": cv.folds, "before": round(cv.before, 6), "after": round(cv.after, 6)}
+
+
 def _entry_text(fit: Fit, runs_csv: list[Path], base: str) -> str:
     entry: dict[str, Any] = device_entry(fit.device)
     today = datetime.date.today().isoformat()
@@ -41,6 +48,7 @@ def _entry_text(fit: Fit, runs_csv: list[Path], base: str) -> str:
         "base_device": base, "runs_csv": files, "runs": len(fit.runs),
         "fitted": [c.key for c in fit.constants],
         "before": _figures(fit.before), "after": _figures(fit.after),
+        "cross_validation": _cross_validation(fit), "kept": fit.kept,
     }
     header = (f"# {fit.device.name}: {base} with its constants fitted to measured runs;"
               " see `calibration`.\n")
@@ -105,8 +113,8 @@ class CalibrateCommand(BaseCommand):
             raise PlannerUsageError(f"{files}: no run is on device {base.name!r} (the"
                                     f" runs' devices: {', '.join(found)})")
         show = sys.stderr.isatty() and not args.json
-        progress = (lambda i, n: print(f"\rfitting: trial {i}/{n}", end="", file=sys.stderr)
-                    ) if show else None
+        progress = (lambda i, n: print(f"\rfitting and cross-validating: trial {i}/{n}", end="",
+                                       file=sys.stderr)) if show else None
         only = None if args.fit is None else [k.strip() for k in args.fit.split(",") if k.strip()]
         try:
             fit = calibrate(mine, base, args.name, trials=args.trials, seed=args.seed, only=only,
@@ -122,7 +130,8 @@ class CalibrateCommand(BaseCommand):
             out = {"device": args.name, "file": str(target), "runs": len(mine),
                    "fitted": {c.key: c.value(fit.device) for c in fit.constants},
                    "base": {c.key: c.value(base) for c in fit.constants},
-                   "before": _figures(fit.before), "after": _figures(fit.after)}
+                   "before": _figures(fit.before), "after": _figures(fit.after),
+                   "cross_validation": _cross_validation(fit), "kept": fit.kept}
             print(json.dumps(out, indent=2))
         else:
             print("\n".join(self._report(fit, base)))
@@ -137,7 +146,8 @@ class CalibrateCommand(BaseCommand):
     @staticmethod
     def _report(fit: Fit, base: DeviceSpec) -> list[str]:
         b, a = fit.before.summary(), fit.after.summary()
-        out = [f"fitted {len(fit.constants)} constants of {base.name} to {len(fit.runs)} runs:"]
+        runs = f"{len(fit.runs)} run{'' if len(fit.runs) == 1 else 's'}"
+        out = [f"fitted {len(fit.constants)} constants of {base.name} to {runs}:"]
         for c in fit.constants:
             out.append(f"  {c.key:<22} {c.value(base):9.4g} -> {c.value(fit.device):9.4g}")
         out.append(f"  {'':<26} {'before':>8} {'after':>8}")
@@ -147,4 +157,19 @@ class CalibrateCommand(BaseCommand):
                            ("memory median error", "memory_median_ape"),
                            ("plan-choice regret mean", "regret_mean")):
             out.append(f"  {label:<26} {percent(b[key]):>8} {percent(a[key]):>8}")
-        return out
+        return out + _cross_validation_lines(fit, base)
+
+
+def _cross_validation_lines(fit: Fit, base: DeviceSpec) -> list[str]:
+    cv = fit.cross_validation
+    if cv is None:
+        return [(f"one run: no refit can be judged on a run it was not fit on, so"
+                 f" {fit.device.name} keeps {base.name}'s constants; give two or more runs")]
+    how = "leaving one run out at a time" if cv.folds == len(fit.runs) else f"{cv.folds} folds"
+    line = (f"cross-validated ({how}): mean absolute log error {percent(cv.before)} ->"
+            f" {percent(cv.after)} on runs each refit was not fit on")
+    if not fit.kept:
+        return [line]
+    return [line, (f"the refits do not predict the runs they were not fit on better, so"
+                   f" {fit.device.name} keeps {base.name}'s constants (the runs disagree with"
+                   " one another; more runs, or --fit with fewer constants, may settle it)")]

@@ -14,8 +14,10 @@ attention, the memory allowance runs with a measured peak - minimising the mean 
 error of step time plus that of memory, with a pull towards the device's current values that
 weakens as the runs grow in number (a maximum a posteriori fit: :func:`_prior`), so that a
 handful of runs cannot drive a constant to a value they do not pin (a fifth of a check file,
-fit with a pull of fixed weight, sent the H100's launch floor from 13.8 to 72.6 us). The device's current values are the first trial, so the fit is never worse than
-where it started on the objective.
+fit with a pull of fixed weight, sent the H100's launch floor from 13.8 to 72.6 us). The
+device's current values are the first trial, so the fit is never worse than where it started on
+the objective. The fit is then cross-validated and kept only if its refits predict the runs
+they were not fit on better than the device did (:func:`calibrate`).
 """
 
 from __future__ import annotations

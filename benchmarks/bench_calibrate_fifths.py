@@ -3,9 +3,9 @@
 Issue 14's check of calibration: a team fits its device on a fifth of its measured runs and
 the fit must improve the rest. For each check file and device in tests/data/validation, and
 each of the five ways to take every fifth run (offsets 0-4), this fits the shipped device on
-that fifth and prints the other runs' MAPE before and after: with the baseline fit (a fixed
+that fifth and prints the other runs' MAPE before and after: with the baseline pull (a fixed
 weight of 0.02 on the squared distance from the starting values in units of each constant's
-range, whatever the number of runs), with the pull that weakens as runs grow in number
+range, whatever the number of runs; searched as today, around the start), with the pull that weakens as runs grow in number
 (``planner.calibration._prior``), and with that pull and the cross-check ``planner calibrate``
 runs today (the fit is kept only if its refits predict left-out runs better).
 

@@ -252,6 +252,17 @@ def _pooled_loss(runs: Sequence[MeasuredRun], devices: Sequence[DeviceSpec]) -> 
     return _mean_log_errors(results.results)
 
 
+def _window(c: Constant, start: float) -> tuple[float, float]:
+    """Where the fit searches ``c``: centred on the start, so that CMA-ES, which begins at the
+    middle of each range with a step of a sixth of it, begins there; at most SEARCH_SPREADS of
+    the prior's spreads either way, no further than the nearer bound, and at least one spread
+    (clipped to the range). Over the whole range it began mid-range, and a refit of a
+    calibrated device never came back near it (the H100 of gpus.yaml on h100-fit.csv: no trial
+    better than the start in 400)."""
+    half = max(min(SEARCH_SPREADS * c.spread, start - c.low, c.high - start), c.spread)
+    return max(c.low, start - half), min(c.high, start + half)
+
+
 def _fit(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str,
          constants: tuple[Constant, ...], trials: int, seed: int,
          progress: Callable[[int, int], None]) -> DeviceSpec:
@@ -265,13 +276,7 @@ def _fit(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str,
             out = c.apply(out, values[c.key])
         return out
 
-    # Each constant is searched within SEARCH_SPREADS of its prior's spreads around the start
-    # (and its range): CMA-ES begins at the middle of that window, the start, with a step of a
-    # sixth of it. Over the whole range it began in the middle of the ranges instead, and a refit
-    # of a calibrated device never came back near it (the H100 of gpus.yaml on h100-fit.csv: no
-    # trial better than the start in 400; from the start, loss 0.0574 -> 0.0557).
-    window = {c.key: (max(c.low, start[c.key] - SEARCH_SPREADS * c.spread),
-                      min(c.high, start[c.key] + SEARCH_SPREADS * c.spread)) for c in constants}
+    window = {c.key: _window(c, start[c.key]) for c in constants}
 
     def objective(trial: optuna.Trial) -> float:
         values = {c.key: trial.suggest_float(c.key, *window[c.key]) for c in constants}

@@ -119,6 +119,7 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
 _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "source",
                     "notes", "calibration", "kernel_launch_us", "collective_launch_us", "sm_count",
+                    "gemm_wave_us",
                     "overlap_slowdown", "fp8_peak_tflops",
                     "attention_efficiency", "flash_attention", "bf16",
                     "fused_attention_efficiency", "transformer_engine"}
@@ -151,6 +152,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         overlap_slowdown=num("overlap_slowdown", 0.0, strict=False),
         fp8_peak_flops_per_s=None if fp8 is None else num("fp8_peak_tflops") * 1e12,
         sm_count=integer(path, f"{name}.sm_count", sm_count, minimum=0),
+        gemm_wave_s=num("gemm_wave_us", 0.0, strict=False) * 1e-6,
         attention_efficiency=None if attention is None else num("attention_efficiency"),
         flash_attention=flash,
         fused_attention_efficiency=None if fused is None else num("fused_attention_efficiency"),

@@ -114,6 +114,8 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         entry["fp8_peak_tflops"] = _scaled(device.fp8_peak_flops_per_s, 1e12)
     if device.sm_count:
         entry["sm_count"] = device.sm_count
+    if device.gemm_wave_s:
+        entry["gemm_wave_us"] = _scaled(device.gemm_wave_s, 1e-6)
     if device.attention_efficiency is not None:
         entry["attention_efficiency"] = device.attention_efficiency
     if device.flash_attention:

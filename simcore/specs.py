@@ -306,6 +306,10 @@ class DeviceSpec:
     sm_count: int = 0
     """Streaming multiprocessors (compute units) for wave quantisation: a GEMM whose output
     tiles leave the last wave partly empty pays for the whole wave. 0 disables it."""
+    gemm_wave_s: float = 0.0
+    """Fixed time of each wave of a 16-bit GEMM's output tiles, beside its multiply-adds: the
+    tiles' prologue (the first operand loads) and epilogue (writing the output). It makes a GEMM
+    with a short reduction dimension slower per FLOP. Needs ``sm_count``; 0 disables it."""
     collective_launch_s: float = 0.0
     """Host-side cost of issuing one collective or send/receive from the training framework
     (torch.distributed and the communication library's launch), on top of the network's own
@@ -341,6 +345,9 @@ class DeviceSpec:
                 "`kernel_launch_s >= 0` must hold, but got"
                 f" kernel_launch_s={self.kernel_launch_s!r}"
             )
+        if not (self.gemm_wave_s >= 0 and math.isfinite(self.gemm_wave_s)):
+            raise ValueError("`gemm_wave_s >= 0` must hold, but got"
+                             f" gemm_wave_s={self.gemm_wave_s!r}")
         if not (self.collective_launch_s >= 0 and math.isfinite(self.collective_launch_s)):
             raise ValueError("`collective_launch_s >= 0` must hold, but got"
                              f" collective_launch_s={self.collective_launch_s!r}")

@@ -42,11 +42,12 @@ def test_the_recompute_skips_fc2_and_the_residual_add() -> None:
     # One micro-batch of 2 x 2,048 = 4,096 tokens on one A100 (tp 1), worked by hand:
     # - FC2 forward, (4096 x 9216) @ (9216 x 2304): 2 x 4096 x 2304 x 9216 FLOPs over
     #   ceil(4096/128) x ceil(2304/128) = 32 x 18 = 576 output tiles, 6 waves of the 108 SMs
-    #   (576 / 648 busy); its 2 x (4096 x 9216 + 9216 x 2304 + 4096 x 2304) bytes take less;
+    #   (576 / 648 busy), plus the device's fixed time of each of the 6 waves (gemm_wave_us);
+    #   its 2 x (4096 x 9216 + 9216 x 2304 + 4096 x 2304) bytes take less;
     # - the residual add: two 4096 x 2304 bf16 reads and a write, and GPT's 1-byte dropout mask.
     d = A100.device
     flops = 2 * 4096 * 2304 * 9216
-    fc2 = flops / (d.peak_flops_per_s * d.matmul_efficiency * 576 / 648)
+    fc2 = flops / (d.peak_flops_per_s * d.matmul_efficiency * 576 / 648) + 6 * d.gemm_wave_s
     fc2_bytes = 2 * (4096 * 9216 + 9216 * 2304 + 4096 * 2304) / (
         d.hbm_bandwidth_bytes_per_s * d.memory_efficiency)
     assert fc2 > fc2_bytes
@@ -136,7 +137,8 @@ def test_llm_foundrys_checkpointed_runs_are_no_longer_estimated_slow_as_a_group(
     # llm-foundry's A100 and H100 tables (fit and check files: 78 rows with activation
     # checkpointing, "act", 131 without, "acf"). Priced as re-running the whole layer, the
     # checkpointed rows came out 9.7 points slower than the others on average (+5.1% against
-    # -4.6%); with the early stop llm-foundry's PyTorch checkpointing does, 3.6 points.
+    # -4.6%); with the early stop llm-foundry's PyTorch checkpointing does, 3.6 points. (With
+    # the GEMM wave time and the refit A100 and H100: 8.7 points whole, 2.6 with the early stop.)
     runs = []
     for name in ("a100-fit.csv", "a100-check.csv", "h100-fit.csv", "h100-check.csv"):
         runs += read_runs(VALIDATION / name, CATALOG)[0]
@@ -150,5 +152,5 @@ def test_llm_foundrys_checkpointed_runs_are_no_longer_estimated_slow_as_a_group(
         return statistics.mean(x.step_time_error for x in validate(rows).results)
 
     gap = mean_error(act, None) - mean_error(acf, None)
-    assert math.fabs(gap) <= 0.045
-    assert mean_error(act, False) - mean_error(acf, None) >= 0.09
+    assert math.fabs(gap) <= 0.04
+    assert mean_error(act, False) - mean_error(acf, None) >= 0.08

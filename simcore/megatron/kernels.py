@@ -9,14 +9,18 @@ sequences at tp 1, each a fraction as long.
 
 Kernel time (seconds)::
 
-    gemm        max(launch, 2 m n k b / (peak * matmul_efficiency * waves(m, n, b)),
+    gemm        max(launch, 2 m n k b / (peak * matmul_efficiency * waves(m, n, b))
+                            + ceil(tiles / SMs) * gemm_wave,
                     bytes / (hbm * memory_efficiency))
     elementwise max(launch, bytes / (hbm * memory_efficiency))
     attention   max(launch, flops / (peak * attention_efficiency))       (flash, one kernel)
 
 ``waves`` is the fraction of the SMs a GEMM's output tiles keep busy over its waves (NVIDIA,
 "Matrix Multiplication Background User's Guide", wave quantisation): ``t / (ceil(t / SMs) SMs)``
-for ``t`` tiles of :data:`TILE` x :data:`TILE`. With every floor at 0 (a device entry without the
+for ``t`` tiles of :data:`TILE` x :data:`TILE`. ``gemm_wave`` is the fixed time of each wave (the
+tiles' prologue and epilogue; the device's ``gemm_wave_s``), which makes a GEMM with a short
+reduction dimension slower per FLOP: fit on XLA's measured H100 bf16 GEMM table
+(tests/data/gemm/README.md), 16-bit GEMMs only. With every floor at 0 (a device entry without the
 constants, as ASTRA-sim's files are) the layer costs its FLOPs and bytes at the achievable rates.
 
 The inventory (per layer, per micro-batch, on one tp rank) follows Megatron-LM's GPT layer with
@@ -78,6 +82,8 @@ class KernelCosts:
     sm_count: int
     fp8_rate: float | None = None
     """Achievable FP8 FLOP/s of the linear layers' GEMMs; None runs them in 16-bit."""
+    gemm_wave: float = 0.0
+    """Fixed time of each wave of a 16-bit GEMM's output tiles (the device's gemm_wave_s)."""
 
     @classmethod
     def of(cls, device: DeviceSpec, precision: Precision = Precision.BF16,
@@ -103,6 +109,7 @@ class KernelCosts:
             launch=device.kernel_launch_s,
             sm_count=device.sm_count,
             fp8_rate=fp8_rate,
+            gemm_wave=device.gemm_wave_s,
         )
 
     def waves(self, m: float, n: float, batch: float = 1) -> float:
@@ -117,8 +124,11 @@ class KernelCosts:
         """An (m x k) @ (k x n) GEMM, ``batch`` times in one kernel."""
         flops = 2 * m * n * k * batch
         moved = element_bytes * batch * (m * k + k * n + m * n)
-        work = max(flops / (self.flop_rate * self.waves(m, n, batch)), moved / self.byte_rate)
-        return max(self.launch, work)
+        compute = flops / (self.flop_rate * self.waves(m, n, batch))
+        if self.gemm_wave and self.sm_count:
+            tiles = math.ceil(m / TILE) * math.ceil(n / TILE) * batch
+            compute += math.ceil(tiles / self.sm_count) * self.gemm_wave
+        return max(self.launch, compute, moved / self.byte_rate)
 
     def linear(self, m: float, n: float, k: float, batch: float = 1) -> float:
         """A linear layer's GEMM (``batch`` of them in one kernel: a grouped GEMM of experts):

@@ -254,12 +254,14 @@ def _pooled_loss(runs: Sequence[MeasuredRun], devices: Sequence[DeviceSpec]) -> 
 
 def _window(c: Constant, start: float) -> tuple[float, float]:
     """Where the fit searches ``c``: centred on the start, so that CMA-ES, which begins at the
-    middle of each range with a step of a sixth of it, begins there; at most SEARCH_SPREADS of
-    the prior's spreads either way, no further than the nearer bound, and at least one spread
-    (clipped to the range). Over the whole range it began mid-range, and a refit of a
+    middle of each range with a step of a sixth of it, begins there: SEARCH_SPREADS of the
+    prior's spreads either way, no further than the nearer bound. A start within one spread of
+    a bound (an uncalibrated device's floor of 0 or efficiency of 1) searches SEARCH_SPREADS
+    away from it instead. Over the whole range CMA-ES began mid-range, and a refit of a
     calibrated device never came back near it (the H100 of gpus.yaml on h100-fit.csv: no trial
     better than the start in 400)."""
-    half = max(min(SEARCH_SPREADS * c.spread, start - c.low, c.high - start), c.spread)
+    near = min(start - c.low, c.high - start)
+    half = SEARCH_SPREADS * c.spread if near < c.spread else min(SEARCH_SPREADS * c.spread, near)
     return max(c.low, start - half), min(c.high, start + half)
 
 

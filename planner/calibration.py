@@ -183,8 +183,8 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
     device, named ``name``, with the validation before and after. ``only`` (catalog keys)
     restricts the fit to those constants; the others keep the device's values.
 
-    The fit is then cross-validated (:func:`_cross_validate`): refit without each fold of the
-    runs and judged on that fold. Unless the refits predict the runs they were not fit on
+    The fit is then cross-validated over :func:`_folds`: refit without each fold of the runs
+    and judged on that fold. Unless the refits predict the runs they were not fit on
     better than ``device`` does, the calibrated device keeps ``device``'s values (``Fit.kept``):
     runs that disagree with one another move constants in directions nothing else measures."""
     constants = _constants(runs, only)
@@ -198,24 +198,25 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
 
     fitted = _fit(runs, device, name, constants, trials, seed, step)
     done += trials
-    before_cv = after_cv = None
+    before = validate(runs, system_for=_on(device))
+    cross = None
     if folds:
         held: list[MeasuredRun] = []
         refits: list[DeviceSpec] = []
         for fold in folds:
-            train = [r for i, r in enumerate(runs) if i not in fold]
+            left_out = set(fold)
+            train = [r for i, r in enumerate(runs) if i not in left_out]
             refits.append(_fit(train, device, name, constants, trials, seed, step))
             held.extend(runs[i] for i in fold)
             done += trials
         owner = [refit for refit, fold in zip(refits, folds) for _ in fold]
-        before_cv = _loss(held, device)
-        after_cv = _pooled_loss(held, owner)
-    kept = after_cv is None or after_cv >= before_cv
+        # the folds hold every run once: the start's error on them is its error on the runs
+        cross = CrossValidation(len(folds), _mean_log_errors(before.results),
+                                _pooled_loss(held, owner))
+    kept = cross is None or cross.after >= cross.before
     if kept:
         fitted = replace(device, name=name)
-    before = validate(runs, system_for=_on(device))
     after = validate(runs, system_for=_on(fitted))
-    cross = None if before_cv is None else CrossValidation(len(folds), before_cv, after_cv)
     return Fit(fitted, constants, tuple(runs), before, after, cross, kept)
 
 

@@ -114,20 +114,24 @@ class KernelCosts:
 
     def waves(self, m: float, n: float, batch: float = 1) -> float:
         """Fraction of the SMs busy over the GEMM's waves (1 without an SM count)."""
+        return self._waves(m, n, batch)[0]
+
+    def _waves(self, m: float, n: float, batch: float) -> tuple[float, int]:
+        """The busy fraction over the GEMM's waves and their number (1.0 and 0 without an SM
+        count)."""
         if not self.sm_count:
-            return 1.0
+            return 1.0, 0
         tiles = math.ceil(m / TILE) * math.ceil(n / TILE) * batch
-        return tiles / (math.ceil(tiles / self.sm_count) * self.sm_count)
+        count = math.ceil(tiles / self.sm_count)
+        return tiles / (count * self.sm_count), count
 
     def gemm(self, m: float, n: float, k: float, batch: float = 1, *,
              element_bytes: int = 2) -> float:
         """An (m x k) @ (k x n) GEMM, ``batch`` times in one kernel."""
         flops = 2 * m * n * k * batch
         moved = element_bytes * batch * (m * k + k * n + m * n)
-        compute = flops / (self.flop_rate * self.waves(m, n, batch))
-        if self.gemm_wave and self.sm_count:
-            tiles = math.ceil(m / TILE) * math.ceil(n / TILE) * batch
-            compute += math.ceil(tiles / self.sm_count) * self.gemm_wave
+        busy, count = self._waves(m, n, batch)
+        compute = flops / (self.flop_rate * busy) + count * self.gemm_wave
         return max(self.launch, compute, moved / self.byte_rate)
 
     def linear(self, m: float, n: float, k: float, batch: float = 1) -> float:

@@ -169,7 +169,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
 
 _DIM_FIELDS = {"topology", "npus", "latency_us"}
 _DIM_OPTIONAL = {"bandwidth_gbps", "bandwidth_astra_gbps", "algorithm", "algorithms", "width",
-                 "source", "call_latency_us"}
+                 "source", "call_latency_us", "p2p_bandwidth_gbps"}
 
 
 def _algorithms(path: Path, where: str, e: dict) -> dict[Collective, AlgorithmChoice]:
@@ -213,6 +213,9 @@ def _dim(path: Path, where: str, entry: Any) -> NetworkDim:
     width = e.get("width")
     if width is not None:
         width = integer(path, f"{where}.width", width, minimum=1)
+    p2p = e.get("p2p_bandwidth_gbps")
+    if p2p is not None:
+        p2p = number(path, f"{where}.p2p_bandwidth_gbps", p2p, minimum=0, strict=True) * GB
     return _spec(path, where, lambda: NetworkDim(
         topology=topology,
         npus=integer(path, f"{where}.npus", e["npus"], minimum=1),
@@ -223,6 +226,7 @@ def _dim(path: Path, where: str, entry: Any) -> NetworkDim:
         width=width,
         call_latency_s=number(path, f"{where}.call_latency_us", e.get("call_latency_us", 0),
                               minimum=0, strict=False) * 1e-6,
+        p2p_bandwidth_bytes_per_s=p2p,
     ))
 
 

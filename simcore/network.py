@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Generic, TypeVar
 
@@ -154,11 +154,21 @@ class NetworkDim:
     (a communication library's launch and protocol start, NCCL's base latency), on top of the
     per-hop latency. ASTRA-sim has no such term: 0 keeps its timing; the collective timing
     itself (:func:`simcore.collectives.collective_time`) never adds it."""
+    p2p_bandwidth_bytes_per_s: float | None = None
+    """What one send reaches over this dimension, bytes/s, where it differs from
+    ``bandwidth_bytes_per_s``: a pipeline stage's activation to the next stage. A link between
+    nodes fit on all-reduce tables with the hierarchical schedule (which sends each byte over
+    the network once, where NCCL's ring sends it up to about twice) is slower than a send, which
+    runs at the NIC's own rate. None: the link bandwidth (ASTRA-sim has one bandwidth; its own
+    systems never set this)."""
 
     def __post_init__(self) -> None:
         if not (self.call_latency_s >= 0 and math.isfinite(self.call_latency_s)):
             raise ValueError(
                 f"`call_latency >= 0` must hold, but got call_latency={self.call_latency_s} s")
+        p2p = self.p2p_bandwidth_bytes_per_s
+        if p2p is not None and not (p2p > 0 and math.isfinite(p2p)):
+            raise ValueError(f"`p2p_bandwidth > 0` must hold, but got p2p_bandwidth={p2p} B/s")
         if self.npus < 1:
             raise ValueError(f"`npus >= 1` must hold, but got npus={self.npus}")
         if not (self.bandwidth_bytes_per_s > 0 and math.isfinite(self.bandwidth_bytes_per_s)):
@@ -181,6 +191,12 @@ class NetworkDim:
 
     def algorithm(self, collective: Collective) -> AlgorithmChoice:
         return self.algorithms[collective]
+
+    def for_sends(self) -> NetworkDim:
+        """This dimension as a send sees it: its link at ``p2p_bandwidth_bytes_per_s``."""
+        if self.p2p_bandwidth_bytes_per_s is None:
+            return self
+        return replace(self, bandwidth_bytes_per_s=self.p2p_bandwidth_bytes_per_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

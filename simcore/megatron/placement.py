@@ -162,15 +162,22 @@ class AxisNetworks:
         return cached
 
     def p2p(self, axis: Axis, size_bytes: float) -> float:
-        """Seconds to send a message to the next rank along the axis."""
+        """Seconds to send a message to the next rank along the axis, over the slowest of the
+        axis's boundaries: across its outermost dimension (rank 0 to the first rank of the next
+        block), at that dimension's send bandwidth (:meth:`NetworkDim.for_sends`). A pipeline
+        over two nodes of four stages each waits at the boundary between the nodes: Megatron-LM's
+        sends block, so the stage that crosses it paces the others."""
         network = self.networks[axis]
         size = int(size_bytes)
         if network is None or size <= 0:
             return 0.0
         cached = self._p2p.get((axis, size))
         if cached is None:
-            cached = (p2p_time(network, 0, 1, size, congestion=network.congestion)
-                      + network.dims[0].call_latency_s)
+            outer = network.dims[-1]
+            sends = replace(network, dims=network.dims[:-1] + (outer.for_sends(),))
+            cached = (p2p_time(sends, 0, network.npus // outer.npus, size,
+                               congestion=network.congestion)
+                      + outer.call_latency_s)
             self._p2p[(axis, size)] = cached
         return cached
 

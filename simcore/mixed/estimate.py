@@ -218,7 +218,7 @@ _pairs: dict[int, tuple[NetworkDim, Network]] = {}
 def _link_network(dim: NetworkDim) -> Network:
     found = _pairs.get(id(dim))
     if found is None or found[0] is not dim:
-        found = (dim, Network(dims=(_sub_dim(dim, 2) if dim.npus != 2 else dim,)))
+        found = (dim, Network(dims=(_sub_dim(dim.for_sends(), 2),)))
         _pairs[id(dim)] = found
     return found[1]
 

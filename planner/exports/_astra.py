@@ -216,6 +216,10 @@ def _model_caveats(plan: Plan) -> list[str]:
     if any(dim.call_latency_s for dim in plan.system.network.dims):
         out.append("per-call collective latency (call_latency_us): ASTRA-sim's network.yml has"
                    " only per-hop latency; it is not written.")
+    if any(dim.p2p_bandwidth_bytes_per_s is not None for dim in plan.system.network.dims):
+        out.append("a send rate of its own on a link (p2p_bandwidth_gbps): ASTRA-sim's"
+                   " network.yml has one bandwidth per dimension, the collectives' one; it is"
+                   " not written.")
     return out
 
 

@@ -162,24 +162,34 @@ class AxisNetworks:
         return cached
 
     def p2p(self, axis: Axis, size_bytes: float) -> float:
-        """Seconds to send a message to the next rank along the axis, over the slowest of the
-        axis's boundaries: across its outermost dimension (rank 0 to the first rank of the next
-        block), at that dimension's send bandwidth (:meth:`NetworkDim.for_sends`). A pipeline
-        over two nodes of four stages each waits at the boundary between the nodes: Megatron-LM's
-        sends block, so the stage that crosses it paces the others."""
+        """Seconds of one of a stage's sends along the axis, as the stage that paces a pipeline
+        pays them. Megatron-LM's sends block, so a stage's time holds its own two sends per
+        micro-batch, forward to the next stage and backward to the one before. On one dimension
+        both cross it. Over several (a pipeline of four stages a node on two nodes), the stage at
+        a node's edge sends one over the slowest boundary, across the outermost dimension, and
+        the other inside the node, across the innermost: each send costs their mean. A send
+        runs at the dimension's send bandwidth (:meth:`NetworkDim.for_sends`)."""
         network = self.networks[axis]
         size = int(size_bytes)
         if network is None or size <= 0:
             return 0.0
         cached = self._p2p.get((axis, size))
         if cached is None:
-            outer = network.dims[-1]
-            sends = replace(network, dims=network.dims[:-1] + (outer.for_sends(),))
-            cached = (p2p_time(sends, 0, network.npus // outer.npus, size,
-                               congestion=network.congestion)
-                      + outer.call_latency_s)
-            self._p2p[(axis, size)] = cached
+            cached = self._p2p[(axis, size)] = _send_mean(network, size)
         return cached
+
+
+def _send_mean(network: Network, size: int) -> float:
+    """Mean seconds of a send across the outermost and across the innermost dimension (one
+    send across the only dimension of a one-dimension network), each at its send bandwidth
+    plus its call latency (:meth:`AxisNetworks.p2p`)."""
+    sends = Network(dims=tuple(d.for_sends() for d in network.dims),
+                    scheduling=network.scheduling, congestion=network.congestion)
+    outer = network.npus // network.dims[-1].npus  # rank 0 and this differ in the last only
+    times = [p2p_time(sends, 0, dst, size, congestion=network.congestion)
+             + network.dims[0 if dst == 1 else -1].call_latency_s
+             for dst in {1, outer}]
+    return sum(times) / len(times)
 
 
 def pairwise_all_to_all(network: Network, size: int, dedup_k: int | None = None) -> float:

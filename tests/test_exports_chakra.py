@@ -90,19 +90,8 @@ def test_stage_plan_replays_to_its_estimate(tmp_path, capsys) -> None:
 
 def _megatron(system: str = "dgx-a100-16", **knobs: object) -> Plan:
     c = load_catalog()
-    spec = c.system(system) if system != "nodes-of-4" else _nodes_of_four(c.system("dgx-a100-16"))
-    return make_plan(c.model("gpt-1.7b"), _no_call_latency(spec), SMALL,
+    return make_plan(c.model("gpt-1.7b"), _no_call_latency(c.system(system)), SMALL,
                      Strategy(**knobs), Convention.MEGATRON)  # type: ignore[arg-type]
-
-
-def _nodes_of_four(system: SystemSpec) -> SystemSpec:
-    """The 16 GPUs as 4 nodes of 4, so that tp 2 x dp 2 fill a node and pp 4 crosses between
-    nodes at every boundary. (A pp 4 over two nodes of 8 sends from stage 1 to stage 2 between
-    them: the estimate times it on the network between nodes, ASTRA-sim's congestion-unaware
-    backend on the lowest dimension the two ranks' addresses differ in, NVLink.)"""
-    node, between = system.network.dims
-    dims = (replace(node, npus=4), replace(between, npus=4))
-    return replace(system, network=replace(system.network, dims=dims))
 
 
 def _schedule_end(plan: Plan) -> float:
@@ -137,11 +126,9 @@ def _schedule_end(plan: Plan) -> float:
     {"dp": 4, "tp": 2, "pp": 2, "schedule": Schedule.INTERLEAVED, "v": 2},
     {"dp": 2, "tp": 4, "pp": 2, "schedule": Schedule.GPIPE, "recompute": Recompute.SELECTIVE},
     {"dp": 4, "tp": 2, "pp": 2, "schedule": Schedule.ZB_H1},
-    {"dp": 2, "tp": 2, "pp": 4, "schedule": Schedule.ZB_H1, "recompute": Recompute.FULL,
-     "system": "nodes-of-4"},
+    {"dp": 2, "tp": 2, "pp": 4, "schedule": Schedule.ZB_H1, "recompute": Recompute.FULL},
     {"dp": 4, "tp": 2, "pp": 2, "schedule": Schedule.ZBV, "v": 2},
-    {"dp": 2, "tp": 2, "pp": 4, "schedule": Schedule.ZBV, "v": 2, "recompute": Recompute.FULL,
-     "system": "nodes-of-4"},
+    {"dp": 2, "tp": 2, "pp": 4, "schedule": Schedule.ZBV, "v": 2, "recompute": Recompute.FULL},
     {"dp": 8, "tp": 2, "zero": ZeroStage.PARAMETERS, "shard_group": 4},
 ], ids=str)
 def test_megatron_plan_replays_to_its_schedule(tmp_path, capsys, knobs) -> None:

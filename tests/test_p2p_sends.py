@@ -1,7 +1,8 @@
 """A pipeline's sends: a stage's two per micro-batch, one between nodes and one inside when its
 stages span several nodes, at the dimension's send bandwidth (`p2p_bandwidth_gbps`), which the DGX
 links between nodes take from NCCL's maintainer's per-NIC figure (studies/catalog/systems/dgx.yaml
-header: 24 GB/s per 200G NIC, NVIDIA/nccl-tests issue 119)."""
+header: 24 GB/s per 200G NIC, NVIDIA/nccl-tests issue 119). A network whose outermost dimension
+gives no send bandwidth (ASTRA-sim's own systems) times a send as ASTRA-sim routes it."""
 
 from __future__ import annotations
 
@@ -120,3 +121,13 @@ def test_the_fix_moves_a_measured_pipeline_the_right_way() -> None:
     old = estimate(run.model, before, run.training, run.strategy).step_time
     assert abs(now / 30 - 1) < abs(old / 30 - 1)
     assert old / 30 - 1 == pytest.approx(0.192, abs=0.005)
+
+
+def test_without_a_send_bandwidth_a_send_is_routed_as_astra_sim_does() -> None:
+    # ASTRA-sim's congestion-unaware backend times a send on the lowest dimension the two ranks
+    # differ in, for neighbouring pp ranks the innermost: dp 2 x pp 8 over the two nodes sends
+    # over NVLink, 2 x 0.58 + 10e6 / 231e9 + 10.8 us, as before the send rate existed, so
+    # ASTRA-sim's own systems (which never set it) keep its timing.
+    plain = Network(dims=(NODE, replace(IB, p2p_bandwidth_bytes_per_s=None)))
+    seconds = _nets(plain, dp=2, pp=8).p2p(Axis.PP, 10 * MB)
+    assert seconds == pytest.approx(2 * 0.58e-6 + 10e6 / 231e9 + 10.8e-6, abs=1e-9)

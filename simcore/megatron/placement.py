@@ -167,8 +167,12 @@ class AxisNetworks:
         micro-batch, forward to the next stage and backward to the one before. On one dimension
         both cross it. Over several (a pipeline of four stages a node on two nodes), the stage at
         a node's edge sends one over the slowest boundary, across the outermost dimension, and
-        the other inside the node, across the innermost: each send costs their mean. A send
-        runs at the dimension's send bandwidth (:meth:`NetworkDim.for_sends`)."""
+        the other inside the node, across the innermost: each send costs their mean, at each
+        dimension's send bandwidth (:meth:`NetworkDim.for_sends`). That is when the outermost
+        dimension gives a send bandwidth (``p2p_bandwidth_bytes_per_s``, a cluster's link
+        between nodes); without one, a send is timed as ASTRA-sim's congestion-unaware backend
+        routes it, on the lowest dimension the two ranks differ in, which for neighbouring
+        ranks of the axis is its innermost: ASTRA-sim's own systems keep its timing."""
         network = self.networks[axis]
         size = int(size_bytes)
         if network is None or size <= 0:
@@ -182,7 +186,11 @@ class AxisNetworks:
 def _send_mean(network: Network, size: int) -> float:
     """Mean seconds of a send across the outermost and across the innermost dimension (one
     send across the only dimension of a one-dimension network), each at its send bandwidth
-    plus its call latency (:meth:`AxisNetworks.p2p`)."""
+    plus its call latency; a send to the next rank when the outermost dimension gives no send
+    bandwidth (:meth:`AxisNetworks.p2p`)."""
+    if network.dims[-1].p2p_bandwidth_bytes_per_s is None:
+        return (p2p_time(network, 0, 1, size, congestion=network.congestion)
+                + network.dims[0].call_latency_s)
     sends = Network(dims=tuple(d.for_sends() for d in network.dims),
                     scheduling=network.scheduling, congestion=network.congestion)
     outer = network.npus // network.dims[-1].npus  # rank 0 and this differ in the last only

@@ -131,3 +131,12 @@ def test_without_a_send_bandwidth_a_send_is_routed_as_astra_sim_does() -> None:
     plain = Network(dims=(NODE, replace(IB, p2p_bandwidth_bytes_per_s=None)))
     seconds = _nets(plain, dp=2, pp=8).p2p(Axis.PP, 10 * MB)
     assert seconds == pytest.approx(2 * 0.58e-6 + 10e6 / 231e9 + 10.8e-6, abs=1e-9)
+
+
+def test_a_mixed_cluster_sends_between_nodes_at_the_send_rate() -> None:
+    # planner mixed times a stage boundary over the link it crosses (simcore/mixed/estimate.py):
+    # at the link's send rate where it gives one, 10e6 / 24e9 on the wire, not 10e6 / 15.1e9.
+    from simcore.collectives import p2p_time
+    from simcore.mixed.estimate import _link_network
+    seconds = p2p_time(_link_network(IB), 0, 1, 10 * MB)
+    assert seconds == pytest.approx(2 * 8.8e-6 + 10e6 / 24e9, abs=1e-9)

@@ -70,12 +70,13 @@ def test_without_a_send_bandwidth_the_link_bandwidth_times_the_send() -> None:
     assert seconds == pytest.approx(2 * 8.8e-6 + 10e6 / 15.1e9 + 0.7e-6, abs=1e-9)
 
 
-def test_collectives_keep_the_all_reduce_fit() -> None:
-    # The send bandwidth is for sends only: dp's all-reduce over both nodes is the same with it.
+def test_collectives_inside_a_node_keep_the_schedule() -> None:
+    # dp 8 inside each node, pp 2 across: dp's all-reduce never reaches the link with the send
+    # rate, so it is the same with it as without.
     plain = Network(dims=(NODE, replace(IB, p2p_bandwidth_bytes_per_s=None)))
     size = 256 * MB
-    with_sends = _nets(TWO_NODES, dp=16, pp=1).collective(Axis.DP, Collective.ALL_REDUCE, size)
-    without = _nets(plain, dp=16, pp=1).collective(Axis.DP, Collective.ALL_REDUCE, size)
+    with_sends = _nets(TWO_NODES, dp=8, pp=2).collective(Axis.DP, Collective.ALL_REDUCE, size)
+    without = _nets(plain, dp=8, pp=2).collective(Axis.DP, Collective.ALL_REDUCE, size)
     assert with_sends == without > 0
 
 
@@ -105,22 +106,30 @@ def test_a_bad_send_bandwidth_is_one_line() -> None:
         system_from_entry(Path("bad.yaml"), "bad", entry, {"a100-80gb": system.device})
 
 
-def test_the_fix_moves_a_measured_pipeline_the_right_way() -> None:
-    # BigScience's 1B3 on two Jean Zay V100 nodes (tests/data/validation/v100-check.csv): dp 4 x
-    # pp 2 at micro-batch 1 measured 30 s, the estimate with sends at the Omni-Path all-reduce
-    # fit (2.16 GB/s) 35.8 s (+19.2%); at the port's 12 GB/s it is closer (+16.5%).
+def _without_send_rate(system):
+    return replace(system, network=Network(
+        dims=tuple(replace(d, p2p_bandwidth_bytes_per_s=None) for d in system.network.dims),
+        scheduling=system.network.scheduling))
+
+
+def test_the_zero_bubble_check_comes_closer() -> None:
+    # The zero-bubble paper's Tables 6-7 (tests/data/validation/a100-zb-check.csv): pp 16-32
+    # over 2-4 nodes of 8, every stage a GPU. Sends timed on the first NVLink hop at the
+    # all-reduce fit: 2.8% mean error; each stage's own sends at the NIC's rate: 1.9%.
     from planner.runs_csv import read_runs
     from simcore import estimate
-    path = Path(__file__).parent / "data" / "validation" / "v100-check.csv"
+    path = Path(__file__).parent / "data" / "validation" / "a100-zb-check.csv"
     runs, _ = read_runs(path, CATALOG)
-    run = next(r for r in runs if r.name == "BigScience 1B3 V100-32gb dp4 tp1 pp2 mb1 full")
-    before = replace(run.system, network=Network(
-        dims=tuple(replace(d, p2p_bandwidth_bytes_per_s=None) for d in run.system.network.dims),
-        scheduling=run.system.network.scheduling))
-    now = estimate(run.model, run.system, run.training, run.strategy).step_time
-    old = estimate(run.model, before, run.training, run.strategy).step_time
-    assert abs(now / 30 - 1) < abs(old / 30 - 1)
-    assert old / 30 - 1 == pytest.approx(0.192, abs=0.005)
+
+    def mape(system_of) -> float:
+        errors = [abs(estimate(r.model, system_of(r.system), r.training, r.strategy).step_time
+                      / r.step_time_s - 1) for r in runs]
+        return sum(errors) / len(errors)
+
+    now, before = mape(lambda s: s), mape(_without_send_rate)
+    assert now < before
+    assert now <= 0.025
+    assert before == pytest.approx(0.028, abs=0.002)
 
 
 def test_without_a_send_bandwidth_a_send_is_routed_as_astra_sim_does() -> None:
@@ -140,3 +149,31 @@ def test_a_mixed_cluster_sends_between_nodes_at_the_send_rate() -> None:
     from simcore.mixed.estimate import _link_network
     seconds = p2p_time(_link_network(IB), 0, 1, 10 * MB)
     assert seconds == pytest.approx(2 * 8.8e-6 + 10e6 / 24e9, abs=1e-9)
+
+
+def test_the_flat_ring_by_hand() -> None:
+    # A 1e9-byte all-reduce over the two nodes (16 ranks, 8 a node): each rank sends 2 x 15/16
+    # of it round the ring, at the lesser of NVLink (231 GB/s) and the node's NICs, 8 x 24 =
+    # 192 GB/s: 9.766 ms; 30 steps, 2/16 of them between nodes (3.75 x the 17.6 us of a send
+    # there) and the rest inside (26.25 x 1.16 us): 9.862 ms. The hierarchical schedule at the
+    # all-reduce fit takes longer, so the axis pays the ring, plus the two call latencies.
+    from simcore.megatron.nic import flat_ring
+    ring = flat_ring(TWO_NODES, Collective.ALL_REDUCE, 10**9)
+    by_hand = 2 * 15 / 16 * 1e9 / 192e9 + 3.75 * 17.6e-6 + 26.25 * 1.16e-6
+    assert ring == pytest.approx(by_hand, rel=1e-3)
+    paid = _nets(TWO_NODES, dp=16, pp=1).collective(Axis.DP, Collective.ALL_REDUCE, 10**9)
+    assert paid == pytest.approx(ring + 10.8e-6 + 0.7e-6, rel=1e-6)
+    # a reduce-scatter sends one pass (15/16 of the tensor), an all-gather of 1e9 / 16 bytes a
+    # rank the same bytes; an all-to-all is not a ring
+    half = flat_ring(TWO_NODES, Collective.REDUCE_SCATTER, 10**9)
+    assert half == pytest.approx(15 / 16 * 1e9 / 192e9 + 1.875 * 17.6e-6 + 13.125 * 1.16e-6,
+                                 rel=1e-3)
+    assert flat_ring(TWO_NODES, Collective.ALL_GATHER, 10**9 // 16) == pytest.approx(half)
+    assert flat_ring(TWO_NODES, Collective.ALL_TO_ALL, 10**9) is None
+
+
+def test_without_a_send_rate_there_is_no_ring() -> None:
+    # ASTRA-sim's systems keep its hierarchical schedule.
+    from simcore.megatron.nic import flat_ring
+    plain = Network(dims=(NODE, replace(IB, p2p_bandwidth_bytes_per_s=None)))
+    assert flat_ring(plain, Collective.ALL_REDUCE, 10**9) is None

@@ -15,9 +15,8 @@ import pytest
 
 from planner.catalog import load_catalog
 from simcore.collectives import collective_time
-from simcore.megatron.placement import AxisNetworks
 from simcore.network import Collective, Network
-from simcore.specs import Axis, SystemSpec
+from simcore.specs import SystemSpec
 
 DATA = Path(__file__).parent / "data" / "nccl_tests.csv"
 CATALOG = load_catalog()
@@ -27,24 +26,14 @@ KIB, MIB, GIB = 2**10, 2**20, 2**30
 
 def _abci(nodes: int = 2) -> SystemSpec:
     """A100 nodes with 4 HDR HCAs per 8 GPUs (ABCI; nccl-tests issue 119's servers): half a
-    DGX's network bandwidth, and half its send rate (4 x 24 GB/s a node)."""
+    DGX's network bandwidth."""
     system = CATALOG.system("dgx-a100-16")
     node, ib = system.network.dims
-    ib = replace(ib, npus=nodes, bandwidth_bytes_per_s=ib.bandwidth_bytes_per_s / 2,
-                 p2p_bandwidth_bytes_per_s=ib.p2p_bandwidth_bytes_per_s / 2)
+    ib = replace(ib, npus=nodes, bandwidth_bytes_per_s=ib.bandwidth_bytes_per_s / 2)
     return replace(system, network=Network(dims=(node, ib), scheduling=system.network.scheduling))
 
 
 def _model_s(system: SystemSpec, size: int) -> float:
-    """The all-reduce over the whole system as a plan's data-parallel axis pays it: the
-    hierarchical schedule, or NCCL's flat ring where the system's link between nodes gives a
-    send rate and the ring is faster (simcore/megatron/nic.py), plus the per-call latencies."""
-    everyone = {Axis.TP: 1, Axis.SP: 1, Axis.DP: system.network.npus, Axis.PP: 1}
-    nets = AxisNetworks(system.network, everyone, (Axis.TP, Axis.SP, Axis.DP, Axis.PP))
-    return nets.collective(Axis.DP, Collective.ALL_REDUCE, size)
-
-
-def _hierarchical_s(system: SystemSpec, size: int) -> float:
     network = system.network
     return (collective_time(network, Collective.ALL_REDUCE, size).time_s
             + sum(d.call_latency_s for d in network.dims))
@@ -63,8 +52,10 @@ CASES = [
     ("a100-node-fit", "dgx-a100-8", 256 * KIB, GIB, 0.15),
     ("a100-node-check", "dgx-a100-8", 256 * KIB, GIB, 0.45),  # 39%: the two tables differ 2x
     ("a100-ib-fit", "abci", 256 * KIB, GIB, 0.20),
-    ("a100-ib-check", "dgx-a100-16", GIB, 16 * GIB, 0.04),  # OCI's ring: -1.8% and -0.3%
-    ("a100-ib4-n3-check", "abci-3", 64 * MIB, GIB, 0.08),  # issue 119, 3 nodes: +6%
+    ("a100-ib-check", "dgx-a100-16", GIB, 16 * GIB, 0.12),  # OCI, +7% and +9%
+    # nccl-tests issue 119, 3 nodes: +34%. The hierarchical schedule's step between nodes grows
+    # with their number where NCCL's ring does not (dgx.yaml's header); not changed.
+    ("a100-ib4-n3-check", "abci-3", 64 * MIB, GIB, 0.40),
     ("h100-node-fit", "dgx-h100-8", 256 * KIB, GIB, 0.15),
     ("h100-node-check", "dgx-h100-8", 128 * MIB, 4 * GIB, 0.10),  # nccl-tests issue 290: 5%
     ("h100-ib-fit", "dgx-h100-16", 256 * MIB, 8 * GIB, 0.05),
@@ -78,28 +69,6 @@ def test_all_reduce_time_against_nccl_tests(role: str, system: str, low: int, hi
                                             bound: float) -> None:
     spec = _abci(int(system[5:] or 2)) if system.startswith("abci") else CATALOG.system(system)
     assert _mean_error(role, spec, low, high) <= bound
-
-
-def test_beyond_two_nodes_the_ring_is_the_time() -> None:
-    # nccl-tests issue 119: 3 nodes of 8 A100 and 4 HDR NICs, 2560.7 us for 127,926,280 bytes
-    # (bus bandwidth 95.75 GB/s, "96GB/s is the target", NCCL's maintainer there). The ring:
-    # 2 x 23/24 x 127,926,280 B / (4 x 24 GB/s) = 2,554 us on the wire, plus its 46 steps'
-    # hops; the hierarchical schedule's step between nodes grows with their number (3,433 us).
-    spec, size, measured = _abci(3), 127_926_280, 2560.7e-6
-    assert _model_s(spec, size) == pytest.approx(measured, rel=0.08)
-    assert _hierarchical_s(spec, size) > 1.3 * measured
-    wire = 2 * 23 / 24 * size / (4 * 24e9)
-    assert wire <= _model_s(spec, size) <= wire + 200e-6
-
-
-def test_two_dgx_h100s_keep_the_hierarchical_fit() -> None:
-    # The DGX H100 2-node table (h100-ib-fit) runs above the ring's bound (NVLink SHARP): its
-    # fit stays the time there, while at 4 nodes the ring's bus bandwidth, 8 x 48 = 384 GB/s,
-    # is within 5% of the 366 GB/s nccl-tests issue 309 measured on 32 GPU-NIC pairs.
-    two, four, size = CATALOG.system("dgx-h100-16"), CATALOG.system("dgx-h100-32"), 8 * GIB
-    assert _model_s(two, size) == pytest.approx(_hierarchical_s(two, size))
-    bus = size / _model_s(four, size) * 2 * 31 / 32
-    assert bus == pytest.approx(366e9, rel=0.06)
 
 
 def test_small_messages_pay_the_call_latency() -> None:

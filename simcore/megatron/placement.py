@@ -25,8 +25,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from enum import StrEnum
 
-from simcore.collectives import collective_time
-from simcore.megatron.nic import flat_ring, send_mean
+from simcore.collectives import collective_time, p2p_time
 from simcore.network import Collective, Network, NetworkDim, PerNetwork, Topology
 from simcore.specs import Axis
 
@@ -131,9 +130,7 @@ class AxisNetworks:
     def collective(self, axis: AxisLike, collective: Collective, size_bytes: float) -> float:
         """Seconds for one collective over the axis's group (size as ASTRA-sim takes it: the
         per-rank input for all-gather and all-to-all, the whole tensor otherwise); 0 for a
-        degree of 1. An all-to-all is timed as pairwise sends (:func:`pairwise_all_to_all`); on
-        a cluster's link, the others as NCCL's flat ring where that is faster
-        (:func:`simcore.megatron.nic.flat_ring`)."""
+        degree of 1. An all-to-all is timed as pairwise sends (:func:`pairwise_all_to_all`)."""
         network = self.networks[axis]
         size = int(size_bytes)
         if network is None or size <= 0:
@@ -144,12 +141,9 @@ class AxisNetworks:
             if collective is Collective.ALL_TO_ALL:
                 cached = pairwise_all_to_all(network, size) + self._call[axis]
             else:
-                cached = collective_time(network, collective, size,
-                                         congestion=network.congestion).time_s
-                ring = flat_ring(network, collective, size)
-                if ring is not None and ring < cached:  # NCCL's tuner takes the faster
-                    cached = ring
-                cached += self._call[axis]
+                cached = (collective_time(network, collective, size,
+                                          congestion=network.congestion).time_s
+                          + self._call[axis])
             self._times[key] = cached
         return cached
 
@@ -185,8 +179,25 @@ class AxisNetworks:
             return 0.0
         cached = self._p2p.get((axis, size))
         if cached is None:
-            cached = self._p2p[(axis, size)] = send_mean(network, size)
+            cached = self._p2p[(axis, size)] = _send_mean(network, size)
         return cached
+
+
+def _send_mean(network: Network, size: int) -> float:
+    """Mean seconds of a send across the outermost and across the innermost dimension (one
+    send across the only dimension of a one-dimension network), each at its send bandwidth
+    plus its call latency; a send to the next rank when the outermost dimension gives no send
+    bandwidth (:meth:`AxisNetworks.p2p`)."""
+    if network.dims[-1].p2p_bandwidth_bytes_per_s is None:
+        return (p2p_time(network, 0, 1, size, congestion=network.congestion)
+                + network.dims[0].call_latency_s)
+    sends = Network(dims=tuple(d.for_sends() for d in network.dims),
+                    scheduling=network.scheduling, congestion=network.congestion)
+    outer = network.npus // network.dims[-1].npus  # rank 0 and this differ in the last only
+    times = [p2p_time(sends, 0, dst, size, congestion=network.congestion)
+             + network.dims[0 if dst == 1 else -1].call_latency_s
+             for dst in {1, outer}]
+    return sum(times) / len(times)
 
 
 def pairwise_all_to_all(network: Network, size: int, dedup_k: int | None = None) -> float:

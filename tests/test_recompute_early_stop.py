@@ -138,7 +138,7 @@ def test_llm_foundrys_checkpointed_runs_are_no_longer_estimated_slow_as_a_group(
     # checkpointing, "act", 131 without, "acf"). Priced as re-running the whole layer, the
     # checkpointed rows came out 9.7 points slower than the others on average (+5.1% against
     # -4.6%); with the early stop llm-foundry's PyTorch checkpointing does, 3.6 points. (With
-    # the GEMM wave time and the refit A100 and H100: 8.7 points whole, 2.6 with the early stop.)
+    # the GEMM wave time and the refit A100 and H100: 8.5 points whole, 2.4 with the early stop.)
     runs = []
     for name in ("a100-fit.csv", "a100-check.csv", "h100-fit.csv", "h100-check.csv"):
         runs += read_runs(VALIDATION / name, CATALOG)[0]

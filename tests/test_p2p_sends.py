@@ -29,6 +29,7 @@ NODE = NetworkDim(topology=Topology.SWITCH, npus=8, bandwidth_bytes_per_s=231 * 
 IB = NetworkDim(topology=Topology.SWITCH, npus=2, bandwidth_bytes_per_s=15.1 * GB,
                 latency_s=8.8e-6, call_latency_s=0.7e-6, p2p_bandwidth_bytes_per_s=24 * GB)
 TWO_NODES = Network(dims=(NODE, IB))
+PLAIN = Network(dims=(NODE, replace(IB, p2p_bandwidth_bytes_per_s=None)))  # as ASTRA-sim's
 PLACEMENT = (Axis.TP, Axis.SP, Axis.DP, Axis.PP)
 
 
@@ -64,18 +65,16 @@ def test_a_pipeline_inside_one_node_sends_over_nvlink() -> None:
 
 def test_without_a_send_bandwidth_the_link_bandwidth_times_the_send() -> None:
     # ASTRA-sim's systems have one bandwidth: 10e6 / 15.1e9 = 662.3 us on the wire.
-    plain = Network(dims=(NODE, replace(IB, p2p_bandwidth_bytes_per_s=None)))
-    nets = AxisNetworks(plain, {Axis.TP: 8, Axis.SP: 1, Axis.DP: 1, Axis.PP: 2}, PLACEMENT)
+    nets = AxisNetworks(PLAIN, {Axis.TP: 8, Axis.SP: 1, Axis.DP: 1, Axis.PP: 2}, PLACEMENT)
     seconds = nets.p2p(Axis.PP, 10 * MB)
     assert seconds == pytest.approx(2 * 8.8e-6 + 10e6 / 15.1e9 + 0.7e-6, abs=1e-9)
 
 
 def test_collectives_keep_the_all_reduce_fit() -> None:
     # The send bandwidth is for sends only: dp's all-reduce over both nodes is the same with it.
-    plain = Network(dims=(NODE, replace(IB, p2p_bandwidth_bytes_per_s=None)))
     size = 256 * MB
     with_sends = _nets(TWO_NODES, dp=16, pp=1).collective(Axis.DP, Collective.ALL_REDUCE, size)
-    without = _nets(plain, dp=16, pp=1).collective(Axis.DP, Collective.ALL_REDUCE, size)
+    without = _nets(PLAIN, dp=16, pp=1).collective(Axis.DP, Collective.ALL_REDUCE, size)
     assert with_sends == without > 0
 
 
@@ -136,8 +135,7 @@ def test_without_a_send_bandwidth_a_send_is_routed_as_astra_sim_does() -> None:
     # differ in, for neighbouring pp ranks the innermost: dp 2 x pp 8 over the two nodes sends
     # over NVLink, 2 x 0.58 + 10e6 / 231e9 + 10.8 us, as before the send rate existed, so
     # ASTRA-sim's own systems (which never set it) keep its timing.
-    plain = Network(dims=(NODE, replace(IB, p2p_bandwidth_bytes_per_s=None)))
-    seconds = _nets(plain, dp=2, pp=8).p2p(Axis.PP, 10 * MB)
+    seconds = _nets(PLAIN, dp=2, pp=8).p2p(Axis.PP, 10 * MB)
     assert seconds == pytest.approx(2 * 0.58e-6 + 10e6 / 231e9 + 10.8e-6, abs=1e-9)
 
 

@@ -159,8 +159,9 @@ class NetworkDim:
     ``bandwidth_bytes_per_s``: a pipeline stage's activation to the next stage. A link between
     nodes fit on all-reduce tables with the hierarchical schedule (which sends each byte over
     the network once, where NCCL's ring sends it up to about twice) is slower than a send, which
-    runs at the NIC's own rate. None: the link bandwidth (ASTRA-sim has one bandwidth; its own
-    systems never set this)."""
+    runs at the NIC's own rate, and so does a collective over one rank per node on this
+    dimension (:mod:`simcore.megatron.placement`). None: the link bandwidth (ASTRA-sim has one
+    bandwidth; its own systems never set this)."""
 
     def __post_init__(self) -> None:
         if not (self.call_latency_s >= 0 and math.isfinite(self.call_latency_s)):

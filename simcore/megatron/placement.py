@@ -12,6 +12,14 @@ size on the same links (a sub-mesh has no single shape). Collective times come f
 congestion-unaware one, or the congestion-aware one when the network's ``congestion`` says so),
 plus each spanned dimension's ``call_latency_s`` per call (0 in ASTRA-sim's own systems).
 
+A group with one rank per node (a piece on an outer dimension only: tp = 8 filling a DGX node,
+dp across the nodes) runs its collectives at that dimension's send bandwidth where it gives one
+(``p2p_bandwidth_bytes_per_s``, :meth:`NetworkDim.for_sends`). A link's ``bandwidth_gbps`` between
+nodes is fit on all-reduces over whole nodes (every GPU of two nodes), where NCCL's rings send
+each byte over the network up to twice and the hierarchical schedule once, so it is below what a
+GPU's NIC carries. With one rank per node both send the same bytes, each through the rank's own
+NIC, as a pipeline send does. Without a send bandwidth (ASTRA-sim's own systems) nothing changes.
+
 HSDP (a strategy's ``shard_group``) splits the dp axis in two, the shard part innermost (as
 torchtitan's mesh orders ``dp_replicate, dp_shard, cp, tp``, outermost first:
 ``torchtitan/distributed/parallel_dims.py`` b5bcd76c): :class:`DpPart` ``dp_shard`` takes the
@@ -118,6 +126,8 @@ class AxisNetworks:
                 self.networks[axis] = None
                 continue
             dims = tuple(_sub_dim(network.dims[i], size) for i, size in mine)
+            if len(mine) == 1 and mine[0][0] > 0:  # one rank a node: its own NIC's rate
+                dims = (dims[0].for_sends(),)
             self.networks[axis] = Network(dims=dims, scheduling=network.scheduling,
                                           congestion=network.congestion)
         self._call = {axis: sum(d.call_latency_s for d in net.dims) if net is not None else 0.0

@@ -105,14 +105,14 @@ class StepPlan:
                  strategy: Strategy, shared: dict[tuple[Any, ...], Any] | None = None) -> None:
         if shared is None:
             shared = _context_shared(model, system, training)
+        self.shared = shared
+        """Sub-results shared with the other plans of this (model, system, training)."""
         self.model, self.system, self.training, self.s = model, system, training, strategy
         self.shape: LayerShape = _shared(shared, ("shape",), lambda: layer_shape(model))
         self.seq = training.seq_len
         self.m = micro_batches(training, strategy)
         self.stage_layers = strategy.stage_layers(model.layers)
         """Transformer layers on each pipeline stage (even, or Megatron's uneven split)."""
-        self.grad_links: dict[tuple[float, float], float] = {}
-        """Seconds of a stage's gradient reduction, by the parameters it holds (memoised)."""
         self.stage_memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         """The stage sums by (layers, MoE layers, ends, pp, sends): the alike middle stages
         are summed once (memoised)."""
@@ -146,6 +146,10 @@ class StepPlan:
         experts = (strategy.expert_tp, strategy.ep) if self.moe is not None else None
         self.comm = Comm(axis_networks(system.network, degrees, strategy.placement, dp_shard,
                                        experts), device.collective_launch_s)
+        self.grad_links: dict[tuple[float, float], float] = _shared(
+            shared, ("grad links", self.comm.nets, strategy.zero, self.fp8_params), dict)
+        """Seconds of a stage's gradient reduction, by the parameters it holds (memoised, and
+        shared by the plans of these axis networks, ZeRO stage and weight format)."""
         self.stage_moe_layers = _stage_moe_layers(model, self.stage_layers)
         """MoE layers on each pipeline stage (all 0 for a dense model)."""
         s = strategy

@@ -222,6 +222,17 @@ class _Ends:
 
 
 def _ends(p: StepPlan) -> _Ends:
+    """The ends' kernels, shared by the plans of one (model, system, training) that split a
+    micro-batch alike (they read the micro-batch's tokens, tp and the kernel costs only)."""
+    s = p.s
+    key = ("ends", s.micro_batch, s.sp, s.tp, s.precision, p.te)
+    found = p.shared.get(key)
+    if found is None:
+        found = p.shared[key] = _ends_of(p)
+    return found
+
+
+def _ends_of(p: StepPlan) -> _Ends:
     c, model, t = p.costs, p.model, p.s.tp
     h = model.hidden
     full = p.tokens * h * p.training.bytes_per_activation

@@ -51,7 +51,7 @@ from simcore.megatron.flops import model_flops as _model_flops
 from simcore.megatron.flops import recompute_flops as _recompute_flops
 from simcore.megatron.moe import expert_comm, expert_grad_calls
 from simcore.megatron.pipeline import head_stage, in_flight, pipeline_time, zbv_time
-from simcore.megatron.plan import StepPlan, uses_flash_attention
+from simcore.megatron.plan import StepPlan, _shared, uses_flash_attention
 from simcore.megatron.precision import FP8_BYTES
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import (
@@ -225,11 +225,8 @@ def _ends(p: StepPlan) -> _Ends:
     """The ends' kernels, shared by the plans of one (model, system, training) that split a
     micro-batch alike (they read the micro-batch's tokens, tp and the kernel costs only)."""
     s = p.s
-    key = ("ends", s.micro_batch, s.sp, s.tp, s.precision, p.te)
-    found = p.shared.get(key)
-    if found is None:
-        found = p.shared[key] = _ends_of(p)
-    return found
+    return _shared(p.shared, ("ends", s.micro_batch, s.sp, s.tp, s.precision, p.te),
+                   lambda: _ends_of(p))
 
 
 def _ends_of(p: StepPlan) -> _Ends:

@@ -27,6 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from planner.catalog_families import ClusterFamily, family_from_entry, is_family_name
 from planner.catalog_mixed import is_mixed_entry, mixed_system_from_entry
 from planner.errors import PlannerUsageError
 from planner.fields import choice, fail, fields, integer, number
@@ -315,6 +316,10 @@ class Catalog:
     sources: dict[tuple[str, str], Path] = field(default_factory=dict)
     entries: dict[tuple[str, str], dict] = field(default_factory=dict)
     """The raw YAML entry of each (kind, name), for listings and exports."""
+    families: dict[str, ClusterFamily] = field(default_factory=dict)
+    """Cluster families by their ``{gpus}`` name (:mod:`planner.catalog_families`)."""
+    scaled: dict[str, SystemSpec] = field(default_factory=dict)
+    """The family members named so far, by name (each built once)."""
 
     def model(self, ref: str, *, where: tuple[Path, str] | None = None) -> ModelSpec:
         return self._find("model", self.models, ref, where)
@@ -322,6 +327,9 @@ class Catalog:
     def system(self, ref: str, *, where: tuple[Path, str] | None = None) -> SystemSpec:
         if ref in self.mixed:
             raise _mixed_here(ref, where)
+        member = self._member(ref, where)
+        if member is not None:
+            return member
         found = self._find("system", self.systems, ref, where)
         if isinstance(found, MixedSystemSpec):
             raise _mixed_here(ref, where)
@@ -332,7 +340,36 @@ class Catalog:
         """A system of one device type or one that mixes them."""
         if ref in self.mixed:
             return self.mixed[ref]
-        return self._find("system", self.systems | self.mixed, ref, where)
+        return self._member(ref, where) or self._find("system", self.systems | self.mixed, ref,
+                                                      where)
+
+    def has_system(self, ref: str) -> bool:
+        """Whether ``ref`` is a system's catalog name (an entry's or a family member's), as
+        opposed to a path."""
+        return (ref in self.systems or ref in self.mixed
+                or any(f.gpus(ref) is not None for f in self.families.values()))
+
+    def _member(self, ref: str, where: tuple[Path, str] | None) -> SystemSpec | None:
+        """The system ``ref`` names as a member of a cluster family (``dgx-h100-6144``), or
+        None when it names an entry of its own or no family."""
+        if ref in self.systems:
+            return None
+        built = self.scaled.get(ref)
+        if built is not None:
+            return built
+        for family in self.families.values():
+            gpus = family.gpus(ref)
+            if gpus is None:
+                continue
+            problem = family.counts_problem(gpus)
+            if problem is not None:
+                message = f"system {ref!r}: {problem}"
+                if where is not None:
+                    raise fail(*where, message)
+                raise PlannerUsageError(f"--system: {message}")
+            built = self.scaled[ref] = family.system(ref, gpus, self.devices, system_from_entry)
+            return built
+        return None
 
     def device(self, ref: str, *, where: tuple[Path, str] | None = None) -> DeviceSpec:
         return self._find("device", self.devices, ref, where)
@@ -348,7 +385,8 @@ class Catalog:
         if path.suffix in (".yaml", ".yml"):
             if where is not None and not path.is_absolute():
                 path = where[0].parent / path
-            found = _read_kind(kind, path, self.devices)
+            found = {n: spec for n, spec in _read_kind(kind, path, self.devices).items()
+                     if not isinstance(spec, ClusterFamily)}  # a family's members: by name
             if entry:
                 if entry not in found:
                     raise PlannerUsageError(f"{path}: no {kind} {entry!r}; it holds"
@@ -360,6 +398,9 @@ class Catalog:
                                         " file")
             return next(iter(found.values()))
         known = ", ".join(sorted(table))
+        if kind == "system" and self.families:
+            known += (f"; or {', '.join(sorted(self.families))} with the GPU count in place of"
+                      " {gpus}")
         if where is not None:
             raise fail(*where, f"unknown {kind} {ref!r}; use one of {known}, or the path of a"
                        f" YAML file (`planner catalog {kind}s` lists them)")
@@ -393,7 +434,8 @@ def _read_kind(kind: str, path: Path, devices: Mapping[str, DeviceSpec],
         return {n: model_from_entry(path, n, e) for n, e in entries.items()}
     if kind == "device":
         return {n: device_from_entry(path, n, e) for n, e in entries.items()}
-    return {n: system_from_entry(path, n, e, devices) for n, e in entries.items()}
+    return {n: (family_from_entry(path, n, e, devices, system_from_entry) if is_family_name(n)
+                else system_from_entry(path, n, e, devices)) for n, e in entries.items()}
 
 
 def user_catalog_dir() -> Path:
@@ -457,10 +499,14 @@ def _read_root(catalog: Catalog, root: Path) -> None:
             raw = _entries(path)
             found = _read_kind(kind, path, catalog.devices, raw)
             for name, spec in found.items():
-                if name in tables[kind] or (kind == "system" and name in catalog.mixed):
+                if name in tables[kind] or (kind == "system" and (name in catalog.mixed
+                                                                  or name in catalog.families)):
                     first = catalog.sources[(kind, name)]
                     raise fail(path, name, f"{kind} already defined in {first}; rename one")
-                table = catalog.mixed if isinstance(spec, MixedSystemSpec) else tables[kind]
+                if isinstance(spec, ClusterFamily):
+                    table: dict = catalog.families
+                else:
+                    table = catalog.mixed if isinstance(spec, MixedSystemSpec) else tables[kind]
                 table[name] = spec
                 catalog.sources[(kind, name)] = path
                 catalog.entries[(kind, name)] = raw[name]

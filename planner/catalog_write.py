@@ -186,6 +186,11 @@ def check_clash(name: str, target: Path) -> None:
         raise PlannerUsageError(
             f"--name: {name}: a shipped system of that name is in"
             f" {shipped.sources[('system', name)]}; choose another name")
+    for family in shipped.families.values():
+        if family.gpus(name) is not None:
+            raise PlannerUsageError(
+                f"--name: {name}: the shipped family {family.name} in {family.path} names it;"
+                " choose another name")
     for path in sorted(target.parent.glob("*.y*ml")) if target.parent.is_dir() else []:
         data = load(path, "catalog YAML")
         if path.resolve() != target.resolve() and isinstance(data, dict) and name in data:

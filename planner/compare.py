@@ -140,7 +140,7 @@ def _items(path: Path, field: str, value: Any, example: str) -> list:
 def _system_ref(path: Path, ref: str, catalog: Catalog) -> str:
     """What load_study_config resolves to the same system: the catalog name, or an absolute
     YAML path (a relative one is relative to the comparison file)."""
-    if ref in catalog.systems or Path(ref).is_absolute():
+    if catalog.has_system(ref) or Path(ref).is_absolute():
         return ref
     return str((path.parent / ref).resolve())
 

@@ -107,7 +107,7 @@ def test_unknown_study_and_empty_storage(tmp_path, storage, capsys):
     assert "stored: lab" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kind, name", [("models", "llama3-405b"), ("systems", "dgx-h100-16384"),
+@pytest.mark.parametrize("kind, name", [("models", "llama3-405b"), ("systems", "dgx-h100-{gpus}"),
                                         ("devices", "h100-sxm")])
 def test_catalog(capsys, kind, name):
     assert main(["catalog", kind]) == 0

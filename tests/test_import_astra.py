@@ -207,6 +207,14 @@ def test_a_shipped_name_is_refused(capsys, user_catalog: Path) -> None:
     assert files_under(user_catalog) == []
 
 
+def test_a_name_a_shipped_family_covers_is_refused(capsys, user_catalog: Path) -> None:
+    """dgx-h100-64 is 8 nodes of dgx.yaml's dgx-h100-{gpus}: an import must not shadow it."""
+    code, _, err = import_files(capsys, *R4S2, "dgx-h100-64")
+    assert code == 2 and err.count("\n") == 1
+    assert "--name: dgx-h100-64: the shipped family dgx-h100-{gpus} in" in err
+    assert files_under(user_catalog) == []
+
+
 def test_a_name_another_user_file_defines_is_refused(capsys, user_catalog: Path) -> None:
     other = user_catalog / "systems" / "mine.yaml"
     other.parent.mkdir(parents=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from planner.catalog import CATALOG_DIR, load_catalog
+from planner.catalog import CATALOG_DIR, Catalog, load_catalog
+from planner.catalog_families import GPUS, NODES, ClusterFamily
 from planner.commands._base import BaseCommand
 from planner.outputs import text_table
 from planner.units import GB
@@ -20,12 +21,22 @@ def _params_b(m: ModelSpec) -> str:
     return f"{(m.layers * shape.layer_params + shape.embedding_params + head) / 1e9:.1f}"
 
 
-def _where(catalog, kind: str, name: str) -> str:
+def _where(catalog: Catalog, kind: str, name: str) -> str:
     path = catalog.sources[(kind, name)]
     try:
         return str(path.relative_to(CATALOG_DIR.parent.parent))
     except ValueError:
         return str(path)
+
+
+def _family_row(catalog: Catalog, family: ClusterFamily) -> dict[str, object]:
+    """A cluster family as a listing row: its members' node and the node count left open."""
+    two_nodes = catalog.system(family.name.replace(GPUS, str(2 * family.per_node)))
+    dims = [f"{d.topology.value} {d.npus}" for d in two_nodes.network.dims[:-1]]
+    dims.append(f"{two_nodes.network.dims[-1].topology.value} {NODES}")
+    return {"name": family.name, "devices": f"{family.per_node} x {NODES}",
+            "device": two_nodes.device.name, "network (inner -> outer)": " x ".join(dims),
+            "file": _where(catalog, "system", family.name)}
 
 
 class CatalogCommand(BaseCommand):
@@ -44,11 +55,12 @@ class CatalogCommand(BaseCommand):
                      "seq": m.seq_len, "file": _where(c, "model", n)}
                     for n, m in c.models.items()]
         elif args.kind == "systems":
-            rows = [{"name": n, "devices": s.devices, "device": s.device.name,
+            rows = [{"name": n, "devices": str(s.devices), "device": s.device.name,
                      "network (inner -> outer)": " x ".join(
                          f"{d.topology.value} {d.npus}" for d in s.network.dims),
                      "file": _where(c, "system", n)} for n, s in c.systems.items()]
-            rows += [{"name": n, "devices": s.devices,
+            rows += [_family_row(c, f) for f in c.families.values()]
+            rows += [{"name": n, "devices": str(s.devices),
                       "device": " + ".join(f"{g.devices} {g.device.name}" for g in s.groups),
                       "network (inner -> outer)": " | ".join(
                           " x ".join(f"{d.topology.value} {d.npus}" for d in g.network.dims)

@@ -1,0 +1,107 @@
+"""Cluster families: one catalog entry for a node type at any number of nodes.
+
+A system entry whose name holds ``{gpus}`` describes a cluster of whole nodes of one kind; its
+last network dimension (the one between nodes) says ``npus: "{nodes}"``::
+
+    dgx-h100-{gpus}:
+      device: h100-sxm
+      network:
+        - {topology: Switch, npus: 8, bandwidth_gbps: 545, ...}      # one node
+        - {topology: Switch, npus: "{nodes}", bandwidth_gbps: 42.5, ...}
+
+Then ``dgx-h100-6144`` names 768 such nodes wherever a system name is taken (studies, the runs
+CSV of ``planner validate``, ``planner estimate --system``): the node and its links are the
+family's, only the node count changes. A name given its own entry keeps it (one node's part, 1,
+2 or 4 GPUs, is its own network). A GPU count that is not a multiple of the node's, or fewer
+than two nodes, is refused with the counts that work.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.fields import fail
+from simcore.specs import DeviceSpec, SystemSpec
+
+__all__ = ["GPUS", "NODES", "ClusterFamily", "family_from_entry", "is_family_name"]
+
+GPUS = "{gpus}"
+"""The placeholder of a family's name: the cluster's GPU count."""
+NODES = "{nodes}"
+"""The placeholder of the family's last dimension's ``npus``: the node count."""
+
+Build = Callable[[Path, str, Any, Mapping[str, DeviceSpec]], Any]
+""":func:`planner.catalog.system_from_entry` (passed in: this module sits below the catalog)."""
+
+
+def is_family_name(name: str) -> bool:
+    return GPUS in name
+
+
+@dataclass(frozen=True)
+class ClusterFamily:
+    """A family entry: its name with ``{gpus}``, file, raw entry and GPUs per node."""
+
+    name: str
+    path: Path
+    entry: dict[str, Any]
+    per_node: int
+    pattern: re.Pattern[str]
+
+    def gpus(self, ref: str) -> int | None:
+        """The GPU count ``ref`` names in this family, or None if it is not of this family."""
+        found = self.pattern.fullmatch(ref)
+        return int(found.group(1)) if found else None
+
+    def counts_problem(self, gpus: int) -> str | None:
+        """Why ``gpus`` is not a cluster of this family's whole nodes, or None."""
+        if gpus % self.per_node == 0 and gpus >= 2 * self.per_node:
+            return None
+        example = self.name.replace(GPUS, str(2 * self.per_node))
+        return (f"{self.name} ({self.path.name}) is made of whole nodes of {self.per_node} GPUs:"
+                f" name a multiple of {self.per_node}, {2 * self.per_node} or more (e.g."
+                f" {example}), or a catalog entry for part of one node")
+
+    def system(self, ref: str, gpus: int, devices: Mapping[str, DeviceSpec],
+               build: Build) -> SystemSpec:
+        """The family at ``gpus`` GPUs, named ``ref`` (``gpus`` must pass
+        :meth:`counts_problem`)."""
+        nodes = gpus // self.per_node
+        return build(self.path, ref, _with_nodes(self.entry, nodes, self.name), devices)
+
+
+def family_from_entry(path: Path, name: str, entry: Any, devices: Mapping[str, DeviceSpec],
+                      build: Build) -> ClusterFamily:
+    """Read a family entry, checking it now (as two nodes) so a mistake names its file."""
+    if name.count(GPUS) != 1:
+        raise fail(path, name, f"a family's name holds {GPUS} once (e.g. dgx-h100-{GPUS})")
+    network = entry.get("network") if isinstance(entry, dict) else None
+    if not isinstance(network, list) or len(network) < 2:
+        raise fail(path, f"{name}.network", "a family lists one node's dimensions, then the"
+                   f" dimension between nodes with npus: \"{NODES}\"")
+    last = network[-1]
+    if not isinstance(last, dict) or last.get("npus") != NODES:
+        raise fail(path, f"{name}.network[{len(network) - 1}].npus",
+                   f"the last dimension (between nodes) of a family says npus: \"{NODES}\"")
+    inner = [d.get("npus") if isinstance(d, dict) else None for d in network[:-1]]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in inner):
+        raise fail(path, f"{name}.network", "each dimension inside a node needs npus, an"
+                   " integer of at least 1")
+    build(path, name.replace(GPUS, "2n"), _with_nodes(entry, 2, name), devices)
+    prefix, _, suffix = name.partition(GPUS)
+    pattern = re.compile(re.escape(prefix) + r"([0-9]+)" + re.escape(suffix))
+    return ClusterFamily(name, path, entry, math.prod(inner), pattern)
+
+
+def _with_nodes(entry: dict[str, Any], nodes: int, family: str) -> dict[str, Any]:
+    out = copy.deepcopy(entry)
+    out["network"][-1]["npus"] = nodes
+    source = out.get("source")
+    out["source"] = f"{family} at {nodes} nodes" + (f"; {source}" if source else "")
+    return out

@@ -129,12 +129,15 @@ class Validation:
 
     @cached_property
     def groups(self) -> tuple[GroupResult, ...]:
-        """The groups of two or more timed runs of one question, in the CSV's order."""
+        """The groups of timed runs of one question with two or more plans to choose between,
+        in the CSV's order (one plan measured twice, as by two releases of a stack, is no
+        choice)."""
         by_key: dict[tuple[str, str, int, int], list[RunResult]] = {}
         for r in self.results:
             if r.run.step_time_s is not None:
                 by_key.setdefault(r.run.group, []).append(r)
-        return tuple(GroupResult(k, tuple(v)) for k, v in by_key.items() if len(v) >= 2)
+        return tuple(GroupResult(k, tuple(v)) for k, v in by_key.items()
+                     if len({(r.run.strategy, r.run.training) for r in v}) >= 2)
 
     @property
     def step_time_apes(self) -> list[float]:

@@ -147,3 +147,14 @@ def test_a_bad_family_entry_names_its_file_and_field(user_catalog: Path, last: s
         f"    - {last}\n")
     with pytest.raises(PlannerUsageError, match=message):
         load_catalog()
+
+
+def test_the_dgx_b200_node_is_the_h100_fit_scaled_by_measured_busbw() -> None:
+    """dgx.yaml: stas00/ml-engineering's nccl-tests at 8 GiB on 8 GPUs, 838.0 GB/s busbw on
+    B200 against 473.1 on H200 (the table the H100 node is fit on): 545 x 838.0 / 473.1."""
+    node = load_catalog().system("dgx-b200-8").network.dims[0]
+    assert node.bandwidth_bytes_per_s == pytest.approx(545 * 838.0 / 473.1 * GB, rel=1e-3)
+    cluster = load_catalog().system("dgx-b200-128")
+    assert cluster.device.name == "b200"
+    assert cluster.network.dims[0] == node
+    assert cluster.network.dims[1].p2p_bandwidth_bytes_per_s == pytest.approx(48 * GB)

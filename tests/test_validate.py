@@ -11,21 +11,27 @@ from planner.catalog import load_catalog
 from planner.cli import main
 from planner.runs_csv import MeasuredRun, read_runs
 from planner.validation import RunResult, Validation, kendall_tau, validate
-from simcore.specs import Strategy, TrainingSpec
+from simcore.specs import Recompute, Strategy, TrainingSpec
 
 HEADER = "name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch"
 
 
-def _run(name: str, measured: float, group: str = "m") -> MeasuredRun:
+def _run(name: str, measured: float, group: str = "m",
+         recompute: Recompute | None = None) -> MeasuredRun:
+    """A run of its own plan (the recompute its name picks), unless ``recompute`` says."""
     catalog = load_catalog()
+    if recompute is None:
+        recompute = list(Recompute)[sum(map(ord, name)) % len(Recompute)]
     return MeasuredRun(line=2, name=name, model_ref=group, system_ref="s",
                        model=catalog.model("gpt-1.7b"), system=catalog.system("dgx-a100-8"),
                        training=TrainingSpec(global_batch=8, seq_len=2048),
-                       strategy=Strategy(dp=8), step_time_s=measured, peak_memory_gb=None)
+                       strategy=Strategy(dp=8, recompute=recompute), step_time_s=measured,
+                       peak_memory_gb=None)
 
 
-def _result(name: str, predicted: float, measured: float, group: str = "m") -> RunResult:
-    return RunResult(_run(name, measured, group), predicted, 10.0, True)
+def _result(name: str, predicted: float, measured: float, group: str = "m",
+            recompute: Recompute | None = None) -> RunResult:
+    return RunResult(_run(name, measured, group, recompute), predicted, 10.0, True)
 
 
 def test_regret_and_errors_by_hand() -> None:
@@ -47,6 +53,17 @@ def test_regret_and_errors_by_hand() -> None:
 def test_a_group_needs_two_timed_runs_of_one_question() -> None:
     v = Validation((_result("a", 1.0, 1.0, "x"), _result("b", 1.0, 1.0, "y")), ())
     assert v.groups == () and v.summary()["regret_mean"] is None
+
+
+def test_one_plan_measured_twice_is_no_choice() -> None:
+    """Two releases of a stack timing one plan (b200-fit.csv's Llama 3 8B rows) give no
+    regret; a third, other plan makes the group."""
+    same = (_result("25.09", 1.0, 4.37, recompute=Recompute.NONE),
+            _result("25.11", 1.0, 4.28, recompute=Recompute.NONE))
+    assert Validation(same, ()).groups == ()
+    other = _result("full", 1.2, 5.0, recompute=Recompute.FULL)
+    (group,) = Validation((*same, other), ()).groups
+    assert len(group.runs) == 3 and group.regret == pytest.approx(4.37 / 4.28 - 1)
 
 
 def test_kendall_tau_extremes() -> None:

@@ -42,11 +42,12 @@ def read_bytes(path: Path, kind: str, limit: int = MAX_INPUT_BYTES) -> bytes:
         raise PlannerUsageError(f"{path}: no such file; give the path of the {kind}") from None
     except OSError as e:
         raise PlannerUsageError(f"{path}: cannot read the {kind}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # before fdopen, which refuses a folder with its own error
+        os.close(fd)
+        raise PlannerUsageError(f"{path}: not a regular file ({_file_type(st.st_mode)}); give"
+                                f" the path of the {kind}")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PlannerUsageError(f"{path}: not a regular file ({_file_type(st.st_mode)}); give"
-                                    f" the path of the {kind}")
         if st.st_size > limit:
             raise PlannerUsageError(f"{path}: {st.st_size:,} bytes, over the {_size(limit)} limit"
                                     f" for a {kind}; give the right file")

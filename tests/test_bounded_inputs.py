@@ -129,6 +129,14 @@ def test_a_fifo_as_the_study_is_refused_not_waited_on(tmp_path, capsys):
     _run_refused(capsys, tmp_path, fifo, "study.yaml: not a regular file (a FIFO)")
 
 
+def test_a_folder_as_the_study_is_refused(tmp_path, capsys):
+    # os.open reads a folder on Linux; the type check must come before Python's file object,
+    # which refused it with a bare "IsADirectoryError: [Errno 21] Is a directory: 3".
+    folder = tmp_path / "study.yaml"
+    folder.mkdir()
+    _run_refused(capsys, tmp_path, folder, "study.yaml: not a regular file (a folder)")
+
+
 def test_a_device_as_the_study_is_refused(tmp_path, capsys):
     _run_refused(capsys, tmp_path, Path("/dev/zero"), "/dev/zero: not a regular file (a device)")
 

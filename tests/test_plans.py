@@ -97,6 +97,25 @@ def test_estimate_plan_gives_the_numbers_the_plan_file_holds(tmp_path, storage, 
     assert best.estimate.step_time == fastest
 
 
+def test_export_out_may_name_the_plan_file(tmp_path, storage, capsys):
+    """`--out best.yaml` writes the best plan's file there (it used to become a folder named
+    best.yaml); a file name with several plans or another format is one line, nothing written."""
+    assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
+    folder = tmp_path / "folder"
+    assert main(["export", "lab", "--format", "plan", "--out", str(folder)]) == 0
+    (ranked,) = folder.iterdir()
+    for name in ("best.yaml", "best.json"):
+        assert main(["export", "lab", "--out", str(tmp_path / name)]) == 0
+        assert (tmp_path / name).is_file()
+        assert read_plan(tmp_path / name) == read_plan(ranked / ("plan" + Path(name).suffix))
+    capsys.readouterr()
+    for argv in (["--top", "2"], ["--format", "megatron"]):
+        assert main(["export", "lab", *argv, "--out", str(tmp_path / "two.yaml")]) == 2
+        err = capsys.readouterr().err
+        assert "a file name takes one plan in --format plan" in err and err.count("\n") == 1
+    assert not (tmp_path / "two.yaml").exists()
+
+
 def test_export_bad_input_is_one_line_and_writes_nothing(tmp_path, storage, capsys):
     assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
     capsys.readouterr()

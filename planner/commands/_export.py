@@ -10,10 +10,12 @@ from planner.commands._results import _study
 from planner.commands._run import _positive_int, add_storage_argument
 from planner.errors import PlannerUsageError
 from planner.exports import EXPORTERS, export_files
-from planner.outputs import RESULTS_DIR, slug, write_folders
-from planner.plan import plans_from_study
+from planner.outputs import RESULTS_DIR, atomic_write, slug, write_folders
+from planner.plan import Plan, plan_text, plans_from_study
 
 ALL = "all"
+PLAN_SUFFIXES = (".yaml", ".yml", ".json")
+"""An ``--out`` ending so names the plan file itself (one plan, ``--format plan``)."""
 
 
 def _formats(text: str) -> list[str]:
@@ -27,6 +29,18 @@ def _formats(text: str) -> list[str]:
     if not names:
         raise PlannerUsageError(f"--format: give one of {', '.join(EXPORTERS)} or {ALL}")
     return names
+
+
+def _names_a_file(out: Path, formats: list[str], plans: list[Plan]) -> bool:
+    """Whether ``--out`` names a plan file rather than a folder (an existing folder of that
+    name stays a folder); a file name for anything but one plan file is refused."""
+    if out.suffix.lower() not in PLAN_SUFFIXES or out.is_dir():
+        return False
+    if formats != ["plan"] or len(plans) != 1:
+        raise PlannerUsageError(f"--out {out}: a file name takes one plan in --format plan"
+                                f" (here {len(plans)} plan(s), --format {','.join(formats)});"
+                                " give a folder, where each plan gets a sub-folder")
+    return True
 
 
 def _listing(files: dict[str, str | bytes]) -> str:
@@ -51,7 +65,8 @@ class ExportCommand(BaseCommand):
                             " (default plan)")
         parser.add_argument("--out", type=Path,
                             help="folder (default planner-results/exports/NAME); one sub-folder"
-                            " per plan, RANK-PLAN")
+                            " per plan, RANK-PLAN; or, for one plan in --format plan, the plan"
+                            " file itself (.yaml, .yml or .json)")
         add_storage_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
@@ -60,6 +75,10 @@ class ExportCommand(BaseCommand):
         plans = plans_from_study(study, args.top)
         if not plans:
             raise PlannerUsageError(f"study {args.name!r} has no feasible plan to export")
+        if args.out is not None and _names_a_file(args.out, formats, plans):
+            atomic_write(args.out, plan_text(plans[0], args.out.suffix.lower()))
+            print(f"{args.out}: plan 1 of {args.name} ({plans[0].label})")
+            return 0
         folders: dict[str, dict[str, str | bytes]] = {}
         for rank, plan in enumerate(plans, start=1):
             files: dict[str, str | bytes] = {}

@@ -21,52 +21,38 @@ here and nowhere else (:mod:`planner.units`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from planner.catalog_families import ClusterFamily, family_from_entry, is_family_name
+from planner.catalog_families import (
+    ClusterFamily,
+    family_from_entry,
+    family_member,
+    is_family_name,
+)
 from planner.catalog_mixed import is_mixed_entry, mixed_system_from_entry
+from planner.catalog_network import (
+    check_network,
+    collective_scheduling,
+    network_dim,
+    spec_or_fail,
+)
 from planner.errors import PlannerUsageError
 from planner.fields import choice, fail, fields, integer, number
 from planner.inputs import load
-from planner.units import GB, astra_link_gbps_to_bytes_per_s
+from planner.units import GB
 from simcore.mixed import MixedSystemSpec
-from simcore.network import (
-    AlgorithmChoice,
-    Collective,
-    CollectiveScheduling,
-    MultiDimOptimization,
-    Network,
-    NetworkDim,
-    SchedulingPolicy,
-    Topology,
-)
+from simcore.network import Network
 from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, MoESpec, SystemSpec
-from simcore.topologies import (
-    MAX_ACTIVE_CHUNKS,
-    MAX_DATASET_SPLITS,
-    algorithm_problem,
-    network_size_problem,
-)
 
 __all__ = ["CATALOG_DIR", "KINDS", "Catalog", "load_catalog", "user_catalog_dir"]
 
 CATALOG_DIR = Path(__file__).resolve().parent.parent / "studies" / "catalog"
 KINDS = ("device", "model", "system")
 """Read in this order (systems name devices); ``<root>/<kind>s/*.yaml`` holds each kind."""
-
-_TOPOLOGY_NAMES = {t.value.lower(): t for t in Topology} | {"torus": Topology.TORUS_2D}
-
-
-def _spec(path: Path, where: str, build: Any) -> Any:
-    try:
-        return build()
-    except ValueError as e:
-        raise fail(path, where, str(e)) from None
-
 
 _MODEL_FIELDS = {"family", "layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"}
 _MODEL_OPTIONAL = {"kv_heads", "activation", "tied_embeddings", "source", "notes", "moe",
@@ -88,7 +74,7 @@ def _moe_entry(path: Path, name: str, entry: Any) -> MoESpec:
     if "capacity_factor" in e:
         extra["capacity_factor"] = number(path, f"{where}.capacity_factor", e["capacity_factor"],
                                           minimum=1.0, strict=False)
-    return _spec(path, where, lambda: MoESpec(**ints, **extra))
+    return spec_or_fail(path, where, lambda: MoESpec(**ints, **extra))
 
 
 def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
@@ -112,7 +98,7 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
     for k in ("attention_head_dim", "attention_params"):
         if k in e:
             extra[k] = integer(path, f"{name}.{k}", e[k], minimum=1)
-    return _spec(path, name, lambda: ModelSpec(name=name, family=family, kv_heads=kv,
+    return spec_or_fail(path, name, lambda: ModelSpec(name=name, family=family, kv_heads=kv,
                                                activation=activation, tied_embeddings=tied,
                                                **ints, **extra))
 
@@ -146,7 +132,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
     fused = e.get("fused_attention_efficiency")
     fp8 = e.get("fp8_peak_tflops")
     sm_count = e.get("sm_count", 0)
-    return _spec(path, name, lambda: DeviceSpec(
+    return spec_or_fail(path, name, lambda: DeviceSpec(
         name=name,
         kernel_launch_s=num("kernel_launch_us", 0.0, strict=False) * 1e-6,
         collective_launch_s=num("collective_launch_us", 0.0, strict=False) * 1e-6,
@@ -165,95 +151,6 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         matmul_efficiency=num("matmul_efficiency", 1.0),
         memory_efficiency=num("memory_efficiency", 1.0),
         memory_overhead_bytes=num("memory_overhead_gb", 0.0, strict=False) * GB,
-    ))
-
-
-_DIM_FIELDS = {"topology", "npus", "latency_us"}
-_DIM_OPTIONAL = {"bandwidth_gbps", "bandwidth_astra_gbps", "algorithm", "algorithms", "width",
-                 "source", "call_latency_us", "p2p_bandwidth_gbps"}
-
-
-def _algorithms(path: Path, where: str, e: dict) -> dict[Collective, AlgorithmChoice]:
-    def parse(key: str, text: Any) -> AlgorithmChoice:
-        if not isinstance(text, str):
-            raise fail(path, key, f"must be an algorithm name, but got {text!r}")
-        try:
-            return AlgorithmChoice.parse(text)
-        except ValueError as err:
-            raise fail(path, key, str(err)) from None
-
-    common = parse(f"{where}.algorithm", e.get("algorithm", "ring"))
-    chosen = {c: common for c in Collective}
-    per = e.get("algorithms", {})
-    if not isinstance(per, Mapping):
-        raise fail(path, f"{where}.algorithms", "must map collectives to algorithms")
-    for key, text in per.items():
-        collective = choice(path, f"{where}.algorithms", key, Collective)
-        chosen[collective] = parse(f"{where}.algorithms.{key}", text)
-    return chosen
-
-
-def _dim(path: Path, where: str, entry: Any) -> NetworkDim:
-    e = fields(path, where, entry, _DIM_FIELDS, _DIM_OPTIONAL)
-    topology_name = e["topology"]
-    topology = _TOPOLOGY_NAMES.get(str(topology_name).lower())
-    if topology is None:
-        known = ", ".join(t.value for t in Topology)
-        raise fail(path, f"{where}.topology", f"unknown topology {topology_name!r}; use one of"
-                   f" {known}")
-    if ("bandwidth_gbps" in e) == ("bandwidth_astra_gbps" in e):
-        raise fail(path, f"{where}.bandwidth_gbps", "give exactly one of bandwidth_gbps (decimal"
-                   " GB/s) or bandwidth_astra_gbps (ASTRA-sim's 2^30 bytes/s)")
-    if "bandwidth_gbps" in e:
-        bw = number(path, f"{where}.bandwidth_gbps", e["bandwidth_gbps"], minimum=0,
-                    strict=True) * GB
-    else:
-        bw = astra_link_gbps_to_bytes_per_s(
-            number(path, f"{where}.bandwidth_astra_gbps", e["bandwidth_astra_gbps"], minimum=0,
-                   strict=True))
-    width = e.get("width")
-    if width is not None:
-        width = integer(path, f"{where}.width", width, minimum=1)
-    p2p = e.get("p2p_bandwidth_gbps")
-    if p2p is not None:
-        p2p = number(path, f"{where}.p2p_bandwidth_gbps", p2p, minimum=0, strict=True) * GB
-    return _spec(path, where, lambda: NetworkDim(
-        topology=topology,
-        npus=integer(path, f"{where}.npus", e["npus"], minimum=1),
-        bandwidth_bytes_per_s=bw,
-        latency_s=number(path, f"{where}.latency_us", e["latency_us"], minimum=0,
-                         strict=False) * 1e-6,
-        algorithms=_algorithms(path, where, e),
-        width=width,
-        call_latency_s=number(path, f"{where}.call_latency_us", e.get("call_latency_us", 0),
-                              minimum=0, strict=False) * 1e-6,
-        p2p_bandwidth_bytes_per_s=p2p,
-    ))
-
-
-_SCHED_OPTIONAL = {"preferred_dataset_splits", "active_chunks_per_dim", "endpoint_delay_ns",
-                   "local_reduction_bandwidth_gbps", "policy", "optimization"}
-
-
-def _scheduling(path: Path, where: str, entry: Any, device: DeviceSpec) -> CollectiveScheduling:
-    e = fields(path, where, entry if entry is not None else {}, set(), _SCHED_OPTIONAL)
-    local_bw = e.get("local_reduction_bandwidth_gbps")
-    return _spec(path, where, lambda: CollectiveScheduling(
-        preferred_dataset_splits=integer(path, f"{where}.preferred_dataset_splits",
-                                         e.get("preferred_dataset_splits", 4), minimum=1,
-                                         maximum=MAX_DATASET_SPLITS),
-        active_chunks_per_dim=integer(path, f"{where}.active_chunks_per_dim",
-                                      e.get("active_chunks_per_dim", 1), minimum=1,
-                                      maximum=MAX_ACTIVE_CHUNKS),
-        endpoint_delay_s=number(path, f"{where}.endpoint_delay_ns",
-                                e.get("endpoint_delay_ns", 10), minimum=0, strict=True) * 1e-9,
-        local_reduction_bandwidth_bytes_per_s=(
-            number(path, f"{where}.local_reduction_bandwidth_gbps", local_bw, minimum=0,
-                   strict=True) * GB if local_bw is not None
-            else device.hbm_bandwidth_bytes_per_s),
-        policy=choice(path, f"{where}.policy", e.get("policy", "LIFO"), SchedulingPolicy),
-        optimization=choice(path, f"{where}.optimization", e.get("optimization", "localBWAware"),
-                            MultiDimOptimization),
     ))
 
 
@@ -285,23 +182,12 @@ def system_from_entry(path: Path, name: str, entry: Any,
     dims_raw = e["network"]
     if not isinstance(dims_raw, list) or not dims_raw:
         raise fail(path, f"{name}.network", "must be a list of dimensions, innermost first")
-    dims = tuple(_dim(path, f"{name}.network[{i}]", d) for i, d in enumerate(dims_raw))
+    dims = tuple(network_dim(path, f"{name}.network[{i}]", d) for i, d in enumerate(dims_raw))
     check_network(path, f"{name}.network", dims)
-    scheduling = _scheduling(path, f"{name}.scheduling", e.get("scheduling"), device)
-    network = _spec(path, f"{name}.network", lambda: Network(dims=dims, scheduling=scheduling))
+    scheduling = collective_scheduling(path, f"{name}.scheduling", e.get("scheduling"), device)
+    network = spec_or_fail(path, f"{name}.network",
+                           lambda: Network(dims=dims, scheduling=scheduling))
     return SystemSpec(name=name, device=device, network=network)
-
-
-def check_network(path: Path, where: str, dims: Sequence[NetworkDim]) -> None:
-    """Refuse a network too large to simulate, or whose algorithms cannot be modelled, when it
-    is read (before a study is made from it)."""
-    too_large = network_size_problem([d.npus for d in dims])
-    if too_large:
-        raise fail(path, where, too_large)
-    bad = algorithm_problem(dims)
-    if bad:
-        dim, why = bad
-        raise fail(path, f"{where}[{dim}].algorithm", why)
 
 
 @dataclass(frozen=True)
@@ -354,22 +240,13 @@ class Catalog:
         None when it names an entry of its own or no family."""
         if ref in self.systems:
             return None
-        built = self.scaled.get(ref)
-        if built is not None:
-            return built
-        for family in self.families.values():
-            gpus = family.gpus(ref)
-            if gpus is None:
-                continue
-            problem = family.counts_problem(gpus)
-            if problem is not None:
-                message = f"system {ref!r}: {problem}"
-                if where is not None:
-                    raise fail(*where, message)
-                raise PlannerUsageError(f"--system: {message}")
-            built = self.scaled[ref] = family.system(ref, gpus, self.devices, system_from_entry)
-            return built
-        return None
+
+        def refuse(message: str) -> PlannerUsageError:
+            return fail(*where, message) if where is not None else PlannerUsageError(
+                f"--system: {message}")
+
+        return family_member(self.families, self.scaled, ref, self.devices, system_from_entry,
+                             refuse)
 
     def device(self, ref: str, *, where: tuple[Path, str] | None = None) -> DeviceSpec:
         return self._find("device", self.devices, ref, where)

@@ -29,7 +29,8 @@ from typing import Any
 from planner.fields import fail
 from simcore.specs import DeviceSpec, SystemSpec
 
-__all__ = ["GPUS", "NODES", "ClusterFamily", "family_from_entry", "is_family_name"]
+__all__ = ["GPUS", "NODES", "ClusterFamily", "family_from_entry", "family_member",
+           "is_family_name"]
 
 GPUS = "{gpus}"
 """The placeholder of a family's name: the cluster's GPU count."""
@@ -97,6 +98,30 @@ def family_from_entry(path: Path, name: str, entry: Any, devices: Mapping[str, D
     prefix, _, suffix = name.partition(GPUS)
     pattern = re.compile(re.escape(prefix) + r"([0-9]+)" + re.escape(suffix))
     return ClusterFamily(name, path, entry, math.prod(inner), pattern)
+
+
+def family_member(families: Mapping[str, ClusterFamily], built: dict[str, SystemSpec], ref: str,
+                  devices: Mapping[str, DeviceSpec], build: Build,
+                  refuse: Callable[[str], Exception]) -> SystemSpec | None:
+    """The system ``ref`` names in one of ``families`` (built once, kept in ``built``), or None
+    if it names none; ``refuse(message)`` is raised for a count of part nodes or for the
+    family's own name."""
+    if ref in families:
+        example = ref.replace(GPUS, str(8 * families[ref].per_node))
+        raise refuse(f"{ref} is a family of clusters: put the GPU count in place of {GPUS},"
+                     f" e.g. {example}")
+    if ref in built:
+        return built[ref]
+    for family in families.values():
+        gpus = family.gpus(ref)
+        if gpus is None:
+            continue
+        problem = family.counts_problem(gpus)
+        if problem is not None:
+            raise refuse(f"system {ref!r}: {problem}")
+        built[ref] = family.system(ref, gpus, devices, build)
+        return built[ref]
+    return None
 
 
 def _with_nodes(entry: dict[str, Any], nodes: int, family: str) -> dict[str, Any]:

@@ -26,6 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from planner.catalog_network import (
+    check_network,
+    collective_scheduling,
+    network_dim,
+    spec_or_fail,
+)
 from planner.fields import fail, fields, integer
 from simcore.mixed import MixedSystemSpec
 from simcore.network import Network, NetworkDim
@@ -44,17 +50,15 @@ def is_mixed_entry(entry: Any) -> bool:
 
 
 def _inter(path: Path, where: str, entry: Any, nodes: int) -> NetworkDim:
-    from planner.catalog import _dim
-
     if not isinstance(entry, Mapping):
         raise fail(path, where, "must be a network dimension (topology, bandwidth_gbps,"
                    " latency_us)")
-    return _dim(path, where, {**entry, "npus": nodes})
+    return network_dim(path, where, {**entry, "npus": nodes})
 
 
 def mixed_system_from_entry(path: Path, name: str, entry: Any,
                             devices: Mapping[str, DeviceSpec]) -> MixedSystemSpec:
-    from planner.catalog import _dim, _scheduling, _spec, check_network, system_device
+    from planner.catalog import system_device
 
     e = fields(path, name, entry, _FIELDS, _OPTIONAL)
     raw_groups = e["groups"]
@@ -66,14 +70,16 @@ def mixed_system_from_entry(path: Path, name: str, entry: Any,
         g = fields(path, where, raw, _GROUP_FIELDS, _GROUP_OPTIONAL)
         device = system_device(path, where, g["device"], devices)
         nodes = integer(path, f"{where}.nodes", g["nodes"], minimum=1)
-        dims = [_dim(path, f"{where}.node", g["node"])]
+        dims = [network_dim(path, f"{where}.node", g["node"])]
         if nodes > 1:
             inter_where = f"{where}.inter_node" if "inter_node" in g else f"{name}.inter_node"
             dims.append(_inter(path, inter_where, g.get("inter_node", e["inter_node"]), nodes))
         check_network(path, f"{where}.node", dims)
-        scheduling = _scheduling(path, f"{name}.scheduling", e.get("scheduling"), device)
+        scheduling = collective_scheduling(path, f"{name}.scheduling", e.get("scheduling"), device)
         group_name = str(g.get("name", device.name))
-        network = _spec(path, where, lambda: Network(dims=tuple(dims), scheduling=scheduling))
+        network = spec_or_fail(path, where,
+                               lambda: Network(dims=tuple(dims), scheduling=scheduling))
         groups.append(SystemSpec(name=group_name, device=device, network=network))
     link = _inter(path, f"{name}.inter_node", e["inter_node"], 2)
-    return _spec(path, name, lambda: MixedSystemSpec(name=name, groups=tuple(groups), link=link))
+    return spec_or_fail(path, name,
+                        lambda: MixedSystemSpec(name=name, groups=tuple(groups), link=link))

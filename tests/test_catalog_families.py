@@ -68,6 +68,12 @@ def test_a_count_of_part_nodes_is_refused_with_the_counts_that_work(name: str) -
         load_catalog().system(name)
 
 
+def test_the_family_name_itself_says_to_put_a_count_in() -> None:
+    with pytest.raises(PlannerUsageError, match=r"a family of clusters: put the GPU count in"
+                                                r" place of \{gpus\}, e.g. dgx-h100-64"):
+        load_catalog().system("dgx-h100-{gpus}")
+
+
 def test_the_estimate_on_a_member_is_the_one_on_the_same_cluster_written_out(
         tmp_path: Path) -> None:
     """The family adds no figure: a YAML of 768 DGX H100 nodes with dgx.yaml's link figures

@@ -95,8 +95,7 @@ def test_calibrate_says_when_it_keeps_the_constants(tmp_path: Path, capsys,
     source = (DATA / "a100-megatron-check.csv").read_text().splitlines()
     one = tmp_path / "one.csv"
     one.write_text("\n".join(source[:2]) + "\n")
-    for name in ("models.yaml", "systems.yaml"):
-        (tmp_path / name).write_text((DATA / name).read_text())
+    (tmp_path / "models.yaml").write_text((DATA / "models.yaml").read_text())
     assert main(["calibrate", str(one), "--device", "a100-40gb", "--name", "one-a100",
                  "--trials", "5"]) == 0
     assert "one run: no refit can be judged" in capsys.readouterr().out

@@ -77,26 +77,23 @@ def test_small_messages_pay_the_call_latency() -> None:
     assert _model_s(CATALOG.system("dgx-a100-8"), 8) >= 10.8e-6
 
 
-# Jean Zay's links (tests/data/validation/systems.yaml), fit on BigScience's all_reduce_bench.py
+# Jean Zay's links (studies/catalog/systems/jean-zay.yaml), fit on BigScience's all_reduce_bench.py
 # runs on that cluster (one 4e9-byte fp32 all-reduce per trial; the median duration is the
 # table's time): the V100 node on its 1-node run, Omni-Path between V100 nodes on the 4-node
 # run, checked on the 16-node run; Omni-Path between A100 nodes on its 4-node run.
-JEAN_ZAY = Path(__file__).parent / "data" / "validation" / "systems.yaml"
 
 
-def _jean_zay(name: str, nodes: int) -> SystemSpec:
-    """``name`` (a 2-node entry) over ``nodes`` nodes, or its node alone for 1."""
-    system = CATALOG.system(f"{JEAN_ZAY}#{name}")
-    node, opa = system.network.dims
-    dims = (node,) if nodes == 1 else (node, replace(opa, npus=nodes))
-    return replace(system, network=Network(dims=dims, scheduling=system.network.scheduling))
+def _jean_zay(family: str, nodes: int) -> SystemSpec:
+    """The catalog's ``family`` (``jean-zay-a100``) at ``nodes`` nodes."""
+    per_node = CATALOG.families[f"{family}-{{gpus}}"].per_node
+    return CATALOG.system(f"{family}-{per_node * nodes}")
 
 
 JEAN_ZAY_CASES = [
-    ("jz-v100-node-fit", "jean-zay-v100-32gb-8", 1, 0.01),
-    ("jz-v100-opa-fit", "jean-zay-v100-32gb-8", 4, 0.01),
-    ("jz-v100-opa-check", "jean-zay-v100-32gb-8", 16, 0.25),  # 23% fast: 16 nodes, 8 months apart
-    ("jz-a100-opa-fit", "jean-zay-a100-16", 4, 0.01),
+    ("jz-v100-node-fit", "jean-zay-v100-32gb", 1, 0.01),
+    ("jz-v100-opa-fit", "jean-zay-v100-32gb", 4, 0.01),
+    ("jz-v100-opa-check", "jean-zay-v100-32gb", 16, 0.25),  # 23% fast: 16 nodes, 8 months apart
+    ("jz-a100-opa-fit", "jean-zay-a100", 4, 0.01),
 ]
 
 
@@ -113,5 +110,5 @@ def test_jean_zay_omni_path_is_far_below_its_line_rate() -> None:
     # 4 x 100 Gb/s Omni-Path per A100 node is 6.25 GB/s per GPU; NCCL reached a busbw of
     # 5.07 GB/s on the ring over 32 GPUs (the table): the hierarchical schedule's per-GPU share
     # of the node's links is below a tenth of the line rate.
-    _, opa = _jean_zay("jean-zay-a100-16", 4).network.dims
+    _, opa = _jean_zay("jean-zay-a100", 4).network.dims
     assert opa.bandwidth_bytes_per_s < 0.1 * 6.25e9

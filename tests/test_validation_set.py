@@ -94,7 +94,7 @@ def test_a100_check_ranking(capsys) -> None:
     assert data["groups_count"] == 5
     assert data["regret_mean"] <= A100_CHECK_REGRET
     two_nodes = [g for g in data["groups"]
-                 if g["key"]["system"] == "systems.yaml#jean-zay-a100-16"]
+                 if g["key"]["system"] == "jean-zay-a100-16"]
     assert len(two_nodes) == 2 and two_nodes[0]["picked"] == two_nodes[0]["fastest"]
 
 
@@ -137,7 +137,7 @@ def test_one_node_plans_ranked_as_measured(capsys) -> None:
     groups = _validate(capsys, "a100-check.csv")["groups"]
     groups += _validate(capsys, "v100-fit.csv")["groups"]
     one_node = [g for g in groups
-                if g["key"]["system"] in ("systems.yaml#jean-zay-a100-8", "dgx1-v100-8")]
+                if g["key"]["system"] in ("jean-zay-a100-8", "dgx1-v100-8")]
     assert len(one_node) == 3
     assert all(g["regret"] <= ONE_NODE_REGRET for g in one_node), one_node
 

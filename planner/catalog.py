@@ -262,17 +262,22 @@ class Catalog:
         if path.suffix in (".yaml", ".yml"):
             if where is not None and not path.is_absolute():
                 path = where[0].parent / path
-            found = {n: spec for n, spec in _read_kind(kind, path, self.devices).items()
-                     if not isinstance(spec, ClusterFamily)}  # a family's members: by name
+            read = _read_kind(kind, path, self.devices)
+            families = {n: f for n, f in read.items() if isinstance(f, ClusterFamily)}
+            found = {n: spec for n, spec in read.items() if n not in families}
+            names = ", ".join([*found, *families]) or "none"
             if entry:
-                if entry not in found:
-                    raise PlannerUsageError(f"{path}: no {kind} {entry!r}; it holds"
-                                            f" {', '.join(found) or 'none'}")
-                return found[entry]
-            if len(found) != 1:
-                raise PlannerUsageError(f"{path}: holds {len(found)} {kind}s; name one as"
-                                        f" {file}#NAME ({', '.join(found)}) or keep one per"
-                                        " file")
+                if entry in found:
+                    return found[entry]
+                member = family_member(families, {}, entry, self.devices, system_from_entry,
+                                       lambda message: PlannerUsageError(f"{path}: {message}"))
+                if member is None:
+                    raise PlannerUsageError(f"{path}: no {kind} {entry!r}; it holds {names}")
+                return member
+            if len(found) != 1 or families:
+                raise PlannerUsageError(f"{path}: holds {len(read)} {kind}s; name one as"
+                                        f" {file}#NAME ({names}; a family's with the GPU count"
+                                        " in place of {gpus}) or keep one per file")
             return next(iter(found.values()))
         known = ", ".join(sorted(table))
         if kind == "system" and self.families:
@@ -380,6 +385,8 @@ def _read_root(catalog: Catalog, root: Path) -> None:
                                                                   or name in catalog.families)):
                     first = catalog.sources[(kind, name)]
                     raise fail(path, name, f"{kind} already defined in {first}; rename one")
+                if kind == "system":
+                    _check_no_member_clash(catalog, path, name, spec)
                 if isinstance(spec, ClusterFamily):
                     table: dict = catalog.families
                 else:
@@ -387,3 +394,20 @@ def _read_root(catalog: Catalog, root: Path) -> None:
                 table[name] = spec
                 catalog.sources[(kind, name)] = path
                 catalog.entries[(kind, name)] = raw[name]
+
+
+def _check_no_member_clash(catalog: Catalog, path: Path, name: str, spec: object) -> None:
+    """Refuse a system entry that a family already names (``dgx-h100-64`` beside
+    ``dgx-h100-{gpus}``), and a family that names an entry already read: one name, one system.
+    Entries for part of a node (``dgx-h100-8``) are no family's members."""
+    if isinstance(spec, ClusterFamily):
+        clashes = [(n, catalog.sources[("system", n)]) for n in catalog.systems
+                   if spec.member(n)]
+        if clashes:
+            other, where = clashes[0]
+            raise fail(path, name, f"names {other}, already defined in {where}; rename one")
+        return
+    for family in catalog.families.values():
+        if family.member(name):
+            raise fail(path, name, f"already named by the family {family.name} in"
+                       f" {family.path}; rename it")

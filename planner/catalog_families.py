@@ -28,6 +28,7 @@ from typing import Any
 
 from planner.fields import fail
 from simcore.specs import DeviceSpec, SystemSpec
+from simcore.topologies import network_size_problem
 
 __all__ = ["GPUS", "NODES", "ClusterFamily", "family_from_entry", "family_member",
            "is_family_name"]
@@ -52,8 +53,13 @@ class ClusterFamily:
     name: str
     path: Path
     entry: dict[str, Any]
-    per_node: int
+    inner: tuple[int, ...]
+    """The npus of each dimension inside a node."""
     pattern: re.Pattern[str]
+
+    @property
+    def per_node(self) -> int:
+        return math.prod(self.inner)
 
     def gpus(self, ref: str) -> int | None:
         """The GPU count ``ref`` names in this family, or None if it is not of this family."""
@@ -61,13 +67,19 @@ class ClusterFamily:
         return int(found.group(1)) if found else None
 
     def counts_problem(self, gpus: int) -> str | None:
-        """Why ``gpus`` is not a cluster of this family's whole nodes, or None."""
+        """Why ``gpus`` is not a cluster of this family's whole nodes that can be simulated,
+        or None."""
         if gpus % self.per_node == 0 and gpus >= 2 * self.per_node:
-            return None
+            return network_size_problem([*self.inner, gpus // self.per_node])
         example = self.name.replace(GPUS, str(2 * self.per_node))
         return (f"{self.name} ({self.path.name}) is made of whole nodes of {self.per_node} GPUs:"
                 f" name a multiple of {self.per_node}, {2 * self.per_node} or more (e.g."
-                f" {example}), or a catalog entry for part of one node")
+                f" {example}); part of a node is a system entry of its own")
+
+    def member(self, ref: str) -> bool:
+        """Whether ``ref`` names a cluster of this family (a valid count)."""
+        gpus = self.gpus(ref)
+        return gpus is not None and self.counts_problem(gpus) is None
 
     def system(self, ref: str, gpus: int, devices: Mapping[str, DeviceSpec],
                build: Build) -> SystemSpec:
@@ -94,10 +106,11 @@ def family_from_entry(path: Path, name: str, entry: Any, devices: Mapping[str, D
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in inner):
         raise fail(path, f"{name}.network", "each dimension inside a node needs npus, an"
                    " integer of at least 1")
-    build(path, name.replace(GPUS, "2n"), _with_nodes(entry, 2, name), devices)
+    if not isinstance(build(path, name, _with_nodes(entry, 2, name), devices), SystemSpec):
+        raise fail(path, name, "a family is of one device type (no node `groups`)")
     prefix, _, suffix = name.partition(GPUS)
-    pattern = re.compile(re.escape(prefix) + r"([0-9]+)" + re.escape(suffix))
-    return ClusterFamily(name, path, entry, math.prod(inner), pattern)
+    pattern = re.compile(re.escape(prefix) + r"([1-9][0-9]*)" + re.escape(suffix))
+    return ClusterFamily(name, path, entry, tuple(inner), pattern)
 
 
 def family_member(families: Mapping[str, ClusterFamily], built: dict[str, SystemSpec], ref: str,

@@ -61,7 +61,7 @@ def test_part_of_a_node_is_its_own_entry() -> None:
     assert [d.npus for d in load_catalog().system("dgx-h100-8").network.dims] == [8]
 
 
-@pytest.mark.parametrize("name", ["dgx-h100-12", "dgx-h100-6150", "dgx-h100-0"])
+@pytest.mark.parametrize("name", ["dgx-h100-12", "dgx-h100-6150", "dgx-h100-10"])
 def test_a_count_of_part_nodes_is_refused_with_the_counts_that_work(name: str) -> None:
     with pytest.raises(PlannerUsageError, match=r"multiple of 8, 16 or more \(e\.g\."
                                                 r" dgx-h100-16\)"):
@@ -164,3 +164,62 @@ def test_the_dgx_b200_node_is_the_h100_fit_scaled_by_measured_busbw() -> None:
     assert cluster.device.name == "b200"
     assert cluster.network.dims[0] == node
     assert cluster.network.dims[1].p2p_bandwidth_bytes_per_s == pytest.approx(48 * GB)
+
+
+def test_a_users_entry_that_a_shipped_family_names_is_refused(user_catalog: Path) -> None:
+    """One name, one system: dgx-h100-64 is 8 nodes of dgx-h100-{gpus}, so a user entry of that
+    name (an A100 cluster here) would change what every study naming it plans on."""
+    (user_catalog / "systems").mkdir(parents=True)
+    (user_catalog / "systems" / "mine.yaml").write_text(textwrap.dedent("""\
+        dgx-h100-64:
+          device: a100-80gb
+          network:
+            - {topology: Switch, npus: 8, bandwidth_gbps: 231, latency_us: 0.58}
+            - {topology: Switch, npus: 8, bandwidth_gbps: 15.1, latency_us: 8.8}
+        """))
+    with pytest.raises(PlannerUsageError, match=r"mine\.yaml: dgx-h100-64: already named by the"
+                                                r" family dgx-h100-\{gpus\}"):
+        load_catalog()
+
+
+def test_a_users_family_that_names_a_shipped_entry_is_refused(user_catalog: Path) -> None:
+    (user_catalog / "systems").mkdir(parents=True)
+    (user_catalog / "systems" / "mine.yaml").write_text(textwrap.dedent("""\
+        distir-{gpus}:
+          device: a100-80gb
+          network:
+            - {topology: Switch, npus: 8, bandwidth_gbps: 231, latency_us: 0.58}
+            - {topology: Switch, npus: "{nodes}", bandwidth_gbps: 15.1, latency_us: 8.8}
+        """))
+    with pytest.raises(PlannerUsageError, match=r"mine\.yaml: distir-\{gpus\}: names distir-16,"
+                                                r" already defined in .*astra-lab\.yaml"):
+        load_catalog()
+
+
+def test_a_member_of_a_family_in_a_file_named_by_path(tmp_path: Path) -> None:
+    family = tmp_path / "jz.yaml"
+    family.write_text(textwrap.dedent("""\
+        jz-{gpus}:
+          device: v100-32gb
+          network:
+            - {topology: Switch, npus: 4, bandwidth_gbps: 156, latency_us: 0.58}
+            - {topology: Switch, npus: "{nodes}", bandwidth_gbps: 2.16, latency_us: 8.8}
+        """))
+    catalog = load_catalog()
+    assert [d.npus for d in catalog.system(f"{family}#jz-12").network.dims] == [4, 3]
+    with pytest.raises(PlannerUsageError, match=r"jz\.yaml: system 'jz-6': .*multiple of 4"):
+        catalog.system(f"{family}#jz-6")
+    with pytest.raises(PlannerUsageError, match=r"name one as .*#NAME \(jz-\{gpus\}; a family's"):
+        catalog.system(str(family))
+
+
+def test_too_many_nodes_is_the_count_refused_not_the_catalog_file() -> None:
+    with pytest.raises(PlannerUsageError, match=r"^--system: system 'dgx-h100-8000000': 8 x"
+                                                r" 1000000 NPUs is over"):
+        load_catalog().system("dgx-h100-8000000")
+
+
+def test_a_leading_zero_is_no_member() -> None:
+    """dgx-h100-016 would plan on dgx-h100-16 under another name (studies, groups, compare)."""
+    with pytest.raises(PlannerUsageError, match="unknown system 'dgx-h100-016'"):
+        load_catalog().system("dgx-h100-016")

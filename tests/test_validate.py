@@ -17,11 +17,8 @@ HEADER = "name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch"
 
 
 def _run(name: str, measured: float, group: str = "m",
-         recompute: Recompute | None = None) -> MeasuredRun:
-    """A run of its own plan (the recompute its name picks), unless ``recompute`` says."""
+         recompute: Recompute = Recompute.NONE) -> MeasuredRun:
     catalog = load_catalog()
-    if recompute is None:
-        recompute = list(Recompute)[sum(map(ord, name)) % len(Recompute)]
     return MeasuredRun(line=2, name=name, model_ref=group, system_ref="s",
                        model=catalog.model("gpt-1.7b"), system=catalog.system("dgx-a100-8"),
                        training=TrainingSpec(global_batch=8, seq_len=2048),
@@ -30,14 +27,17 @@ def _run(name: str, measured: float, group: str = "m",
 
 
 def _result(name: str, predicted: float, measured: float, group: str = "m",
-            recompute: Recompute | None = None) -> RunResult:
+            recompute: Recompute = Recompute.NONE) -> RunResult:
     return RunResult(_run(name, measured, group, recompute), predicted, 10.0, True)
 
 
 def test_regret_and_errors_by_hand() -> None:
     # Measured 1.0, 1.2, 1.5 s; predicted 1.1, 0.9, 2.0 s. The estimate ranks b first (0.9 s),
     # measured 1.2 s against the fastest 1.0 s: regret 1.2 / 1.0 - 1 = 0.2.
-    v = Validation((_result("a", 1.1, 1.0), _result("b", 0.9, 1.2), _result("c", 2.0, 1.5)), ())
+    # Three plans of one question (each its own recompute).
+    v = Validation((_result("a", 1.1, 1.0, recompute=Recompute.NONE),
+                    _result("b", 0.9, 1.2, recompute=Recompute.SELECTIVE),
+                    _result("c", 2.0, 1.5, recompute=Recompute.FULL)), ())
     (group,) = v.groups
     assert group.picked.run.name == "b" and group.fastest.run.name == "a"
     assert group.regret == pytest.approx(0.2)

@@ -53,7 +53,8 @@ def report_lines(v: Validation) -> list[str]:
                          f" regret {percent(g.regret)}, tau {g.kendall_tau:.2f}; picked"
                          f" {g.picked.run.name!r}, fastest {g.fastest.run.name!r}")
     else:
-        lines.append("plan choice: no group of two or more timed runs of one model on one system")
+        lines.append("plan choice: no group of two or more timed plans of one model on one"
+                     " system")
     if v.skipped:
         lines.append(f"left out: {len(v.skipped)} rows the planner cannot express")
         for sk in v.skipped:

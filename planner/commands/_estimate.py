@@ -216,8 +216,8 @@ class EstimateCommand(BaseCommand):
                             help="a plan file (`planner export --format plan`): estimate it"
                             " again; the other options are then not used")
         parser.add_argument("--model", help="catalog name or YAML path (required without --plan)")
-        parser.add_argument("--system", help="catalog name or YAML path (required without"
-                            " --plan)")
+        parser.add_argument("--system", help="catalog name (a family's with its GPU count:"
+                            " dgx-h100-6144), or YAML path (required without --plan)")
         parser.add_argument("--hbm-gb", type=hbm_gb, help="HBM per device (default: the device's)")
         parser.add_argument("--congestion", choices=[c.value for c in Congestion],
                             help="time collectives as ASTRA-sim's congestion-unaware backend"

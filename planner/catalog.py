@@ -98,9 +98,9 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
     for k in ("attention_head_dim", "attention_params"):
         if k in e:
             extra[k] = integer(path, f"{name}.{k}", e[k], minimum=1)
-    return spec_or_fail(path, name, lambda: ModelSpec(name=name, family=family, kv_heads=kv,
-                                               activation=activation, tied_embeddings=tied,
-                                               **ints, **extra))
+    return spec_or_fail(path, name, lambda: ModelSpec(
+        name=name, family=family, kv_heads=kv, activation=activation, tied_embeddings=tied,
+        **ints, **extra))
 
 
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from planner.catalog import load_catalog
 from simcore.megatron.activations import layer_activations
 from simcore.megatron.layers import layer_shape
 from simcore.megatron.pipeline import in_flight, pipeline_time
@@ -82,6 +83,18 @@ def test_gpt_parameters_match_narayanan_eq_2() -> None:
     l, h, V, s = 96, 12288, 51200, 2048
     assert total == 12 * l * h**2 + 13 * l * h + (V + s) * h
     assert total / 1e9 == pytest.approx(174.6, abs=0.05)
+
+
+def test_bloom_176b_catalog_entry_has_bloom_s_parameters() -> None:
+    # The BLOOM paper (arXiv:2211.05100, Table 3): 176B parameters. By hand from the catalog's
+    # shape (Narayanan eq. 2 as above, l 70, h 14336, V 250880, s 2048; ALiBi has no position
+    # table, so s h = 29.4M of it is GPT pricing): 12 l h^2 + 13 l h + (V + s) h = 176.28B.
+    model = load_catalog().model("bloom-176b")
+    shape = layer_shape(model)
+    total = model.layers * shape.layer_params + shape.embedding_params
+    l, h, V, s = 70, 14336, 250880, 2048
+    assert total == 12 * l * h**2 + 13 * l * h + (V + s) * h
+    assert round(total / 1e9) == 176
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,10 @@ class ClusterFamily:
     def per_node(self) -> int:
         return math.prod(self.inner)
 
+    def named(self, gpus: int) -> str:
+        """The member's name at ``gpus`` GPUs (``dgx-h100-64``)."""
+        return self.name.replace(GPUS, str(gpus))
+
     def gpus(self, ref: str) -> int | None:
         """The GPU count ``ref`` names in this family, or None if it is not of this family."""
         found = self.pattern.fullmatch(ref)
@@ -71,7 +75,7 @@ class ClusterFamily:
         or None."""
         if gpus % self.per_node == 0 and gpus >= 2 * self.per_node:
             return network_size_problem([*self.inner, gpus // self.per_node])
-        example = self.name.replace(GPUS, str(2 * self.per_node))
+        example = self.named(2 * self.per_node)
         return (f"{self.name} ({self.path.name}) is made of whole nodes of {self.per_node} GPUs:"
                 f" name a multiple of {self.per_node}, {2 * self.per_node} or more (e.g."
                 f" {example}); part of a node is a system entry of its own")
@@ -106,8 +110,7 @@ def family_from_entry(path: Path, name: str, entry: Any, devices: Mapping[str, D
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in inner):
         raise fail(path, f"{name}.network", "each dimension inside a node needs npus, an"
                    " integer of at least 1")
-    if not isinstance(build(path, name, _with_nodes(entry, 2, name), devices), SystemSpec):
-        raise fail(path, name, "a family is of one device type (no node `groups`)")
+    build(path, name, _with_nodes(entry, 2, name), devices)
     prefix, _, suffix = name.partition(GPUS)
     pattern = re.compile(re.escape(prefix) + r"([1-9][0-9]*)" + re.escape(suffix))
     return ClusterFamily(name, path, entry, tuple(inner), pattern)
@@ -120,7 +123,7 @@ def family_member(families: Mapping[str, ClusterFamily], built: dict[str, System
     if it names none; ``refuse(message)`` is raised for a count of part nodes or for the
     family's own name."""
     if ref in families:
-        example = ref.replace(GPUS, str(8 * families[ref].per_node))
+        example = families[ref].named(8 * families[ref].per_node)
         raise refuse(f"{ref} is a family of clusters: put the GPU count in place of {GPUS},"
                      f" e.g. {example}")
     if ref in built:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from planner.catalog import CATALOG_DIR, Catalog, load_catalog, system_from_entry
-from planner.catalog_families import GPUS, NODES, ClusterFamily
+from planner.catalog_families import NODES, ClusterFamily
 from planner.commands._base import BaseCommand
 from planner.outputs import text_table
 from planner.units import GB
@@ -32,7 +32,7 @@ def _where(catalog: Catalog, kind: str, name: str) -> str:
 def _family_row(catalog: Catalog, family: ClusterFamily) -> dict[str, object]:
     """A cluster family as a listing row: its members' node and the node count left open."""
     gpus = 2 * family.per_node
-    two_nodes = family.system(family.name.replace(GPUS, str(gpus)), gpus, catalog.devices,
+    two_nodes = family.system(family.named(gpus), gpus, catalog.devices,
                               system_from_entry)
     dims = [f"{d.topology.value} {d.npus}" for d in two_nodes.network.dims[:-1]]
     dims.append(f"{two_nodes.network.dims[-1].topology.value} {NODES}")

@@ -9,7 +9,7 @@ range, whatever the number of runs; searched as today, around the start), with t
 (``planner.calibration._prior``), and with that pull and the cross-check ``planner calibrate``
 runs today (the fit is kept only if its refits predict left-out runs better).
 
-    python benchmarks/bench_calibrate_fifths.py [--trials 120]
+    python benchmarks/bench_calibrate_fifths.py [--trials 120] [--case FILE:DEVICE ...]
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from planner.validation import validate
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "validation"
 CASES = (("a100-check.csv", "a100-80gb"), ("a100-check.csv", "a100-40gb"),
          ("h100-check.csv", "h100-sxm"), ("v100-check.csv", "v100-32gb"),
-         ("a100-zb-check.csv", "a100-80gb"), ("a100-megatron-check.csv", "a100-40gb"))
+         ("a100-zb-check.csv", "a100-80gb"), ("a100-megatron-check.csv", "a100-40gb"),
+         ("long-context-check.csv", "h100-sxm"), ("long-context-check.csv", "b200"))
 FIXED_WEIGHT = 0.02
 
 
@@ -66,8 +67,11 @@ def _case(file: str, device: str, offset: int, trials: int) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=120)
+    parser.add_argument("--case", action="append", metavar="FILE:DEVICE",
+                        help="only this check file and device (repeatable; default: every case)")
     args = parser.parse_args()
-    jobs = [(f, d, o) for f, d in CASES for o in range(5)]
+    cases = CASES if not args.case else [tuple(c.split(":", 1)) for c in args.case]
+    jobs = [(f, d, o) for f, d in cases for o in range(5)]
     rows = Parallel(n_jobs=2)(delayed(_case)(f, d, o, args.trials) for f, d, o in jobs)
     print(f"{'':46s}the other four fifths' MAPE")
     print(f"{'file':24s} {'device':10s} off fit/rest   before  fixed pull  pull by runs"

@@ -46,6 +46,7 @@ from simcore.specs import (
     Precision,
     Recompute,
     Schedule,
+    SelectiveRecompute,
     Strategy,
     SystemSpec,
     TrainingSpec,
@@ -108,7 +109,12 @@ def strategy_dict(s: Strategy) -> dict[str, Any]:
 
 
 def training_dict(t: TrainingSpec) -> dict[str, Any]:
-    return {f.name: getattr(t, f.name) for f in fields(t)}
+    """The training's fields; ``selective_recompute`` only where set (as its value), so plan
+    files without it read as before."""
+    out = {f.name: getattr(t, f.name) for f in fields(t) if f.name != "selective_recompute"}
+    if t.selective_recompute is not None:
+        out["selective_recompute"] = t.selective_recompute.value
+    return out
 
 
 def specs_dict(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
@@ -212,10 +218,13 @@ def specs_from_dict(path: Path, data: dict[str, Any]
     for key, value in flags.items():
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", "must be true, false or null (the default)")
+    selective = t.get("selective_recompute")
+    if selective is not None:
+        selective = choice(path, "training.selective_recompute", selective, SelectiveRecompute)
     ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
-            if k not in ("overlap_grad_reduce", *flags)}
+            if k not in ("overlap_grad_reduce", "selective_recompute", *flags)}
     training = TrainingSpec(**ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True),
-                            **flags)
+                            selective_recompute=selective, **flags)
     return model, system, training, convention
 
 

@@ -20,7 +20,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with
   Transformer Engine, or the classic stack; the device's default for the plan's ZeRO stage),
   ``recompute_early_stop`` (true/false: full recompute stops at each layer's last saved
-  tensor, PyTorch's non-reentrant checkpointing; the stack's default), ``overlap_grad_reduce``
+  tensor, PyTorch's non-reentrant checkpointing; the stack's default), ``selective_recompute``
+  (``attention``, Megatron-LM's selective recompute of the attention core, or ``op``,
+  torchtitan's per-op checkpointing; ``attention``), ``overlap_grad_reduce``
   (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
   the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
   ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
@@ -54,6 +56,7 @@ from simcore.specs import (
     Precision,
     Recompute,
     Schedule,
+    SelectiveRecompute,
     Strategy,
     SystemSpec,
     TrainingSpec,
@@ -68,7 +71,8 @@ MEASURED = ("step_time_s", "peak_memory_gb")
 OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
             "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
-            "transformer_engine", "recompute_early_stop", "overlap_grad_reduce", "grad_bytes",
+            "transformer_engine", "recompute_early_stop", "selective_recompute",
+            "overlap_grad_reduce", "grad_bytes",
             "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
@@ -254,6 +258,7 @@ def _training(row: dict[str, str]) -> TrainingSpec:
         flash_attention=_boolean(row, "flash_attention"),
         transformer_engine=_boolean(row, "transformer_engine"),
         recompute_early_stop=_boolean(row, "recompute_early_stop"),
+        selective_recompute=_enum(row, "selective_recompute", SelectiveRecompute, None),
     )
 
 

@@ -50,6 +50,7 @@ from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
 from search_spaces.frameworks import ANY, FRAMEWORKS, recompute_early_stop, transformer_engine
+from search_spaces.frameworks import selective_recompute
 from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
@@ -59,6 +60,7 @@ from simcore.specs import (
     Precision,
     Recompute,
     Schedule,
+    SelectiveRecompute,
     SystemSpec,
     TrainingSpec,
     ZeroStage,
@@ -75,7 +77,7 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention",
-                      "transformer_engine", "recompute_early_stop"}
+                      "transformer_engine", "recompute_early_stop", "selective_recompute"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
                 "ep", "etp", "ep_overlap", "ep_dedup"}
@@ -128,6 +130,8 @@ class StudyConfig:
                if self.training.transformer_engine is not None else {}),
             **({"recompute_early_stop": self.training.recompute_early_stop}
                if self.training.recompute_early_stop is not None else {}),
+            **({"selective_recompute": self.training.selective_recompute.value}
+               if self.training.selective_recompute is not None else {}),
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
             **({"framework": sp.framework} if sp.framework != ANY else {}),
@@ -329,10 +333,13 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     for key, value in zip(flags, (flash, te, early)):
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
+    selective = (choice(path, "training.selective_recompute", t["selective_recompute"],
+                        SelectiveRecompute) if "selective_recompute" in t else None)
     training = TrainingSpec(
         flash_attention=flash,
         transformer_engine=te,
         recompute_early_stop=early,
+        selective_recompute=selective,
         global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
         seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1),
         bytes_per_param_grads=integer(path, "training.grad_bytes", t.get("grad_bytes", 2),
@@ -368,6 +375,8 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
         training = replace(training, transformer_engine=te)
     if training.recompute_early_stop is None:
         training = replace(training, recompute_early_stop=recompute_early_stop(framework))
+    if training.selective_recompute is None:
+        training = replace(training, selective_recompute=selective_recompute(framework))
     space = _space(path, e["space"], model, system, training, convention, framework)
     description = e.get("description", "")
     return StudyConfig(name=name, path=path, model=model, system=system, training=training,

@@ -51,14 +51,16 @@ from simcore.specs import (
     ZERO_BUBBLE,
     ModelSpec,
     Precision,
+    Recompute,
     Schedule,
+    SelectiveRecompute,
     Strategy,
     TrainingSpec,
     ZeroStage,
 )
 
 __all__ = ["ANY", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "recompute_early_stop",
-           "transformer_engine", "why_not"]
+           "selective_recompute", "transformer_engine", "why_not"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
@@ -96,6 +98,39 @@ def recompute_early_stop(framework: str) -> bool | None:
     return None
 
 
+def selective_recompute(framework: str) -> SelectiveRecompute | None:
+    """The ``selective_recompute`` of a ``framework`` study whose training names none:
+    torchtitan's selective checkpointing is per-op (``selective_ac_option = "op"``, the mode
+    its exporter writes; its other option, an interval of whole layers, is not a selective
+    recompute of this kind), Megatron-LM's and DeepSpeed's (Megatron-DeepSpeed's
+    ``--recompute-granularity selective``) the attention core; None for ``any``: the attention
+    core."""
+    if framework == "torchtitan":
+        return SelectiveRecompute.OP
+    if framework in ("megatron", "deepspeed"):
+        return SelectiveRecompute.ATTENTION
+    return None
+
+
+def _selective(framework: str, training: TrainingSpec, s: Strategy) -> str | None:
+    """A selective recompute the framework does not run: per-op outside torchtitan, the
+    attention core (said so, as a Megatron-LM or DeepSpeed study does) in torchtitan. A plan
+    whose training names neither (an ``any`` study's) runs each framework's own."""
+    if s.recompute is not Recompute.SELECTIVE or framework == ANY:
+        return None
+    op = training.selective_recompute is SelectiveRecompute.OP
+    attention = training.selective_recompute is SelectiveRecompute.ATTENTION
+    if op and framework != "torchtitan":
+        return (f"recompute selective with selective_recompute op: {framework}'s selective"
+                " recompute is the attention core (selective_recompute attention); per-op"
+                " checkpointing is torchtitan's")
+    if attention and framework == "torchtitan":
+        return ("recompute selective of the attention core: torchtitan's selective"
+                " checkpointing is per-op (set training selective_recompute: op, as a"
+                " torchtitan study does), or use recompute full or none")
+    return None
+
+
 def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
             strategy: Strategy, *, bf16: bool = True) -> str | None:
     """Why ``framework`` cannot run ``strategy`` as written, or None if it can (``bf16``: the
@@ -107,12 +142,14 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
         if refused is not None:
             return refused
     if framework == "megatron":
-        return _megatron(strategy)
-    if framework == "deepspeed":
-        return _deepspeed(strategy, bf16)
-    if framework == "torchtitan":
-        return _torchtitan(model, strategy)
-    return None  # any
+        refused = _megatron(strategy)
+    elif framework == "deepspeed":
+        refused = _deepspeed(strategy, bf16)
+    elif framework == "torchtitan":
+        refused = _torchtitan(model, strategy)
+    else:
+        return None  # any
+    return refused if refused is not None else _selective(framework, training, strategy)
 
 
 def _experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:

@@ -24,6 +24,7 @@ __all__ = [
     "Precision",
     "Recompute",
     "Schedule",
+    "SelectiveRecompute",
     "Strategy",
     "SystemSpec",
     "TrainingSpec",
@@ -93,6 +94,26 @@ class Recompute(_Named):
     """Drop and recompute only the attention core (QK^T, softmax, dropout, x V)."""
     FULL = "full"
     """Keep only each layer's input; recompute the whole forward of the layer in backward."""
+
+
+class SelectiveRecompute(_Named):
+    """What ``recompute: selective`` recomputes: the training stack's selective checkpointing."""
+
+    ATTENTION = "attention"
+    """Megatron-LM's (``--recompute-granularity selective``, Korthikanti et al. 2022): the
+    attention core."""
+    OP = "op"
+    """torchtitan's per-op selective activation checkpointing (``selective_ac_option = "op"``,
+    pytorch/torchtitan@31a17bfdb7 ``torchtitan/models/llama3/infra/parallelize.py``
+    ``_op_sac_save_list`` and its policy; ``SelectiveAC`` at b5bcd76c): each layer keeps the
+    outputs of its attention kernel, its reduce-scatters and every other matmul in forward
+    order (the first, third, ...), and its input; the backward runs the rest of the layer's
+    forward again: the norms, RoPE, the activation function, the residual adds and the other
+    matmuls (Llama's K, output and up projections)."""
+
+    @classmethod
+    def _label(cls) -> str:
+        return "selective_recompute"
 
 
 class Schedule(_Named):
@@ -415,6 +436,10 @@ class TrainingSpec:
     (:func:`simcore.megatron.plan.uses_transformer_engine`); False: the classic stack the
     devices were fit on (llm-foundry's PyTorch FSDP with FlashAttention-2, Megatron-LM
     2020-23, Megatron-DeepSpeed)."""
+    selective_recompute: SelectiveRecompute | None = None
+    """What a plan's selective recompute drops (:class:`SelectiveRecompute`): None is
+    Megatron-LM's attention core; torchtitan studies set ``op``, its per-op checkpointing
+    (``search_spaces.frameworks``)."""
     recompute_early_stop: bool | None = None
     """Under full recompute, each layer's recompute stops at the last tensor its backward
     saved, as PyTorch's non-reentrant activation checkpointing does by default ("Non-reentrant

@@ -35,6 +35,7 @@ from simcore.specs import (
     Convention,
     Recompute,
     Schedule,
+    SelectiveRecompute,
     Strategy,
     TrainingSpec,
     ZeroStage,
@@ -46,20 +47,28 @@ STEM = "llama3-70b-dp8-tp8-pp4-sp4"
 
 # -- plans ------------------------------------------------------------------------------------
 def _plan(model: str = "llama3-70b", system: str = "dgx-h100-1024", global_batch: int = 2048,
-          seq_len: int = 8192, **strategy: object) -> Plan:
+          seq_len: int = 8192, selective: SelectiveRecompute | None = None,
+          **strategy: object) -> Plan:
     c = load_catalog()
     knobs: dict[str, object] = {"dp": 8, "tp": 8, "pp": 4, "sp": 4,
                                 "zero": ZeroStage.OPTIMIZER, "recompute": Recompute.SELECTIVE,
                                 "micro_batch": 1, "schedule": Schedule.INTERLEAVED, "v": 2}
     knobs.update(strategy)
     return make_plan(c.model(model), c.system(system),
-                     TrainingSpec(global_batch=global_batch, seq_len=seq_len),
+                     TrainingSpec(global_batch=global_batch, seq_len=seq_len,
+                                  selective_recompute=selective),
                      Strategy(**knobs), Convention.MEGATRON)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
     return _plan()
+
+
+@pytest.fixture(scope="module")
+def torchtitan_plan() -> Plan:
+    """The plan as a torchtitan study makes it: its selective recompute per-op."""
+    return _plan(selective=SelectiveRecompute.OP)
 
 
 @pytest.fixture(scope="module")
@@ -238,18 +247,38 @@ def _python_ast(text: str) -> str:
     return ast.dump(_drop_docstrings(ast.parse(text)))
 
 
-def test_torchtitan_toml_matches_hand_written(plan: Plan) -> None:
-    files = export_files(plan, "torchtitan")
+def test_torchtitan_toml_matches_hand_written(torchtitan_plan: Plan) -> None:
+    files = export_files(torchtitan_plan, "torchtitan")
     assert set(files) == {"torchtitan.toml", "torchtitan_config.py"}
     expected = tomllib.loads((DATA / f"{STEM}.torchtitan.toml").read_text())
     assert tomllib.loads(files["torchtitan.toml"]) == expected
 
 
-def test_torchtitan_python_matches_hand_written(plan: Plan) -> None:
-    text = export_files(plan, "torchtitan")["torchtitan_config.py"]
+def test_torchtitan_python_matches_hand_written(torchtitan_plan: Plan) -> None:
+    text = export_files(torchtitan_plan, "torchtitan")["torchtitan_config.py"]
     expected = (DATA / f"{STEM}.torchtitan_config.py").read_text()
     assert _python_ast(text) == _python_ast(expected)
-    assert f"step time {plan.estimate.step_time:.3f} s" in ast.get_docstring(ast.parse(text))
+    step = torchtitan_plan.estimate.step_time
+    assert f"step time {step:.3f} s" in ast.get_docstring(ast.parse(text))
+
+
+def test_a_selective_recompute_is_exported_only_where_it_runs(
+        plan: Plan, torchtitan_plan: Plan) -> None:
+    # Megatron-LM's selective recompute (the attention core) is not torchtitan's (per-op), and
+    # per-op checkpointing is torchtitan's alone: each, said so, is refused where the other
+    # runs, with the setting that fixes it. A plan whose training names neither (an `any`
+    # study's) exports to each as its own, torchtitan's saying what the estimate priced.
+    megatron = replace(plan, training=replace(plan.training,
+                                              selective_recompute=SelectiveRecompute.ATTENTION))
+    with pytest.raises(ValueError, match="selective_recompute: op"):
+        export_files(megatron, "torchtitan")
+    toml = export_files(plan, "torchtitan")["torchtitan.toml"]
+    assert "the estimate priced Megatron-LM's attention-core recompute" in toml
+    one_f_one_b = _plan(selective=SelectiveRecompute.OP, schedule=Schedule.ONE_F_ONE_B, v=1,
+                        dp=32, sp=1)
+    for framework, op_plan in (("megatron", torchtitan_plan), ("deepspeed", one_f_one_b)):
+        with pytest.raises(ValueError, match="per-op checkpointing is torchtitan's"):
+            export_files(op_plan, framework)
 
 
 def test_torchtitan_zero3_is_fsdp_resharding_after_forward(zero3_plan: Plan) -> None:

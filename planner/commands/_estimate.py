@@ -24,6 +24,7 @@ from simcore.specs import (
     Precision,
     Recompute,
     Schedule,
+    SelectiveRecompute,
     Strategy,
     SystemSpec,
     TrainingSpec,
@@ -139,6 +140,11 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="full recompute stops at each layer's last saved tensor, as PyTorch's"
                    " non-reentrant checkpointing does (FC2 and the residual add not re-run;"
                    " default: on for ZeRO 2-3 plans without Transformer Engine)")
+    t.add_argument("--selective-recompute", choices=[m.value for m in SelectiveRecompute],
+                   default=None,
+                   help="what --recompute selective recomputes: attention (Megatron-LM's:"
+                   " the attention core; the default) or op (torchtitan's per-op"
+                   " checkpointing: every other matmul and all the element-wise work)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
@@ -262,7 +268,10 @@ class EstimateCommand(BaseCommand):
                                     bytes_per_param_grads=args.grad_bytes,
                                     flash_attention=args.flash_attention,
                                     transformer_engine=args.transformer_engine,
-                                    recompute_early_stop=args.recompute_early_stop)
+                                    recompute_early_stop=args.recompute_early_stop,
+                                    selective_recompute=(
+                                        None if args.selective_recompute is None
+                                        else SelectiveRecompute(args.selective_recompute)))
             est = estimate(model, system, training, strategy, convention)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None
@@ -291,6 +300,9 @@ class EstimateCommand(BaseCommand):
             stack = "Megatron-Core + Transformer Engine" if te else "classic stack"
             if early:
                 stack += ", recompute stops at each layer's last saved tensor"
+            if (strategy.recompute is Recompute.SELECTIVE
+                    and training.selective_recompute is SelectiveRecompute.OP):
+                stack += ", per-op selective recompute"
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
                   f"{', congestion-aware' if aware else ''}, {stack}):"
                   f" {_describe(strategy, model.layers)}")

@@ -62,7 +62,7 @@ from planner.exports._megatron import header_lines, micro_batches
 from planner.exports._torchtitan_moe import expert_comment, expert_fields, moe_flavor
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
-from simcore.specs import Family, Precision, Recompute, Schedule, ZeroStage
+from simcore.specs import Family, Precision, Recompute, Schedule, SelectiveRecompute, ZeroStage
 
 __all__ = ["SCHEDULES", "export_torchtitan", "llama3_flavor"]
 
@@ -289,7 +289,10 @@ def _toml_activation_checkpoint(plan: Plan) -> list[str]:
     r = plan.strategy.recompute
     lines = ["[activation_checkpoint]", _kv("mode", r.value)]
     if r is Recompute.SELECTIVE:
-        lines += ["# per-op selective checkpointing", _kv("selective_ac_option", "op")]
+        priced = ("" if plan.training.selective_recompute is SelectiveRecompute.OP else
+                  " (the estimate priced Megatron-LM's attention-core recompute; a torchtitan"
+                  " study prices this)")
+        lines += [f"# per-op selective checkpointing{priced}", _kv("selective_ac_option", "op")]
     return lines
 
 

@@ -61,9 +61,11 @@ def layer_activations(
     flash: bool = False,
     linear_input_bytes: float = 2,
     ffn: int | None = None,
+    per_op: bool = False,
 ) -> LayerActivations:
     """``ffn``: the FFN's width when it is not the model's (an MoE layer's shared experts; 0:
-    none; the routed experts' activations are counted apart, :mod:`simcore.megatron.moe`)."""
+    none; the routed experts' activations are counted apart, :mod:`simcore.megatron.moe`).
+    ``per_op``: selective recompute is torchtitan's per-op checkpointing (:func:`_per_op`)."""
     h, a = model.hidden, model.heads
     f = model.ffn_hidden if ffn is None else ffn
     sbh = seq_len / sp * micro_batch * h  # elements of one (s/sp, b, h) tensor
@@ -93,8 +95,27 @@ def layer_activations(
     if recompute is Recompute.FULL:
         layer_input = 2 * sbh / (tp if sequence_parallel else 1)
         stored = layer_input
+    elif recompute is Recompute.SELECTIVE and per_op:
+        stored = _per_op(model, sbh, sbf, q, kv, core, tp, sequence_parallel)
     elif recompute is Recompute.SELECTIVE:
         stored = full - core_per_device
     else:
         stored = full
     return LayerActivations(stored=stored, full=full, attention_core=core_per_device)
+
+
+def _per_op(model: ModelSpec, sbh: float, sbf: float, q: float, kv: float, core: float,
+            tp: int, sequence_parallel: bool) -> float:
+    """Bytes torchtitan's per-op selective checkpointing keeps of a layer
+    (:attr:`simcore.specs.SelectiveRecompute.OP`): its input, the attention kernel's output and
+    log-sum-exp (``core``), and the outputs of every other matmul, in 16 bits: Llama's wq, wv,
+    w1 and w2 (w2's before its reduction: the whole (s, b, h) on every tp rank), a GPT layer's
+    fused QKV and FC1."""
+    layer_input = 2 * sbh / (tp if sequence_parallel and tp > 1 else 1)
+    if model.activation is Activation.SWIGLU:
+        split = 2 * q * sbh + 2 * kv * sbh + 2 * sbf
+        replicated = 2 * sbh
+    else:
+        split = 2 * (q + 2 * kv) * sbh + 2 * sbf
+        replicated = 0.0
+    return layer_input + replicated + (split + 2 * q * sbh + core) / tp

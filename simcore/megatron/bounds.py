@@ -40,7 +40,15 @@ from simcore.megatron.plan import (
     uses_recompute_early_stop,
     uses_transformer_engine,
 )
-from simcore.specs import ModelSpec, Precision, Recompute, SystemSpec, TrainingSpec, ZeroStage
+from simcore.specs import (
+    ModelSpec,
+    Precision,
+    Recompute,
+    SelectiveRecompute,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
 
 __all__ = ["RECOMPUTE_CODES", "SCHEDULE_CODES", "Bounds", "lower_bounds"]
 
@@ -106,6 +114,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     shape = layer_shape(model)
     flash = uses_flash_attention(model, system, training)
     recomputes = {code: r for r, code in RECOMPUTE_CODES.items()}
+    per_op = training.selective_recompute is SelectiveRecompute.OP
     per_layer = np.empty(len(distinct))
     stored = np.empty(len(distinct))
     for i, (mb, tp, sp, seqpar, is_fp8, rc, micro, with_te, stops_early) in enumerate(
@@ -118,14 +127,16 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                           micro_batches=max(micro, 1))
         recompute = recomputes[rc]
         # full recompute stopping early skips the forward's tail (recompute_early_stop)
+        selective = k.op_recompute if per_op else k.core_forward
         again = (k.forward - (k.forward_tail if stops_early else 0.0)
                  if recompute is Recompute.FULL else
-                 k.core_forward if recompute is Recompute.SELECTIVE else 0.0)
+                 selective if recompute is Recompute.SELECTIVE else 0.0)
         per_layer[i] = k.forward + k.backward + again
         stored[i] = layer_activations(
             model, shape, micro_batch=mb, seq_len=training.seq_len, tp=tp, sp=sp,
             sequence_parallel=bool(seqpar), recompute=recompute, flash=flash,
-            linear_input_bytes=1 if is_fp8 else 2).stored
+            linear_input_bytes=1 if is_fp8 else 2,
+            per_op=per_op and recompute is Recompute.SELECTIVE).stored
     return per_layer[inverse], stored[inverse]
 
 

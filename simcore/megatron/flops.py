@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from simcore.megatron.layers import LayerShape
 from simcore.megatron.moe import moe_shape
-from simcore.specs import ModelSpec, Recompute, TrainingSpec
+from simcore.specs import Activation, ModelSpec, Recompute, SelectiveRecompute, TrainingSpec
 
 __all__ = ["layers_forward_flops", "model_flops", "recompute_flops"]
 
@@ -46,8 +46,22 @@ def recompute_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec,
     seq = training.seq_len
     if recompute is Recompute.FULL:
         per_sequence = layers_forward_flops(model, shape, seq)
+    elif (recompute is Recompute.SELECTIVE
+          and training.selective_recompute is SelectiveRecompute.OP):
+        per_sequence = model.layers * 2 * seq * _every_second_matmul_params(model, shape)
     elif recompute is Recompute.SELECTIVE:
         per_sequence = layers_forward_flops(model, shape, seq, core_only=True)
     else:
         return 0.0
     return per_sequence * training.global_batch
+
+
+def _every_second_matmul_params(model: ModelSpec, shape: LayerShape) -> float:
+    """Weights of the matmuls per-op selective checkpointing recomputes in a layer
+    (:func:`simcore.megatron.kernels._every_second_matmul`): Llama's wk, wo and w3, a GPT
+    layer's output projection and FC2 (an MoE layer's routed experts are not counted)."""
+    h, f = model.hidden, model.ffn_hidden
+    q, kv = shape.q_fraction * h, shape.kv_fraction * h
+    if model.activation is Activation.SWIGLU:
+        return h * kv + q * h + h * f
+    return q * h + f * h

@@ -170,6 +170,12 @@ class LayerKernels:
     forward_tail: float = 0.0
     """The forward's kernels after the last tensor its backward saves: FC2's GEMM and the
     residual add after it (what a recompute that stops early does not run again)."""
+    op_recompute: float = 0.0
+    """What torchtitan's per-op selective checkpointing runs again in the backward
+    (:attr:`simcore.specs.SelectiveRecompute.OP`): the forward's element-wise kernels and
+    casts, and every second matmul: Llama's K, output and up projections (its matmuls run
+    wq, wk, wv, wo, w1, w3, w2: ``torchtitan/models/llama3/model/model.py``), a GPT layer's
+    output projection and FC2."""
 
 
 def _gemm_pair(costs: KernelCosts, m: float, n: float, k: float,
@@ -250,12 +256,14 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     kernels_forward = len(gemms) + len(elementwise) + n_core_fwd
     kernels_backward = (2 * len(gemms) + BACKWARD_KERNELS * len(elementwise)
                         + sum(1 for x in core_bwd if x))
+    op_recompute = sum(ew_fwd) + _every_second_matmul(model, gemms, q, kv, qkv)
     if costs.fp8_rate is not None:
         fp8 = fp8_overheads(costs, linears, micro_batches)
         forward += fp8.forward
         backward += fp8.backward
         kernels_forward += fp8.kernels_forward
         kernels_backward += fp8.kernels_backward
+        op_recompute += fp8.forward
     # FC2 saves its input (the activation's output) and the residual add saves nothing: the
     # layer's last saved tensor is FC2's input. Without an FFN here (an MoE layer, whose routed
     # experts are priced apart) the tail is not counted.
@@ -264,5 +272,17 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         forward=forward, backward=backward, core_forward=sum(core_fwd), wgrad=wgrad,
         kernels_forward=kernels_forward, kernels_backward=kernels_backward,
         gemm_forward=sum(g[0] for g in gemms), gemm_dgrad=sum(g[1] for g in gemms),
-        forward_tail=tail,
+        forward_tail=tail, op_recompute=op_recompute,
     )
+
+
+def _every_second_matmul(model: ModelSpec, gemms: list[tuple[float, float, float]],
+                         q: float, kv: float, qkv: float) -> float:
+    """Forward seconds of the matmuls per-op selective checkpointing recomputes, the second,
+    fourth, ... in forward order: with SwiGLU torchtitan's separate wq, wk, wv, wo, w1, w3, w2
+    (wk, wo and w3: shares of the fused QKV and gate/up GEMMs priced here), else a fused QKV,
+    the output projection, FC1 and FC2 (the projection and FC2)."""
+    if model.activation is Activation.SWIGLU:
+        again = gemms[0][0] * kv / qkv + gemms[1][0]
+        return again + (gemms[2][0] / 2 if len(gemms) > 2 else 0.0)
+    return gemms[1][0] + (gemms[3][0] if len(gemms) > 3 else 0.0)

@@ -21,6 +21,7 @@ from simcore.specs import (
     ModelSpec,
     Precision,
     Recompute,
+    SelectiveRecompute,
     Strategy,
     SystemSpec,
     TrainingSpec,
@@ -128,6 +129,9 @@ class StepPlan:
         self.early_stop = (strategy.recompute is Recompute.FULL
                            and uses_recompute_early_stop(system, training, strategy.zero))
         """Full recompute stops at the layer's last saved tensor (PyTorch's checkpointing)."""
+        self.per_op = (strategy.recompute is Recompute.SELECTIVE
+                       and training.selective_recompute is SelectiveRecompute.OP)
+        """Selective recompute is torchtitan's per-op checkpointing, not the attention core."""
         self.fp8 = strategy.precision is Precision.FP8
         """The linear layers run in FP8 (:mod:`simcore.megatron.precision`)."""
         self.fp8_params = uses_fp8_param_gather(system, training, strategy)
@@ -159,6 +163,7 @@ class StepPlan:
                 model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
                 sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=s.recompute,
                 flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2,
+                per_op=self.per_op,
             ))
         self.kernels: LayerKernels = _shared(
             shared, ("kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
@@ -213,6 +218,7 @@ class StepPlan:
                 model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
                 sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=s.recompute,
                 flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2, ffn=width,
+                per_op=self.per_op,
             ))
         saved = FP8_BYTES if self.fp8 else a
         self.expert_act = expert_activations(model, tokens=self.expert_tokens, etp=s.expert_tp,

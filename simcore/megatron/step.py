@@ -128,7 +128,8 @@ def _layer(p: StepPlan) -> _Layer:
     tail_comm = p.comm.total(tp_pair_calls(p)[-1:]) if p.early_stop else 0.0
     return _layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
                      _tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
-                     tail=kernels.forward_tail, tail_comm=tail_comm)
+                     tail=kernels.forward_tail, tail_comm=tail_comm,
+                     per_op=kernels.op_recompute)
 
 
 def _moe_layer(p: StepPlan) -> _Layer:
@@ -143,7 +144,7 @@ def _moe_layer(p: StepPlan) -> _Layer:
     pairs = 2 if p.moe.shared_experts else 1
     tp = pairs * p.comm.total(tp_pair_calls(p))
     layer = _layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
-                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad)
+                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute)
     ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
     again = ep if p.s.recompute is Recompute.FULL else 0.0
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
@@ -154,12 +155,14 @@ def _moe_layer(p: StepPlan) -> _Layer:
 
 def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
               tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
-              tail: float = 0.0, tail_comm: float = 0.0) -> _Layer:
+              tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0) -> _Layer:
     """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
     attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
     with the plan's sp, recompute and ZeRO-3. ``tail`` and ``tail_comm``: the forward's kernels
     and tp collective after its last saved tensor, which a full recompute that stops early
-    (:attr:`StepPlan.early_stop`) does not run again (an MoE layer passes none: priced whole)."""
+    (:attr:`StepPlan.early_stop`) does not run again (an MoE layer passes none: priced whole).
+    ``per_op``: what per-op selective checkpointing runs again (:attr:`StepPlan.per_op`); its
+    saved reduce-scatters and matmul outputs leave no tp collective to repeat."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
     if p.te and s.tp > 1 and s.sequence_parallel:
@@ -193,7 +196,7 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
         recompute = fwd
         tp_recompute = tp_fwd
     elif s.recompute is Recompute.SELECTIVE:
-        recompute = core
+        recompute = per_op if p.per_op else core
         tp_recompute = 0.0
     else:
         recompute = tp_recompute = 0.0
@@ -416,7 +419,7 @@ def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
         per_layer = (stage.layers - n_moe) * act.stored + n_moe * (p.moe_act.stored
                                                                     + p.expert_act)
         activations = per_layer * flight
-    if s.recompute is Recompute.FULL:
+    if s.recompute is Recompute.FULL or p.per_op:
         working = act.full - act.stored  # the layer being recomputed
         if n_moe:
             working = max(working, p.moe_act.full + p.expert_act_full - p.moe_act.stored)

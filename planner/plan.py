@@ -42,6 +42,7 @@ from simcore.network import Congestion
 from simcore.specs import (
     Axis,
     Convention,
+    CrossEntropy,
     ModelSpec,
     Precision,
     Recompute,
@@ -108,12 +109,16 @@ def strategy_dict(s: Strategy) -> dict[str, Any]:
     return out
 
 
+_TRAINING_CHOICES = {"selective_recompute": SelectiveRecompute, "cross_entropy": CrossEntropy}
+"""The training's fields that name a choice (written only where set, so plan files without
+them read as before)."""
+
+
 def training_dict(t: TrainingSpec) -> dict[str, Any]:
-    """The training's fields; ``selective_recompute`` only where set (as its value), so plan
-    files without it read as before."""
-    out = {f.name: getattr(t, f.name) for f in fields(t) if f.name != "selective_recompute"}
-    if t.selective_recompute is not None:
-        out["selective_recompute"] = t.selective_recompute.value
+    out = {f.name: getattr(t, f.name) for f in fields(t) if f.name not in _TRAINING_CHOICES}
+    for name in _TRAINING_CHOICES:
+        if getattr(t, name) is not None:
+            out[name] = getattr(t, name).value
     return out
 
 
@@ -218,13 +223,12 @@ def specs_from_dict(path: Path, data: dict[str, Any]
     for key, value in flags.items():
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", "must be true, false or null (the default)")
-    selective = t.get("selective_recompute")
-    if selective is not None:
-        selective = choice(path, "training.selective_recompute", selective, SelectiveRecompute)
+    chosen = {k: choice(path, f"training.{k}", t[k], enum)
+              for k, enum in _TRAINING_CHOICES.items() if t.get(k) is not None}
     ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
-            if k not in ("overlap_grad_reduce", "selective_recompute", *flags)}
+            if k not in ("overlap_grad_reduce", *_TRAINING_CHOICES, *flags)}
     training = TrainingSpec(**ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True),
-                            selective_recompute=selective, **flags)
+                            **chosen, **flags)
     return model, system, training, convention
 
 

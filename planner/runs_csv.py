@@ -22,7 +22,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``recompute_early_stop`` (true/false: full recompute stops at each layer's last saved
   tensor, PyTorch's non-reentrant checkpointing; the stack's default), ``selective_recompute``
   (``attention``, Megatron-LM's selective recompute of the attention core, or ``op``,
-  torchtitan's per-op checkpointing; ``attention``), ``overlap_grad_reduce``
+  torchtitan's per-op checkpointing; ``attention``), ``cross_entropy`` (``fused``,
+  Megatron-LM's, or ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
+  at its peak, not 4; ``fused``), ``overlap_grad_reduce``
   (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
   the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
   ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
@@ -52,6 +54,7 @@ from planner.inputs import read_text
 from simcore.layout import layout_chunks, parse_layout
 from simcore.specs import (
     Axis,
+    CrossEntropy,
     ModelSpec,
     Precision,
     Recompute,
@@ -72,7 +75,7 @@ OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "pl
             "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
             "transformer_engine", "recompute_early_stop", "selective_recompute",
-            "overlap_grad_reduce", "grad_bytes",
+            "cross_entropy", "overlap_grad_reduce", "grad_bytes",
             "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
@@ -259,6 +262,7 @@ def _training(row: dict[str, str]) -> TrainingSpec:
         transformer_engine=_boolean(row, "transformer_engine"),
         recompute_early_stop=_boolean(row, "recompute_early_stop"),
         selective_recompute=_enum(row, "selective_recompute", SelectiveRecompute, None),
+        cross_entropy=_enum(row, "cross_entropy", CrossEntropy, None),
     )
 
 

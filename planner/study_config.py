@@ -49,13 +49,13 @@ from planner.inputs import load
 from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
-from search_spaces.frameworks import ANY, FRAMEWORKS, recompute_early_stop, transformer_engine
-from search_spaces.frameworks import selective_recompute
+from search_spaces.frameworks import ANY, FRAMEWORKS, with_framework_defaults
 from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
     Axis,
     Convention,
+    CrossEntropy,
     ModelSpec,
     Precision,
     Recompute,
@@ -77,7 +77,8 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention",
-                      "transformer_engine", "recompute_early_stop", "selective_recompute"}
+                      "transformer_engine", "recompute_early_stop", "selective_recompute",
+                      "cross_entropy"}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
                 "ep", "etp", "ep_overlap", "ep_dedup"}
@@ -130,8 +131,8 @@ class StudyConfig:
                if self.training.transformer_engine is not None else {}),
             **({"recompute_early_stop": self.training.recompute_early_stop}
                if self.training.recompute_early_stop is not None else {}),
-            **({"selective_recompute": self.training.selective_recompute.value}
-               if self.training.selective_recompute is not None else {}),
+            **{k: getattr(self.training, k).value for k in ("selective_recompute", "cross_entropy")
+               if getattr(self.training, k) is not None},
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
             **({"framework": sp.framework} if sp.framework != ANY else {}),
@@ -333,9 +334,11 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     for key, value in zip(flags, (flash, te, early)):
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
-    selective = (choice(path, "training.selective_recompute", t["selective_recompute"],
-                        SelectiveRecompute) if "selective_recompute" in t else None)
+    selective, loss = (choice(path, f"training.{k}", t[k], enum) if k in t else None
+                       for k, enum in (("selective_recompute", SelectiveRecompute),
+                                       ("cross_entropy", CrossEntropy)))
     training = TrainingSpec(
+        cross_entropy=loss,
         flash_attention=flash,
         transformer_engine=te,
         recompute_early_stop=early,
@@ -370,13 +373,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     if framework not in FRAMEWORKS:
         raise fail(path, "framework", f"unknown framework {framework!r}; use one of"
                    f" {', '.join(FRAMEWORKS)}")
-    if training.transformer_engine is None:
-        te = transformer_engine(framework, system.device.transformer_engine)
-        training = replace(training, transformer_engine=te)
-    if training.recompute_early_stop is None:
-        training = replace(training, recompute_early_stop=recompute_early_stop(framework))
-    if training.selective_recompute is None:
-        training = replace(training, selective_recompute=selective_recompute(framework))
+    training = with_framework_defaults(training, framework, system.device.transformer_engine)
     space = _space(path, e["space"], model, system, training, convention, framework)
     description = e.get("description", "")
     return StudyConfig(name=name, path=path, model=model, system=system, training=training,

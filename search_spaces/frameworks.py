@@ -47,8 +47,11 @@ deepspeedai/DeepSpeed#6908), so a DeepSpeed study keeps bf16 only.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from simcore.specs import (
     ZERO_BUBBLE,
+    CrossEntropy,
     ModelSpec,
     Precision,
     Recompute,
@@ -59,8 +62,9 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["ANY", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "recompute_early_stop",
-           "selective_recompute", "transformer_engine", "why_not"]
+__all__ = ["ANY", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "cross_entropy",
+           "recompute_early_stop", "selective_recompute", "transformer_engine",
+           "with_framework_defaults", "why_not"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
@@ -110,6 +114,33 @@ def selective_recompute(framework: str) -> SelectiveRecompute | None:
     if framework in ("megatron", "deepspeed"):
         return SelectiveRecompute.ATTENTION
     return None
+
+
+def cross_entropy(framework: str) -> CrossEntropy | None:
+    """The ``cross_entropy`` of a ``framework`` study whose training names none: torchtitan's
+    loss is PyTorch's cross-entropy on an fp32 copy of the logits
+    (``torchtitan/components/loss.py``); Megatron-LM's, and Megatron-DeepSpeed's, its fused
+    vocab-parallel one; None (fused) for ``any``."""
+    if framework == "torchtitan":
+        return CrossEntropy.PYTORCH
+    if framework in ("megatron", "deepspeed"):
+        return CrossEntropy.FUSED
+    return None
+
+
+def with_framework_defaults(training: TrainingSpec, framework: str,
+                            device_transformer_engine: bool) -> TrainingSpec:
+    """``training`` with what a ``framework`` study runs wherever the training names none: the
+    stack (:func:`transformer_engine`), the recompute's early stop, the selective recompute and
+    the loss."""
+    defaults = {
+        "transformer_engine": transformer_engine(framework, device_transformer_engine),
+        "recompute_early_stop": recompute_early_stop(framework),
+        "selective_recompute": selective_recompute(framework),
+        "cross_entropy": cross_entropy(framework),
+    }
+    return replace(training, **{k: v for k, v in defaults.items()
+                                if getattr(training, k) is None})
 
 
 def _selective(framework: str, training: TrainingSpec, s: Strategy) -> str | None:

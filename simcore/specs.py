@@ -18,6 +18,7 @@ __all__ = [
     "Activation",
     "Axis",
     "Convention",
+    "CrossEntropy",
     "DeviceSpec",
     "Family",
     "ModelSpec",
@@ -114,6 +115,23 @@ class SelectiveRecompute(_Named):
     @classmethod
     def _label(cls) -> str:
         return "selective_recompute"
+
+
+class CrossEntropy(_Named):
+    """How the loss holds the logits at its peak (per logit, on the last stage)."""
+
+    FUSED = "fused"
+    """Megatron-LM's vocab-parallel cross-entropy: the fp32 logits, 4 bytes (Korthikanti et al.
+    2022, section 4.3)."""
+    PYTORCH = "pytorch"
+    """``torch.nn.functional.cross_entropy`` on an fp32 copy of the bf16 logits, as torchtitan
+    computes its loss (pytorch/torchtitan@31a17bfdb7 ``torchtitan/components/loss.py``
+    ``cross_entropy_loss``): the log-softmax output it saves (4 bytes), and in its backward the
+    gradients of that output and of its input (4 + 4): 12 bytes."""
+
+    @classmethod
+    def _label(cls) -> str:
+        return "cross_entropy"
 
 
 class Schedule(_Named):
@@ -436,6 +454,9 @@ class TrainingSpec:
     (:func:`simcore.megatron.plan.uses_transformer_engine`); False: the classic stack the
     devices were fit on (llm-foundry's PyTorch FSDP with FlashAttention-2, Megatron-LM
     2020-23, Megatron-DeepSpeed)."""
+    cross_entropy: CrossEntropy | None = None
+    """How the loss holds the logits (:class:`CrossEntropy`): None is Megatron-LM's fused
+    cross-entropy; torchtitan studies set ``pytorch`` (``search_spaces.frameworks``)."""
     selective_recompute: SelectiveRecompute | None = None
     """What a plan's selective recompute drops (:class:`SelectiveRecompute`): None is
     Megatron-LM's attention core; torchtitan studies set ``op``, its per-op checkpointing

@@ -19,6 +19,7 @@ from simcore.network import Congestion
 from simcore.specs import (
     Axis,
     Convention,
+    CrossEntropy,
     Family,
     ModelSpec,
     Precision,
@@ -145,6 +146,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="what --recompute selective recomputes: attention (Megatron-LM's:"
                    " the attention core; the default) or op (torchtitan's per-op"
                    " checkpointing: every other matmul and all the element-wise work)")
+    t.add_argument("--cross-entropy", choices=[m.value for m in CrossEntropy], default=None,
+                   help="how the loss holds the logits: fused (Megatron-LM's: fp32 logits, 4"
+                   " bytes each; the default) or pytorch (torchtitan's: cross_entropy on an fp32"
+                   " copy, 12 bytes each at its peak)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
@@ -271,7 +276,9 @@ class EstimateCommand(BaseCommand):
                                     recompute_early_stop=args.recompute_early_stop,
                                     selective_recompute=(
                                         None if args.selective_recompute is None
-                                        else SelectiveRecompute(args.selective_recompute)))
+                                        else SelectiveRecompute(args.selective_recompute)),
+                                    cross_entropy=(None if args.cross_entropy is None
+                                                   else CrossEntropy(args.cross_entropy)))
             est = estimate(model, system, training, strategy, convention)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None

@@ -57,6 +57,7 @@ from simcore.megatron.states import model_state_bytes
 from simcore.specs import (
     ZERO_BUBBLE,
     Axis,
+    CrossEntropy,
     ModelSpec,
     Recompute,
     Schedule,
@@ -66,7 +67,12 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["DDP_BUCKET_PARAMS", "estimate_megatron", "layer_time", "uses_flash_attention"]
+__all__ = ["DDP_BUCKET_PARAMS", "PYTORCH_LOGIT_BYTES", "estimate_megatron", "layer_time",
+           "uses_flash_attention"]
+
+PYTORCH_LOGIT_BYTES = 12
+"""Bytes a logit takes at the peak of PyTorch's cross-entropy on an fp32 copy
+(:attr:`simcore.specs.CrossEntropy.PYTORCH`)."""
 
 DDP_BUCKET_PARAMS = 40_000_000
 """Megatron-LM's default gradient bucket (``ddp_bucket_size``: max(40M, 1M * dp) parameters)."""
@@ -431,8 +437,11 @@ def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
     if stage.index == 0 and p.shape.dropout:
         activations += sbh / t * flight  # embedding dropout output (Korthikanti section 4.3)
     if stage.index == head_stage(s.schedule, pp):
-        # Final norm output, LM head input and fp32 logits: 4sbh/t (1 + V/h) (section 4.3).
+        # Final norm output, LM head input and fp32 logits: 4sbh/t (1 + V/h) (section 4.3);
+        # PyTorch's cross-entropy on an fp32 copy holds 12 bytes a logit, not 4 (CrossEntropy).
         activations += 4 * sbh / t * (1 + model.vocab / h)
+        if p.training.cross_entropy is CrossEntropy.PYTORCH:
+            activations += (PYTORCH_LOGIT_BYTES - 4) * p.tokens * model.vocab / t
     return activations
 
 

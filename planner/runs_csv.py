@@ -25,7 +25,8 @@ Columns (a header row, any order; names as below, case-insensitive):
   torchtitan's per-op checkpointing; ``attention``), ``cross_entropy`` (``fused``,
   Megatron-LM's, or ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
   at its peak, not 4; ``fused``), ``overlap_grad_reduce``
-  (true), ``grad_bytes`` (2), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
+  (true), ``grad_bytes`` (2), ``hbm_gb`` (the memory of the part the run had, where it is not
+  the catalog device's: what the estimate's fit is judged against), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
   the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
   ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
   context, NCCL's buffers and the caching allocator's slack: the device's ``memory_overhead_gb``
@@ -44,13 +45,14 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.catalog import Catalog
 from planner.errors import PlannerUsageError
 from planner.fields import MAX_INTEGER, MAX_NUMBER, placement_axes
 from planner.inputs import read_text
+from planner.units import GB
 from simcore.layout import layout_chunks, parse_layout
 from simcore.specs import (
     Axis,
@@ -75,7 +77,7 @@ OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "pl
             "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
             "transformer_engine", "recompute_early_stop", "selective_recompute",
-            "cross_entropy", "overlap_grad_reduce", "grad_bytes",
+            "cross_entropy", "overlap_grad_reduce", "grad_bytes", "hbm_gb",
             "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
@@ -350,6 +352,9 @@ def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[Ski
             model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model")
             system = _spec(lambda r: catalog.system(r, where=(path, "system")),
                            row.get("system", ""), "system")
+            hbm = _positive(row, "hbm_gb")
+            if hbm is not None:  # a part with more or less memory than the catalog's
+                system = replace(system, device=replace(system.device, hbm_bytes=hbm * GB))
             runs.append(MeasuredRun(
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
                 model=model, system=system, training=_training(row), strategy=_strategy(row),

@@ -163,6 +163,7 @@ class Validation:
             "regret_mean": _mean(self.regrets),
             "regret_median": _median(self.regrets),
             "picked_fastest": sum(1 for g in self.groups if g.picked is g.fastest),
+            "over_memory_runs": sum(1 for r in self.results if not r.fits),
             "kendall_tau_mean": _mean([g.kendall_tau for g in self.groups]),
         }
 

@@ -128,6 +128,23 @@ def test_an_allocated_peak_leaves_out_the_devices_allowance(tmp_path: Path) -> N
         pytest.approx(overhead, rel=1e-12)
 
 
+def test_a_run_estimated_over_the_memory_it_ran_in_is_counted(tmp_path: Path, capsys) -> None:
+    # Every measured run ran, so its plan fits the part it ran on: an estimate over that
+    # part's memory is a plan a study would not offer. Llama 3 8B, FSDP over 8 GPUs, a local
+    # batch of 16 sequences of 8,192 tokens without recompute: far over 80 GB, and under
+    # hbm_gb 1000 (a part of that much memory) it fits.
+    row = "r,llama3-8b,dgx-h100-8,128,8192,8,1,1,16,3,none,10,{}"
+    path = _write(tmp_path, HEADER + ",zero,recompute,step_time_s,hbm_gb",
+                  row.format(""), row.format(1000))
+    runs, skipped = read_runs(path, load_catalog())
+    assert skipped == [] and runs[1].system.device.hbm_bytes == 1000e9
+    result = validate(runs)
+    assert [r.fits for r in result.results] == [False, True]
+    assert result.summary()["over_memory_runs"] == 1
+    assert main(["validate", str(path)]) == 0
+    assert "fit: 1 of 2 runs estimated over their device's memory" in capsys.readouterr().out
+
+
 def test_a_shard_group_without_zero_3_is_a_skipped_row(tmp_path: Path) -> None:
     path = _write(tmp_path, HEADER + ",zero,shard_group,step_time_s",
                   "r1,llama3-70b,dgx-h100-1024,1024,8192,128,8,1,1,1,16,9")

@@ -57,6 +57,11 @@ ALL_CHECKS_MEDIAN = 0.055
 # measured 0.8% over 16 runs: the zero-bubble paper's 14 check peaks (1.7%) and torchtitan's
 # two H100 FSDP runs (+0.5%, +0.0%)
 ALL_CHECKS_MEMORY_MEDIAN = 0.03
+# Runs estimated over the memory they ran in (`fit:` in planner validate), held so that it does
+# not grow: measured 54 of 226, llm-foundry's MPT runs 50 (45 of its A100 40GB table), the
+# zero-bubble paper's 28.3B at pp 32 2 (73-74 GB allocated: with the 9 GB allowance over 80),
+# NeMo AutoModel's Llama 3 70B and Megatron-Bridge's DeepSeek-V3 one each.
+ALL_CHECKS_OVER_MEMORY = 54
 ALL_CHECKS_REGRET = 0.015  # measured 0.7% over 20 groups
 
 
@@ -86,6 +91,7 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     assert data["step_time_median_ape"] <= ALL_CHECKS_MEDIAN <= 0.08
     assert data["memory_median_ape"] <= ALL_CHECKS_MEMORY_MEDIAN <= 0.05
     assert data["regret_mean"] <= ALL_CHECKS_REGRET <= 0.03
+    assert data["over_memory_runs"] <= ALL_CHECKS_OVER_MEMORY
 
 
 def test_a100_check_error(capsys) -> None:

@@ -41,6 +41,10 @@ def report_lines(v: Validation) -> list[str]:
                  f" median error {percent(s['step_time_median_ape'])}")
     lines.append(f"peak memory: {s['memory_runs']} runs, MAPE {percent(s['memory_mape'])},"
                  f" median error {percent(s['memory_median_ape'])}")
+    if s["over_memory_runs"]:
+        lines.append(f"fit: {s['over_memory_runs']} of {len(v.results)} runs estimated over"
+                     " their device's memory, which each ran in (a study would not offer those"
+                     " plans)")
     if v.groups:
         lines.append(f"plan choice: {len(v.groups)} groups of runs of one model on one system"
                      f" (same global batch and sequence); regret mean {percent(s['regret_mean'])},"

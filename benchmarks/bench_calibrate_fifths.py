@@ -70,6 +70,8 @@ def main() -> None:
     parser.add_argument("--case", action="append", metavar="FILE:DEVICE",
                         help="only this check file and device (repeatable; default: every case)")
     args = parser.parse_args()
+    if any(":" not in c for c in args.case or ()):
+        parser.error("--case takes FILE:DEVICE, e.g. long-context-check.csv:h100-sxm")
     cases = CASES if not args.case else [tuple(c.split(":", 1)) for c in args.case]
     jobs = [(f, d, o) for f, d in cases for o in range(5)]
     rows = Parallel(n_jobs=2)(delayed(_case)(f, d, o, args.trials) for f, d, o in jobs)

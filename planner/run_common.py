@@ -121,8 +121,24 @@ def _children_ignore_sigint() -> Iterator[None]:
 def _check_fingerprint(study: optuna.Study, config: StudyConfig) -> None:
     if study.user_attrs.get("fingerprint") != config.fingerprint():
         raise PlannerUsageError(
-            f"{config.path}: the stored study {config.name!r} was made from a different"
-            " model, system, limit or space; set another name to start a new study")
+            f"{config.path}: the stored study {config.name!r} was made from"
+            f" {_what_differs(study.user_attrs.get('config'), config.summary())}; set another"
+            " name to start a new study")
+
+
+def _what_differs(stored: object, now: dict[str, object]) -> str:
+    """The settings the stored study's summary and the study file's differ in (a stored study
+    of an earlier version that recorded none: the generic answer)."""
+    if not isinstance(stored, dict):
+        return "a different model, system, limit or space"
+    keys = sorted(k for k in set(stored) | set(now)
+                  if k not in ("file", "n_trials", "description") and stored.get(k) != now.get(k))
+    if not keys:  # the same summary, another fingerprint: what the summary does not show
+        return "a different model, system, limit or space"
+    shown = ", ".join(f"{k} {stored.get(k, '-')!s:.40} -> {now.get(k, '-')!s:.40}"
+                      for k in keys[:3])
+    more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+    return f"different settings ({shown}{more})"
 
 
 def _describe(study: optuna.Study, config: StudyConfig) -> None:

@@ -131,8 +131,11 @@ class StudyConfig:
                if self.training.transformer_engine is not None else {}),
             **({"recompute_early_stop": self.training.recompute_early_stop}
                if self.training.recompute_early_stop is not None else {}),
-            **{k: getattr(self.training, k).value for k in ("selective_recompute", "cross_entropy")
-               if getattr(self.training, k) is not None},
+            # torchtitan's own recompute and loss only: Megatron-LM's, named by a megatron or
+            # deepspeed study, estimate as before, so those studies keep their fingerprints
+            **{k: v.value for k, v in (("selective_recompute", self.training.selective_recompute),
+                                       ("cross_entropy", self.training.cross_entropy))
+               if v in (SelectiveRecompute.OP, CrossEntropy.PYTORCH)},
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
             **({"framework": sp.framework} if sp.framework != ANY else {}),
@@ -334,7 +337,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     for key, value in zip(flags, (flash, te, early)):
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
-    selective, loss = (choice(path, f"training.{k}", t[k], enum) if k in t else None
+    selective, loss = (choice(path, f"training.{k}", t[k], enum) if t.get(k) is not None else None
                        for k, enum in (("selective_recompute", SelectiveRecompute),
                                        ("cross_entropy", CrossEntropy)))
     training = TrainingSpec(

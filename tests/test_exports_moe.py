@@ -10,7 +10,7 @@ from planner.catalog import load_catalog
 from planner.exports import export_files
 from planner.plan import make_plan
 from search_spaces.frameworks import why_not
-from simcore.specs import Convention, Precision, Strategy, TrainingSpec, ZeroStage
+from simcore.specs import Convention, CrossEntropy, Precision, Strategy, TrainingSpec, ZeroStage
 
 CATALOG = load_catalog()
 QWEN3 = CATALOG.model("qwen3-30b-a3b")
@@ -25,7 +25,9 @@ def _plan(model, strategy, system="dgx-h100-16", training=TRAINING):  # type: ig
 
 
 def test_torchtitan_writes_qwen3_30b_a3b_with_its_expert_parallelism() -> None:
-    files = export_files(_plan(QWEN3, EP16), "torchtitan")
+    # priced as a torchtitan study prices it: its loss holds the logits in 12 bytes, not 4
+    titan = TrainingSpec(global_batch=1024, seq_len=4096, cross_entropy=CrossEntropy.PYTORCH)
+    files = export_files(_plan(QWEN3, EP16, training=titan), "torchtitan")
     toml = files["torchtitan.toml"]
     for line in ('name = "qwen3"', 'flavor = "30B-A3B"', "data_parallel_shard_degree = 16",
                  "expert_parallel_degree = 16", "expert_tensor_parallel_degree = 1"):

@@ -20,6 +20,8 @@ import pytest
 
 from planner.catalog import load_catalog
 from planner.cli import main
+from planner.exports import export_files
+from planner.plan import Plan, make_plan
 from planner.runs_csv import read_runs
 from planner.study_config import load_study_config
 from planner.validation import validate
@@ -27,6 +29,7 @@ from simcore import estimate
 from simcore.megatron.activations import layer_activations
 from simcore.megatron.layers import layer_shape
 from simcore.specs import (
+    Convention,
     CrossEntropy,
     Recompute,
     SelectiveRecompute,
@@ -58,9 +61,10 @@ def test_a_layer_keeps_its_input_and_every_other_matmul_output() -> None:
     lse = 4 * 32 * 4096
     assert _stored(1, False) == pytest.approx(2 * sbh * (1 + 1 + 0.25 + 1 + 1) + 2 * sbf + lse)
     # tp 2 with sequence parallelism: the input is split, w2's output is not (each rank holds
-    # the whole (s, b, h) partial sums before the reduce-scatter), the rest is split
+    # the whole (s, b, h) partial sums before the reduce-scatter), the two reduce-scatters'
+    # outputs (after wo and w2, 2 sbh / 2 each) are kept too, the rest is split
     assert _stored(2, True) == pytest.approx(
-        sbh + 2 * sbh + (2 * sbh * (1 + 0.25 + 1) + 2 * sbf + lse) / 2)
+        sbh + 2 * sbh + 2 * sbh + (2 * sbh * (1 + 0.25 + 1) + 2 * sbf + lse) / 2)
     # Megatron-LM's selective recompute with flash attention keeps every tensor but the
     # attention's log-sum-exp: more than twice as much here
     assert _stored(1, False, per_op=False) > 2 * _stored(1, False)
@@ -166,3 +170,107 @@ def test_torchtitan_h100_memory() -> None:
     assert [r.peak_memory_gb for r in timed] == [88.48, 71.94]
     assert all(r.training.cross_entropy is CrossEntropy.PYTORCH for r in timed)
     assert all(abs(r.memory_error) < 0.01 for r in validate(timed).results)
+
+
+def test_a_plan_priced_with_the_fused_loss_exports_to_torchtitan_only_if_it_fits() -> None:
+    # Llama 3 8B, FSDP over 8 H100s, full recompute, 8,192 tokens a sequence: at a local batch
+    # of 4 it fits with Megatron-LM's loss (56.6 GB) and not with torchtitan's (90.2 GB: 8
+    # bytes more for each of 4 x 8,192 x 128,256 logits); at 2 it fits either way and the job
+    # file says what the peak becomes.
+    h100 = CATALOG.system("dgx-h100-8")
+
+    def plan(micro_batch: int) -> Plan:
+        return make_plan(LLAMA3_8B, h100, TrainingSpec(global_batch=8 * micro_batch,
+                                                       seq_len=8192),
+                         Strategy(dp=8, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL,
+                                  micro_batch=micro_batch), Convention.MEGATRON)
+
+    with pytest.raises(ValueError, match="under torchtitan's loss .* needs 90.2 GB"):
+        export_files(plan(4), "torchtitan")
+    toml = export_files(plan(2), "torchtitan")["torchtitan.toml"]
+    assert "under torchtitan's the peak is 58.3 GB a device" in toml
+
+
+def test_megatron_and_any_studies_keep_their_fingerprints(tmp_path: Path) -> None:
+    # A megatron or deepspeed study now names Megatron-LM's selective recompute and fused loss;
+    # they estimate as before, so the stored studies of earlier versions still resume.
+    study = tmp_path / "s.yaml"
+    for framework in ("megatron", "deepspeed", "any"):
+        study.write_text(f"name: s\nmodel: llama3-8b\nsystem: dgx-h100-8\nframework: "
+                         f"{framework}\ntraining: {{global_batch: 64, seq_len: 4096}}\n"
+                         "space: {zero: [1]}\n")
+        config = load_study_config(study)
+        bare = replace(config, training=replace(config.training, selective_recompute=None,
+                                                cross_entropy=None))
+        assert config.fingerprint() == bare.fingerprint()
+
+
+def test_per_op_on_moe_and_mla_layers() -> None:
+    # Mixtral 8x7B (no dense FFN, no shared experts): the matmuls re-run are the attention's
+    # wk and wo only, 2 x (4096 x 1024 + 4096 x 4096) FLOPs a token in each of 32 layers; its
+    # routed experts' grouped GEMMs are kept.
+    mixtral = CATALOG.model("mixtral-8x7b")
+    h100 = CATALOG.system("dgx-h100-8")
+    training = TrainingSpec(global_batch=16, seq_len=4096,
+                            selective_recompute=SelectiveRecompute.OP)
+    moe = Strategy(dp=8, ep=8, zero=ZeroStage.OPTIMIZER, recompute=Recompute.SELECTIVE)
+    est = estimate(mixtral, h100, training, moe)
+    again = 32 * 16 * 4096 * 2 * (4096 * 1024 + 4096 * 4096)
+    assert est.hardware_flops - est.model_flops == pytest.approx(again, rel=1e-12)
+    # DeepSeek-V3's low-rank attention: half its projections re-run, less than a full recompute
+    dsv3 = CATALOG.model("deepseek-v3")
+    system = CATALOG.system("dgx-h800-256")
+    plan = Strategy(dp=256, ep=64, zero=ZeroStage.OPTIMIZER, micro_batch=1,
+                    recompute=Recompute.SELECTIVE)
+    training = TrainingSpec(global_batch=256, seq_len=4096,
+                            selective_recompute=SelectiveRecompute.OP)
+    per_op = estimate(dsv3, system, training, plan)
+    full = estimate(dsv3, system, training, replace(plan, recompute=Recompute.FULL))
+    assert (per_op.hardware_flops - per_op.model_flops
+            < 0.5 * (full.hardware_flops - full.model_flops))
+
+
+def test_the_working_layer_never_counts_below_what_it_keeps() -> None:
+    # Llama 2 7B at tp 32 with sequence parallelism: per-op keeps w2's whole (s, b, h) output
+    # on every rank, more than a layer holds without any recompute; the layer being
+    # recomputed adds nothing below that
+    llama2 = CATALOG.model("llama2-7b")
+    system = CATALOG.system("dgx-h100-32")
+    training = TrainingSpec(global_batch=8, seq_len=4096,
+                            selective_recompute=SelectiveRecompute.OP)
+    s = Strategy(dp=1, tp=32, recompute=Recompute.SELECTIVE, micro_batch=1)
+    stored = layer_activations(llama2, layer_shape(llama2), micro_batch=1, seq_len=4096, tp=32,
+                               sp=1, sequence_parallel=True, recompute=Recompute.SELECTIVE,
+                               flash=True, per_op=True).stored
+    est = estimate(llama2, system, training, s)
+    assert est.memory.activations >= 32 * stored
+
+
+def test_per_op_reruns_the_tp_all_gathers() -> None:
+    # torchtitan keeps the reduce-scatters' outputs, not the all-gathers': with sequence
+    # parallelism the backward runs each layer's all-gathers again, half its forward pairs
+    from simcore.megatron.plan import StepPlan
+    from simcore.megatron.step import _layer
+
+    s = Strategy(dp=1, tp=8, recompute=Recompute.SELECTIVE, micro_batch=1)
+    system = CATALOG.system("dgx-h100-8")
+    training = TrainingSpec(global_batch=8, seq_len=4096, transformer_engine=False)
+    attention = _layer(StepPlan(LLAMA3_8B, system, training, s))
+    per_op = _layer(StepPlan(LLAMA3_8B, system, replace(
+        training, selective_recompute=SelectiveRecompute.OP), s))
+    assert per_op.tp_bwd - attention.tp_bwd == pytest.approx(per_op.tp_fwd / 2, rel=1e-12)
+
+
+def test_a_study_resumed_with_other_settings_names_them(tmp_path: Path, capsys,
+                                                       monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    study = tmp_path / "s.yaml"
+    text = ("name: s\nmodel: llama3-8b\nsystem: dgx-h100-8\nframework: any\n"
+            "training: {{global_batch: 64, seq_len: 4096{extra}}}\nspace: {{zero: [1]}}\n")
+    study.write_text(text.format(extra=""))
+    assert main(["run", str(study)]) == 0
+    capsys.readouterr()
+    study.write_text(text.format(extra=", selective_recompute: op"))
+    assert main(["run", str(study), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "was made from different settings (selective_recompute - -> op)" in err

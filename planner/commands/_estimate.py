@@ -300,6 +300,10 @@ class EstimateCommand(BaseCommand):
             out = {"model": model.name, "system": system.name,
                    **({"congestion": Congestion.AWARE.value} if aware else {}),
                    "transformer_engine": te, "recompute_early_stop": early,
+                   **{k: v.value for k, v in (("selective_recompute",
+                                               training.selective_recompute),
+                                              ("cross_entropy", training.cross_entropy))
+                      if v is not None},
                    "strategy": strategy_dict(strategy), **est.to_dict()}
             print(json.dumps(out, indent=2))
         else:
@@ -307,7 +311,7 @@ class EstimateCommand(BaseCommand):
             stack = "Megatron-Core + Transformer Engine" if te else "classic stack"
             if early:
                 stack += ", recompute stops at each layer's last saved tensor"
-            if (strategy.recompute is Recompute.SELECTIVE
+            if (est.convention == "megatron" and strategy.recompute is Recompute.SELECTIVE
                     and training.selective_recompute is SelectiveRecompute.OP):
                 stack += ", per-op selective recompute"
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"

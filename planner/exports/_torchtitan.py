@@ -59,6 +59,7 @@ from __future__ import annotations
 import json
 
 from planner.exports._megatron import header_lines, micro_batches
+from planner.exports._torchtitan_loss import torchtitan_loss_check
 from planner.exports._torchtitan_moe import expert_comment, expert_fields, moe_flavor
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
@@ -99,7 +100,9 @@ def export_torchtitan(plan: Plan) -> dict[str, str]:
         raise ValueError(f"torchtitan trains in bfloat16 (FSDP2 mixed precision, no loss"
                          f" scaling) and {plan.system.device.name} has no bf16 tensor cores;"
                          " export for megatron or deepspeed, which train in fp16")
-    return {"torchtitan.toml": _toml(plan), "torchtitan_config.py": _python(plan)}
+    loss = torchtitan_loss_check(plan)
+    toml = _toml(plan) if loss is None else f"# {loss}\n{_toml(plan)}"
+    return {"torchtitan.toml": toml, "torchtitan_config.py": _python(plan)}
 
 
 def llama3_flavor(plan: Plan) -> str | None:

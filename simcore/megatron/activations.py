@@ -108,14 +108,18 @@ def _per_op(model: ModelSpec, sbh: float, sbf: float, q: float, kv: float, core:
             tp: int, sequence_parallel: bool) -> float:
     """Bytes torchtitan's per-op selective checkpointing keeps of a layer
     (:attr:`simcore.specs.SelectiveRecompute.OP`): its input, the attention kernel's output and
-    log-sum-exp (``core``), and the outputs of every other matmul, in 16 bits: Llama's wq, wv,
-    w1 and w2 (w2's before its reduction: the whole (s, b, h) on every tp rank), a GPT layer's
-    fused QKV and FC1."""
-    layer_input = 2 * sbh / (tp if sequence_parallel and tp > 1 else 1)
+    log-sum-exp (``core``), the outputs of every other matmul, in 16 bits: Llama's wq, wv, w1
+    and w2 (w2's before its reduction: the whole (s, b, h) on every tp rank), a GPT layer's
+    fused QKV and FC1; and with sequence parallelism its reduce-scatters' outputs. An MoE
+    layer's without shared experts (``sbf`` 0) has no w1 or w2 here: its experts are apart."""
+    split_by_sp = sequence_parallel and tp > 1
+    layer_input = 2 * sbh / (tp if split_by_sp else 1)
     if model.activation is Activation.SWIGLU:
         split = 2 * q * sbh + 2 * kv * sbh + 2 * sbf
-        replicated = 2 * sbh
+        replicated = 2 * sbh if sbf else 0.0
     else:
         split = 2 * (q + 2 * kv) * sbh + 2 * sbf
         replicated = 0.0
-    return layer_input + replicated + (split + 2 * q * sbh + core) / tp
+    # with sequence parallelism the reduce-scatters after wo and w2 are kept too
+    scattered = (2 + (2 if sbf else 0)) * sbh / tp if split_by_sp else 0.0
+    return layer_input + replicated + scattered + (split + 2 * q * sbh + core) / tp

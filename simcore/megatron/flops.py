@@ -48,7 +48,7 @@ def recompute_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec,
         per_sequence = layers_forward_flops(model, shape, seq)
     elif (recompute is Recompute.SELECTIVE
           and training.selective_recompute is SelectiveRecompute.OP):
-        per_sequence = model.layers * 2 * seq * _every_second_matmul_params(model, shape)
+        per_sequence = 2 * seq * _every_second_matmul_params(model, shape)
     elif recompute is Recompute.SELECTIVE:
         per_sequence = layers_forward_flops(model, shape, seq, core_only=True)
     else:
@@ -57,11 +57,19 @@ def recompute_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec,
 
 
 def _every_second_matmul_params(model: ModelSpec, shape: LayerShape) -> float:
-    """Weights of the matmuls per-op selective checkpointing recomputes in a layer
+    """Weights of the matmuls per-op selective checkpointing recomputes, over every layer
     (:func:`simcore.megatron.kernels._every_second_matmul`): Llama's wk, wo and w3, a GPT
-    layer's output projection and FC2 (an MoE layer's routed experts are not counted)."""
-    h, f = model.hidden, model.ffn_hidden
+    layer's output projection and FC2, half of MLA's projections; an MoE layer's w3 or FC2 of
+    its shared experts only (the routed experts are kept)."""
+    h = model.hidden
     q, kv = shape.q_fraction * h, shape.kv_fraction * h
-    if model.activation is Activation.SWIGLU:
-        return h * kv + q * h + h * f
-    return q * h + f * h
+    if model.attention_params is not None:
+        attention = shape.attention_params / 2
+    elif model.activation is Activation.SWIGLU:
+        attention = h * kv + q * h
+    else:
+        attention = q * h
+    n_moe = model.moe_layer_count
+    shared = model.moe.shared_width if model.moe is not None else 0
+    ffn = (model.layers - n_moe) * h * model.ffn_hidden + n_moe * h * shared
+    return model.layers * attention + ffn

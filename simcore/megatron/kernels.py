@@ -256,7 +256,7 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     kernels_forward = len(gemms) + len(elementwise) + n_core_fwd
     kernels_backward = (2 * len(gemms) + BACKWARD_KERNELS * len(elementwise)
                         + sum(1 for x in core_bwd if x))
-    op_recompute = sum(ew_fwd) + _every_second_matmul(model, gemms, q, kv, qkv)
+    op_recompute = sum(ew_fwd) + _every_second_matmul(model, gemms, kv, qkv)
     if costs.fp8_rate is not None:
         fp8 = fp8_overheads(costs, linears, micro_batches)
         forward += fp8.forward
@@ -277,12 +277,20 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
 
 
 def _every_second_matmul(model: ModelSpec, gemms: list[tuple[float, float, float]],
-                         q: float, kv: float, qkv: float) -> float:
+                         kv: float, qkv: float) -> float:
     """Forward seconds of the matmuls per-op selective checkpointing recomputes, the second,
     fourth, ... in forward order: with SwiGLU torchtitan's separate wq, wk, wv, wo, w1, w3, w2
     (wk, wo and w3: shares of the fused QKV and gate/up GEMMs priced here), else a fused QKV,
-    the output projection, FC1 and FC2 (the projection and FC2)."""
-    if model.activation is Activation.SWIGLU:
+    the output projection, FC1 and FC2 (the projection and FC2). Low-rank (MLA) attention
+    projections: half of them. Without an FFN here (an MoE layer without shared experts) the
+    attention's only: the routed experts' grouped GEMMs are kept, not recomputed."""
+    swiglu = model.activation is Activation.SWIGLU
+    if model.attention_params is not None:
+        again = (gemms[0][0] + gemms[1][0]) / 2
+    elif swiglu:
         again = gemms[0][0] * kv / qkv + gemms[1][0]
-        return again + (gemms[2][0] / 2 if len(gemms) > 2 else 0.0)
-    return gemms[1][0] + (gemms[3][0] if len(gemms) > 3 else 0.0)
+    else:
+        again = gemms[1][0]
+    if len(gemms) > 2:
+        again += gemms[2][0] / 2 if swiglu else gemms[3][0]
+    return again

@@ -167,8 +167,8 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     with the plan's sp, recompute and ZeRO-3. ``tail`` and ``tail_comm``: the forward's kernels
     and tp collective after its last saved tensor, which a full recompute that stops early
     (:attr:`StepPlan.early_stop`) does not run again (an MoE layer passes none: priced whole).
-    ``per_op``: what per-op selective checkpointing runs again (:attr:`StepPlan.per_op`); its
-    saved reduce-scatters and matmul outputs leave no tp collective to repeat."""
+    ``per_op``: what per-op selective checkpointing runs again (:attr:`StepPlan.per_op`), with
+    the tp collectives whose outputs it does not keep."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
     if p.te and s.tp > 1 and s.sequence_parallel:
@@ -201,8 +201,13 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     elif s.recompute is Recompute.FULL:
         recompute = fwd
         tp_recompute = tp_fwd
+    elif s.recompute is Recompute.SELECTIVE and p.per_op:
+        recompute = per_op
+        # the reduce-scatters' outputs are kept, the all-gathers before the column-parallel
+        # matmuls are not (half of each pair); without sequence parallelism no all-reduce is
+        tp_recompute = tp_fwd / 2 if s.sequence_parallel else tp_fwd
     elif s.recompute is Recompute.SELECTIVE:
-        recompute = per_op if p.per_op else core
+        recompute = core
         tp_recompute = 0.0
     else:
         recompute = tp_recompute = 0.0
@@ -425,11 +430,16 @@ def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
         per_layer = (stage.layers - n_moe) * act.stored + n_moe * (p.moe_act.stored
                                                                     + p.expert_act)
         activations = per_layer * flight
-    if s.recompute is Recompute.FULL or p.per_op:
+    if s.recompute is Recompute.FULL:
         working = act.full - act.stored  # the layer being recomputed
         if n_moe:
             working = max(working, p.moe_act.full + p.expert_act_full - p.moe_act.stored)
         activations += working
+    elif p.per_op:  # what the layer being recomputed adds to what it keeps (experts kept)
+        working = act.full - act.stored
+        if n_moe:
+            working = max(working, p.moe_act.full - p.moe_act.stored)
+        activations += max(working, 0.0)
     elif s.recompute is Recompute.SELECTIVE:
         activations += act.attention_core
     h, t = model.hidden, s.tp

@@ -41,13 +41,12 @@ from simcore.layout import parse_layout
 from simcore.network import Congestion
 from simcore.specs import (
     Axis,
+    TRAINING_CHOICES,
     Convention,
-    CrossEntropy,
     ModelSpec,
     Precision,
     Recompute,
     Schedule,
-    SelectiveRecompute,
     Strategy,
     SystemSpec,
     TrainingSpec,
@@ -109,14 +108,11 @@ def strategy_dict(s: Strategy) -> dict[str, Any]:
     return out
 
 
-_TRAINING_CHOICES = {"selective_recompute": SelectiveRecompute, "cross_entropy": CrossEntropy}
-"""The training's fields that name a choice (written only where set, so plan files without
-them read as before)."""
-
-
 def training_dict(t: TrainingSpec) -> dict[str, Any]:
-    out = {f.name: getattr(t, f.name) for f in fields(t) if f.name not in _TRAINING_CHOICES}
-    for name in _TRAINING_CHOICES:
+    """The training's fields; a choice only where set (so plan files without it read as
+    before)."""
+    out = {f.name: getattr(t, f.name) for f in fields(t) if f.name not in TRAINING_CHOICES}
+    for name in TRAINING_CHOICES:
         if getattr(t, name) is not None:
             out[name] = getattr(t, name).value
     return out
@@ -224,9 +220,9 @@ def specs_from_dict(path: Path, data: dict[str, Any]
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", "must be true, false or null (the default)")
     chosen = {k: choice(path, f"training.{k}", t[k], enum)
-              for k, enum in _TRAINING_CHOICES.items() if t.get(k) is not None}
+              for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
     ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
-            if k not in ("overlap_grad_reduce", *_TRAINING_CHOICES, *flags)}
+            if k not in ("overlap_grad_reduce", *TRAINING_CHOICES, *flags)}
     training = TrainingSpec(**ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True),
                             **chosen, **flags)
     return model, system, training, convention

@@ -53,6 +53,7 @@ from search_spaces.frameworks import ANY, FRAMEWORKS, with_framework_defaults
 from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
+    TRAINING_CHOICES,
     Axis,
     Convention,
     CrossEntropy,
@@ -77,8 +78,7 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention",
-                      "transformer_engine", "recompute_early_stop", "selective_recompute",
-                      "cross_entropy"}
+                      "transformer_engine", "recompute_early_stop", *TRAINING_CHOICES}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
                 "ep", "etp", "ep_overlap", "ep_dedup"}
@@ -337,15 +337,13 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     for key, value in zip(flags, (flash, te, early)):
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
-    selective, loss = (choice(path, f"training.{k}", t[k], enum) if t.get(k) is not None else None
-                       for k, enum in (("selective_recompute", SelectiveRecompute),
-                                       ("cross_entropy", CrossEntropy)))
+    chosen = {k: choice(path, f"training.{k}", t[k], enum)
+              for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
     training = TrainingSpec(
-        cross_entropy=loss,
+        **chosen,
         flash_attention=flash,
         transformer_engine=te,
         recompute_early_stop=early,
-        selective_recompute=selective,
         global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
         seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1),
         bytes_per_param_grads=integer(path, "training.grad_bytes", t.get("grad_bytes", 2),

@@ -26,6 +26,7 @@ __all__ = [
     "Recompute",
     "Schedule",
     "SelectiveRecompute",
+    "TRAINING_CHOICES",
     "Strategy",
     "SystemSpec",
     "TrainingSpec",
@@ -486,6 +487,11 @@ class TrainingSpec:
             "bytes_per_activation",
         ):
             _positive(name, getattr(self, name))
+
+
+TRAINING_CHOICES: dict[str, type[_Named]] = {"selective_recompute": SelectiveRecompute,
+                                             "cross_entropy": CrossEntropy}
+"""The :class:`TrainingSpec` fields that name one of a few choices (None: the default)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,7 @@ from simcore.estimate import Estimate
 from simcore.layout import format_layout, layout_chunks, parse_layout
 from simcore.network import Congestion
 from simcore.specs import (
+    TRAINING_CHOICES,
     Axis,
     Convention,
     CrossEntropy,
@@ -300,10 +301,8 @@ class EstimateCommand(BaseCommand):
             out = {"model": model.name, "system": system.name,
                    **({"congestion": Congestion.AWARE.value} if aware else {}),
                    "transformer_engine": te, "recompute_early_stop": early,
-                   **{k: v.value for k, v in (("selective_recompute",
-                                               training.selective_recompute),
-                                              ("cross_entropy", training.cross_entropy))
-                      if v is not None},
+                   **{k: getattr(training, k).value for k in TRAINING_CHOICES
+                      if getattr(training, k) is not None},
                    "strategy": strategy_dict(strategy), **est.to_dict()}
             print(json.dumps(out, indent=2))
         else:

@@ -274,3 +274,19 @@ def test_a_study_resumed_with_other_settings_names_them(tmp_path: Path, capsys,
     assert main(["run", str(study), "--resume"]) == 2
     err = capsys.readouterr().err
     assert "was made from different settings (selective_recompute - -> op)" in err
+
+
+def test_the_python_config_says_what_the_loss_does_and_validate_marks_unfit_runs(
+        tmp_path: Path, capsys) -> None:
+    h100 = CATALOG.system("dgx-h100-8")
+    plan = make_plan(LLAMA3_8B, h100, TrainingSpec(global_batch=16, seq_len=8192),
+                     Strategy(dp=8, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL,
+                              micro_batch=2), Convention.MEGATRON)
+    config = export_files(plan, "torchtitan")["torchtitan_config.py"]
+    assert "under torchtitan's the peak is 58.3 GB a device" in config
+    runs = tmp_path / "runs.csv"
+    runs.write_text("name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch,zero,"
+                    "step_time_s\nbig,llama3-8b,dgx-h100-8,128,8192,8,1,1,16,3,10\n")
+    assert main(["validate", str(runs)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("big"))
+    assert row.endswith("over memory")

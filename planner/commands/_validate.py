@@ -34,7 +34,7 @@ def report_lines(v: Validation) -> list[str]:
             f"{r.run.name[:width]:<{width}}  {r.predicted_step_time_s:9.4g}"
             f" {_num(r.run.step_time_s, '9.4g'):>9} {percent(r.step_time_error, True):>7}"
             f"  {r.predicted_peak_memory_gb:7.1f} {_num(r.run.peak_memory_gb, '8.1f'):>8}"
-            f" {percent(r.memory_error, True):>7}")
+            f" {percent(r.memory_error, True):>7}" + ("" if r.fits else "  over memory"))
     s = v.summary()
     lines.append("")
     lines.append(f"step time: {s['step_time_runs']} runs, MAPE {percent(s['step_time_mape'])},"

@@ -102,7 +102,7 @@ def export_torchtitan(plan: Plan) -> dict[str, str]:
                          " export for megatron or deepspeed, which train in fp16")
     loss = torchtitan_loss_check(plan)
     toml = _toml(plan) if loss is None else f"# {loss}\n{_toml(plan)}"
-    return {"torchtitan.toml": toml, "torchtitan_config.py": _python(plan)}
+    return {"torchtitan.toml": toml, "torchtitan_config.py": _python(plan, loss)}
 
 
 def llama3_flavor(plan: Plan) -> str | None:
@@ -300,9 +300,10 @@ def _toml_activation_checkpoint(plan: Plan) -> list[str]:
 
 
 # -- torchtitan_config.py (Trainer.Config, main) ----------------------------------------------
-def _python(plan: Plan) -> str:
+def _python(plan: Plan, loss: str | None = None) -> str:
     docstring = ["torchtitan Trainer.Config (Python form, torchtitan main since 2026)", "",
-                 *header_lines(plan), "", "Field names:", f"{PY_SOURCE}.",
+                 *header_lines(plan), *([f"{loss[0].upper()}{loss[1:]}."] if loss else []), "",
+                 "Field names:", f"{PY_SOURCE}.",
                  (f"Run with NGPU={plan.strategy.devices} in total, this file's folder on"
                  " PYTHONPATH:"),
                  "MODULE=torchtitan_config CONFIG=plan_config ./run_train.sh"]

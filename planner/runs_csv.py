@@ -55,13 +55,12 @@ from planner.inputs import read_text
 from planner.units import GB
 from simcore.layout import layout_chunks, parse_layout
 from simcore.specs import (
+    TRAINING_CHOICES,
     Axis,
-    CrossEntropy,
     ModelSpec,
     Precision,
     Recompute,
     Schedule,
-    SelectiveRecompute,
     Strategy,
     SystemSpec,
     TrainingSpec,
@@ -263,8 +262,7 @@ def _training(row: dict[str, str]) -> TrainingSpec:
         flash_attention=_boolean(row, "flash_attention"),
         transformer_engine=_boolean(row, "transformer_engine"),
         recompute_early_stop=_boolean(row, "recompute_early_stop"),
-        selective_recompute=_enum(row, "selective_recompute", SelectiveRecompute, None),
-        cross_entropy=_enum(row, "cross_entropy", CrossEntropy, None),
+        **{k: _enum(row, k, enum, None) for k, enum in TRAINING_CHOICES.items()},
     )
 
 

@@ -275,11 +275,9 @@ class EstimateCommand(BaseCommand):
                                     flash_attention=args.flash_attention,
                                     transformer_engine=args.transformer_engine,
                                     recompute_early_stop=args.recompute_early_stop,
-                                    selective_recompute=(
-                                        None if args.selective_recompute is None
-                                        else SelectiveRecompute(args.selective_recompute)),
-                                    cross_entropy=(None if args.cross_entropy is None
-                                                   else CrossEntropy(args.cross_entropy)))
+                                    **{k: enum(getattr(args, k))
+                                       for k, enum in TRAINING_CHOICES.items()
+                                       if getattr(args, k) is not None})
             est = estimate(model, system, training, strategy, convention)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None

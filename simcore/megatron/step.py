@@ -201,7 +201,7 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     elif s.recompute is Recompute.FULL:
         recompute = fwd
         tp_recompute = tp_fwd
-    elif s.recompute is Recompute.SELECTIVE and p.per_op:
+    elif p.per_op:
         recompute = per_op
         # the reduce-scatters' outputs are kept, the all-gathers before the column-parallel
         # matmuls are not (half of each pair); without sequence parallelism no all-reduce is
@@ -430,15 +430,12 @@ def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
         per_layer = (stage.layers - n_moe) * act.stored + n_moe * (p.moe_act.stored
                                                                     + p.expert_act)
         activations = per_layer * flight
-    if s.recompute is Recompute.FULL:
-        working = act.full - act.stored  # the layer being recomputed
-        if n_moe:
-            working = max(working, p.moe_act.full + p.expert_act_full - p.moe_act.stored)
-        activations += working
-    elif p.per_op:  # what the layer being recomputed adds to what it keeps (experts kept)
+    if s.recompute is Recompute.FULL or p.per_op:
+        # the layer being recomputed: what it adds to what it keeps (per-op keeps its experts')
         working = act.full - act.stored
         if n_moe:
-            working = max(working, p.moe_act.full - p.moe_act.stored)
+            experts = p.expert_act_full if s.recompute is Recompute.FULL else 0.0
+            working = max(working, p.moe_act.full + experts - p.moe_act.stored)
         activations += max(working, 0.0)
     elif s.recompute is Recompute.SELECTIVE:
         activations += act.attention_core

@@ -56,7 +56,7 @@ KINDS = ("device", "model", "system")
 
 _MODEL_FIELDS = {"family", "layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"}
 _MODEL_OPTIONAL = {"kv_heads", "activation", "tied_embeddings", "source", "notes", "moe",
-                   "attention_head_dim", "attention_params"}
+                   "attention_head_dim", "attention_params", "dropout"}
 _MOE_FIELDS = {"experts", "top_k", "expert_ffn"}
 _MOE_OPTIONAL = {"shared_experts", "shared_ffn", "first_dense", "every", "capacity_factor"}
 
@@ -93,6 +93,10 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
     if not isinstance(tied, bool):
         raise fail(path, f"{name}.tied_embeddings", f"must be true or false, but got {tied!r}")
     extra: dict[str, Any] = {}
+    if "dropout" in e:
+        if not isinstance(e["dropout"], bool):
+            raise fail(path, f"{name}.dropout", f"must be true or false, but got {e['dropout']!r}")
+        extra["dropout"] = e["dropout"]
     if "moe" in e:
         extra["moe"] = _moe_entry(path, name, e["moe"])
     for k in ("attention_head_dim", "attention_params"):

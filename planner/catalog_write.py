@@ -81,6 +81,8 @@ def model_entry(model: ModelSpec) -> dict[str, Any]:
         entry["kv_heads"] = model.kv_heads
     entry["activation"] = model.activation.value
     entry["tied_embeddings"] = model.tied_embeddings
+    if model.dropout is not None:
+        entry["dropout"] = model.dropout
     for name in ("attention_head_dim", "attention_params"):  # only where set (MLA)
         if getattr(model, name) is not None:
             entry[name] = getattr(model, name)

@@ -289,6 +289,11 @@ class ModelSpec:
     """Parameters of one layer's attention projections, when they are not the Q, K, V and
     output matrices of the heads (DeepSeek-V3's multi-head latent attention: 187.1 M, its
     low-rank down and up projections); its projections' FLOPs follow from it."""
+    dropout: bool | None = None
+    """Whether the model trains with dropout (its masks stored, its kernels run). None takes
+    the family's default: GPT does (Megatron-LM's 0.1 hidden and attention dropout), Llama does
+    not. MPT is a GPT that does not (llm-foundry's ``resid_pdrop``, ``emb_pdrop`` and
+    ``attn_pdrop`` default to 0, and PyTorch's dropout at p = 0 returns its input)."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"):
@@ -319,6 +324,11 @@ class ModelSpec:
         return self.hidden // self.heads
 
     @property
+    def trains_with_dropout(self) -> bool:
+        """:attr:`dropout`, or the family's default (Llama: no; GPT and the others: yes)."""
+        return self.dropout if self.dropout is not None else self.family is not Family.LLAMA
+
+    @property
     def moe_layer_count(self) -> int:
         """How many layers have the MoE FFN (0 for a dense model)."""
         return 0 if self.moe is None else self.moe.moe_layers(0, self.layers)
@@ -332,7 +342,7 @@ class DeviceSpec:
     peak_flops_per_s: float
     """Peak dense bf16 FLOP/s (2 FLOP per multiply-accumulate)."""
     hbm_bytes: float
-    """HBM capacity."""
+    """HBM capacity in bytes, as the driver reports it (an "80GB" part has 80 GiB: 85.9e9)."""
     hbm_bandwidth_bytes_per_s: float
     matmul_efficiency: float = 1.0
     """Achievable fraction of peak on large matmuls (calibrated per device, see the catalog)."""

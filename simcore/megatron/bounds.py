@@ -37,9 +37,11 @@ from simcore.megatron.kernels import KernelCosts, layer_kernels
 from simcore.megatron.layers import layer_shape
 from simcore.megatron.plan import (
     uses_flash_attention,
+    uses_fp32_shards,
     uses_recompute_early_stop,
     uses_transformer_engine,
 )
+from simcore.megatron.states import FP32_GRAD_BYTES
 from simcore.specs import (
     ModelSpec,
     Precision,
@@ -92,7 +94,9 @@ def lower_bounds(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     t_max = most * per_layer
     step = np.where((schedule == _ZB_H1) | (schedule == _ZBV), m * t_max,
                     (m - 1 / v) * t_max + layers * per_layer / v)
-    memory = _states(model, training, c, first) + first * stored * _in_flight(c, m)
+    fp32 = np.array([uses_fp32_shards(system, training, ZeroStage(z)) for z in range(4)])
+    memory = (_states(model, training, c, first, fp32[c["zero"]])
+              + first * stored * _in_flight(c, m))
     memory += system.device.memory_overhead_bytes
     return Bounds(step * SAFETY, memory * SAFETY)
 
@@ -152,15 +156,19 @@ def _distinct_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _states(model: ModelSpec, training: TrainingSpec, c: dict[str, np.ndarray],
-            first: np.ndarray) -> np.ndarray:
+            first: np.ndarray, fp32_shards: np.ndarray) -> np.ndarray:
     """The first stage's weights, gradients and optimizer state (its layers and embedding); in
-    fp8 without the linear layers' 16-bit weights, which ``--fp8-param-gather`` drops."""
+    fp8 without the linear layers' 16-bit weights, which ``--fp8-param-gather`` drops; with
+    ``fp32_shards`` (PyTorch FSDP) without a 16-bit shard and with fp32 gradients
+    (:func:`simcore.megatron.states.model_state_bytes`)."""
     shape = layer_shape(model)
     params = (first * shape.layer_params + shape.embedding_params) / c["tp"]
     group, zero = c["shard_ranks"], c["zero"]
     linear = np.where(c["fp8"].astype(bool), first * shape.matmul_params / c["tp"], 0)
     weights = (params - linear) * training.bytes_per_param_weights / np.where(zero >= 3, group, 1)
-    grads = params * training.bytes_per_param_grads / np.where(zero >= 2, group, 1)
+    weights = np.where(fp32_shards, 0.0, weights)
+    grad_bytes = np.where(fp32_shards, FP32_GRAD_BYTES, training.bytes_per_param_grads)
+    grads = params * grad_bytes / np.where(zero >= 2, group, 1)
     optimizer = params * training.bytes_per_param_optimizer / np.where(zero >= 1, group, 1)
     return weights + grads + optimizer
 

@@ -32,7 +32,7 @@ class LayerShape:
     head_params: int
     """LM head and final norm, held by the last stage (a copy of the embedding when tied)."""
     dropout: bool
-    """GPT trains with dropout (masks are stored); Llama does not."""
+    """The model trains with dropout (masks are stored): :attr:`ModelSpec.trains_with_dropout`."""
 
     attention_params: int = 0
     """Of the matmul weights, the attention projections' (the rest is the dense FFN)."""
@@ -57,21 +57,19 @@ def layer_shape(model: ModelSpec) -> LayerShape:
         other = 2 * h  # two RMSNorm weights
         embedding = model.vocab * h
         head = model.vocab * h + h  # untied LM head + final RMSNorm
-        dropout = False
     else:
         attention = projections
         mlp = (3 if model.activation.value == "swiglu" else 2) * h * f
         other = (q + 2 * kv) + h + f + h + 4 * h  # QKV, proj, fc1, fc2 biases; two LayerNorms
         embedding = model.vocab * h + model.seq_len * h  # learned positions (Narayanan Eq. 2)
         head = model.vocab * h + 2 * h  # tied or not, the last stage holds V x h and a LayerNorm
-        dropout = True
     return LayerShape(
         matmul_params=attention + mlp,
         other_params=other,
         kv_fraction=kv / h,
         embedding_params=embedding,
         head_params=head,
-        dropout=dropout,
+        dropout=model.trains_with_dropout,
         attention_params=attention,
         q_fraction=q / h,
     )

@@ -28,7 +28,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_fp8_param_gather",
+__all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_fp32_shards", "uses_fp8_param_gather",
            "uses_recompute_early_stop", "uses_transformer_engine"]
 
 _T = TypeVar("_T")
@@ -129,6 +129,8 @@ class StepPlan:
         self.early_stop = (strategy.recompute is Recompute.FULL
                            and uses_recompute_early_stop(system, training, strategy.zero))
         """Full recompute stops at the layer's last saved tensor (PyTorch's checkpointing)."""
+        self.fp32_shards = uses_fp32_shards(system, training, strategy.zero)
+        """Each ZeRO-3 shard is held in fp32 only (PyTorch FSDP), :func:`uses_fp32_shards`."""
         self.per_op = (strategy.recompute is Recompute.SELECTIVE
                        and training.selective_recompute is SelectiveRecompute.OP)
         """Selective recompute is torchtitan's per-op checkpointing, not the attention core."""
@@ -265,6 +267,21 @@ def uses_recompute_early_stop(system: SystemSpec, training: TrainingSpec,
     if training.recompute_early_stop is not None:
         return training.recompute_early_stop
     return zero >= ZeroStage.GRADIENTS and not uses_transformer_engine(system, training, zero)
+
+
+def uses_fp32_shards(system: SystemSpec, training: TrainingSpec, zero: ZeroStage) -> bool:
+    """Whether a ZeRO-3 plan keeps each parameter's shard in fp32 only, as PyTorch FSDP does:
+    with a bf16 mixed-precision policy its sharded parameter is the fp32 one the optimizer
+    steps, cast to bf16 as it is all-gathered ("the sharded parameter is kept in full
+    precision", ``torch.distributed.fsdp.MixedPrecision``; FSDP2's ``MixedPrecisionPolicy``
+    the same), and the reduce-scattered gradient is cast back to the parameter's fp32 for the
+    step. The shard is then the optimizer's fp32 master copy (in ``bytes_per_param_optimizer``)
+    and no 16-bit shard is kept, and the sharded gradient takes 4 bytes whatever the reduction's
+    type: 16 bytes a parameter over the group, where DeepSpeed's ZeRO-3 and Megatron's keep a
+    16-bit shard beside the master (18 with fp32 gradients). The plans of the PyTorch stack:
+    ZeRO-3 plans whose full recompute stops early (:func:`uses_recompute_early_stop`),
+    torchtitan's and llm-foundry's."""
+    return zero >= ZeroStage.PARAMETERS and uses_recompute_early_stop(system, training, zero)
 
 
 def uses_fp8_param_gather(system: SystemSpec, training: TrainingSpec, strategy: Strategy) -> bool:

@@ -470,9 +470,11 @@ def _fixed_memory(p: StepPlan, stage: _Stage, pp: int) -> MemoryParts:
     s, tr, model = p.s, p.training, p.model
     group = p.shard_ranks  # the shard group under HSDP, else dp * sp
     zero = s.zero
-    weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group)
+    weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group,
+                                                  fp32_shards=p.fp32_shards)
     if stage.expert_params:  # the routed experts' states, sharded over expert dp
-        w, g, o = model_state_bytes(stage.expert_params, tr, zero, s.edp)
+        w, g, o = model_state_bytes(stage.expert_params, tr, zero, s.edp,
+                                    fp32_shards=p.fp32_shards)
         weights, grads, optimizer = weights + w, grads + g, optimizer + o
     if p.fp8:
         # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights

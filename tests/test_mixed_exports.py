@@ -16,6 +16,7 @@ framework would refuse fails the test:
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ import yaml
 from planner.catalog import load_catalog
 from planner.cli import main
 from planner.exports import export_files
+from planner.exports._megatron import model_args
 from planner.exports.hetero import export_hetero, layout, meshes, runs_on, why_not
 from planner.plan import make_plan
 from simcore import Convention, Strategy, TrainingSpec
@@ -224,3 +226,20 @@ def test_planner_mixed_draws_the_best_plan(tmp_path, capsys):
                  "--timeline", str(out)]) == 0
     assert "timeline of the best plan" in capsys.readouterr().out
     assert "stage 0: a100 (a100-80gb)" in out.read_text()
+
+
+def test_flagscale_and_megatron_turn_dropout_off_for_a_model_without_it(metis):
+    # Megatron-LM trains with 0.1 attention and hidden dropout unless told otherwise
+    # (megatron/training/arguments.py, _add_regularization_args); a model estimated without
+    # dropout (its masks not kept) must be exported with both at 0.
+    system, model = metis
+    plan = _plan((1, 2, 2, 1), (1, 2, 2, 2), (0, 2, 2, 2), (0, 2, 2, 3), m=8)
+    for dropout, expected in ((None, None), (False, 0.0)):
+        shaped = replace(model, dropout=dropout)
+        cfg = yaml.safe_load(export_hetero("flagscale", shaped, system, TRAINING, plan,
+                                           "x")["flagscale_train.yaml"])["model"]
+        assert cfg.get("attention_dropout") == expected
+        assert cfg.get("hidden_dropout") == expected
+        args = model_args(shaped, 1024, flash=False)
+        assert ("--attention-dropout 0.0" in args) == (expected is not None)
+        assert ("--hidden-dropout 0.0" in args) == (expected is not None)

@@ -4,6 +4,7 @@ Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
 
 - ``megatron/training/arguments.py``: ``--seq-length``, ``--max-position-embeddings``,
   ``--group-query-attention``, ``--swiglu``, ``--untie-embeddings-and-output-weights``,
+  ``--attention-dropout``, ``--hidden-dropout`` (0.1 by default),
   ``--position-embedding-type``, ``--attention-backend`` (flash, unfused, ...),
   ``--num-layers-per-virtual-pipeline-stage`` (and
   ``--num-virtual-stages-per-pipeline-rank``; ``virtual_pipeline_model_parallel_size`` is on its
@@ -330,6 +331,9 @@ def model_args(m: ModelSpec, seq: int, flash: bool, bf16: bool = True) -> list[s
                  "--disable-bias-linear"]
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
+    if not m.trains_with_dropout:  # Megatron-LM's defaults are 0.1 each
+        args += ["# no dropout, as estimated (no masks kept)",
+                 "--attention-dropout 0.0", "--hidden-dropout 0.0"]
     if bf16:
         args.append("--bf16")
     else:

@@ -211,6 +211,8 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
     if model.family is Family.LLAMA:
         m.update(normalization="RMSNorm", position_embedding_type="rope",
                  disable_bias_linear=True)
+    if not model.trains_with_dropout:  # Megatron-LM's defaults are 0.1 each
+        m.update(attention_dropout=0.0, hidden_dropout=0.0)
     m.update(untie_embeddings_and_output_weights=not model.tied_embeddings,
              attention_backend="flash" if flash else "unfused",
              micro_batch_size=sequences // ms[0].dp,

@@ -56,6 +56,9 @@ ARGS=(
   --position-embedding-type rope
   --disable-bias-linear
   --untie-embeddings-and-output-weights
+  # no dropout, as estimated (no masks kept)
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
   --bf16
   # flash attention, as estimated (the s x s scores are never stored)
   --attention-backend flash

@@ -230,7 +230,9 @@ class EstimateCommand(BaseCommand):
         parser.add_argument("--model", help="catalog name or YAML path (required without --plan)")
         parser.add_argument("--system", help="catalog name (a family's with its GPU count:"
                             " dgx-h100-6144), or YAML path (required without --plan)")
-        parser.add_argument("--hbm-gb", type=hbm_gb, help="HBM per device (default: the device's)")
+        parser.add_argument("--hbm-gb", type=hbm_gb,
+                            help="HBM per device in decimal GB (default: the device's, as the"
+                                 " driver reports it: 85.9 on an \"80GB\" A100, 80 GiB)")
         parser.add_argument("--congestion", choices=[c.value for c in Congestion],
                             help="time collectives as ASTRA-sim's congestion-unaware backend"
                             " (the default) or its congestion-aware one: flows that share a"

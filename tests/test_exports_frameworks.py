@@ -196,7 +196,7 @@ def test_deepspeed_readme_has_launcher_args(plan: Plan) -> None:
                 "--ds-sequence-parallel-size 4",
                 "--micro-batch-size 1", "--global-batch-size 2048",
                 "--recompute-granularity selective", "--deepspeed-activation-checkpointing",
-                "--bf16"]
+                "--bf16", "--attention-dropout 0.0", "--hidden-dropout 0.0"]  # Llama: none
     assert launcher_args(plan) == expected
     ulysses = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1)
     readme = export_files(ulysses, "deepspeed")["deepspeed-launch.txt"]

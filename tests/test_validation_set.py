@@ -61,7 +61,8 @@ ALL_CHECKS_MEMORY_MEDIAN = 0.03
 # not grow: measured 2 of 226, NeMo AutoModel's Llama 3 70B (recompute unknown) and
 # Megatron-Bridge's DeepSeek-V3. It was 54: the parts' capacity as the driver reports it (80 GiB,
 # not 80e9 bytes) took it to 39, MPT without dropout to 29, the A100 40GB's allowance scaled by
-# capacity (4.5 GB, not 9) to 2 (and PyTorch FSDP's fp32 shards the fit files' 11 to 0).
+# capacity (4.5 GB, not 9) to 2. The fit files' 29 went 11, 9, then 0 with PyTorch FSDP's fp32
+# shards.
 ALL_CHECKS_OVER_MEMORY = 2
 ALL_CHECKS_REGRET = 0.015  # measured 0.7% over 20 groups
 

@@ -289,11 +289,16 @@ class EstimateCommand(BaseCommand):
     @staticmethod
     def _print(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
                strategy: Strategy, est: Estimate, training: TrainingSpec) -> None:
-        from simcore.megatron.plan import uses_recompute_early_stop, uses_transformer_engine
+        from simcore.megatron.plan import (
+            uses_fp32_shards,
+            uses_recompute_early_stop,
+            uses_transformer_engine,
+        )
 
         te = uses_transformer_engine(system, training, strategy.zero)
         early = (est.convention == "megatron" and strategy.recompute is Recompute.FULL
                  and uses_recompute_early_stop(system, training, strategy.zero))
+        fp32 = est.convention == "megatron" and uses_fp32_shards(system, training, strategy.zero)
         if args.json:
             from planner.plan import strategy_dict  # Optuna and pandas: only for --json
 
@@ -301,6 +306,7 @@ class EstimateCommand(BaseCommand):
             out = {"model": model.name, "system": system.name,
                    **({"congestion": Congestion.AWARE.value} if aware else {}),
                    "transformer_engine": te, "recompute_early_stop": early,
+                   "fp32_shards": fp32,
                    **{k: getattr(training, k).value for k in TRAINING_CHOICES
                       if getattr(training, k) is not None},
                    "strategy": strategy_dict(strategy), **est.to_dict()}
@@ -310,6 +316,8 @@ class EstimateCommand(BaseCommand):
             stack = "Megatron-Core + Transformer Engine" if te else "classic stack"
             if early:
                 stack += ", recompute stops at each layer's last saved tensor"
+            if fp32:
+                stack += ", PyTorch FSDP's fp32 shards"
             if (est.convention == "megatron" and strategy.recompute is Recompute.SELECTIVE
                     and training.selective_recompute is SelectiveRecompute.OP):
                 stack += ", per-op selective recompute"

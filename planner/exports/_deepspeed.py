@@ -37,6 +37,7 @@ import json
 from typing import Any
 
 from planner.exports._megatron import header_lines, micro_batches
+from planner.exports._reprice import stack_check
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
 from simcore.specs import Precision, Recompute, ZeroStage
@@ -59,7 +60,7 @@ def export_deepspeed(plan: Plan) -> dict[str, str]:
                          " trains in 16-bit; export the bf16 plan")
     config = ds_config(plan)
     return {"ds_config.json": json.dumps(config, indent=2) + "\n",
-            "deepspeed-launch.txt": _readme(plan, config)}
+            "deepspeed-launch.txt": _readme(plan, config, stack_check(plan, "deepspeed"))}
 
 
 def ds_config(plan: Plan) -> dict[str, Any]:
@@ -113,9 +114,9 @@ def _check_batch(config: dict[str, Any], dp: int) -> None:
 
 
 # -- deepspeed-launch.txt -----------------------------------------------------------------------
-def _readme(plan: Plan, config: dict[str, Any]) -> str:
+def _readme(plan: Plan, config: dict[str, Any], repriced: str | None = None) -> str:
     s = plan.strategy
-    lines = [*header_lines(plan), "",
+    lines = [*header_lines(plan), *([repriced] if repriced else []), "",
              "ds_config.json: the DeepSpeed config; key names from",
              f"  {SOURCE}.",
              (f"train_batch_size {config['train_batch_size']}"
@@ -151,6 +152,8 @@ def launcher_args(plan: Plan) -> list[str]:
             args += ["--recompute-method uniform", "--recompute-num-layers 1"]
         args.append("--deepspeed-activation-checkpointing")
     args.append("--bf16" if plan.system.device.bf16 else "--fp16")
+    if not plan.model.trains_with_dropout:  # Megatron's defaults are 0.1 each
+        args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     moe = plan.model.moe
     if moe is not None:  # frameworks.why_not checked top-k, ep | dp, the layers and etp 1
         args += [f"--num-experts {moe.experts}", f"--topk {moe.top_k}",

@@ -46,6 +46,7 @@ Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.framework
 
 from __future__ import annotations
 
+from planner.exports._reprice import stack_check
 from planner.exports.moe_args import megatron_moe_args
 from planner.plan import Plan
 from planner.units import GB
@@ -112,11 +113,12 @@ def export_megatron(plan: Plan) -> dict[str, str]:
     refused = why_not("megatron", plan.model, plan.training, plan.strategy)
     if refused is not None:
         raise ValueError(refused)
-    return {"megatron.sh": _script(plan)}
+    return {"megatron.sh": _script(plan, stack_check(plan, "megatron"))}
 
 
-def _script(plan: Plan) -> str:
+def _script(plan: Plan, repriced: str | None = None) -> str:
     lines = ["#!/usr/bin/env bash", *(f"# {h}" for h in header_lines(plan)),
+             *([f"# {repriced}"] if repriced else []),
              f"# Option names: {SOURCE}.",
              "# Add data, tokenizer and optimizer arguments after the script's name, e.g.",
              "#   ./megatron.sh --data-path ... --tokenizer-type ... --train-iters ... --lr ...",

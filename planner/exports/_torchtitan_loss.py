@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import simcore
+from planner.exports._reprice import reprice
 from planner.plan import Plan
 from planner.units import GB
-from simcore.estimate import Estimate
 from simcore.specs import CrossEntropy
 
 __all__ = ["torchtitan_loss_check"]
@@ -28,15 +27,11 @@ def torchtitan_loss_check(plan: Plan) -> str | None:
     if plan.training.cross_entropy is CrossEntropy.PYTORCH:
         return None
     training = replace(plan.training, cross_entropy=CrossEntropy.PYTORCH)
-    est: Estimate = simcore.estimate(plan.model, plan.system, training, plan.strategy,
-                                     plan.convention)
+    est = reprice(plan, training, "torchtitan's loss (cross_entropy on an fp32 copy of the"
+                  " logits, 12 bytes a logit)", "run the study with framework: torchtitan (or"
+                  " training cross_entropy: pytorch) to find one that fits")
+    assert est is not None  # the training differs
     peak = est.memory.total / GB
-    if plan.estimate.fits and not est.fits:
-        raise ValueError(
-            f"under torchtitan's loss (cross_entropy on an fp32 copy of the logits, 12 bytes a"
-            f" logit) this plan needs {peak:.1f} GB a device, over the"
-            f" {plan.system.device.hbm_bytes / GB:g} GB it has; run the study with framework:"
-            " torchtitan (or training cross_entropy: pytorch) to find one that fits")
     if round(peak, 1) == round(plan.estimate.memory.total / GB, 1):
         return None  # the peak is on a stage without the loss
     return (f"the estimate priced Megatron-LM's fused loss; under torchtitan's the peak is"

@@ -159,14 +159,14 @@ def _states(model: ModelSpec, training: TrainingSpec, c: dict[str, np.ndarray],
             first: np.ndarray, fp32_shards: np.ndarray) -> np.ndarray:
     """The first stage's weights, gradients and optimizer state (its layers and embedding); in
     fp8 without the linear layers' 16-bit weights, which ``--fp8-param-gather`` drops; with
-    ``fp32_shards`` (PyTorch FSDP) without a 16-bit shard and with fp32 gradients
+    ``fp32_shards`` (PyTorch FSDP) with fp32 gradient shards and, under ZeRO-3, no 16-bit shard
     (:func:`simcore.megatron.states.model_state_bytes`)."""
     shape = layer_shape(model)
     params = (first * shape.layer_params + shape.embedding_params) / c["tp"]
     group, zero = c["shard_ranks"], c["zero"]
     linear = np.where(c["fp8"].astype(bool), first * shape.matmul_params / c["tp"], 0)
     weights = (params - linear) * training.bytes_per_param_weights / np.where(zero >= 3, group, 1)
-    weights = np.where(fp32_shards, 0.0, weights)
+    weights = np.where(fp32_shards & (zero >= 3), 0.0, weights)
     grad_bytes = np.where(fp32_shards, FP32_GRAD_BYTES, training.bytes_per_param_grads)
     grads = params * grad_bytes / np.where(zero >= 2, group, 1)
     optimizer = params * training.bytes_per_param_optimizer / np.where(zero >= 1, group, 1)

@@ -130,7 +130,8 @@ class StepPlan:
                            and uses_recompute_early_stop(system, training, strategy.zero))
         """Full recompute stops at the layer's last saved tensor (PyTorch's checkpointing)."""
         self.fp32_shards = uses_fp32_shards(system, training, strategy.zero)
-        """Each ZeRO-3 shard is held in fp32 only (PyTorch FSDP), :func:`uses_fp32_shards`."""
+        """Gradient shards in fp32, and under ZeRO-3 no 16-bit shard (PyTorch FSDP):
+        :func:`uses_fp32_shards`."""
         self.per_op = (strategy.recompute is Recompute.SELECTIVE
                        and training.selective_recompute is SelectiveRecompute.OP)
         """Selective recompute is torchtitan's per-op checkpointing, not the attention core."""
@@ -270,18 +271,24 @@ def uses_recompute_early_stop(system: SystemSpec, training: TrainingSpec,
 
 
 def uses_fp32_shards(system: SystemSpec, training: TrainingSpec, zero: ZeroStage) -> bool:
-    """Whether a ZeRO-3 plan keeps each parameter's shard in fp32 only, as PyTorch FSDP does:
+    """Whether a plan that shards gradients keeps its shards in fp32 only, as PyTorch FSDP does:
     with a bf16 mixed-precision policy its sharded parameter is the fp32 one the optimizer
     steps, cast to bf16 as it is all-gathered ("the sharded parameter is kept in full
     precision", ``torch.distributed.fsdp.MixedPrecision``; FSDP2's ``MixedPrecisionPolicy``
     the same), and the reduce-scattered gradient is cast back to the parameter's fp32 for the
-    step. The shard is then the optimizer's fp32 master copy (in ``bytes_per_param_optimizer``)
-    and no 16-bit shard is kept, and the sharded gradient takes 4 bytes whatever the reduction's
-    type: 16 bytes a parameter over the group, where DeepSpeed's ZeRO-3 and Megatron's keep a
-    16-bit shard beside the master (18 with fp32 gradients). The plans of the PyTorch stack:
-    ZeRO-3 plans whose full recompute stops early (:func:`uses_recompute_early_stop`),
-    torchtitan's and llm-foundry's."""
-    return zero >= ZeroStage.PARAMETERS and uses_recompute_early_stop(system, training, zero)
+    step. The fp32 shard is the optimizer's master copy (in ``bytes_per_param_optimizer``), the
+    sharded gradient takes 4 bytes whatever the reduction's type, and under ZeRO-3 no 16-bit
+    shard is kept: 16 bytes a parameter over the group, where DeepSpeed's ZeRO-3 and
+    Megatron's keep a 16-bit shard beside the master (18 with fp32 gradients). ZeRO-2
+    (``SHARD_GRAD_OP``) keeps the 16-bit parameters whole through the step, as the others do.
+
+    The plans of the PyTorch stack, as the training's stack fields say: ZeRO-2/3 without
+    Transformer Engine (:func:`uses_transformer_engine`) whose training does not say its
+    checkpointing re-runs whole layers (``recompute_early_stop: false``, which megatron and
+    deepspeed studies set: :func:`search_spaces.frameworks.with_framework_defaults`) --
+    torchtitan's and llm-foundry's, and an ``any`` study's ZeRO-2/3 plans."""
+    return (zero >= ZeroStage.GRADIENTS and training.recompute_early_stop is not False
+            and not uses_transformer_engine(system, training, zero))
 
 
 def uses_fp8_param_gather(system: SystemSpec, training: TrainingSpec, strategy: Strategy) -> bool:

@@ -10,9 +10,10 @@ distributed optimizer) are the same formula with 4-byte gradients.
 Gradient accumulation: gradients accumulate across micro-batches in their own dtype in the one
 gradient buffer counted here (bf16 by default); no second copy is kept.
 
-PyTorch FSDP (``fp32_shards``, :func:`simcore.megatron.plan.uses_fp32_shards`) keeps no 16-bit
-shard: the fp32 shard is the master copy, and the sharded gradient is fp32, so ZeRO-3 keeps
-``(4 + 12) P / N_d`` bytes with the default optimizer state.
+PyTorch FSDP (``fp32_shards``, :func:`simcore.megatron.plan.uses_fp32_shards`) keeps its
+gradient shard in fp32 and, under ZeRO-3, no 16-bit shard (the fp32 shard is the master copy):
+``2 P + (4 + 12) P / N_d`` bytes (ZeRO-2), ``(4 + 12) P / N_d`` (ZeRO-3) with the default
+optimizer state.
 """
 
 from __future__ import annotations
@@ -29,12 +30,11 @@ FP32_GRAD_BYTES = 4
 def model_state_bytes(params: float, training: TrainingSpec, zero: ZeroStage,
                       group: int, *, fp32_shards: bool = False) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes of ``params`` parameters on one device of a
-    data-parallel group of ``group`` ranks (``fp32_shards``: PyTorch FSDP's ZeRO-3, above)."""
-    if fp32_shards and zero >= ZeroStage.PARAMETERS:
-        return (0.0, params * FP32_GRAD_BYTES / group,
-                params * training.bytes_per_param_optimizer / group)
-    weights = params * training.bytes_per_param_weights
-    grads = params * training.bytes_per_param_grads
+    data-parallel group of ``group`` ranks (``fp32_shards``: PyTorch FSDP's, above)."""
+    weights = 0.0 if fp32_shards and zero >= ZeroStage.PARAMETERS else (
+        params * training.bytes_per_param_weights)
+    grads = params * (FP32_GRAD_BYTES if fp32_shards and zero >= ZeroStage.GRADIENTS
+                      else training.bytes_per_param_grads)
     optimizer = params * training.bytes_per_param_optimizer
     if zero >= ZeroStage.OPTIMIZER:
         optimizer /= group

@@ -1,0 +1,94 @@
+"""Exports estimate a plan again as the framework runs it (planner/exports/_reprice.py).
+
+A ZeRO-3 plan of a study that leaves the framework open (``framework: any``) is priced on
+PyTorch FSDP's stack (simcore.megatron.plan: fp32 shards, checkpointing that stops early, no
+Transformer Engine). Megatron-LM (Megatron-FSDP) and DeepSpeed (ZeRO-3) keep a 16-bit shard
+beside the fp32 master and re-run whole layers; Megatron-LM runs Transformer Engine on H100s.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+
+import simcore
+from planner.catalog import load_catalog
+from planner.cli import main
+from planner.exports import export_files
+from planner.plan import make_plan
+from planner.units import GB
+from search_spaces.frameworks import with_framework_defaults
+from simcore.specs import Convention, Recompute, Strategy, TrainingSpec, ZeroStage
+
+CATALOG = load_catalog(user=False)
+MODEL = CATALOG.model("llama3-8b")
+H100 = CATALOG.system("dgx-h100-8")
+TRAINING = TrainingSpec(global_batch=16, seq_len=8192, bytes_per_param_grads=4)
+FSDP = Strategy(dp=8, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL, micro_batch=2)
+
+
+def _as_run(framework: str, system=H100) -> simcore.Estimate:
+    training = with_framework_defaults(TRAINING, framework, system.device.transformer_engine)
+    return simcore.estimate(MODEL, system, training, FSDP)
+
+
+@pytest.mark.parametrize(("framework", "file"), [("megatron", "megatron.sh"),
+                                                 ("deepspeed", "deepspeed-launch.txt")])
+def test_an_open_stack_plan_is_estimated_again_for_the_framework(framework, file) -> None:
+    plan = make_plan(MODEL, H100, TRAINING, FSDP, Convention.MEGATRON)
+    text = export_files(plan, framework)[file]
+    run = _as_run(framework)
+    # the framework's 16-bit shard: 2 bytes more for each of the 8.03e9 parameters over 8 GPUs
+    assert run.memory.weights == pytest.approx(2 * 8.03e9 / 8, rel=0.01)
+    assert plan.estimate.memory.weights == 0.0
+    found = re.search(r"step time ([0-9.]+) s, peak memory ([0-9.]+) GB a device", text)
+    assert found is not None and "the stack its study left open" in text
+    assert float(found[1]) == pytest.approx(run.step_time, abs=5e-4)
+    assert float(found[2]) == pytest.approx(run.memory.total / GB, abs=0.05)
+
+
+def test_a_plan_that_no_longer_fits_is_refused() -> None:
+    # A part with room for the plan on PyTorch FSDP's stack but not on Megatron-LM's.
+    priced = simcore.estimate(MODEL, H100, TRAINING, FSDP).memory.total
+    megatron = _as_run("megatron").memory.total
+    assert priced < megatron
+    device = replace(H100.device, hbm_bytes=(priced + megatron) / 2)
+    system = replace(H100, device=device)
+    plan = make_plan(MODEL, system, TRAINING, FSDP, Convention.MEGATRON)
+    assert plan.estimate.fits
+    with pytest.raises(ValueError, match="under Megatron-LM's stack this plan needs"):
+        export_files(plan, "megatron")
+
+
+def test_a_plan_of_the_framework_is_not_estimated_again() -> None:
+    training = with_framework_defaults(TRAINING, "megatron", True)
+    plan = make_plan(MODEL, H100, training, FSDP, Convention.MEGATRON)
+    assert "study left open" not in export_files(plan, "megatron")["megatron.sh"]
+
+
+def test_deepspeed_turns_dropout_off_for_a_model_without_it() -> None:
+    # Megatron-DeepSpeed keeps Megatron-LM's 0.1 attention and hidden dropout by default; Llama
+    # is estimated without dropout (no masks kept).
+    plan = make_plan(MODEL, H100, TRAINING, Strategy(dp=8, zero=ZeroStage.OPTIMIZER),
+                     Convention.MEGATRON)
+    text = export_files(plan, "deepspeed")["deepspeed-launch.txt"]
+    assert "--attention-dropout 0.0" in text and "--hidden-dropout 0.0" in text
+    gpt = make_plan(CATALOG.model("gpt3-175b"), CATALOG.system("dgx-h100-1024"),
+                    TrainingSpec(global_batch=1024, seq_len=2048),
+                    Strategy(dp=8, tp=8, pp=16, zero=ZeroStage.OPTIMIZER), Convention.MEGATRON)
+    assert "dropout" not in export_files(gpt, "deepspeed")["deepspeed-launch.txt"]
+
+
+def test_planner_estimate_says_when_it_prices_fp32_shards(capsys) -> None:
+    base = ["estimate", "--model", "llama3-8b", "--system", "dgx-h100-8", "--dp", "8", "--fsdp",
+            "--recompute", "full", "--micro-batch", "2", "--global-batch", "16",
+            "--seq-len", "8192", "--grad-bytes", "4"]
+    assert main([*base, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fp32_shards"] is True
+    assert main([*base, "--json", "--no-recompute-early-stop"]) == 0
+    assert json.loads(capsys.readouterr().out)["fp32_shards"] is False
+    assert main(base) == 0
+    assert "PyTorch FSDP's fp32 shards" in capsys.readouterr().out

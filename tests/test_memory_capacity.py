@@ -25,6 +25,7 @@ import pytest
 
 from planner.catalog import load_catalog, model_from_entry
 from planner.catalog_write import model_entry
+from planner.runs_csv import read_runs
 from simcore import estimate
 from simcore.megatron.bounds import RECOMPUTE_CODES, SCHEDULE_CODES, lower_bounds
 from simcore.megatron.layers import layer_shape
@@ -188,3 +189,23 @@ def test_the_bounds_drop_the_16_bit_shard_as_the_estimate_does() -> None:
     first = 32 * shape.layer_params + shape.embedding_params
     assert bound_gap == pytest.approx(2 * first / 8, rel=1e-6)  # bounds carry SAFETY
     assert estimate_gap == pytest.approx(2 * (first + shape.head_params) / 8, rel=1e-9)
+
+
+@pytest.mark.parametrize("device", ["a100-40gb", "a10", "l4"])
+def test_smaller_parts_take_the_allowance_scaled_by_capacity(device: str) -> None:
+    # gpus.yaml's header: the A100 80GB's 9 GB (fit on BLOOM's nvidia-smi peaks) times the
+    # part's capacity over the A100 80GB's, rounded to half a GB.
+    big = CATALOG.devices["a100-80gb"]
+    part = CATALOG.devices[device]
+    scaled = big.memory_overhead_bytes * part.hbm_bytes / big.hbm_bytes
+    assert part.memory_overhead_bytes == pytest.approx(scaled, abs=0.25 * GB)
+
+
+def test_llm_foundry_40gb_table_fits_the_parts_it_ran_on() -> None:
+    # Each of the 78 runs of llm-foundry's A100 40GB table ran; with the 80GB part's 9 GB
+    # allowance 27 were estimated over the 42.95 GB they had.
+    runs, _ = read_runs(Path(__file__).parent / "data" / "validation" / "a100-check.csv",
+                        CATALOG)
+    table = [r for r in runs if r.system.device.name == "a100-40gb"]
+    assert len(table) == 78
+    assert all(estimate(r.model, r.system, r.training, r.strategy).fits for r in table)

@@ -14,6 +14,7 @@ from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
 from simcore.megatron.layers import LayerShape, layer_shape
 from simcore.megatron.placement import AxisLike, AxisNetworks, axis_networks
 from simcore.megatron.precision import FP8_BYTES
+from simcore.megatron.states import model_state_bytes
 from simcore.network import Collective
 from simcore.specs import (
     Axis,
@@ -179,6 +180,14 @@ class StepPlan:
             ))
         if self.moe is not None:
             self._moe_parts(shared)
+
+    @cached_property
+    def step_bytes_per_param(self) -> float:
+        """Gradient and 16-bit weight bytes a parameter the optimizer step reads and writes
+        besides its state (PyTorch FSDP: an fp32 gradient, and under ZeRO-3 no 16-bit copy)."""
+        weights, grads, _ = model_state_bytes(1.0, self.training, self.s.zero, 1,
+                                              fp32_shards=self.fp32_shards)
+        return weights + grads
 
     @cached_property
     def chunk_layers(self) -> tuple[tuple[int, ...], ...]:

@@ -414,8 +414,7 @@ def _optimizer_time(p: StepPlan, stage: _Stage) -> float:
     local = stage.params / (p.shard_ranks if p.s.zero >= ZeroStage.OPTIMIZER else 1)
     if stage.expert_params:
         local += stage.expert_params / (p.s.edp if p.s.zero >= ZeroStage.OPTIMIZER else 1)
-    weights, grads, _ = model_state_bytes(1.0, tr, p.s.zero, 1, fp32_shards=p.fp32_shards)
-    per_param = OPTIMIZER_STATE_PASSES * tr.bytes_per_param_optimizer + grads + weights
+    per_param = OPTIMIZER_STATE_PASSES * tr.bytes_per_param_optimizer + p.step_bytes_per_param
     return local * per_param / p.costs.byte_rate
 
 

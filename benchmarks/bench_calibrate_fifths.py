@@ -30,6 +30,7 @@ DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "validation"
 CASES = (("a100-check.csv", "a100-80gb"), ("a100-check.csv", "a100-40gb"),
          ("h100-check.csv", "h100-sxm"), ("v100-check.csv", "v100-32gb"),
          ("a100-zb-check.csv", "a100-80gb"), ("a100-megatron-check.csv", "a100-40gb"),
+         ("a100-megatron-check.csv", "a100-80gb"),
          ("long-context-check.csv", "h100-sxm"), ("long-context-check.csv", "b200"))
 FIXED_WEIGHT = 0.02
 

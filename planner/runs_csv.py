@@ -24,10 +24,10 @@ Columns (a header row, any order; names as below, case-insensitive):
   (``attention``, Megatron-LM's selective recompute of the attention core, or ``op``,
   torchtitan's per-op checkpointing; ``attention``), ``cross_entropy`` (``fused``,
   Megatron-LM's, or ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
-  at its peak, not 4; ``fused``), ``overlap_grad_reduce``
-  (true), ``grad_bytes`` (2), ``hbm_gb`` (the memory of the part the run had, where it is not
-  the catalog device's: what the estimate's fit is judged against), ``memory_measured`` (what ``peak_memory_gb`` counts: ``device``,
-  the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
+  at its peak, not 4; ``fused``), ``overlap_grad_reduce`` (true), ``grad_bytes`` (2),
+  ``hbm_gb`` (the memory of the part the run had, where it is not the catalog device's: what
+  the estimate's fit is judged against), ``memory_measured`` (what ``peak_memory_gb`` counts:
+  ``device``, the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
   ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
   context, NCCL's buffers and the caching allocator's slack: the device's ``memory_overhead_gb``
   allowance; ``device``),

@@ -276,6 +276,12 @@ def uses_recompute_early_stop(system: SystemSpec, training: TrainingSpec,
     checkpointing."""
     if training.recompute_early_stop is not None:
         return training.recompute_early_stop
+    return _pytorch_fsdp_default(system, training, zero)
+
+
+def _pytorch_fsdp_default(system: SystemSpec, training: TrainingSpec, zero: ZeroStage) -> bool:
+    """Whether the plan is, by default, what the PyTorch FSDP stack runs: it shards gradients
+    (ZeRO-2/3) and does not train with Transformer Engine."""
     return zero >= ZeroStage.GRADIENTS and not uses_transformer_engine(system, training, zero)
 
 
@@ -296,8 +302,8 @@ def uses_fp32_shards(system: SystemSpec, training: TrainingSpec, zero: ZeroStage
     checkpointing re-runs whole layers (``recompute_early_stop: false``, which megatron and
     deepspeed studies set: :func:`search_spaces.frameworks.with_framework_defaults`) --
     torchtitan's and llm-foundry's, and an ``any`` study's ZeRO-2/3 plans."""
-    return (zero >= ZeroStage.GRADIENTS and training.recompute_early_stop is not False
-            and not uses_transformer_engine(system, training, zero))
+    return (training.recompute_early_stop is not False
+            and _pytorch_fsdp_default(system, training, zero))
 
 
 def uses_fp8_param_gather(system: SystemSpec, training: TrainingSpec, strategy: Strategy) -> bool:

@@ -161,7 +161,8 @@ def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
                     shard_group=_layers(a.get("shard_group")),
                     ep=_layers(a.get("ep")) or 1, etp=_layers(a.get("etp")),
                     ep_overlap=_flag(a.get("ep_overlap")), ep_dedup=_flag(a.get("ep_dedup")),
-                    layout=_layout(a.get("layout")))
+                    layout=_layout(a.get("layout")),
+                    recompute_layers=_layers(a.get("recompute_layers")))
 
 
 def _layout(value: Any) -> tuple[int, ...] | None:
@@ -172,8 +173,8 @@ def _layout(value: Any) -> tuple[int, ...] | None:
 
 
 def _layers(value: Any) -> int | None:
-    """A stored first/last stage's layer count or HSDP shard group; plans without one hold
-    none (pandas: NaN)."""
+    """A stored first/last stage's layer count, HSDP shard group or recompute_layers; plans
+    without one hold none (pandas: NaN)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     return int(value)

@@ -7,7 +7,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   against the CSV's folder), ``global_batch``, ``seq_len``, ``dp``, ``tp``, ``pp``,
   ``micro_batch``, and at least one of ``step_time_s`` and ``peak_memory_gb`` (decimal GB);
 - optional: ``sp`` (context parallel, 1), ``zero`` (0-3 or ``fsdp``; 0), ``recompute`` (none,
-  selective, full; none), ``sequence_parallel`` (true/false; true), ``schedule`` (1f1b, gpipe,
+  selective, full; none), ``recompute_layers`` (with ``recompute`` full: the layers of each
+  pipeline stage, or model chunk, that recompute, Megatron-LM's ``--recompute-method block
+  --recompute-num-layers``; empty: all), ``sequence_parallel`` (true/false; true), ``schedule`` (1f1b, gpipe,
   interleaved, zb-h1, zbv; interleaved when ``v`` > 1, else 1f1b), ``v`` (1; 2 for zbv),
   ``placement`` (axes innermost first, e.g. ``tp-sp-dp-pp``; commas need the field quoted),
   ``precision`` (bf16, fp8; bf16), ``first_stage_layers`` and ``last_stage_layers`` (uneven
@@ -72,7 +74,7 @@ __all__ = ["MEASURED", "OPTIONAL", "REQUIRED", "MeasuredRun", "SkippedRun", "rea
 
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
 MEASURED = ("step_time_s", "peak_memory_gb")
-OPTIONAL = ("sp", "zero", "recompute", "sequence_parallel", "schedule", "v", "placement",
+OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "sequence_parallel", "schedule", "v", "placement",
             "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
             "transformer_engine", "recompute_early_stop", "selective_recompute",
@@ -246,6 +248,7 @@ def _strategy(row: dict[str, str]) -> Strategy:
             ep=_integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
             ep_overlap=bool(_boolean(row, "ep_overlap")),
             ep_dedup=bool(_boolean(row, "ep_dedup")), layout=layout,
+            recompute_layers=_optional_integer(row, "recompute_layers"),
         )
     except ValueError as e:
         if isinstance(e, _RowError):

@@ -67,9 +67,11 @@ def _layout_label(s: Strategy) -> str:
 def strategy_label(s: Strategy) -> str:
     """One line naming every knob, e.g. ``dp8-tp8-pp16-sp1 mb1 interleaved-v5 selective zero1``
     (``first7 last7``: uneven pipeline stages; ``shard16``: HSDP shard group; ``ep8 etp1``:
-    expert parallelism)."""
+    expert parallelism; ``full-of4``: four layers of each stage or chunk recompute)."""
     parts = [_layout_text(s.dp, s.tp, s.pp, s.sp), f"mb{s.micro_batch}",
              _pipeline_text(s.schedule, s.v), _knobs_text(s.recompute, s.zero)]
+    if s.recompute_layers is not None:
+        parts[-1] = parts[-1].replace("full", f"full-of{s.recompute_layers}", 1)
     if not s.sequence_parallel:
         parts.append("no-seqpar")
     if s.precision is not Precision.BF16:

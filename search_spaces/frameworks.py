@@ -199,6 +199,11 @@ def _experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:
     if s.ep_overlap and framework != "megatron":
         return (f"ep_overlap: {framework} has no overlap of the expert all-to-alls with another"
                 " micro-batch's compute (Megatron-LM's --overlap-moe-expert-parallel-comm)")
+    # megatron/core/transformer/transformer_config.py (d98e8a64): the overlap asserts
+    # "disable full recomputation when enabling overlap_moe_expert_parallel_comm".
+    if s.ep_overlap and s.recompute is Recompute.FULL:
+        return ("ep_overlap with recompute full: Megatron-LM's expert-parallel overlap refuses"
+                " full recomputation; it offers selective or none")
     if framework == "torchtitan" and s.expert_tp != 1:
         return (f"etp {s.expert_tp}: torchtitan has no expert tensor parallelism (it shards"
                 " experts over ep and FSDP); it offers etp 1")
@@ -262,6 +267,13 @@ def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
         return ("schedule zb-h1: torchtitan's zero-bubble schedules (InterleavedZeroBubble,"
                 " ZBVZeroBubble) need 2+ stages per rank; it offers gpipe, 1f1b, interleaved,"
                 " zbv")
+    # torchtitan/distributed/activation_checkpoint.py (b5bcd76c): layer-wise selective
+    # checkpointing wraps every n-th block of the model (selective_ac_option "n"), never the
+    # first n of each pipeline stage.
+    if s.recompute_layers is not None:
+        return (f"recompute_layers {s.recompute_layers}: torchtitan checkpoints every n-th"
+                " layer (selective_ac_option), not the first n of each stage; it offers"
+                " recompute full of every layer, selective or none")
     # torchtitan/distributed/pipeline_parallel.py (b5bcd76c) _generate_llm_fqn_per_model_part:
     # pipeline_parallel_first/last_stage_less_layers shorten the first and last *virtual* stage
     # only (rank 0's first chunk, the last rank's last chunk), never every chunk of those ranks
@@ -313,6 +325,13 @@ def _deepspeed(s: Strategy, bf16: bool) -> str | None:
         knob = "layout" if s.layout is not None else "first_stage_layers / last_stage_layers"
         return (f"{knob}: DeepSpeed's PipelineModule offers only its partition_method"
                 " (uniform, parameters, type:regex), not set counts")
+    # Megatron-DeepSpeed 4efb479d megatron/model/gpt_model.py GPTModelPipe: with pp > 1 the
+    # PipelineModule checkpoints every activation_checkpoint_interval layers (uniform); only
+    # its --no-pipeline-parallel model takes --recompute-method block.
+    if s.recompute_layers is not None and s.pp > 1:
+        return (f"recompute_layers {s.recompute_layers} with pp {s.pp}: DeepSpeed's pipeline"
+                " engine checkpoints every layer alike (activation_checkpoint_interval); it"
+                " offers recompute_layers with pp 1")
     # deepspeed/runtime/engine.py _do_optimizer_sanity_check (edaa7221; v0.12.6 alike): bf16
     # without ZeRO under the pipeline engine takes the BFLOAT16 wrapper, whose BF16_Optimizer
     # (bf16_optimizer.py) shards the fp32 master weights and Adam states over the data-parallel

@@ -87,7 +87,7 @@ def estimate(
     convention = convention or convention_of(model)
     if strategy.precision is not Precision.BF16:
         _check_precision(system, strategy, convention)
-    if strategy.uneven:
+    if strategy.uneven or strategy.recompute_layers is not None:
         _check_uneven(strategy, convention)
     return implementation(convention).estimate(model, system, training, strategy)
 
@@ -104,7 +104,7 @@ def check(
     convention = convention or convention_of(model)
     if strategy.precision is not Precision.BF16:
         _check_precision(system, strategy, convention)
-    if strategy.uneven:
+    if strategy.uneven or strategy.recompute_layers is not None:
         _check_uneven(strategy, convention)
     implementation(convention).check(model, system, training, strategy)
 
@@ -129,9 +129,17 @@ def _check_precision(system: SystemSpec, strategy: Strategy, convention: Convent
 
 
 def _check_uneven(strategy: Strategy, convention: Convention) -> None:
-    """Uneven stages are modelled in the megatron convention only: the mlp convention is the
-    DistIR study's equal stages, and STAGE's graph spreads the layers round-robin."""
-    if convention is not Convention.MEGATRON:
+    """Uneven stages and partial recompute are modelled in the megatron convention only: the
+    mlp convention is the DistIR study's equal stages, and STAGE's graph spreads the layers
+    round-robin and recomputes all or none."""
+    if convention is Convention.MEGATRON:
+        return
+    if strategy.recompute_layers is not None:
+        raise ValueError(
+            f"recompute_layers needs the megatron convention, but the plan uses the"
+            f" {convention.value} convention (every layer or none); leave recompute_layers"
+            " empty")
+    if strategy.uneven:
         raise ValueError(
             "first_stage_layers / last_stage_layers / layout need the megatron convention, but"
             f" the plan uses the {convention.value} convention (equal stages only)"

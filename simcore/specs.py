@@ -568,6 +568,13 @@ class Strategy:
     over the whole data-parallel group (dp * sp, plain ZeRO-3 / FSDP). A multiple of sp that
     divides dp * sp: torchtitan shards over ``dp_shard * cp`` and replicates over
     ``dp_replicate`` (``torchtitan/distributed/parallel_dims.py``, b5bcd76c). Needs zero=3."""
+    recompute_layers: int | None = None
+    """Partial full recompute: of each model chunk's transformer layers (each pipeline stage's;
+    each virtual stage's with v > 1), the first ``recompute_layers`` are recomputed and the
+    rest keep all their activations, as Megatron-LM's ``--recompute-granularity full
+    --recompute-method block --recompute-num-layers N`` runs (``megatron/core/recompute.py``,
+    d98e8a64: layer i of a block is checkpointed when i < N, so a chunk of fewer layers
+    recomputes them all). None: every layer. Needs recompute=full."""
 
     def __post_init__(self) -> None:
         # The common case in one expression (a million-plan space builds a million of these);
@@ -594,6 +601,8 @@ class Strategy:
             self._check_layout()
         if self.shard_group is not None:
             self._check_shard_group()
+        if self.recompute_layers is not None:
+            self._check_recompute_layers()
         if self.etp is not None or self.ep > 1:
             self._check_experts()
         if not _is_placement(self.placement):
@@ -631,6 +640,16 @@ class Strategy:
         if self.first_stage_layers is not None or self.last_stage_layers is not None:
             raise ValueError("layout cannot be combined with first_stage_layers /"
                              " last_stage_layers (Megatron refuses both); give one of them")
+
+    def _check_recompute_layers(self) -> None:
+        n = self.recompute_layers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"`recompute_layers >= 1` must hold, but got recompute_layers={n!r}"
+                             " (for no recompute set recompute=none)")
+        if self.recompute is not Recompute.FULL:
+            raise ValueError(f"recompute_layers={n} needs recompute=full (it says how many of"
+                             f" each stage's layers are fully recomputed), but got"
+                             f" recompute={self.recompute}")
 
     def _check_shard_group(self) -> None:
         g, group = self.shard_group, self.dp * self.sp

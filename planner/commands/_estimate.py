@@ -97,6 +97,11 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="0 none, 1 distributed optimizer / ZeRO-1, 2 ZeRO-2, 3 ZeRO-3 / FSDP")
     g.add_argument("--fsdp", action="store_true", help="same as --zero 3")
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    g.add_argument("--recompute-layers", type=int, metavar="N", default=None,
+                   help="with --recompute full: recompute only the first N layers of each"
+                   " pipeline stage (of each model chunk with --v > 1), Megatron-LM's"
+                   " --recompute-method block --recompute-num-layers N; the rest keep their"
+                   " activations (default: every layer)")
     g.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
     g.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
     g.add_argument("--v", type=int, default=None,
@@ -157,7 +162,7 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
-                "last_stage_layers", "shard_group", "ep", "etp")
+                "last_stage_layers", "shard_group", "ep", "etp", "recompute_layers")
 """Flags that take a degree or a count: each must be >= 1 when given."""
 
 
@@ -191,7 +196,7 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
             precision=Precision(args.precision), first_stage_layers=args.first_stage_layers,
             last_stage_layers=args.last_stage_layers, shard_group=args.shard_group,
             ep=args.ep, etp=args.etp, ep_overlap=args.ep_overlap, ep_dedup=args.ep_dedup,
-            layout=layout,
+            layout=layout, recompute_layers=args.recompute_layers,
         )
     except ValueError as e:
         raise PlannerUsageError(f"strategy: {e}") from None
@@ -330,7 +335,9 @@ class EstimateCommand(BaseCommand):
 def _describe(s: Strategy, layers: int) -> str:
     parts = [f"dp={s.dp} tp={s.tp} pp={s.pp} sp={s.sp}", f"micro-batch {s.micro_batch}",
              f"{s.schedule.value}" + (f" v={s.v}" if s.v > 1 else ""),
-             f"recompute {s.recompute.value}"]
+             f"recompute {s.recompute.value}"
+             + ("" if s.recompute_layers is None else
+                f" ({s.recompute_layers} layers a {'chunk' if s.v > 1 else 'stage'})")]
     if s.zero:
         parts.append("FSDP" if s.zero is ZeroStage.PARAMETERS else f"ZeRO-{int(s.zero)}")
     if s.shard_group is not None:

@@ -148,7 +148,10 @@ def launcher_args(plan: Plan) -> list[str]:
              f"--global-batch-size {plan.training.global_batch}"]
     if s.recompute is not Recompute.NONE:
         args.append(f"--recompute-granularity {s.recompute.value}")
-        if s.recompute is Recompute.FULL:
+        if s.recompute is Recompute.FULL and s.recompute_layers is not None:
+            args += ["--recompute-method block",  # pp 1 only (frameworks.why_not)
+                     f"--recompute-num-layers {s.recompute_layers}"]
+        elif s.recompute is Recompute.FULL:
             args += ["--recompute-method uniform", "--recompute-num-layers 1"]
         args.append("--deepspeed-activation-checkpointing")
     args.append("--bf16" if plan.system.device.bf16 else "--fp16")

@@ -126,8 +126,9 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
     lines += _launcher(plan)
     lines += ["", "ARGS=("]
     flash = uses_flash_attention(plan.model, plan.system, plan.training)
-    sections = [_parallel_args(plan), _batch_args(plan), recompute_args(plan.strategy.recompute),
-                _data_parallel_args(plan),
+    s = plan.strategy
+    sections = [_parallel_args(plan), _batch_args(plan),
+                recompute_args(s.recompute, s.recompute_layers), _data_parallel_args(plan),
                 model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16),
                 megatron_moe_args(plan)]
     if plan.strategy.precision is not Precision.BF16:
@@ -251,11 +252,18 @@ def _batch_args(plan: Plan) -> list[str]:
             f"--global-batch-size {plan.training.global_batch}"]
 
 
-def recompute_args(r: Recompute) -> list[str]:
-    """Megatron-LM's options for one activation-recompute choice, with a comment line."""
+def recompute_args(r: Recompute, layers: int | None = None) -> list[str]:
+    """Megatron-LM's options for one activation-recompute choice, with a comment line;
+    ``layers``: recompute only the first ``layers`` of each stage (model chunk) under full."""
     if r is Recompute.SELECTIVE:
         return ["# selective recompute: the attention core (Megatron's default recompute module)",
                 "--recompute-granularity selective"]
+    if r is Recompute.FULL and layers is not None:
+        return [f"# full recompute of the first {layers} layers of each pipeline stage (model"
+                " chunk); the others keep their activations",
+                "--recompute-granularity full",
+                "--recompute-method block",
+                f"--recompute-num-layers {layers}"]
     if r is Recompute.FULL:
         return ["# full recompute: keep each layer's input, recompute the layer in backward",
                 "--recompute-granularity full",

@@ -55,6 +55,7 @@ from simcore.megatron.step import (
     _stage,
     estimate_megatron,
     pp_send,
+    recomputed_fraction,
     stage_activations,
 )
 from simcore.specs import (
@@ -76,8 +77,10 @@ _fields_key = attrgetter(*_PER_GROUP)
 def _group_key(s: Strategy) -> tuple[Any, ...]:
     """What a group's strategies share: every field but the schedule and v, and whether the
     schedule is zero-bubble (its B pass exposes the backward's tp communication, so its layer
-    differs) and whether it is zbv (its first stage holds the LM head too)."""
-    return (*_fields_key(s), s.schedule in ZERO_BUBBLE, s.schedule is Schedule.ZBV)
+    differs), whether it is zbv (its first stage holds the LM head too) and, under
+    ``recompute_layers`` (counted per model chunk), v."""
+    return (*_fields_key(s), s.schedule in ZERO_BUBBLE, s.schedule is Schedule.ZBV,
+            s.v if s.recompute_layers is not None else 0)
 
 FIRST, MIDDLE, LAST = 0, 1, 2
 """The stage types (columns of the per-type arrays): stage 0, stage 1 (the middle stages'
@@ -166,8 +169,8 @@ class _Groups:
         stages = [(column, _stage(p, layer, ends, i)) for column, i in types]
         self.dp[index] = max(_dp_time(p, st)[1] for _, st in stages)
         self.optimizer[index] = max(_optimizer_time(p, st) for _, st in stages)
-        self.hardware_flops[index] = self.model_flops + _recompute_flops(
-            self.model, p.shape, self.training, rep.recompute)
+        self.hardware_flops[index] = self.model_flops + recomputed_fraction(p) * (
+            _recompute_flops(self.model, p.shape, self.training, rep.recompute))
         self.peak_flops[index] = self.system.device.peak_flops_per_s * rep.devices
         schedules = [(strategies[j].schedule, strategies[j].v) for j in members]
         self.order += members

@@ -18,7 +18,9 @@ from simcore.megatron.step import (
     _moe_layer,
     _optimizer_time,
     _stage,
+    partial_layers,
     pp_exposed,
+    recomputed_share,
 )
 from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
 
@@ -130,7 +132,11 @@ def stage_phases(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     out = []
     for i in range(strategy.pp):
         stage = _stage(p, layer, ends, i, moe=moe)
-        fwd, bwd = _chunk_ops(p, layer, ends, i, stage.compute, moe)
+        dense, sparse = layer, moe
+        share = recomputed_share(p, i, stage.layers, strategy.pp)
+        if share < 1.0:  # recompute_layers: each chunk's average layer is the stage's
+            dense, sparse = partial_layers(p, layer, moe, share)
+        fwd, bwd = _chunk_ops(p, dense, ends, i, stage.compute, sparse)
         link, exposed = _dp_time(p, stage)
         out.append(StagePhases(i, tuple(fwd), tuple(bwd), link, exposed,
                                _optimizer_time(p, stage)))

@@ -195,6 +195,52 @@ class StepPlan:
         (:meth:`Strategy.chunk_layers`: even, or Megatron's short first / last virtual stage)."""
         return tuple(self.s.chunk_layers(self.model.layers, i) for i in range(self.s.pp))
 
+    def recomputed_layers(self, i: int, layers: float, pp: int) -> float:
+        """Of stage ``i``'s ``layers`` transformer layers (a stage of ``pp``), how many are fully
+        recomputed: all of them under ``recompute: full``, none otherwise; with
+        :attr:`Strategy.recompute_layers` ``N``, ``min(N, k)`` of each of its chunks of ``k``
+        layers (:attr:`chunk_layers`; v equal chunks of a stage of another ``pp``)."""
+        s = self.s
+        if s.recompute is not Recompute.FULL:
+            return 0.0
+        n = s.recompute_layers
+        if n is None:
+            return layers
+        if pp == s.pp and layers == self.stage_layers[i]:
+            chunks: tuple[float, ...] = self.chunk_layers[i]
+        else:
+            chunks = (layers / s.v,) * s.v
+        return float(sum(min(n, k) for k in chunks))
+
+    @cached_property
+    def act_plain(self) -> LayerActivations:
+        """A layer's activations without recompute: what the layers ``recompute_layers`` leaves
+        out keep."""
+        s = self.s
+        return _shared(
+            self.shared, ("act", s.micro_batch, s.tp, s.sp, s.sequence_parallel, Recompute.NONE,
+                          self.fp8),
+            lambda: layer_activations(
+                self.model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
+                sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=Recompute.NONE,
+                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2,
+            ))
+
+    @cached_property
+    def moe_act_plain(self) -> LayerActivations:
+        """An MoE layer's attention and shared experts' activations without recompute."""
+        s, model = self.s, self.model
+        assert model.moe is not None
+        return _shared(
+            self.shared, ("moe act", s.micro_batch, s.tp, s.sp, s.sequence_parallel,
+                          Recompute.NONE, self.fp8),
+            lambda: layer_activations(
+                model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
+                sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=Recompute.NONE,
+                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2,
+                ffn=model.moe.shared_width,
+            ))
+
     def _moe_parts(self, shared: dict[tuple[Any, ...], Any] | None) -> None:
         """An MoE layer's kernels and activations: the attention and shared experts as a layer
         with the shared width, the router and routed experts apart (:mod:`simcore.megatron.moe`)."""

@@ -127,32 +127,34 @@ def _tp_layer_comm(p: StepPlan) -> float:
     return 2 * p.comm.total(tp_pair_calls(p))
 
 
-def _layer(p: StepPlan) -> _Layer:
-    """A dense transformer layer."""
+def _layer(p: StepPlan, plain: bool = False) -> _Layer:
+    """A dense transformer layer (``plain``: without the plan's recompute)."""
     kernels = p.kernels
     # FC2's tp collective is the pair's last call (its all-reduce, or its reduce-scatter)
     tail_comm = p.comm.total(tp_pair_calls(p)[-1:]) if p.early_stop else 0.0
     return _layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
                      _tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
                      tail=kernels.forward_tail, tail_comm=tail_comm,
-                     per_op=kernels.op_recompute)
+                     per_op=kernels.op_recompute, plain=plain)
 
 
-def _moe_layer(p: StepPlan) -> _Layer:
+def _moe_layer(p: StepPlan, plain: bool = False) -> _Layer:
     """An MoE layer (:mod:`simcore.megatron.moe`): the attention and shared experts' kernels
     and tp pairs (one pair for the attention, one more with shared experts: the routed experts'
     tokens stay split over tp and go through the all-to-all instead), the router and routed
     experts, and their all-to-alls on the critical path, run again under full recompute; with
     ``ep_overlap`` beside another micro-batch's compute of the layer, exposed only where they
-    outlast it (and the compute's slowdown beside them, :func:`_hidden`)."""
+    outlast it (and the compute's slowdown beside them, :func:`_hidden`). ``plain``: without
+    the plan's recompute."""
     k, x = p.moe_kernels, p.experts
     assert p.moe is not None
     pairs = 2 if p.moe.shared_experts else 1
     tp = pairs * p.comm.total(tp_pair_calls(p))
     layer = _layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
-                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute)
+                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute,
+                      plain=plain)
     ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
-    again = ep if p.s.recompute is Recompute.FULL else 0.0
+    again = ep if p.s.recompute is Recompute.FULL and not plain else 0.0
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
         hidden = _hidden(p, 2 * ep + again, layer.compute)
         return replace(layer, ep_fwd=0.0, ep_bwd=hidden)
@@ -161,14 +163,16 @@ def _moe_layer(p: StepPlan) -> _Layer:
 
 def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
               tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
-              tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0) -> _Layer:
+              tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0,
+              plain: bool = False) -> _Layer:
     """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
     attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
     with the plan's sp, recompute and ZeRO-3. ``tail`` and ``tail_comm``: the forward's kernels
     and tp collective after its last saved tensor, which a full recompute that stops early
     (:attr:`StepPlan.early_stop`) does not run again (an MoE layer passes none: priced whole).
     ``per_op``: what per-op selective checkpointing runs again (:attr:`StepPlan.per_op`), with
-    the tp collectives whose outputs it does not keep."""
+    the tp collectives whose outputs it does not keep. ``plain``: the layer without recompute
+    (a layer ``recompute_layers`` leaves out)."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
     if p.te and s.tp > 1 and s.sequence_parallel:
@@ -193,7 +197,9 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
         sp_fwd = _hidden(p, gather, core)
         sp_bwd = _hidden(p, gather + scatter, 2 * core)
 
-    if s.recompute is Recompute.FULL and p.early_stop:
+    if plain:
+        recompute = tp_recompute = 0.0
+    elif s.recompute is Recompute.FULL and p.early_stop:
         # PyTorch's non-reentrant checkpointing stops at FC2's input: FC2, its tp collective
         # and the residual add are not re-run
         recompute = fwd - tail
@@ -303,13 +309,45 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
         layers = p.stage_layers[i] if pp == s.pp else model.layers // pp
     n_moe = p.stage_moe_layers[i] if moe is not None and pp == s.pp else 0
     first, last = i == 0, i == head_stage(s.schedule, pp)
+    share = recomputed_share(p, i, layers, pp)
     # the middle stages are alike: each distinct one is summed once
-    key = (layers, n_moe, first, last, pp, pp_time)
+    key = (layers, n_moe, first, last, pp, pp_time, share)
     found = p.stage_memo.get(key)
     if found is None:
+        if share < 1.0:
+            layer, moe = partial_layers(p, layer, moe, share)
         found = p.stage_memo[key] = _sums(p, layer, ends, layers, n_moe, first, last, pp,
                                           pp_time, moe)
     return _Stage(i, *found)
+
+
+def recomputed_share(p: StepPlan, i: int, layers: float, pp: int) -> float:
+    """The share of stage ``i``'s layers that run the plan's recompute: 1, or under
+    ``recompute_layers`` its recomputed layers over all (:meth:`StepPlan.recomputed_layers`)."""
+    if p.s.recompute_layers is None or not layers:
+        return 1.0
+    return p.recomputed_layers(i, layers, pp) / layers
+
+
+def partial_layers(p: StepPlan, layer: _Layer, moe: _Layer | None,
+                   share: float) -> tuple[_Layer, _Layer | None]:
+    """``layer`` and ``moe`` (each under full recompute) as the average layer of a stage whose
+    ``share`` of layers recompute and the rest do not: ``n`` such layers sum to the recomputed
+    ones' times plus the others' (every term of a stage is a sum over its layers)."""
+    plain = p.stage_memo.get(("plain",))
+    if plain is None:
+        plain = p.stage_memo[("plain",)] = (
+            _layer(p, plain=True), _moe_layer(p, plain=True) if moe is not None else None)
+    return (_blend(plain[0], layer, share),
+            None if moe is None or plain[1] is None else _blend(plain[1], moe, share))
+
+
+def _blend(plain: _Layer, full: _Layer, share: float) -> _Layer:
+    return _Layer(*(a + share * (b - a) for a, b in zip(_values(plain), _values(full))))
+
+
+def _values(layer: _Layer) -> tuple[float, ...]:
+    return tuple(getattr(layer, name) for name in _Layer.__slots__)  # type: ignore[attr-defined]
 
 
 def _sums(p: StepPlan, layer: _Layer, ends: _Ends, layers: int, n_moe: int, first: bool,
@@ -424,11 +462,17 @@ def stage_activations(p: StepPlan, stage: _Stage, flight: _F, pp: int) -> _F:
     s, model, act = p.s, p.model, p.act
     n_moe = stage.moe_layers
     if not n_moe:
-        activations = stage.layers * act.stored * flight
+        kept = stage.layers * act.stored
     else:  # an MoE layer keeps its attention's and shared experts', and its experts'
-        per_layer = (stage.layers - n_moe) * act.stored + n_moe * (p.moe_act.stored
-                                                                    + p.expert_act)
-        activations = per_layer * flight
+        kept = (stage.layers - n_moe) * act.stored + n_moe * (p.moe_act.stored + p.expert_act)
+    if s.recompute_layers is not None:
+        # the layers recompute_layers leaves out keep everything (the same share of MoE ones)
+        plain = (1.0 - recomputed_share(p, stage.index, stage.layers, pp)) * (
+            (stage.layers - n_moe) * (p.act_plain.stored - act.stored)
+            + (n_moe * (p.moe_act_plain.stored + p.expert_act_full - p.moe_act.stored
+                        - p.expert_act) if n_moe else 0.0))
+        kept += plain
+    activations = kept * flight
     if s.recompute is Recompute.FULL or p.per_op:
         # the layer being recomputed: what it adds to what it keeps (per-op keeps its experts')
         working = act.full - act.stored
@@ -541,16 +585,28 @@ def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSp
     stages = [(p, _stage(p, layer, ends, i, moe=moe)) for i in range(strategy.pp)]
     return assemble(model, training, stages, pp=strategy.pp, m=p.m, v=strategy.v,
                     recompute=strategy.recompute, schedule=strategy.schedule,
-                    peak_flops_per_s=system.device.peak_flops_per_s * strategy.devices)
+                    peak_flops_per_s=system.device.peak_flops_per_s * strategy.devices,
+                    recomputed=recomputed_fraction(p))
+
+
+def recomputed_fraction(p: StepPlan) -> float:
+    """The share of the model's layers that run the plan's recompute (1 but under
+    ``recompute_layers``), for the hardware FLOPs."""
+    if p.s.recompute_layers is None:
+        return 1.0
+    return sum(p.recomputed_layers(i, n, p.s.pp)
+               for i, n in enumerate(p.stage_layers)) / p.model.layers
 
 
 def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPlan, _Stage]], *,
              pp: int, m: int, v: int, recompute: Recompute,
-             peak_flops_per_s: float, schedule: Schedule = Schedule.ONE_F_ONE_B) -> Estimate:
+             peak_flops_per_s: float, schedule: Schedule = Schedule.ONE_F_ONE_B,
+             recomputed: float = 1.0) -> Estimate:
     """The step from its stages, each with the plan it runs under (its device and links): the
     pipeline, the slowest stage's parts, the exposed gradient reduction and optimizer, and the
     stage whose memory comes closest to its device's HBM. ``peak_flops_per_s`` is the devices'
-    sum, for MFU."""
+    sum, for MFU; ``recomputed`` the share of the layers that recompute
+    (:func:`recomputed_fraction`)."""
     wgrads = [st.wgrad for _, st in stages] if schedule in ZERO_BUBBLE else None
     times = [st.time for _, st in stages]
     if schedule is Schedule.ZBV:
@@ -580,7 +636,8 @@ def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPl
     step = time.total
     shape = stages[0][0].shape
     model_flops = _model_flops(model, shape, training)
-    hardware_flops = model_flops + _recompute_flops(model, shape, training, recompute)
+    hardware_flops = model_flops + recomputed * _recompute_flops(model, shape, training,
+                                                                 recompute)
     capacity = peak_flops_per_s * step
     fits = all(total <= h for total, h in zip(totals, hbms))
     reason = "" if fits else _reason(peak, peak_stage, hbm)

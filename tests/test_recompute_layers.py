@@ -192,3 +192,14 @@ def test_an_moe_model_recomputes_the_same_share_of_its_moe_layers() -> None:
     half = simcore.estimate(model, system, training, replace(base, recompute_layers=12))
     assert half.step_time == pytest.approx((none.step_time + full.step_time) / 2, rel=1e-9)
     assert full.memory.activations < half.memory.activations < none.memory.activations
+
+
+def test_megatron_refuses_expert_overlap_with_full_recompute() -> None:
+    # megatron/core/transformer/transformer_config.py (d98e8a64): "disable full recomputation
+    # when enabling overlap_moe_expert_parallel_comm"
+    model = CATALOG.model("qwen3-30b-a3b")
+    training = TrainingSpec(global_batch=64, seq_len=4096)
+    overlap = Strategy(dp=8, tp=1, pp=2, ep=8, ep_overlap=True, recompute=Recompute.FULL)
+    assert "refuses full recomputation" in why_not("megatron", model, training, overlap)
+    assert why_not("megatron", model, training,
+                   replace(overlap, recompute=Recompute.SELECTIVE)) is None

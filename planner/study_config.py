@@ -81,7 +81,7 @@ _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_att
                       "transformer_engine", "recompute_early_stop", *TRAINING_CHOICES}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
-                "ep", "etp", "ep_overlap", "ep_dedup"}
+                "ep", "etp", "ep_overlap", "ep_dedup", "recompute_layers"}
 _POWERS = ("powers_of_two", "powers of two")
 DEFAULT_N_TRIALS = 200
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
@@ -152,6 +152,8 @@ class StudyConfig:
                    if sp.precision != (Precision.BF16,) else {}),
                 **({"uneven": list(sp.uneven)} if sp.uneven != (0,) else {}),
                 **({"shard_group": list(sp.shard_group)} if sp.shard_group != (0,) else {}),
+                **({"recompute_layers": list(sp.recompute_layers)}
+                   if sp.recompute_layers != (0,) else {}),
                 **({"ep": list(sp.ep)} if sp.ep != (1,) else {}),
                 **({"etp": ["tp" if e is None else e for e in sp.etp]}
                    if sp.etp != (None,) else {}),
@@ -267,6 +269,14 @@ def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training:
         kw["shard_group"] = tuple(dict.fromkeys(
             integer(path, "space.shard_group", k, minimum=0)
             for k in _list(path, "space.shard_group", e["shard_group"])))
+    if "recompute_layers" in e:  # layers of each chunk that full recompute runs; 0: all
+        kw["recompute_layers"] = tuple(dict.fromkeys(
+            integer(path, "space.recompute_layers", k, minimum=0)
+            for k in _list(path, "space.recompute_layers", e["recompute_layers"])))
+        if (any(kw["recompute_layers"])
+                and Recompute.FULL not in kw.get("recompute", (Recompute.NONE,))):
+            raise fail(path, "space.recompute_layers", "it applies to full recompute; add full"
+                       " to space.recompute, e.g. recompute: [none, full]")
     _experts(path, e, model, n, kw)
     space = StrategySpace(model=model, system=system, training=training, convention=convention,
                           framework=framework, **kw)

@@ -137,6 +137,7 @@ class LayoutEncoding:
             "etp": [0 if e is None else e for e in sp.etp],
             "ep_overlap": list(sp.ep_overlap),
             "ep_dedup": list(sp.ep_dedup),
+            "recompute_layers": list(sp.recompute_layers),
         }
         return {k: v for k, v in knobs.items() if len(v) > 1}
 
@@ -164,6 +165,8 @@ class LayoutEncoding:
             full["ep_overlap"] = s.ep_overlap
         if "ep_dedup" in self._choices:
             full["ep_dedup"] = s.ep_dedup
+        if "recompute_layers" in self._choices:
+            full["recompute_layers"] = s.recompute_layers or 0
         return {k: full[k] for k in self._choices}
 
     def suggest(self, trial: optuna.Trial) -> Strategy:

@@ -157,6 +157,10 @@ class StrategySpace:
     ep_dedup: tuple[bool, ...] = (False,)
     """Expert all-to-alls deduplicated across nodes (DeepEP / HybridEP) or not
     (:attr:`simcore.specs.Strategy.ep_dedup`); it applies where ep > 1."""
+    recompute_layers: tuple[int, ...] = (0,)
+    """Partial full recompute (:attr:`simcore.specs.Strategy.recompute_layers`): the layers of
+    each model chunk that recompute; 0 recomputes them all. A count applies to recompute=full
+    plans whose even chunk (layers / (pp v)) holds more layers than it (else it is the 0 plan)."""
 
     @property
     def devices(self) -> int:
@@ -193,23 +197,32 @@ class StrategySpace:
 
     def candidates(self) -> Iterator[Strategy]:
         """Every combination of the allowed values with the right product, valid or not."""
-        for layout, zero, rc, mb, pipe, place, seqpar, precision, short, group, expert in (
-                itertools.product(self.layouts(), self.zero, self.recompute, self.micro_batch,
-                                  self.pipelines(), self.placement, self.sequence_parallel,
-                                  self.precision, self.uneven, self.shard_group,
-                                  self.experts())):
+        for (layout, zero, rc, mb, pipe, place, seqpar, precision, short, group, expert,
+             partial) in itertools.product(
+                self.layouts(), self.zero, self.recompute, self.micro_batch, self.pipelines(),
+                self.placement, self.sequence_parallel, self.precision, self.uneven,
+                self.shard_group, self.experts(), self.recompute_layers):
             ends = self._ends(layout.pp, short)
             ep, etp, ov, dedup = expert
             if (ends == -1 or not _shard_group_ok(layout, zero, group)
-                    or not _experts_ok(layout, ep, etp, self.etp)):
-                continue  # no split with the ends this much shorter, no such shard group or
-                # expert grid
+                    or not _experts_ok(layout, ep, etp, self.etp)
+                    or not self._partial_ok(layout.pp, pipe.v, rc, partial)):
+                continue  # no split with the ends this much shorter, no such shard group,
+                # expert grid or partial recompute
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=zero,
                            recompute=rc, micro_batch=mb, schedule=pipe.schedule, v=pipe.v,
                            placement=place, sequence_parallel=seqpar, precision=precision,
                            first_stage_layers=ends, last_stage_layers=ends,
                            shard_group=group or None, ep=ep, etp=etp, ep_overlap=ov,
-                           ep_dedup=dedup)
+                           ep_dedup=dedup, recompute_layers=partial or None)
+
+    def _partial_ok(self, pp: int, v: int, recompute: Recompute, partial: int) -> bool:
+        """Whether ``recompute_layers`` = ``partial`` makes a plan of its own: 0 always; else
+        under full recompute in the megatron convention, fewer than an even chunk's layers (more
+        is the 0 plan)."""
+        return partial == 0 or (recompute is Recompute.FULL
+                                and self.convention is Convention.MEGATRON
+                                and partial < self.model.layers // (pp * v))
 
     def _ends(self, pp: int, short: int) -> int | None:
         """The first/last stage's layers for ``uneven`` = ``short`` (None: even; -1: none)."""
@@ -224,7 +237,7 @@ class StrategySpace:
         return (len(self.layouts()) * len(self.zero) * len(self.recompute)
                 * len(self.micro_batch) * len(self.pipelines()) * len(self.placement)
                 * len(self.sequence_parallel) * len(self.precision) * len(self.uneven)
-                * len(self.shard_group) * len(self.experts()))
+                * len(self.shard_group) * len(self.experts()) * len(self.recompute_layers))
 
     # -- validity ------------------------------------------------------------------------------
     def reason_invalid(self, strategy: Strategy) -> str | None:
@@ -272,10 +285,10 @@ class StrategySpace:
     def columns_at(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """The knobs of the strategies at these flat indices as arrays, in the form
         :func:`simcore.megatron.bounds.lower_bounds` reads (codes for the enums)."""
-        from simcore.megatron.bounds import RECOMPUTE_CODES, SCHEDULE_CODES
+        from simcore.megatron.bounds import PARTIAL_RECOMPUTE, RECOMPUTE_CODES, SCHEDULE_CODES
 
         layouts, pipes = self.layouts(), self.pipelines()
-        li, zi, ri, mi, pi, _, si, qi, ui, hi, _ = np.unravel_index(
+        li, zi, ri, mi, pi, _, si, qi, ui, hi, _, ki = np.unravel_index(
             np.asarray(flat, np.int64), self._shape())
         lay = np.array([(x.dp, x.tp, x.pp, x.sp) for x in layouts], np.int64)[li]
         zero = np.array([int(z) for z in self.zero], np.int64)[zi]
@@ -285,7 +298,9 @@ class StrategySpace:
         return {
             "dp": lay[:, 0], "tp": lay[:, 1], "pp": lay[:, 2], "sp": lay[:, 3], "zero": zero,
             "shard_ranks": np.where(group > 0, group, lay[:, 0] * lay[:, 3]),
-            "recompute": np.array([RECOMPUTE_CODES[r] for r in self.recompute], np.int64)[ri],
+            "recompute": np.where(np.asarray(self.recompute_layers, np.int64)[ki] > 0,
+                                  PARTIAL_RECOMPUTE, np.array([RECOMPUTE_CODES[r] for r in
+                                                               self.recompute], np.int64)[ri]),
             "micro_batch": np.asarray(self.micro_batch, np.int64)[mi],
             "schedule": np.array([SCHEDULE_CODES[p.schedule.value] for p in pipes],
                                  np.int64)[pi],
@@ -318,7 +333,7 @@ class StrategySpace:
         return (len(self.layouts()), len(self.zero), len(self.recompute),
                 len(self.micro_batch), len(self.pipelines()), len(self.placement),
                 len(self.sequence_parallel), len(self.precision), len(self.uneven),
-                len(self.shard_group), len(self.experts()))
+                len(self.shard_group), len(self.experts()), len(self.recompute_layers))
 
     def _valid_indices(self) -> np.ndarray:
         """Flat indices (into :meth:`_shape`) of the valid candidates, ascending (computed once
@@ -353,16 +368,22 @@ class StrategySpace:
         if self.uneven != (0,):
             shorts = np.asarray(self.uneven, np.int64)[ui]
             ok &= (ends >= 0) & ((shorts == 0) | (self.convention is Convention.MEGATRON))
-        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4], 1, 1)
-        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1, 1, 1)
+        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4], 1, 1, 1)
+        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1, 1, 1, 1)
         hsdp = np.array([[[_shard_group_ok(x, z, k) for k in self.shard_group] for z in self.zero]
                          for x in layouts], bool)
-        ok = ok & hsdp.reshape(len(layouts), len(self.zero), 1, 1, 1, 1, 1, 1, 1, -1, 1)
+        ok = ok & hsdp.reshape(len(layouts), len(self.zero), 1, 1, 1, 1, 1, 1, 1, -1, 1, 1)
         # a dense model (the only kind listed here): no expert parallelism
         dense = np.array([[ep == 1 and (etp is None or etp == x.tp)
                            and _experts_ok(x, ep, etp, self.etp)
                            for ep, etp, _, _ in self.experts()] for x in layouts], bool)
-        ok = ok & dense.reshape(len(layouts), 1, 1, 1, 1, 1, 1, 1, 1, 1, -1)
+        ok = ok & dense.reshape(len(layouts), 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, 1)
+        if self.recompute_layers != (0,):
+            partial = np.array([[[[self._partial_ok(x.pp, p.v, r, k)
+                                   for k in self.recompute_layers] for p in pipes]
+                                 for r in self.recompute] for x in layouts], bool)
+            ok = ok & partial.reshape(len(layouts), 1, len(self.recompute), 1, len(pipes),
+                                      1, 1, 1, 1, 1, 1, -1)
         found = np.flatnonzero(np.broadcast_to(ok, self._shape()))
         found.flags.writeable = False
         return found
@@ -378,7 +399,7 @@ class StrategySpace:
         layouts, pipes = self.layouts(), self.pipelines()
         shape = self._shape()
         experts = self.experts()
-        for li, zi, ri, mi, pi, ci, si, qi, ui, hi, ei in zip(
+        for li, zi, ri, mi, pi, ci, si, qi, ui, hi, ei, ki in zip(
                 *(a.tolist() for a in np.unravel_index(flat, shape))):
             layout, pipe = layouts[li], pipes[pi]
             ep, etp, overlap, dedup = experts[ei]
@@ -390,7 +411,8 @@ class StrategySpace:
                            sequence_parallel=self.sequence_parallel[si],
                            precision=self.precision[qi], first_stage_layers=ends,
                            last_stage_layers=ends, shard_group=self.shard_group[hi] or None,
-                           ep=ep, etp=etp, ep_overlap=overlap, ep_dedup=dedup)
+                           ep=ep, etp=etp, ep_overlap=overlap, ep_dedup=dedup,
+                           recompute_layers=self.recompute_layers[ki] or None)
 
     def enumerate(self) -> tuple[Strategy, ...]:
         """Every valid strategy exactly once."""

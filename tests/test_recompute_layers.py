@@ -203,3 +203,83 @@ def test_megatron_refuses_expert_overlap_with_full_recompute() -> None:
     assert "refuses full recomputation" in why_not("megatron", model, training, overlap)
     assert why_not("megatron", model, training,
                    replace(overlap, recompute=Recompute.SELECTIVE)) is None
+
+
+def _space(**knobs: object):
+    from search_spaces import StrategySpace
+
+    c = CATALOG
+    return StrategySpace(model=c.model("llama3-70b"), system=c.system("dgx-h100-64"),
+                         training=TrainingSpec(global_batch=64, seq_len=8192),
+                         convention=Convention.MEGATRON, tp=(4, 8), pp=(2, 4),
+                         recompute=(Recompute.NONE, Recompute.FULL), micro_batch=(1,),
+                         schedule=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED), v=(2, 5),
+                         recompute_layers=(0, 2, 5, 8), **knobs)  # type: ignore[arg-type]
+
+
+def test_a_space_searches_the_counts_under_full_recompute_only() -> None:
+    # Llama 3 70B's 80 layers: a chunk holds 80 / (pp v) of them (pp 2: 40, 20, 8 and pp 4:
+    # 20, 10, 4 layers for v 1, 2, 5). Each layout and pipeline offers no recompute, full
+    # recompute, and full recompute of 2, 5 or 8 layers a chunk where the chunk holds more
+    # (a count of at least the chunk is full recompute's plan again); e.g. pp 4 with v 5 only
+    # the 2.
+    space = _space()
+    counts = {}
+    for s in space.valid:
+        key = (s.pp, s.v)
+        counts.setdefault(key, set()).add((s.recompute, s.recompute_layers))
+    chunk = {(pp, v): 80 // (pp * v) for pp, v in counts}
+    for key, seen in counts.items():
+        expected = {(Recompute.NONE, None), (Recompute.FULL, None)} | {
+            (Recompute.FULL, k) for k in (2, 5, 8) if k < chunk[key]}
+        assert seen == expected
+    assert space.valid == tuple(s for s in space.candidates() if space.reason_invalid(s) is None)
+
+
+def test_the_bounds_stay_below_partial_plans() -> None:
+    from simcore.megatron.bounds import lower_bounds
+
+    space = _space()
+    flat = space.valid_indices()
+    assert flat is not None
+    bounds = lower_bounds(space.model, space.system, space.training, space.columns_at(flat))
+    result = estimate_many(space.model, space.system, space.training, space.strategies_at(flat))
+    assert (bounds.step_time_s <= result.step_time).all()
+    assert (bounds.memory_bytes <= result.peak_memory).all()
+
+
+def test_a_study_searches_it_and_stores_it(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "results" / "studies.journal"))
+    study = tmp_path / "partial.yaml"
+    study.write_text(
+        "name: partial\nmodel: llama3-70b\nsystem: dgx-h100-64\n"
+        "training: {global_batch: 64, seq_len: 8192}\nsampler: exhaustive\n"
+        "space: {tp: [8], pp: [4], recompute: [none, full], recompute_layers: [0, 5, 10, 20],"
+        " micro_batch: [1]}\n")
+    assert main(["run", str(study), "--quiet"]) == 0
+    # none, full, and full of 5 and of 10 of each stage's 20 layers (20 is full's plan)
+    assert "4 valid strategies" in capsys.readouterr().out
+    table = tmp_path / "trials.csv"
+    assert main(["trials", "partial", "--csv", str(table)]) == 0
+    import pandas as pd
+
+    trials = pd.read_csv(table)
+    assert sorted(trials["recompute_layers"].dropna().astype(int)) == [5, 10]
+    partial = trials[trials["recompute_layers"] == 5].iloc[0]
+    plan = Strategy(dp=2, tp=8, pp=4, recompute=Recompute.FULL, recompute_layers=5)
+    est = simcore.estimate(CATALOG.model("llama3-70b"), CATALOG.system("dgx-h100-64"),
+                           TrainingSpec(global_batch=64, seq_len=8192), plan)
+    assert partial["step_time_s"] == pytest.approx(est.step_time, rel=1e-9)
+
+
+def test_a_count_without_full_recompute_in_the_space_is_one_line(tmp_path: Path, capsys,
+                                                                  monkeypatch) -> None:
+    monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "results" / "studies.journal"))
+    study = tmp_path / "bad.yaml"
+    study.write_text(
+        "name: bad\nmodel: llama3-70b\nsystem: dgx-h100-64\n"
+        "training: {global_batch: 64}\nspace: {tp: [8], recompute: [none, selective],"
+        " recompute_layers: [4]}\n")
+    assert main(["run", str(study), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "space.recompute_layers" in err and "add full" in err and "Traceback" not in err

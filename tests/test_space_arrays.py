@@ -71,6 +71,7 @@ def _random_space(seed: int) -> StrategySpace:
         micro_batch=_subset(rng, tuple(range(1, 17))),
         schedule=_subset(rng, tuple(Schedule)), v=_subset(rng, tuple(range(1, 9))),
         placement=_subset(rng, PLACEMENTS), sequence_parallel=_subset(rng, (True, False)),
+        recompute_layers=_subset(rng, (0, 1, 3, 9)),
     )
 
 

@@ -52,12 +52,15 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["RECOMPUTE_CODES", "SCHEDULE_CODES", "Bounds", "lower_bounds"]
+__all__ = ["PARTIAL_RECOMPUTE", "RECOMPUTE_CODES", "SCHEDULE_CODES", "Bounds", "lower_bounds"]
 
 SAFETY = 1 - 1e-9
 RECOMPUTE_CODES = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3, "zbv": 4}
 """Integer codes of the columns ``recompute`` and ``schedule`` (by :class:`Schedule` value)."""
+PARTIAL_RECOMPUTE = 3
+"""The ``recompute`` code of a full recompute of some layers (``recompute_layers``): bounded
+by no recompute's time and full recompute's kept activations, both below its own."""
 _GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _ZB_H1, _ZBV = range(5)
 
 
@@ -76,7 +79,8 @@ def lower_bounds(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     ``columns``: int arrays ``dp``, ``tp``, ``pp``, ``sp``, ``micro_batch``, ``v``,
     ``zero``, ``shard_ranks`` (ZeRO's group: the shard group, else dp x sp),
     ``first_stage_layers`` (0: even stages; else the first and last stages' layers),
-    ``recompute`` and ``schedule`` (:data:`RECOMPUTE_CODES`, :data:`SCHEDULE_CODES`), and bool
+    ``recompute`` and ``schedule`` (:data:`RECOMPUTE_CODES` or :data:`PARTIAL_RECOMPUTE`,
+    :data:`SCHEDULE_CODES`), and bool
     arrays ``sequence_parallel`` and ``fp8``."""
     if model.moe is not None:
         raise ValueError(f"{model.name}: the bounds cover dense models only")
@@ -118,6 +122,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     shape = layer_shape(model)
     flash = uses_flash_attention(model, system, training)
     recomputes = {code: r for r, code in RECOMPUTE_CODES.items()}
+    recomputes[PARTIAL_RECOMPUTE] = Recompute.FULL  # its kept activations; its time: none's
     per_op = training.selective_recompute is SelectiveRecompute.OP
     per_layer = np.empty(len(distinct))
     stored = np.empty(len(distinct))
@@ -132,7 +137,8 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
         recompute = recomputes[rc]
         # full recompute stopping early skips the forward's tail (recompute_early_stop)
         selective = k.op_recompute if per_op else k.core_forward
-        again = (k.forward - (k.forward_tail if stops_early else 0.0)
+        again = (0.0 if rc == PARTIAL_RECOMPUTE else
+                 k.forward - (k.forward_tail if stops_early else 0.0)
                  if recompute is Recompute.FULL else
                  selective if recompute is Recompute.SELECTIVE else 0.0)
         per_layer[i] = k.forward + k.backward + again

@@ -216,7 +216,7 @@ def specs_from_dict(path: Path, data: dict[str, Any]
     if not isinstance(t.get("overlap_grad_reduce", True), bool):
         raise fail(path, "training.overlap_grad_reduce", "must be true or false")
     flags = {k: t.get(k) for k in ("flash_attention", "transformer_engine",
-                                   "recompute_early_stop")}
+                                   "recompute_early_stop", "grad_copy")}
     for key, value in flags.items():
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", "must be true, false or null (the default)")

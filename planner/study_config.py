@@ -78,7 +78,8 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention",
-                      "transformer_engine", "recompute_early_stop", *TRAINING_CHOICES}
+                      "transformer_engine", "recompute_early_stop", "grad_copy",
+                      *TRAINING_CHOICES}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
                 "ep", "etp", "ep_overlap", "ep_dedup", "recompute_layers"}
@@ -131,6 +132,7 @@ class StudyConfig:
                if self.training.transformer_engine is not None else {}),
             **({"recompute_early_stop": self.training.recompute_early_stop}
                if self.training.recompute_early_stop is not None else {}),
+            **({"grad_copy": True} if self.training.grad_copy else {}),
             # torchtitan's own recompute and loss only: Megatron-LM's, named by a megatron or
             # deepspeed study, estimate as before, so those studies keep their fingerprints
             **{k: v.value for k, v in (("selective_recompute", self.training.selective_recompute),
@@ -342,9 +344,9 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     overlap = t.get("overlap_grad_reduce", True)
     if not isinstance(overlap, bool):
         raise fail(path, "training.overlap_grad_reduce", f"must be true or false, got {overlap!r}")
-    flags = ("flash_attention", "transformer_engine", "recompute_early_stop")
-    flash, te, early = (t.get(key) for key in flags)
-    for key, value in zip(flags, (flash, te, early)):
+    flags = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy")
+    flash, te, early, copy = (t.get(key) for key in flags)
+    for key, value in zip(flags, (flash, te, early, copy)):
         if value is not None and not isinstance(value, bool):
             raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
     chosen = {k: choice(path, f"training.{k}", t[k], enum)
@@ -354,6 +356,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
         flash_attention=flash,
         transformer_engine=te,
         recompute_early_stop=early,
+        grad_copy=copy,
         global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
         seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1),
         bytes_per_param_grads=integer(path, "training.grad_bytes", t.get("grad_bytes", 2),

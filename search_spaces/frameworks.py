@@ -64,7 +64,7 @@ from simcore.specs import (
 
 __all__ = ["ANY", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "cross_entropy",
            "recompute_early_stop", "selective_recompute", "transformer_engine",
-           "with_framework_defaults", "why_not"]
+           "grad_copy", "with_framework_defaults", "why_not"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
@@ -128,16 +128,29 @@ def cross_entropy(framework: str) -> CrossEntropy | None:
     return None
 
 
+def grad_copy(framework: str, training: TrainingSpec) -> bool | None:
+    """The ``grad_copy`` of a ``framework`` study whose training names none: a DeepSpeed study
+    that accumulates fp32 gradients (``grad_bytes: 4``) runs DeepSpeed's BF16_Optimizer, which
+    keeps each 16-bit ``.grad`` beside its fp32 buffer (the export sets
+    ``data_types.grad_accum_dtype: fp32``; ``deepspeed/runtime/engine.py``
+    ``_do_optimizer_sanity_check``, edaa7221: bf16 with fp32 accumulation under ZeRO 1 without
+    offload takes BFLOAT16). Else None (off)."""
+    if framework == "deepspeed" and training.bytes_per_param_grads == 4:
+        return True
+    return None
+
+
 def with_framework_defaults(training: TrainingSpec, framework: str,
                             device_transformer_engine: bool) -> TrainingSpec:
     """``training`` with what a ``framework`` study runs wherever the training names none: the
-    stack (:func:`transformer_engine`), the recompute's early stop, the selective recompute and
-    the loss."""
+    stack (:func:`transformer_engine`), the recompute's early stop, the selective recompute,
+    the loss and the 16-bit gradient copy (:func:`grad_copy`)."""
     defaults = {
         "transformer_engine": transformer_engine(framework, device_transformer_engine),
         "recompute_early_stop": recompute_early_stop(framework),
         "selective_recompute": selective_recompute(framework),
         "cross_entropy": cross_entropy(framework),
+        "grad_copy": grad_copy(framework, training),
     }
     return replace(training, **{k: v for k, v in defaults.items()
                                 if getattr(training, k) is None})
@@ -175,7 +188,7 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
     if framework == "megatron":
         refused = _megatron(strategy)
     elif framework == "deepspeed":
-        refused = _deepspeed(strategy, bf16)
+        refused = _deepspeed(strategy, bf16) or _deepspeed_accumulation(training, strategy)
     elif framework == "torchtitan":
         refused = _torchtitan(model, strategy)
     else:
@@ -342,4 +355,14 @@ def _deepspeed(s: Strategy, bf16: bool) -> str | None:
         return (f"zero 0 with pp {s.pp} in bf16: DeepSpeed's pipeline engine trains bf16 with"
                 " its BF16_Optimizer, which shards the optimizer over the data-parallel ranks"
                 " (ZeRO 1); use zero 1")
+    return None
+
+
+def _deepspeed_accumulation(training: TrainingSpec, s: Strategy) -> str | None:
+    # deepspeed/runtime/engine.py _do_optimizer_sanity_check (edaa7221): without ZeRO a model
+    # whose gradients accumulate in another dtype raises "unsupported mix of model_dtype and
+    # grad_accum_dtype"; under ZeRO 1 a bf16 model with fp32 accumulation takes BFLOAT16.
+    if training.bytes_per_param_grads == 4 and s.zero is ZeroStage.NONE:
+        return ("grad_bytes 4 with zero 0: DeepSpeed accumulates 16-bit models' gradients in"
+                " fp32 only under ZeRO (the BF16_Optimizer at zero 1); use zero 1")
     return None

@@ -446,6 +446,17 @@ class TrainingSpec:
     """bf16 weights."""
     bytes_per_param_grads: int = 2
     """bf16 gradients (Megatron with fp32 main grads: 4)."""
+    grad_copy: bool | None = None
+    """Each parameter's 16-bit gradient (its ``.grad``, 2 bytes) stays allocated beside the
+    gradient accumulation buffer of ``bytes_per_param_grads``, unsharded: DeepSpeed's
+    BF16_Optimizer (bf16 with fp32 gradient accumulation under ZeRO 0-1) adds each ``.grad``
+    into its own full-size fp32 buffer and zeroes it without freeing it (deepspeedai/DeepSpeed
+    edaa7221 ``deepspeed/runtime/bf16_optimizer.py``: ``fp32_groups_gradients_flat`` is
+    ``zeros_like`` the whole flat bf16 group, ``clear_lp_grads`` calls ``zero_``). Megatron-LM
+    accumulates straight into its fp32 ``main_grad`` and PyTorch FSDP frees the unsharded
+    gradient after its reduce-scatter: neither keeps it. None: off, except in a ``framework:
+    deepspeed`` study that accumulates in fp32 (:func:`search_spaces.frameworks.grad_copy`).
+    Counted for ZeRO 0-1 plans only (DeepSpeed runs ZeRO-2/3 with its ZeRO optimizer)."""
     bytes_per_param_optimizer: int = 12
     """Mixed-precision Adam: fp32 master weights, momentum and variance (4 + 4 + 4)."""
     bytes_per_activation: int = 2

@@ -159,6 +159,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
+    t.add_argument("--grad-copy", action=argparse.BooleanOptionalAction, default=None,
+                   help="each parameter's 16-bit .grad stays beside the accumulation buffer,"
+                   " as DeepSpeed's BF16_Optimizer keeps it (bf16 with fp32 accumulation,"
+                   " ZeRO 0-1; default: off)")
 
 
 DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
@@ -282,6 +286,7 @@ class EstimateCommand(BaseCommand):
                                     flash_attention=args.flash_attention,
                                     transformer_engine=args.transformer_engine,
                                     recompute_early_stop=args.recompute_early_stop,
+                                    grad_copy=args.grad_copy,
                                     **{k: enum(getattr(args, k))
                                        for k, enum in TRAINING_CHOICES.items()
                                        if getattr(args, k) is not None})

@@ -6,6 +6,8 @@ Key names were checked in deepspeedai/DeepSpeed at commit edaa7221 (2026-08-22):
   ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``bf16.enabled``,
   ``gradient_clipping``, ``steps_per_print``, ``activation_checkpointing`` and its keys
   (``deepspeed/runtime/activation_checkpointing/config.py``).
+- ``deepspeed/runtime/constants.py``: ``data_types.grad_accum_dtype`` (fp32 for a plan with
+  4-byte gradients).
 - ``deepspeed/runtime/zero/config.py``: ``zero_optimization`` keys ``stage``, ``overlap_comm``
   (default: on for stage 3 only), ``contiguous_gradients``, ``reduce_scatter``,
   ``allgather_partitions``.
@@ -77,6 +79,10 @@ def ds_config(plan: Plan) -> dict[str, Any]:
         "gradient_clipping": 1.0,
         "steps_per_print": 10,
     }
+    if plan.training.bytes_per_param_grads == 4:
+        # fp32 gradient accumulation (docs/_pages/config-json.md "data_types"): under ZeRO 1 a
+        # bf16 model takes the BF16_Optimizer, priced with its 16-bit .grad copy (grad_copy)
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
     if s.recompute is not Recompute.NONE:
         config["activation_checkpointing"] = {
             "partition_activations": False,

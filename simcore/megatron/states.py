@@ -8,7 +8,9 @@ come from the TrainingSpec, so Megatron-LM's fp32 main gradients (``6 + 12 / d``
 distributed optimizer) are the same formula with 4-byte gradients.
 
 Gradient accumulation: gradients accumulate across micro-batches in their own dtype in the one
-gradient buffer counted here (bf16 by default); no second copy is kept.
+gradient buffer counted here (bf16 by default); no second copy is kept, but where the training
+says so (``grad_copy``: DeepSpeed's BF16_Optimizer, ``2 + 2 + 4 + 12 / N_d`` bytes with fp32
+accumulation under ZeRO-1) each parameter's 16-bit ``.grad`` stays beside it.
 
 PyTorch FSDP (``fp32_shards``, :func:`simcore.megatron.plan.uses_fp32_shards`) keeps its
 gradient shard in fp32 and, under ZeRO-3, no 16-bit shard (the fp32 shard is the master copy):
@@ -30,7 +32,8 @@ FP32_GRAD_BYTES = 4
 def model_state_bytes(params: float, training: TrainingSpec, zero: ZeroStage,
                       group: int, *, fp32_shards: bool = False) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes of ``params`` parameters on one device of a
-    data-parallel group of ``group`` ranks (``fp32_shards``: PyTorch FSDP's, above)."""
+    data-parallel group of ``group`` ranks (``fp32_shards``: PyTorch FSDP's, above; with
+    ``training.grad_copy`` the gradients add each parameter's 16-bit ``.grad``, unsharded)."""
     weights = 0.0 if fp32_shards and zero >= ZeroStage.PARAMETERS else (
         params * training.bytes_per_param_weights)
     grads = params * (FP32_GRAD_BYTES if fp32_shards and zero >= ZeroStage.GRADIENTS
@@ -42,4 +45,6 @@ def model_state_bytes(params: float, training: TrainingSpec, zero: ZeroStage,
         grads /= group
     if zero >= ZeroStage.PARAMETERS:
         weights /= group
+    if training.grad_copy and zero < ZeroStage.GRADIENTS:  # DeepSpeed's BF16_Optimizer
+        grads += params * training.bytes_per_param_weights
     return weights, grads, optimizer

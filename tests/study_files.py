@@ -28,3 +28,16 @@ def lab_study(tmp: Path, name: str = "lab", *, sampler: str = "exhaustive", hbm:
     path.write_text(LAB_MEGATRON.format(name=name, sampler=sampler, hbm=hbm,
                                         objectives=objectives, n_trials=n_trials))
     return path
+
+
+def one_run(tmp: Path, columns: dict[str, object]):
+    """The one measured run of a CSV with these columns (header, then one row), read with the
+    default catalog; asserts it was not skipped."""
+    from planner.catalog import load_catalog
+    from planner.runs_csv import read_runs
+
+    path = tmp / "runs.csv"
+    path.write_text(",".join(columns) + "\n" + ",".join(map(str, columns.values())) + "\n")
+    runs, skipped = read_runs(path, load_catalog())
+    assert not skipped, skipped
+    return runs[0]

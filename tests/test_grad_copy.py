@@ -17,10 +17,10 @@ from planner.catalog import load_catalog
 from planner.cli import main
 from planner.exports._deepspeed import ds_config
 from planner.plan import make_plan
-from planner.runs_csv import read_runs
 from search_spaces.frameworks import why_not, with_framework_defaults
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import Convention, Recompute, Strategy, TrainingSpec, ZeroStage
+from tests.study_files import one_run
 
 CATALOG = load_catalog()
 
@@ -80,12 +80,11 @@ def test_a_deepspeed_study_with_fp32_accumulation_prices_and_exports_it() -> Non
 
 
 def test_a_csv_column_and_a_cli_flag(tmp_path: Path, capsys) -> None:
-    csv = tmp_path / "runs.csv"
-    csv.write_text("model,system,global_batch,seq_len,dp,tp,pp,micro_batch,zero,grad_bytes,"
-                   "grad_copy,peak_memory_gb\n"
-                   "llama3-8b,dgx-a100-8,64,4096,4,1,2,1,1,4,true,60\n")
-    runs, skipped = read_runs(csv, CATALOG)
-    assert not skipped and runs[0].training.grad_copy is True
+    run = one_run(tmp_path, {"model": "llama3-8b", "system": "dgx-a100-8", "global_batch": 64,
+                             "seq_len": 4096, "dp": 4, "tp": 1, "pp": 2, "micro_batch": 1,
+                             "zero": 1, "grad_bytes": 4, "grad_copy": "true",
+                             "peak_memory_gb": 60})
+    assert run.training.grad_copy is True
     args = ["estimate", "--model", "llama3-8b", "--system", "dgx-a100-8", "--pp", "2",
             "--zero", "1", "--grad-bytes", "4", "--global-batch", "64", "--seq-len", "4096",
             "--json"]

@@ -17,7 +17,6 @@ from planner.cli import main
 from planner.exports import export_files
 from planner.plan import make_plan, strategy_from_attrs
 from planner.record import strategy_attrs
-from planner.runs_csv import read_runs
 from search_spaces.frameworks import why_not
 from simcore.megatron.batched import estimate_many
 from simcore.specs import (
@@ -29,6 +28,7 @@ from simcore.specs import (
     Strategy,
     TrainingSpec,
 )
+from tests.study_files import one_run
 
 CATALOG = load_catalog()
 A100 = CATALOG.system("dgx-a100-8")
@@ -127,12 +127,10 @@ def test_the_stage_convention_refuses_it() -> None:
 
 
 def test_a_runs_csv_column_and_a_cli_flag(tmp_path: Path, capsys) -> None:
-    csv = tmp_path / "runs.csv"
-    csv.write_text("model,system,global_batch,seq_len,dp,tp,pp,micro_batch,recompute,"
-                   "recompute_layers,step_time_s\n"
-                   "llama3-8b,dgx-h100-8,64,8192,8,1,1,1,full,16,5.0\n")
-    runs, skipped = read_runs(csv, CATALOG)
-    assert not skipped and runs[0].strategy.recompute_layers == 16
+    run = one_run(tmp_path, {"model": "llama3-8b", "system": "dgx-h100-8", "global_batch": 64,
+                             "seq_len": 8192, "dp": 8, "tp": 1, "pp": 1, "micro_batch": 1,
+                             "recompute": "full", "recompute_layers": 16, "step_time_s": 5.0})
+    assert run.strategy.recompute_layers == 16
     code = main(["estimate", "--model", "llama3-8b", "--system", "dgx-h100-8", "--recompute",
                  "full", "--recompute-layers", "16", "--global-batch", "64", "--json"])
     data = json.loads(capsys.readouterr().out)

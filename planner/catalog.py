@@ -56,7 +56,8 @@ KINDS = ("device", "model", "system")
 
 _MODEL_FIELDS = {"family", "layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"}
 _MODEL_OPTIONAL = {"kv_heads", "activation", "tied_embeddings", "source", "notes", "moe",
-                   "attention_head_dim", "attention_params", "dropout"}
+                   "attention_head_dim", "attention_params", "mla_latent", "mla_up_params",
+                   "dropout"}
 _MOE_FIELDS = {"experts", "top_k", "expert_ffn"}
 _MOE_OPTIONAL = {"shared_experts", "shared_ffn", "first_dense", "every", "capacity_factor"}
 
@@ -99,7 +100,7 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
         extra["dropout"] = e["dropout"]
     if "moe" in e:
         extra["moe"] = _moe_entry(path, name, e["moe"])
-    for k in ("attention_head_dim", "attention_params"):
+    for k in ("attention_head_dim", "attention_params", "mla_latent", "mla_up_params"):
         if k in e:
             extra[k] = integer(path, f"{name}.{k}", e[k], minimum=1)
     return spec_or_fail(path, name, lambda: ModelSpec(

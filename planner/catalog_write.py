@@ -83,7 +83,8 @@ def model_entry(model: ModelSpec) -> dict[str, Any]:
     entry["tied_embeddings"] = model.tied_embeddings
     if model.dropout is not None:
         entry["dropout"] = model.dropout
-    for name in ("attention_head_dim", "attention_params"):  # only where set (MLA)
+    for name in ("attention_head_dim", "attention_params", "mla_latent",
+                 "mla_up_params"):  # only where set (MLA)
         if getattr(model, name) is not None:
             entry[name] = getattr(model, name)
     if model.moe is not None:

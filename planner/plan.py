@@ -30,6 +30,7 @@ import yaml
 
 import simcore
 from planner.catalog import device_from_entry, model_from_entry, system_from_entry
+from planner.catalog_network import spec_or_fail
 from planner.catalog_write import device_entry, model_entry, system_entry
 from planner.errors import PlannerUsageError
 from planner.fields import choice, fail, integer, load
@@ -46,6 +47,7 @@ from simcore.specs import (
     ModelSpec,
     Precision,
     Recompute,
+    RecomputeModule,
     Schedule,
     Strategy,
     SystemSpec,
@@ -111,7 +113,10 @@ def strategy_dict(s: Strategy) -> dict[str, Any]:
 def training_dict(t: TrainingSpec) -> dict[str, Any]:
     """The training's fields; a choice only where set (so plan files without it read as
     before)."""
-    out = {f.name: getattr(t, f.name) for f in fields(t) if f.name not in TRAINING_CHOICES}
+    out = {f.name: getattr(t, f.name) for f in fields(t)
+           if f.name not in TRAINING_CHOICES and f.name != "recompute_modules"}
+    if t.recompute_modules is not None:
+        out["recompute_modules"] = [m.value for m in t.recompute_modules]
     for name in TRAINING_CHOICES:
         if getattr(t, name) is not None:
             out[name] = getattr(t, name).value
@@ -223,9 +228,16 @@ def specs_from_dict(path: Path, data: dict[str, Any]
     chosen = {k: choice(path, f"training.{k}", t[k], enum)
               for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
     ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
-            if k not in ("overlap_grad_reduce", *TRAINING_CHOICES, *flags)}
-    training = TrainingSpec(**ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True),
-                            **chosen, **flags)
+            if k not in ("overlap_grad_reduce", "recompute_modules", *TRAINING_CHOICES, *flags)}
+    modules = t.get("recompute_modules")
+    if modules is not None:
+        if not isinstance(modules, list) or not modules:
+            raise fail(path, "training.recompute_modules", "must be a list of module names")
+        modules = tuple(choice(path, "training.recompute_modules", m, RecomputeModule)
+                        for m in modules)
+    training = spec_or_fail(path, "training", lambda: TrainingSpec(
+        **ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True), **chosen, **flags,
+        recompute_modules=modules))
     return model, system, training, convention
 
 

@@ -24,7 +24,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``recompute_early_stop`` (true/false: full recompute stops at each layer's last saved
   tensor, PyTorch's non-reentrant checkpointing; the stack's default), ``selective_recompute``
   (``attention``, Megatron-LM's selective recompute of the attention core, or ``op``,
-  torchtitan's per-op checkpointing; ``attention``), ``cross_entropy`` (``fused``,
+  torchtitan's per-op checkpointing; ``attention``), ``recompute_modules`` (what a selective
+  recompute runs again, Megatron-LM's ``--recompute-modules`` names separated by spaces or
+  ``+``: ``core_attn``, ``mla_up_proj``, ``mlp``), ``cross_entropy`` (``fused``,
   Megatron-LM's, or ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
   at its peak, not 4; ``fused``), ``overlap_grad_reduce`` (true), ``grad_bytes`` (2),
   ``grad_copy`` (true/false: the 16-bit ``.grad`` kept beside the accumulation buffer, as
@@ -64,6 +66,7 @@ from simcore.specs import (
     ModelSpec,
     Precision,
     Recompute,
+    RecomputeModule,
     Schedule,
     Strategy,
     SystemSpec,
@@ -80,7 +83,8 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "sequence_parallel", 
             "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
             "transformer_engine", "recompute_early_stop", "selective_recompute",
-            "cross_entropy", "overlap_grad_reduce", "grad_bytes", "grad_copy", "hbm_gb",
+            "cross_entropy", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
+            "grad_copy", "hbm_gb",
             "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
@@ -258,8 +262,23 @@ def _strategy(row: dict[str, str]) -> Strategy:
         raise _RowError(str(e)) from None
 
 
+def _modules(row: dict[str, str]) -> tuple[RecomputeModule, ...] | None:
+    """``recompute_modules``: Megatron-LM's module names, separated by spaces or ``+``."""
+    text = (row.get("recompute_modules") or "").replace("+", " ").split()
+    return tuple(RecomputeModule(m) for m in text) or None
+
+
 def _training(row: dict[str, str]) -> TrainingSpec:
     overlap = _boolean(row, "overlap_grad_reduce")
+    try:
+        return _training_spec(row, overlap)
+    except ValueError as e:
+        if isinstance(e, _RowError):
+            raise
+        raise _RowError(str(e)) from None
+
+
+def _training_spec(row: dict[str, str], overlap: bool | None) -> TrainingSpec:
     return TrainingSpec(
         global_batch=_integer(row, "global_batch"), seq_len=_integer(row, "seq_len"),
         bytes_per_param_grads=_integer(row, "grad_bytes", 2),
@@ -268,6 +287,7 @@ def _training(row: dict[str, str]) -> TrainingSpec:
         transformer_engine=_boolean(row, "transformer_engine"),
         recompute_early_stop=_boolean(row, "recompute_early_stop"),
         grad_copy=_boolean(row, "grad_copy"),
+        recompute_modules=_modules(row),
         **{k: _enum(row, k, enum, None) for k, enum in TRAINING_CHOICES.items()},
     )
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.catalog import Catalog, load_catalog
+from planner.catalog_network import spec_or_fail
 from planner.errors import PlannerUsageError
 from planner.fields import (
     MAX_NUMBER,
@@ -50,6 +51,7 @@ from planner.record import Evaluator
 from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
 from search_spaces.frameworks import ANY, FRAMEWORKS, with_framework_defaults
+from simcore.megatron.checks import recompute_modules_problem
 from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
@@ -60,6 +62,7 @@ from simcore.specs import (
     ModelSpec,
     Precision,
     Recompute,
+    RecomputeModule,
     Schedule,
     SelectiveRecompute,
     SystemSpec,
@@ -79,7 +82,7 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention",
                       "transformer_engine", "recompute_early_stop", "grad_copy",
-                      *TRAINING_CHOICES}
+                      "recompute_modules", *TRAINING_CHOICES}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
                 "ep", "etp", "ep_overlap", "ep_dedup", "recompute_layers"}
@@ -133,6 +136,8 @@ class StudyConfig:
             **({"recompute_early_stop": self.training.recompute_early_stop}
                if self.training.recompute_early_stop is not None else {}),
             **({"grad_copy": True} if self.training.grad_copy else {}),
+            **({"recompute_modules": [m.value for m in self.training.recompute_modules]}
+               if self.training.recompute_modules is not None else {}),
             # torchtitan's own recompute and loss only: Megatron-LM's, named by a megatron or
             # deepspeed study, estimate as before, so those studies keep their fingerprints
             **{k: v.value for k, v in (("selective_recompute", self.training.selective_recompute),
@@ -180,6 +185,14 @@ def _ref(path: Path, field: str, value: Any, kind: str, catalog: Catalog) -> Any
     if not isinstance(value, str) or not value:
         raise fail(path, field, f"must be a {kind} name from the catalog or a YAML path")
     return getattr(catalog, kind)(value, where=(path, field))
+
+
+def _recompute_modules(path: Path, value: Any) -> tuple[RecomputeModule, ...] | None:
+    """``training.recompute_modules``: Megatron-LM's module names (a list, or one)."""
+    if value is None:
+        return None
+    return tuple(dict.fromkeys(choice(path, "training.recompute_modules", m, RecomputeModule)
+                               for m in _list(path, "training.recompute_modules", value)))
 
 
 def _list(path: Path, field: str, value: Any) -> list:
@@ -351,18 +364,17 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
             raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
     chosen = {k: choice(path, f"training.{k}", t[k], enum)
               for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
-    training = TrainingSpec(
-        **chosen,
-        flash_attention=flash,
-        transformer_engine=te,
-        recompute_early_stop=early,
-        grad_copy=copy,
-        global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
-        seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1),
-        bytes_per_param_grads=integer(path, "training.grad_bytes", t.get("grad_bytes", 2),
-                                      minimum=1),
-        overlap_grad_reduce=overlap,
-    )
+    modules = _recompute_modules(path, t.get("recompute_modules"))
+    batch = integer(path, "training.global_batch", t["global_batch"], minimum=1)
+    seq_len = integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1)
+    grad_bytes = integer(path, "training.grad_bytes", t.get("grad_bytes", 2), minimum=1)
+    training = spec_or_fail(path, "training", lambda: TrainingSpec(
+        **chosen, flash_attention=flash, transformer_engine=te, recompute_early_stop=early,
+        grad_copy=copy, recompute_modules=modules, global_batch=batch, seq_len=seq_len,
+        bytes_per_param_grads=grad_bytes, overlap_grad_reduce=overlap))
+    refused = recompute_modules_problem(model, training)
+    if refused is not None:
+        raise fail(path, "training.recompute_modules", refused)
     limit = _hbm(path, e.get("hbm_gb"), system)
     if hbm_gb is not None:  # --hbm-gb: the same question under another limit, a study of its own
         if not (0 < hbm_gb <= MAX_NUMBER):

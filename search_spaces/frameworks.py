@@ -172,6 +172,9 @@ def _selective(framework: str, training: TrainingSpec, s: Strategy) -> str | Non
         return ("recompute selective of the attention core: torchtitan's selective"
                 " checkpointing is per-op (set training selective_recompute: op, as a"
                 " torchtitan study does), or use recompute full or none")
+    if training.recompute_modules is not None and framework != "megatron":
+        return (f"recompute selective with recompute_modules: Megatron-LM's"
+                f" --recompute-modules; {framework} has no such option")
     return None
 
 

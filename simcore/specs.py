@@ -24,6 +24,7 @@ __all__ = [
     "ModelSpec",
     "Precision",
     "Recompute",
+    "RecomputeModule",
     "Schedule",
     "SelectiveRecompute",
     "TRAINING_CHOICES",
@@ -116,6 +117,25 @@ class SelectiveRecompute(_Named):
     @classmethod
     def _label(cls) -> str:
         return "selective_recompute"
+
+
+class RecomputeModule(_Named):
+    """A submodule Megatron-LM's selective recompute runs again (``--recompute-modules``,
+    ``megatron/core/transformer/transformer_config.py`` ``recompute_modules`` at d98e8a64; its
+    default ``core_attn``). The modules modelled here; Megatron-LM has more."""
+
+    CORE_ATTN = "core_attn"
+    """The attention core (Korthikanti et al.'s selective recompute)."""
+    MLA_UP_PROJ = "mla_up_proj"
+    """Multi-head latent attention's up projections and RoPE, with output-discarding
+    checkpointing: the layer keeps the compressed latents, not the heads' Q, K and V."""
+    MLP = "mlp"
+    """The dense MLP submodule (not an MoE layer's experts): it keeps its input only and runs
+    its forward again."""
+
+    @classmethod
+    def _label(cls) -> str:
+        return "recompute_modules"
 
 
 class CrossEntropy(_Named):
@@ -289,6 +309,14 @@ class ModelSpec:
     """Parameters of one layer's attention projections, when they are not the Q, K, V and
     output matrices of the heads (DeepSeek-V3's multi-head latent attention: 187.1 M, its
     low-rank down and up projections); its projections' FLOPs follow from it."""
+    mla_latent: int | None = None
+    """Multi-head latent attention: the widths of the compressed tensors a token keeps where
+    its up projections recompute (``mla_up_proj``): q_lora_rank + kv_lora_rank +
+    qk_rope_head_dim (DeepSeek-V3: 1536 + 512 + 64)."""
+    mla_up_params: int | None = None
+    """Multi-head latent attention: the weights of one layer's up projections (part of
+    ``attention_params``), what ``mla_up_proj`` runs again (DeepSeek-V3: 1536 x 128 x 192 +
+    512 x 128 x 256)."""
     dropout: bool | None = None
     """Whether the model trains with dropout (its masks stored, its kernels run). None takes
     the family's default: GPT does (Megatron-LM's 0.1 hidden and attention dropout), Llama does
@@ -298,9 +326,12 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"):
             _positive(name, getattr(self, name))
-        for name in ("attention_head_dim", "attention_params"):
+        for name in ("attention_head_dim", "attention_params", "mla_latent", "mla_up_params"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        if (self.mla_latent is None) != (self.mla_up_params is None):
+            raise ValueError("mla_latent and mla_up_params describe multi-head latent attention"
+                             " together; give both or neither")
         if self.kv_heads is not None:
             _positive("kv_heads", self.kv_heads)
             if self.heads % self.kv_heads:
@@ -483,6 +514,10 @@ class TrainingSpec:
     """What a plan's selective recompute drops (:class:`SelectiveRecompute`): None is
     Megatron-LM's attention core; torchtitan studies set ``op``, its per-op checkpointing
     (``search_spaces.frameworks``)."""
+    recompute_modules: tuple[RecomputeModule, ...] | None = None
+    """What a plan's selective recompute runs again, as Megatron-LM's ``--recompute-modules``
+    names it (:class:`RecomputeModule`); None: ``selective_recompute``'s choice (Megatron-LM's
+    default is ``core_attn``). Plans with recompute none or full ignore it."""
     recompute_early_stop: bool | None = None
     """Under full recompute, each layer's recompute stops at the last tensor its backward
     saved, as PyTorch's non-reentrant activation checkpointing does by default ("Non-reentrant
@@ -501,6 +536,15 @@ class TrainingSpec:
     def __post_init__(self) -> None:
         _positive("global_batch", self.global_batch)
         _positive("seq_len", self.seq_len)
+        modules = self.recompute_modules
+        if modules is not None:
+            if (not isinstance(modules, tuple) or not modules
+                    or not all(isinstance(m, RecomputeModule) for m in modules)):
+                raise ValueError(f"recompute_modules must name one or more of"
+                                 f" {', '.join(m.value for m in RecomputeModule)}, got {modules!r}")
+            if self.selective_recompute is SelectiveRecompute.OP:
+                raise ValueError("recompute_modules are Megatron-LM's selective recompute, but"
+                                 " selective_recompute is op (torchtitan's); give one of them")
         for name in (
             "bytes_per_param_weights",
             "bytes_per_param_grads",

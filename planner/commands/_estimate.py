@@ -25,6 +25,7 @@ from simcore.specs import (
     ModelSpec,
     Precision,
     Recompute,
+    RecomputeModule,
     Schedule,
     SelectiveRecompute,
     Strategy,
@@ -159,6 +160,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
+    t.add_argument("--recompute-modules", nargs="+", metavar="MODULE", default=None,
+                   choices=[m.value for m in RecomputeModule],
+                   help="what --recompute selective runs again, as Megatron-LM's"
+                   " --recompute-modules names it (default: the attention core)")
     t.add_argument("--grad-copy", action=argparse.BooleanOptionalAction, default=None,
                    help="each parameter's 16-bit .grad stays beside the accumulation buffer,"
                    " as DeepSpeed's BF16_Optimizer keeps it (bf16 with fp32 accumulation,"
@@ -287,6 +292,8 @@ class EstimateCommand(BaseCommand):
                                     transformer_engine=args.transformer_engine,
                                     recompute_early_stop=args.recompute_early_stop,
                                     grad_copy=args.grad_copy,
+                                    recompute_modules=None if args.recompute_modules is None
+                                    else tuple(map(RecomputeModule, args.recompute_modules)),
                                     **{k: enum(getattr(args, k))
                                        for k, enum in TRAINING_CHOICES.items()
                                        if getattr(args, k) is not None})

@@ -60,6 +60,7 @@ from simcore.specs import (
     ModelSpec,
     Precision,
     Recompute,
+    RecomputeModule,
     Schedule,
     ZeroStage,
 )
@@ -128,7 +129,8 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
     flash = uses_flash_attention(plan.model, plan.system, plan.training)
     s = plan.strategy
     sections = [_parallel_args(plan), _batch_args(plan),
-                recompute_args(s.recompute, s.recompute_layers), _data_parallel_args(plan),
+                recompute_args(s.recompute, s.recompute_layers,
+                               plan.training.recompute_modules), _data_parallel_args(plan),
                 model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16),
                 megatron_moe_args(plan)]
     if plan.strategy.precision is not Precision.BF16:
@@ -252,9 +254,15 @@ def _batch_args(plan: Plan) -> list[str]:
             f"--global-batch-size {plan.training.global_batch}"]
 
 
-def recompute_args(r: Recompute, layers: int | None = None) -> list[str]:
+def recompute_args(r: Recompute, layers: int | None = None,
+                   modules: tuple[RecomputeModule, ...] | None = None) -> list[str]:
     """Megatron-LM's options for one activation-recompute choice, with a comment line;
-    ``layers``: recompute only the first ``layers`` of each stage (model chunk) under full."""
+    ``layers``: recompute only the first ``layers`` of each stage (model chunk) under full;
+    ``modules``: what selective recompute runs again (``--recompute-modules``)."""
+    if r is Recompute.SELECTIVE and modules is not None:
+        names = " ".join(m.value for m in modules)
+        return [f"# selective recompute of {names}", "--recompute-granularity selective",
+                f"--recompute-modules {names}"]
     if r is Recompute.SELECTIVE:
         return ["# selective recompute: the attention core (Megatron's default recompute module)",
                 "--recompute-granularity selective"]

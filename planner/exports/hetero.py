@@ -199,6 +199,8 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
                     recompute_num_layers=1)
     elif plan.recompute is Recompute.SELECTIVE:
         sys_["recompute_granularity"] = "selective"
+        if training.recompute_modules is not None:  # Megatron's recompute_modules option
+            sys_["recompute_modules"] = [m.value for m in training.recompute_modules]
     sys_["hetero"] = hetero
     flash = _flash(model, system, training, plan).pop()
     m: dict = {"num_layers": model.layers, "hidden_size": model.hidden,
@@ -277,7 +279,8 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
     dp = (["--use-distributed-optimizer"] if plan.zero is ZeroStage.OPTIMIZER else [])
     if training.overlap_grad_reduce:
         dp.append("--overlap-grad-reduce")
-    for section in (parallel, batch, recompute_args(plan.recompute), dp,
+    for section in (parallel, batch,
+                    recompute_args(plan.recompute, modules=training.recompute_modules), dp,
                     model_args(model, training.seq_len, flash, _bf16(system, plan))):
         lines += [f"  {a}" for a in section] + [""]
     lines[-1] = ")"

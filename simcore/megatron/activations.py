@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simcore.megatron.layers import LayerShape
-from simcore.specs import Activation, ModelSpec, Recompute
+from simcore.specs import Activation, ModelSpec, Recompute, RecomputeModule
 
 __all__ = ["LayerActivations", "layer_activations"]
 
@@ -62,10 +62,13 @@ def layer_activations(
     linear_input_bytes: float = 2,
     ffn: int | None = None,
     per_op: bool = False,
+    modules: frozenset[RecomputeModule] | None = None,
 ) -> LayerActivations:
     """``ffn``: the FFN's width when it is not the model's (an MoE layer's shared experts; 0:
     none; the routed experts' activations are counted apart, :mod:`simcore.megatron.moe`).
-    ``per_op``: selective recompute is torchtitan's per-op checkpointing (:func:`_per_op`)."""
+    ``per_op``: selective recompute is torchtitan's per-op checkpointing (:func:`_per_op`).
+    ``modules``: selective recompute runs Megatron-LM's ``--recompute-modules`` again
+    (:func:`_module_drops`; ``mlp`` only on a dense layer, ``ffn`` None)."""
     h, a = model.hidden, model.heads
     f = model.ffn_hidden if ffn is None else ffn
     sbh = seq_len / sp * micro_batch * h  # elements of one (s/sp, b, h) tensor
@@ -97,11 +100,31 @@ def layer_activations(
         stored = layer_input
     elif recompute is Recompute.SELECTIVE and per_op:
         stored = _per_op(model, sbh, sbf, q, kv, core, tp, sequence_parallel)
+    elif recompute is Recompute.SELECTIVE and modules is not None:
+        dense_mlp = (mlp_hidden - saved * sbf) if ffn is None else 0.0
+        stored = full - _module_drops(model, modules, sbh, q, kv, core, dense_mlp, tp)
     elif recompute is Recompute.SELECTIVE:
         stored = full - core_per_device
     else:
         stored = full
     return LayerActivations(stored=stored, full=full, attention_core=core_per_device)
+
+
+def _module_drops(model: ModelSpec, modules: frozenset[RecomputeModule], sbh: float, q: float,
+                  kv: float, core: float, dense_mlp: float, tp: int) -> float:
+    """Bytes a layer does not keep (per device) when selective recompute runs ``modules`` again
+    (Megatron-LM's ``recompute_modules``): ``core_attn`` the attention core; ``mla_up_proj`` the
+    heads' Q, K and V (split by tp; RoPE applied to them) for the compressed latents, which the
+    down projections leave on every tp rank (``mla_latent`` a token, 16-bit); ``mlp`` a dense
+    MLP's FC1 outputs and activation output (``dense_mlp``), keeping its input."""
+    dropped = 0.0
+    if RecomputeModule.CORE_ATTN in modules:
+        dropped += core / tp
+    if RecomputeModule.MLA_UP_PROJ in modules and model.mla_latent is not None:
+        dropped += (2 * q + 4 * kv) * sbh / tp - 2 * model.mla_latent * sbh / model.hidden
+    if RecomputeModule.MLP in modules:
+        dropped += dense_mlp / tp
+    return dropped
 
 
 def _per_op(model: ModelSpec, sbh: float, sbf: float, q: float, kv: float, core: float,

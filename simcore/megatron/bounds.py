@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simcore.megatron.activations import layer_activations
-from simcore.megatron.kernels import KernelCosts, layer_kernels
+from simcore.megatron.kernels import KernelCosts, layer_kernels, modules_forward
 from simcore.megatron.layers import layer_shape
 from simcore.megatron.plan import (
     uses_flash_attention,
@@ -124,6 +124,8 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     recomputes = {code: r for r, code in RECOMPUTE_CODES.items()}
     recomputes[PARTIAL_RECOMPUTE] = Recompute.FULL  # its kept activations; its time: none's
     per_op = training.selective_recompute is SelectiveRecompute.OP
+    modules = (None if training.recompute_modules is None
+               else frozenset(training.recompute_modules))
     per_layer = np.empty(len(distinct))
     stored = np.empty(len(distinct))
     for i, (mb, tp, sp, seqpar, is_fp8, rc, micro, with_te, stops_early) in enumerate(
@@ -136,7 +138,8 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                           micro_batches=max(micro, 1))
         recompute = recomputes[rc]
         # full recompute stopping early skips the forward's tail (recompute_early_stop)
-        selective = k.op_recompute if per_op else k.core_forward
+        selective = (k.op_recompute if per_op else k.core_forward if modules is None
+                     else modules_forward(k, modules))
         again = (0.0 if rc == PARTIAL_RECOMPUTE else
                  k.forward - (k.forward_tail if stops_early else 0.0)
                  if recompute is Recompute.FULL else
@@ -146,7 +149,8 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
             model, shape, micro_batch=mb, seq_len=training.seq_len, tp=tp, sp=sp,
             sequence_parallel=bool(seqpar), recompute=recompute, flash=flash,
             linear_input_bytes=1 if is_fp8 else 2,
-            per_op=per_op and recompute is Recompute.SELECTIVE).stored
+            per_op=per_op and recompute is Recompute.SELECTIVE,
+            modules=modules if recompute is Recompute.SELECTIVE else None).stored
     return per_layer[inverse], stored[inverse]
 
 

@@ -12,6 +12,8 @@ from simcore.specs import (
     Axis,
     ModelSpec,
     Precision,
+    Recompute,
+    RecomputeModule,
     Schedule,
     Strategy,
     SystemSpec,
@@ -19,7 +21,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["check_plan", "micro_batches", "valid_plans"]
+__all__ = ["check_plan", "micro_batches", "recompute_modules_problem", "valid_plans"]
 
 
 def _divisors(n: int) -> str:
@@ -34,6 +36,18 @@ def _must_divide(field: str, degree: int, what: str, total: int, why: str) -> No
             f"{field}={degree} must divide {what}={total} ({why}); allowed {field}:"
             f" {_divisors(total)}"
         )
+
+
+def recompute_modules_problem(model: ModelSpec, training: TrainingSpec) -> str | None:
+    """Why Megatron-LM would refuse the training's ``recompute_modules`` for this model, or None:
+    ``mla_up_proj`` "is only supported with multi_latent_attention"
+    (``megatron/core/transformer/transformer_config.py``, d98e8a64)."""
+    modules = training.recompute_modules or ()
+    if RecomputeModule.MLA_UP_PROJ in modules and model.mla_latent is None:
+        return (f"recompute_modules mla_up_proj needs multi-head latent attention, but"
+                f" {model.name} has none (a model entry gives mla_latent and mla_up_params);"
+                " drop mla_up_proj")
+    return None
 
 
 def micro_batches(training: TrainingSpec, strategy: Strategy) -> int:
@@ -72,6 +86,10 @@ def check_plan(
             f" divisors of {training.global_batch // s.dp if training.global_batch >= s.dp else 1}"
         )
     _check_experts(model, s)
+    if s.recompute is Recompute.SELECTIVE and training.recompute_modules is not None:
+        problem = recompute_modules_problem(model, training)
+        if problem is not None:
+            raise ValueError(problem)
     if s.precision is Precision.FP8:
         problem = fp8_problem(system.device)
         if problem is not None:

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from simcore.megatron.layers import LayerShape
 from simcore.megatron.moe import moe_shape
-from simcore.specs import Activation, ModelSpec, Recompute, SelectiveRecompute, TrainingSpec
+from simcore.specs import (
+    Activation,
+    ModelSpec,
+    Recompute,
+    RecomputeModule,
+    SelectiveRecompute,
+    TrainingSpec,
+)
 
 __all__ = ["layers_forward_flops", "model_flops", "recompute_flops"]
 
@@ -46,6 +53,8 @@ def recompute_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec,
     seq = training.seq_len
     if recompute is Recompute.FULL:
         per_sequence = layers_forward_flops(model, shape, seq)
+    elif recompute is Recompute.SELECTIVE and training.recompute_modules is not None:
+        per_sequence = _module_flops(model, shape, seq, frozenset(training.recompute_modules))
     elif (recompute is Recompute.SELECTIVE
           and training.selective_recompute is SelectiveRecompute.OP):
         per_sequence = 2 * seq * _every_second_matmul_params(model, shape)
@@ -54,6 +63,21 @@ def recompute_flops(model: ModelSpec, shape: LayerShape, training: TrainingSpec,
     else:
         return 0.0
     return per_sequence * training.global_batch
+
+
+def _module_flops(model: ModelSpec, shape: LayerShape, seq: int,
+                  modules: frozenset[RecomputeModule]) -> float:
+    """Forward FLOP per sequence of what Megatron-LM's ``recompute_modules`` run again: the
+    attention core, MLA's up projections, the dense layers' MLPs."""
+    flops = 0.0
+    if RecomputeModule.CORE_ATTN in modules:
+        flops += layers_forward_flops(model, shape, seq, core_only=True)
+    if RecomputeModule.MLA_UP_PROJ in modules and model.mla_up_params is not None:
+        flops += model.layers * 2 * seq * model.mla_up_params
+    if RecomputeModule.MLP in modules:
+        dense = model.layers - model.moe_layer_count
+        flops += dense * 2 * seq * (shape.matmul_params - shape.attention_params)
+    return flops
 
 
 def _every_second_matmul_params(model: ModelSpec, shape: LayerShape) -> float:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from simcore.megatron.layers import LayerShape
 from simcore.megatron.precision import FP8_BYTES, fp8_overheads, fp8_problem
-from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, Precision
+from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, Precision, RecomputeModule
 
 __all__ = [
     "BACKWARD_KERNELS",
@@ -53,6 +53,7 @@ __all__ = [
     "KernelCosts",
     "LayerKernels",
     "layer_kernels",
+    "modules_forward",
 ]
 
 TILE = 128
@@ -176,6 +177,22 @@ class LayerKernels:
     casts, and every second matmul: Llama's K, output and up projections (its matmuls run
     wq, wk, wv, wo, w1, w3, w2: ``torchtitan/models/llama3/model/model.py``), a GPT layer's
     output projection and FC2."""
+    mlp_forward: float = 0.0
+    """The MLP's forward (FC1, the activation, FC2): what ``recompute_modules`` ``mlp`` runs
+    again."""
+    mla_up_forward: float = 0.0
+    """Multi-head latent attention's up projections, forward: what ``mla_up_proj`` runs again
+    (one GEMM of their FLOPs over the latents' width)."""
+
+
+def modules_forward(k: LayerKernels, modules: frozenset[RecomputeModule], *,
+                    dense: bool = True) -> float:
+    """Seconds of the forward kernels Megatron-LM's ``recompute_modules`` run again in a layer of
+    these kernels: the attention core, MLA's up projections and, in a ``dense`` layer, the MLP
+    (an MoE layer's experts are not its ``mlp`` module)."""
+    return ((k.core_forward if RecomputeModule.CORE_ATTN in modules else 0.0)
+            + (k.mla_up_forward if RecomputeModule.MLA_UP_PROJ in modules else 0.0)
+            + (k.mlp_forward if dense and RecomputeModule.MLP in modules else 0.0))
 
 
 def _gemm_pair(costs: KernelCosts, m: float, n: float, k: float,
@@ -268,11 +285,17 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     # layer's last saved tensor is FC2's input. Without an FFN here (an MoE layer, whose routed
     # experts are priced apart) the tail is not counted.
     tail = gemms[-1][0] + ew_fwd[3] if f else 0.0
+    mlp_forward = gemms[2][0] + gemms[3][0] + ew_fwd[4] if f else 0.0
+    mla_up = 0.0
+    if model.mla_latent is not None and model.mla_up_params is not None:
+        mla_up = costs.linear(tokens, model.mla_up_params / (model.mla_latent * t),
+                              model.mla_latent)
     return LayerKernels(
         forward=forward, backward=backward, core_forward=sum(core_fwd), wgrad=wgrad,
         kernels_forward=kernels_forward, kernels_backward=kernels_backward,
         gemm_forward=sum(g[0] for g in gemms), gemm_dgrad=sum(g[1] for g in gemms),
-        forward_tail=tail, op_recompute=op_recompute,
+        forward_tail=tail, op_recompute=op_recompute, mlp_forward=mlp_forward,
+        mla_up_forward=mla_up,
     )
 
 

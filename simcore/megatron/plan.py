@@ -136,6 +136,10 @@ class StepPlan:
         self.per_op = (strategy.recompute is Recompute.SELECTIVE
                        and training.selective_recompute is SelectiveRecompute.OP)
         """Selective recompute is torchtitan's per-op checkpointing, not the attention core."""
+        self.modules = (frozenset(training.recompute_modules)
+                        if strategy.recompute is Recompute.SELECTIVE
+                        and training.recompute_modules is not None else None)
+        """Selective recompute runs Megatron-LM's ``recompute_modules`` again."""
         self.fp8 = strategy.precision is Precision.FP8
         """The linear layers run in FP8 (:mod:`simcore.megatron.precision`)."""
         self.fp8_params = uses_fp8_param_gather(system, training, strategy)
@@ -167,7 +171,7 @@ class StepPlan:
                 model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
                 sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=s.recompute,
                 flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2,
-                per_op=self.per_op,
+                per_op=self.per_op, modules=self.modules,
             ))
         self.kernels: LayerKernels = _shared(
             shared, ("kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
@@ -276,7 +280,7 @@ class StepPlan:
                 model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
                 sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=s.recompute,
                 flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2, ffn=width,
-                per_op=self.per_op,
+                per_op=self.per_op, modules=self.modules,
             ))
         saved = FP8_BYTES if self.fp8 else a
         self.expert_act = expert_activations(model, tokens=self.expert_tokens, etp=s.expert_tp,

@@ -49,6 +49,7 @@ from simcore.megatron.calls import (
 from simcore.megatron.checks import check_plan
 from simcore.megatron.flops import model_flops as _model_flops
 from simcore.megatron.flops import recompute_flops as _recompute_flops
+from simcore.megatron.kernels import LayerKernels, modules_forward
 from simcore.megatron.moe import expert_comm, expert_grad_calls
 from simcore.megatron.pipeline import head_stage, in_flight, pipeline_time, zbv_time
 from simcore.megatron.plan import StepPlan, _shared, uses_flash_attention
@@ -60,6 +61,7 @@ from simcore.specs import (
     CrossEntropy,
     ModelSpec,
     Recompute,
+    RecomputeModule,
     Schedule,
     Strategy,
     SystemSpec,
@@ -135,7 +137,8 @@ def _layer(p: StepPlan, plain: bool = False) -> _Layer:
     return _layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
                      _tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
                      tail=kernels.forward_tail, tail_comm=tail_comm,
-                     per_op=kernels.op_recompute, plain=plain)
+                     per_op=kernels.op_recompute, plain=plain,
+                     modules=_modules_again(p, kernels, dense=True))
 
 
 def _moe_layer(p: StepPlan, plain: bool = False) -> _Layer:
@@ -152,7 +155,7 @@ def _moe_layer(p: StepPlan, plain: bool = False) -> _Layer:
     tp = pairs * p.comm.total(tp_pair_calls(p))
     layer = _layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
                       k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute,
-                      plain=plain)
+                      plain=plain, modules=_modules_again(p, k, dense=False))
     ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
     again = ep if p.s.recompute is Recompute.FULL and not plain else 0.0
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
@@ -161,10 +164,21 @@ def _moe_layer(p: StepPlan, plain: bool = False) -> _Layer:
     return replace(layer, ep_fwd=ep, ep_bwd=ep + again)
 
 
+def _modules_again(p: StepPlan, k: LayerKernels, *, dense: bool) -> tuple[float, bool]:
+    """What Megatron-LM's ``recompute_modules`` run again in a layer of these kernels: the
+    seconds of their forward kernels, and whether the MLP (with its tp pair) is among them
+    (``mlp``: a dense layer's only)."""
+    m = p.modules
+    if m is None:
+        return 0.0, False
+    return (modules_forward(k, m, dense=dense),
+            dense and RecomputeModule.MLP in m and k.mlp_forward > 0)
+
+
 def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
               tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
               tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0,
-              plain: bool = False) -> _Layer:
+              plain: bool = False, modules: tuple[float, bool] = (0.0, False)) -> _Layer:
     """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
     attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
     with the plan's sp, recompute and ZeRO-3. ``tail`` and ``tail_comm``: the forward's kernels
@@ -172,7 +186,9 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     (:attr:`StepPlan.early_stop`) does not run again (an MoE layer passes none: priced whole).
     ``per_op``: what per-op selective checkpointing runs again (:attr:`StepPlan.per_op`), with
     the tp collectives whose outputs it does not keep. ``plain``: the layer without recompute
-    (a layer ``recompute_layers`` leaves out)."""
+    (a layer ``recompute_layers`` leaves out). ``modules``: what Megatron-LM's
+    ``recompute_modules`` run again (:func:`_modules_again`): their seconds, and whether the
+    MLP's tp pair runs again with it."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
     if p.te and s.tp > 1 and s.sequence_parallel:
@@ -207,6 +223,9 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     elif s.recompute is Recompute.FULL:
         recompute = fwd
         tp_recompute = tp_fwd
+    elif p.modules is not None:
+        recompute = modules[0]
+        tp_recompute = tp_fwd / 2 if modules[1] else 0.0  # the MLP's pair of the layer's two
     elif p.per_op:
         recompute = per_op
         # the reduce-scatters' outputs are kept, the all-gathers before the column-parallel

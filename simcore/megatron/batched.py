@@ -44,6 +44,7 @@ from simcore.megatron.checks import valid_plans
 from simcore.megatron.layers import layer_shape
 from simcore.megatron.pipeline import in_flight, zbv_bubble
 from simcore.megatron.plan import StepPlan
+from simcore.megatron.recompute import recomputed_fraction
 from simcore.megatron.step import (
     _dp_time,
     _ends,
@@ -55,7 +56,6 @@ from simcore.megatron.step import (
     _stage,
     estimate_megatron,
     pp_send,
-    recomputed_fraction,
     stage_activations,
 )
 from simcore.specs import (

@@ -9,6 +9,7 @@ from simcore.megatron.calls import embedding_calls, head_calls
 from simcore.megatron.checks import check_plan
 from simcore.megatron.pipeline import head_stage
 from simcore.megatron.plan import StepPlan
+from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.step import (
     _dp_time,
     _Ends,
@@ -20,7 +21,6 @@ from simcore.megatron.step import (
     _stage,
     partial_layers,
     pp_exposed,
-    recomputed_share,
 )
 from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
 

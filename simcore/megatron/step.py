@@ -49,7 +49,12 @@ from simcore.megatron.calls import (
 from simcore.megatron.checks import check_plan
 from simcore.megatron.flops import model_flops as _model_flops
 from simcore.megatron.flops import recompute_flops as _recompute_flops
-from simcore.megatron.kernels import LayerKernels, modules_forward
+from simcore.megatron.recompute import (
+    blend,
+    modules_again,
+    recomputed_fraction,
+    recomputed_share,
+)
 from simcore.megatron.moe import expert_comm, expert_grad_calls
 from simcore.megatron.pipeline import head_stage, in_flight, pipeline_time, zbv_time
 from simcore.megatron.plan import StepPlan, _shared, uses_flash_attention
@@ -61,7 +66,6 @@ from simcore.specs import (
     CrossEntropy,
     ModelSpec,
     Recompute,
-    RecomputeModule,
     Schedule,
     Strategy,
     SystemSpec,
@@ -138,7 +142,7 @@ def _layer(p: StepPlan, plain: bool = False) -> _Layer:
                      _tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
                      tail=kernels.forward_tail, tail_comm=tail_comm,
                      per_op=kernels.op_recompute, plain=plain,
-                     modules=_modules_again(p, kernels, dense=True))
+                     modules=modules_again(p, kernels, dense=True))
 
 
 def _moe_layer(p: StepPlan, plain: bool = False) -> _Layer:
@@ -155,24 +159,13 @@ def _moe_layer(p: StepPlan, plain: bool = False) -> _Layer:
     tp = pairs * p.comm.total(tp_pair_calls(p))
     layer = _layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
                       k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute,
-                      plain=plain, modules=_modules_again(p, k, dense=False))
+                      plain=plain, modules=modules_again(p, k, dense=False))
     ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
     again = ep if p.s.recompute is Recompute.FULL and not plain else 0.0
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
         hidden = _hidden(p, 2 * ep + again, layer.compute)
         return replace(layer, ep_fwd=0.0, ep_bwd=hidden)
     return replace(layer, ep_fwd=ep, ep_bwd=ep + again)
-
-
-def _modules_again(p: StepPlan, k: LayerKernels, *, dense: bool) -> tuple[float, bool]:
-    """What Megatron-LM's ``recompute_modules`` run again in a layer of these kernels: the
-    seconds of their forward kernels, and whether the MLP (with its tp pair) is among them
-    (``mlp``: a dense layer's only)."""
-    m = p.modules
-    if m is None:
-        return 0.0, False
-    return (modules_forward(k, m, dense=dense),
-            dense and RecomputeModule.MLP in m and k.mlp_forward > 0)
 
 
 def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
@@ -187,7 +180,7 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     ``per_op``: what per-op selective checkpointing runs again (:attr:`StepPlan.per_op`), with
     the tp collectives whose outputs it does not keep. ``plain``: the layer without recompute
     (a layer ``recompute_layers`` leaves out). ``modules``: what Megatron-LM's
-    ``recompute_modules`` run again (:func:`_modules_again`): their seconds, and whether the
+    ``recompute_modules`` run again (:func:`simcore.megatron.recompute.modules_again`): their seconds, and whether the
     MLP's tp pair runs again with it."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
@@ -340,14 +333,6 @@ def _stage(p: StepPlan, layer: _Layer, ends: _Ends, i: int, *, layers: int | Non
     return _Stage(i, *found)
 
 
-def recomputed_share(p: StepPlan, i: int, layers: float, pp: int) -> float:
-    """The share of stage ``i``'s layers that run the plan's recompute: 1, or under
-    ``recompute_layers`` its recomputed layers over all (:meth:`StepPlan.recomputed_layers`)."""
-    if p.s.recompute_layers is None or not layers:
-        return 1.0
-    return p.recomputed_layers(i, layers, pp) / layers
-
-
 def partial_layers(p: StepPlan, layer: _Layer, moe: _Layer | None,
                    share: float) -> tuple[_Layer, _Layer | None]:
     """``layer`` and ``moe`` (each under full recompute) as the average layer of a stage whose
@@ -357,16 +342,8 @@ def partial_layers(p: StepPlan, layer: _Layer, moe: _Layer | None,
     if plain is None:
         plain = p.stage_memo[("plain",)] = (
             _layer(p, plain=True), _moe_layer(p, plain=True) if moe is not None else None)
-    return (_blend(plain[0], layer, share),
-            None if moe is None or plain[1] is None else _blend(plain[1], moe, share))
-
-
-def _blend(plain: _Layer, full: _Layer, share: float) -> _Layer:
-    return _Layer(*(a + share * (b - a) for a, b in zip(_values(plain), _values(full))))
-
-
-def _values(layer: _Layer) -> tuple[float, ...]:
-    return tuple(getattr(layer, name) for name in _Layer.__slots__)  # type: ignore[attr-defined]
+    return (blend(plain[0], layer, share),
+            None if moe is None or plain[1] is None else blend(plain[1], moe, share))
 
 
 def _sums(p: StepPlan, layer: _Layer, ends: _Ends, layers: int, n_moe: int, first: bool,
@@ -606,15 +583,6 @@ def estimate_megatron(model: ModelSpec, system: SystemSpec, training: TrainingSp
                     recompute=strategy.recompute, schedule=strategy.schedule,
                     peak_flops_per_s=system.device.peak_flops_per_s * strategy.devices,
                     recomputed=recomputed_fraction(p))
-
-
-def recomputed_fraction(p: StepPlan) -> float:
-    """The share of the model's layers that run the plan's recompute (1 but under
-    ``recompute_layers``), for the hardware FLOPs."""
-    if p.s.recompute_layers is None:
-        return 1.0
-    return sum(p.recomputed_layers(i, n, p.s.pp)
-               for i, n in enumerate(p.stage_layers)) / p.model.layers
 
 
 def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPlan, _Stage]], *,

@@ -1,0 +1,56 @@
+"""What runs again in the backward beyond the plain recompute choices: full recompute of only
+some layers (``Strategy.recompute_layers``, Megatron-LM's ``--recompute-method block``) and
+Megatron-LM's selective ``recompute_modules``.
+
+A stage under ``recompute_layers`` is priced as the average of its layers: each term of a stage
+(compute, tp, the FSDP and sp exchanges) is a sum over its layers, so ``n`` average layers sum
+to the recomputed layers' terms plus the others' (:func:`blend`, its ``share``)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import TypeVar
+
+from simcore.megatron.kernels import LayerKernels, modules_forward
+from simcore.megatron.plan import StepPlan
+from simcore.specs import RecomputeModule
+
+__all__ = ["blend", "modules_again", "recomputed_fraction", "recomputed_share"]
+
+_L = TypeVar("_L")
+
+
+def recomputed_share(p: StepPlan, i: int, layers: float, pp: int) -> float:
+    """The share of stage ``i``'s layers that run the plan's recompute: 1, or under
+    ``recompute_layers`` its recomputed layers over all (:meth:`StepPlan.recomputed_layers`)."""
+    if p.s.recompute_layers is None or not layers:
+        return 1.0
+    return p.recomputed_layers(i, layers, pp) / layers
+
+
+def recomputed_fraction(p: StepPlan) -> float:
+    """The share of the model's layers that run the plan's recompute (1 but under
+    ``recompute_layers``), for the hardware FLOPs."""
+    if p.s.recompute_layers is None:
+        return 1.0
+    return sum(p.recomputed_layers(i, n, p.s.pp)
+               for i, n in enumerate(p.stage_layers)) / p.model.layers
+
+
+def blend(plain: _L, full: _L, share: float) -> _L:
+    """The layer (a dataclass of seconds) whose every field is ``plain``'s plus ``share`` of the
+    way to ``full``'s."""
+    return type(full)(*(getattr(plain, f.name) + share * (getattr(full, f.name)
+                                                         - getattr(plain, f.name))
+                        for f in fields(full)))  # type: ignore[arg-type]
+
+
+def modules_again(p: StepPlan, k: LayerKernels, *, dense: bool) -> tuple[float, bool]:
+    """What Megatron-LM's ``recompute_modules`` run again in a layer of these kernels: the
+    seconds of their forward kernels, and whether the MLP (with its tp pair) is among them
+    (``mlp``: a dense layer's only)."""
+    m = p.modules
+    if m is None:
+        return 0.0, False
+    return (modules_forward(k, m, dense=dense),
+            dense and RecomputeModule.MLP in m and k.mlp_forward > 0)

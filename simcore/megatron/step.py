@@ -180,8 +180,8 @@ def _layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     ``per_op``: what per-op selective checkpointing runs again (:attr:`StepPlan.per_op`), with
     the tp collectives whose outputs it does not keep. ``plain``: the layer without recompute
     (a layer ``recompute_layers`` leaves out). ``modules``: what Megatron-LM's
-    ``recompute_modules`` run again (:func:`simcore.megatron.recompute.modules_again`): their seconds, and whether the
-    MLP's tp pair runs again with it."""
+    ``recompute_modules`` run again (:func:`simcore.megatron.recompute.modules_again`): their
+    seconds, and whether the MLP's tp pair runs again with it."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
     if p.te and s.tp > 1 and s.sequence_parallel:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -127,6 +128,9 @@ class SkippedRun:
     line: int
     name: str
     reason: str
+
+
+_T = TypeVar("_T")
 
 
 class _RowError(ValueError):
@@ -240,26 +244,31 @@ def _strategy(row: dict[str, str]) -> Strategy:
     v = _integer(row, "v", 2 if named is Schedule.ZBV else from_layout or 1)
     default_schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
     sequence_parallel = _boolean(row, "sequence_parallel")
+    return _built(lambda: Strategy(
+        dp=_integer(row, "dp"), tp=_integer(row, "tp"), pp=_integer(row, "pp"),
+        sp=_integer(row, "sp", 1),
+        sequence_parallel=True if sequence_parallel is None else sequence_parallel,
+        zero=_zero(row), recompute=_enum(row, "recompute", Recompute, Recompute.NONE),
+        micro_batch=_integer(row, "micro_batch"),
+        schedule=named or default_schedule, v=v, **_placement(row),
+        precision=_enum(row, "precision", Precision, Precision.BF16),
+        first_stage_layers=_optional_integer(row, "first_stage_layers"),
+        last_stage_layers=_optional_integer(row, "last_stage_layers"),
+        shard_group=_optional_integer(row, "shard_group"),
+        ep=_integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
+        ep_overlap=bool(_boolean(row, "ep_overlap")),
+        ep_dedup=bool(_boolean(row, "ep_dedup")), layout=layout,
+        recompute_layers=_optional_integer(row, "recompute_layers"),
+    ))
+
+
+def _built(build: Callable[[], _T]) -> _T:
+    """``build()``, a spec's ValueError turned into the row's reason (:class:`_RowError`)."""
     try:
-        return Strategy(
-            dp=_integer(row, "dp"), tp=_integer(row, "tp"), pp=_integer(row, "pp"),
-            sp=_integer(row, "sp", 1),
-            sequence_parallel=True if sequence_parallel is None else sequence_parallel,
-            zero=_zero(row), recompute=_enum(row, "recompute", Recompute, Recompute.NONE),
-            micro_batch=_integer(row, "micro_batch"),
-            schedule=named or default_schedule, v=v, **_placement(row),
-            precision=_enum(row, "precision", Precision, Precision.BF16),
-            first_stage_layers=_optional_integer(row, "first_stage_layers"),
-            last_stage_layers=_optional_integer(row, "last_stage_layers"),
-            shard_group=_optional_integer(row, "shard_group"),
-            ep=_integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
-            ep_overlap=bool(_boolean(row, "ep_overlap")),
-            ep_dedup=bool(_boolean(row, "ep_dedup")), layout=layout,
-            recompute_layers=_optional_integer(row, "recompute_layers"),
-        )
+        return build()
+    except _RowError:
+        raise
     except ValueError as e:
-        if isinstance(e, _RowError):
-            raise
         raise _RowError(str(e)) from None
 
 
@@ -271,16 +280,7 @@ def _modules(row: dict[str, str]) -> tuple[RecomputeModule, ...] | None:
 
 def _training(row: dict[str, str]) -> TrainingSpec:
     overlap = _boolean(row, "overlap_grad_reduce")
-    try:
-        return _training_spec(row, overlap)
-    except ValueError as e:
-        if isinstance(e, _RowError):
-            raise
-        raise _RowError(str(e)) from None
-
-
-def _training_spec(row: dict[str, str], overlap: bool | None) -> TrainingSpec:
-    return TrainingSpec(
+    return _built(lambda: TrainingSpec(
         global_batch=_integer(row, "global_batch"), seq_len=_integer(row, "seq_len"),
         bytes_per_param_grads=_integer(row, "grad_bytes", 2),
         overlap_grad_reduce=True if overlap is None else overlap,
@@ -290,7 +290,7 @@ def _training_spec(row: dict[str, str], overlap: bool | None) -> TrainingSpec:
         grad_copy=_boolean(row, "grad_copy"),
         recompute_modules=_modules(row),
         **{k: _enum(row, k, enum, None) for k, enum in TRAINING_CHOICES.items()},
-    )
+    ))
 
 
 def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:

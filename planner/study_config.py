@@ -187,14 +187,6 @@ def _ref(path: Path, field: str, value: Any, kind: str, catalog: Catalog) -> Any
     return getattr(catalog, kind)(value, where=(path, field))
 
 
-def _recompute_modules(path: Path, value: Any) -> tuple[RecomputeModule, ...] | None:
-    """``training.recompute_modules``: Megatron-LM's module names (a list, or one)."""
-    if value is None:
-        return None
-    return tuple(dict.fromkeys(choice(path, "training.recompute_modules", m, RecomputeModule)
-                               for m in _list(path, "training.recompute_modules", value)))
-
-
 def _list(path: Path, field: str, value: Any) -> list:
     items = value if isinstance(value, list) else [value]
     if not items:
@@ -364,7 +356,9 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
             raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
     chosen = {k: choice(path, f"training.{k}", t[k], enum)
               for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
-    modules = _recompute_modules(path, t.get("recompute_modules"))
+    modules = (None if t.get("recompute_modules") is None else  # a list of names, or one
+               _enums(path, "training.recompute_modules", t["recompute_modules"],
+                      RecomputeModule))
     batch = integer(path, "training.global_batch", t["global_batch"], minimum=1)
     seq_len = integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1)
     grad_bytes = integer(path, "training.grad_bytes", t.get("grad_bytes", 2), minimum=1)

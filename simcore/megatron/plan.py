@@ -118,6 +118,9 @@ class StepPlan:
         self.stage_memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         """The stage sums by (layers, MoE layers, ends, pp, sends): the alike middle stages
         are summed once (memoised)."""
+        self.plain_layers: tuple[Any, Any] | None = None
+        """The dense and MoE layers without recompute, for ``recompute_layers``
+        (:func:`simcore.megatron.step.partial_layers` builds them once)."""
         self.memory_memo: dict[tuple[Any, ...], Any] = {}
         """A stage's memory but its activations, by what it holds (memoised)."""
         self.tokens = strategy.micro_batch * self.seq / strategy.sp

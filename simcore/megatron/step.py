@@ -338,9 +338,9 @@ def partial_layers(p: StepPlan, layer: _Layer, moe: _Layer | None,
     """``layer`` and ``moe`` (each under full recompute) as the average layer of a stage whose
     ``share`` of layers recompute and the rest do not: ``n`` such layers sum to the recomputed
     ones' times plus the others' (every term of a stage is a sum over its layers)."""
-    plain = p.stage_memo.get(("plain",))
+    plain = p.plain_layers
     if plain is None:
-        plain = p.stage_memo[("plain",)] = (
+        plain = p.plain_layers = (
             _layer(p, plain=True), _moe_layer(p, plain=True) if moe is not None else None)
     return (blend(plain[0], layer, share),
             None if moe is None or plain[1] is None else blend(plain[1], moe, share))

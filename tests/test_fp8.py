@@ -20,10 +20,12 @@ from search_spaces.space import StrategySpace
 from simcore.megatron.activations import layer_activations
 from simcore.megatron.calls import grad_reduction_calls
 from simcore.megatron.kernels import KernelCosts
+from simcore.megatron.layer_step import dense_layer
 from simcore.megatron.layers import layer_shape
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.precision import CAST_BYTES, fp8_overheads
-from simcore.megatron.step import _ends, _layer, _stage, fp8_weight_params
+from simcore.megatron.stage_memory import fp8_weight_params
+from simcore.megatron.step import _ends, _stage
 from simcore.specs import (
     Convention,
     DeviceSpec,
@@ -125,7 +127,7 @@ def test_fp8_param_gather_keeps_the_linear_weights_in_fp8_only() -> None:
     linear = 4 * (4 * 512**2 + 2 * 512 * 2048)
     assert bf16.memory.weights - fp8.memory.weights == linear
     plan = StepPlan(TINY, SYSTEM, training, replace(s, precision=FP8))
-    stage = _stage(plan, _layer(plan), _ends(plan), 0)
+    stage = _stage(plan, dense_layer(plan), _ends(plan), 0)
     assert plan.fp8_params and fp8_weight_params(plan, stage) == linear
     _, (gather,) = grad_reduction_calls(plan, stage.params, linear)
     assert gather[2] == ((stage.params - linear) * 2 + linear) / 1024

@@ -246,8 +246,8 @@ def test_ep_overlap_hides_the_all_to_alls_behind_another_micro_batch() -> None:
     # micro-batch's forward and backward of the layer: exposed max(0, a2a - compute) plus the
     # compute's slowdown (0.189 of the overlap) - the same rule as every hidden collective
     p = StepPlan(MIXTRAL, H100_64, TRAINING, PLAN)
-    from simcore.megatron.step import _moe_layer
-    plain = _moe_layer(p)
+    from simcore.megatron.layer_step import moe_layer
+    plain = moe_layer(p)
     a2a = plain.ep_fwd + plain.ep_bwd
     overlapped = simcore.estimate(MIXTRAL, H100_64, TRAINING, replace(PLAN, ep_overlap=True))
     m, layers = TRAINING.global_batch // PLAN.dp, MIXTRAL.layers // PLAN.pp

@@ -66,11 +66,11 @@ def test_with_tp_the_fc2_collective_is_not_run_again() -> None:
     early = StepPlan(GPT, A100, replace(TRAINING, recompute_early_stop=True), strategy)
     whole_training = replace(TRAINING, recompute_early_stop=False)
     whole = StepPlan(GPT, A100, whole_training, strategy)
-    from simcore.megatron.step import _layer
+    from simcore.megatron.layer_step import dense_layer
 
-    skipped = _layer(whole).tp_bwd - _layer(early).tp_bwd
-    assert skipped == pytest.approx(_layer(whole).tp_fwd / 2, rel=1e-12)
-    assert _layer(whole).recompute - _layer(early).recompute == pytest.approx(
+    skipped = dense_layer(whole).tp_bwd - dense_layer(early).tp_bwd
+    assert skipped == pytest.approx(dense_layer(whole).tp_fwd / 2, rel=1e-12)
+    assert dense_layer(whole).recompute - dense_layer(early).recompute == pytest.approx(
         early.kernels.forward_tail, rel=1e-12)
 
 

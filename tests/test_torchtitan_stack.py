@@ -250,14 +250,14 @@ def test_the_working_layer_never_counts_below_what_it_keeps() -> None:
 def test_per_op_reruns_the_tp_all_gathers() -> None:
     # torchtitan keeps the reduce-scatters' outputs, not the all-gathers': with sequence
     # parallelism the backward runs each layer's all-gathers again, half its forward pairs
+    from simcore.megatron.layer_step import dense_layer
     from simcore.megatron.plan import StepPlan
-    from simcore.megatron.step import _layer
 
     s = Strategy(dp=1, tp=8, recompute=Recompute.SELECTIVE, micro_batch=1)
     system = CATALOG.system("dgx-h100-8")
     training = TrainingSpec(global_batch=8, seq_len=4096, transformer_engine=False)
-    attention = _layer(StepPlan(LLAMA3_8B, system, training, s))
-    per_op = _layer(StepPlan(LLAMA3_8B, system, replace(
+    attention = dense_layer(StepPlan(LLAMA3_8B, system, training, s))
+    per_op = dense_layer(StepPlan(LLAMA3_8B, system, replace(
         training, selective_recompute=SelectiveRecompute.OP), s))
     assert per_op.tp_bwd - attention.tp_bwd == pytest.approx(per_op.tp_fwd / 2, rel=1e-12)
 

@@ -14,8 +14,8 @@ from planner.exports import export_files
 from planner.plan import make_plan
 from planner.study_config import load_study_config
 from simcore.megatron.calls import tp_pair_calls
+from simcore.megatron.layer_step import dense_layer
 from simcore.megatron.plan import StepPlan, uses_transformer_engine
-from simcore.megatron.step import _layer
 from simcore.specs import Convention, Schedule, Strategy, TrainingSpec, ZeroStage
 
 CATALOG = load_catalog()
@@ -69,13 +69,13 @@ def test_tp_collectives_hide_behind_the_gemms_only_with_sequence_parallelism() -
 
     p = StepPlan(LLAMA2_7B, H100, TRAINING, Strategy(dp=1, tp=8))
     tp = 2 * p.comm.total(tp_pair_calls(p))
-    layer = _layer(p)
+    layer = dense_layer(p)
     assert layer.tp_fwd == pytest.approx(hidden(tp, p.kernels.gemm_forward), rel=1e-12)
     assert layer.tp_bwd == pytest.approx(
         hidden(tp, p.kernels.gemm_dgrad + p.kernels.wgrad), rel=1e-12)
     # Megatron-LM refuses --tp-comm-overlap without --sequence-parallel (arguments.py d98e8a64)
     plain = StepPlan(LLAMA2_7B, H100, TRAINING, Strategy(dp=1, tp=8, sequence_parallel=False))
-    assert _layer(plain).tp_fwd == 2 * plain.comm.total(tp_pair_calls(plain))
+    assert dense_layer(plain).tp_fwd == 2 * plain.comm.total(tp_pair_calls(plain))
 
 
 def test_megatron_export_asks_for_the_overlap_it_was_estimated_with() -> None:
@@ -117,7 +117,7 @@ def test_interleaved_pipeline_transfers_hide_behind_an_ops_compute() -> None:
     slowdown = system.device.overlap_slowdown
     interleaved = Strategy(dp=2, tp=4, pp=2, schedule=Schedule.INTERLEAVED, v=4)
     p = StepPlan(LLAMA2_7B, system, training, interleaved)
-    stage = _stage(p, _layer(p), _ends(p), 0)
+    stage = _stage(p, dense_layer(p), _ends(p), 0)
     send, op = pp_send(p), stage.compute / (2 * 4)
     assert pp_exposed(p, stage.compute) == max(0.0, send - op) + slowdown * min(send, op)
     assert stage.pp == 2 * 4 * pp_exposed(p, stage.compute)

@@ -87,7 +87,7 @@ def test_b_pass_waits_for_the_backward_tp_collectives() -> None:
     # outlast them by, plus the overlap slowdown); ZB-H1 defers those GEMMs to W, so each
     # layer's B pass exposes the whole collective time: 2 all-reduce pairs per layer.
     from simcore.megatron.calls import tp_pair_calls
-    from simcore.megatron.step import _layer
+    from simcore.megatron.layer_step import dense_layer
 
     classic = replace(TRAINING, transformer_engine=False)
     p_zb, p_base = StepPlan(MODEL, SYSTEM, classic, ZB), StepPlan(MODEL, SYSTEM, classic,
@@ -95,18 +95,18 @@ def test_b_pass_waits_for_the_backward_tp_collectives() -> None:
     tp = 2 * p_zb.comm.total(tp_pair_calls(p_zb))
     wgrad = p_base.kernels.wgrad
     slowdown = SYSTEM.device.overlap_slowdown
-    assert _layer(p_zb).tp_bwd == pytest.approx(tp, rel=1e-12)
-    assert _layer(p_base).tp_bwd == pytest.approx(
+    assert dense_layer(p_zb).tp_bwd == pytest.approx(tp, rel=1e-12)
+    assert dense_layer(p_base).tp_bwd == pytest.approx(
         max(0.0, tp - wgrad) + slowdown * min(tp, wgrad), rel=1e-12)
     # with Transformer Engine's tp overlap the B pass still has its input-gradient GEMMs to
     # hide them behind, 1F1B both those and the weight gradients
     te = replace(TRAINING, transformer_engine=True)
     p_zb, p_base = StepPlan(MODEL, SYSTEM, te, ZB), StepPlan(MODEL, SYSTEM, te, ONE_F_ONE_B)
     dgrad = p_zb.kernels.gemm_dgrad
-    assert _layer(p_zb).tp_bwd == pytest.approx(
+    assert dense_layer(p_zb).tp_bwd == pytest.approx(
         max(0.0, tp - dgrad) + slowdown * min(tp, dgrad), rel=1e-12)
     both = dgrad + wgrad
-    assert _layer(p_base).tp_bwd == pytest.approx(
+    assert dense_layer(p_base).tp_bwd == pytest.approx(
         max(0.0, tp - both) + slowdown * min(tp, both), rel=1e-12)
 
 

@@ -41,22 +41,21 @@ from simcore.megatron.batched_result import (
     from_estimates,
 )
 from simcore.megatron.checks import valid_plans
+from simcore.megatron.layer_step import dense_layer
 from simcore.megatron.layers import layer_shape
 from simcore.megatron.pipeline import in_flight, zbv_bubble
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.recompute import recomputed_fraction
+from simcore.megatron.stage_memory import stage_activations, stage_memory
 from simcore.megatron.step import (
     _dp_time,
     _ends,
-    _layer,
-    _memory,
     _model_flops,
     _optimizer_time,
     _recompute_flops,
     _stage,
     estimate_megatron,
     pp_send,
-    stage_activations,
 )
 from simcore.specs import (
     ZERO_BUBBLE,
@@ -155,7 +154,7 @@ class _Groups:
         simcore.check(self.model, self.system, self.training, rep)  # as estimate() would
         self.representative.append(rep)
         p = StepPlan(self.model, self.system, self.training, rep, self.shared)
-        layer, ends = _layer(p), _ends(p)
+        layer, ends = dense_layer(p), _ends(p)
         pp, m = rep.pp, p.m
         self.pp[index], self.m[index] = pp, m
         self.te[index] = p.te
@@ -186,7 +185,7 @@ class _Groups:
             self.present[index, column] = True
             for name in _STAGE_FIELDS:
                 self.stage[name][index, column] = getattr(st, name)
-            parts, _ = _memory(p, st, pp)
+            parts, _ = stage_memory(p, st, pp)
             for name in _MEMORY_FIXED:
                 self.memory[name][index, column] = getattr(parts, name)
             flights = np.array([in_flight(s, st.index, pp, m, v) for s, v in schedules])

@@ -7,16 +7,14 @@ from dataclasses import dataclass, replace
 
 from simcore.megatron.calls import embedding_calls, head_calls
 from simcore.megatron.checks import check_plan
+from simcore.megatron.layer_step import dense_layer, moe_layer
+from simcore.megatron.parts import Ends, Layer
 from simcore.megatron.pipeline import head_stage
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.step import (
     _dp_time,
-    _Ends,
     _ends,
-    _Layer,
-    _layer,
-    _moe_layer,
     _optimizer_time,
     _stage,
     partial_layers,
@@ -77,8 +75,8 @@ class StagePhases:
         return sum(op.total for op in self.forward) + sum(op.total for op in self.backward)
 
 
-def _chunk_ops(p: StepPlan, layer: _Layer, ends: _Ends, i: int, compute: float,
-               moe: _Layer | None = None) -> tuple[list[OpTime], list[OpTime]]:
+def _chunk_ops(p: StepPlan, layer: Layer, ends: Ends, i: int, compute: float,
+               moe: Layer | None = None) -> tuple[list[OpTime], list[OpTime]]:
     """Forward and backward of each model chunk of stage ``i``: the terms of :func:`_stage`,
     split by direction (embedding on the first chunk of the first stage, LM head on the last
     chunk of the last stage; an MoE stage's MoE layers spread evenly over its chunks)."""
@@ -126,8 +124,8 @@ def stage_phases(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     """
     check_plan(model, system, training, strategy)
     p = StepPlan(model, system, training, strategy)
-    layer = _layer(p)
-    moe = _moe_layer(p) if p.moe is not None else None
+    layer = dense_layer(p)
+    moe = moe_layer(p) if p.moe is not None else None
     ends = _ends(p)
     out = []
     for i in range(strategy.pp):

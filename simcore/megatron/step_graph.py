@@ -26,8 +26,8 @@ groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
   :mod:`simcore.megatron.placement` lays them);
 - after the stage's last backward: the gradient all-reduce (reduce-scatter + all-gather with a
   distributed optimizer / ZeRO-1/2), over dp x sp as the estimate splits it
-  (:mod:`simcore.megatron.calls`, shared with the estimate); with ``overlap_grad_reduce`` in buckets, all but the last running beside
-  the last backward (the estimate's ``max(link / buckets, link - backward)``); then the optimizer.
+  (:mod:`simcore.megatron.calls`, shared with the estimate); with ``overlap_grad_reduce`` in
+  buckets, all but the last running beside the last backward (the estimate's ``max(link / buckets, link - backward)``); then the optimizer.
 
 The estimate and this graph agree op by op where the estimate's terms are sums and maxima of the
 same pieces: a replay without per-call latencies (ASTRA-sim has none) ends at the step's
@@ -51,19 +51,14 @@ from simcore.megatron.calls import (
     head_calls,
     tp_pair_calls,
 )
+from simcore.megatron.layer_step import dense_layer
+from simcore.megatron.parts import Stage as _StageSums
 from simcore.megatron.phases import OpTime, StagePhases, stage_phases
 from simcore.megatron.pipeline import head_stage
 from simcore.megatron.placement import DpPart
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.step import (
-    _ends,
-    _layer,
-    _optimizer_time,
-    _stage,
-    fp8_weight_params,
-    grad_buckets,
-)
-from simcore.megatron.step import _Stage as _StageSums
+from simcore.megatron.stage_memory import fp8_weight_params
+from simcore.megatron.step import _ends, _optimizer_time, _stage, grad_buckets
 from simcore.specs import (
     ZERO_BUBBLE,
     Axis,
@@ -320,7 +315,7 @@ def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
         raise ValueError(f"the step graph (Chakra, ASTRA-sim) does not write MoE layers yet"
                          f" ({model.name}); it offers dense GPT and Llama models")
     p = StepPlan(model, system, training, strategy)
-    layer, ends = _layer(p), _ends(p)
+    layer, ends = dense_layer(p), _ends(p)
     phases = stage_phases(model, system, training, strategy)
     stages = [_Stage(p, i, phases[i], _stage(p, layer, ends, i)) for i in range(strategy.pp)]
     nodes = [tuple(st.build()) for st in stages]

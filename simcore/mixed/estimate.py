@@ -31,10 +31,13 @@ from dataclasses import dataclass, replace
 from simcore.collectives import p2p_time
 from simcore.estimate import Estimate
 from simcore.megatron.checks import check_plan
+from simcore.megatron.layer_step import dense_layer
+from simcore.megatron.parts import Ends, Layer, Stage
 from simcore.megatron.pipeline import in_flight
 from simcore.megatron.placement import _sub_dim
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.step import _Ends, _ends, _Layer, _layer, _memory, _Stage, _stage, assemble
+from simcore.megatron.stage_memory import stage_memory
+from simcore.megatron.step import _ends, _stage, assemble
 from simcore.mixed.profile import LayerProfiles, profiled_ends, profiled_layer
 from simcore.mixed.specs import MixedPlan, MixedStage, MixedSystemSpec
 from simcore.network import Network, NetworkDim, PerNetwork
@@ -87,8 +90,8 @@ class Placed:
     """What one stage's own plan gives: its shapes, one layer and the ends, per micro-batch."""
 
     plan: StepPlan
-    layer: _Layer
-    ends: _Ends
+    layer: Layer
+    ends: Ends
 
 
 class StageCosts:
@@ -131,7 +134,7 @@ class StageCosts:
             strategy = self.strategy(plan, stage)
             check_plan(self.model, sub, self.training, strategy)
             p = StepPlan(self.model, sub, self.training, strategy)
-            layer, ends = _layer(p), _ends(p)
+            layer, ends = dense_layer(p), _ends(p)
             if self.profiles is not None:
                 measured = self.profiles.get(group.device.name, stage.tp, strategy.micro_batch)
                 layer = profiled_layer(layer, measured, plan.recompute)
@@ -236,7 +239,7 @@ def _sends(costs: StageCosts, plan: MixedPlan) -> list[float]:
             for i in range(pp)]
 
 
-def _stages(costs: StageCosts, plan: MixedPlan) -> list[tuple[Placed, _Stage]]:
+def _stages(costs: StageCosts, plan: MixedPlan) -> list[tuple[Placed, Stage]]:
     out = []
     for i, (st, sends) in enumerate(zip(plan.stages, _sends(costs, plan))):
         placed = costs.placed(plan, st)
@@ -280,7 +283,7 @@ def stage_lines(costs: StageCosts, plan: MixedPlan) -> list[tuple[float, float, 
             placed = costs.placed(plan, st)
             zero_, one = (_stage(placed.plan, placed.layer, placed.ends, i, layers=n, pp=pp,
                                  pp_time=sends) for n in (0, 1))
-            mem0, mem1 = (_memory(placed.plan, s, pp)[0].total for s in (zero_, one))
+            mem0, mem1 = (stage_memory(placed.plan, s, pp)[0].total for s in (zero_, one))
             line = (zero_.time, one.time - zero_.time, mem0, mem1 - mem0)
             costs.lines[key] = line
         lines.append(line)

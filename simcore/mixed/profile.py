@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from simcore.megatron.step import _Ends, _Layer
+from simcore.megatron.parts import Ends, Layer
 from simcore.specs import Recompute
 
 __all__ = ["ProfiledLayer", "LayerProfiles", "profiled_layer", "profiled_ends"]
@@ -53,7 +53,7 @@ class LayerProfiles:
         return found
 
 
-def profiled_layer(roofline: _Layer, p: ProfiledLayer, recompute: Recompute) -> _Layer:
+def profiled_layer(roofline: Layer, p: ProfiledLayer, recompute: Recompute) -> Layer:
     fwd, bwd = p.layer_s / 3, 2 * p.layer_s / 3
     if recompute is Recompute.FULL:
         again = fwd
@@ -65,6 +65,6 @@ def profiled_layer(roofline: _Layer, p: ProfiledLayer, recompute: Recompute) -> 
                    tp_bwd=0.0)
 
 
-def profiled_ends(p: ProfiledLayer) -> _Ends:
-    return _Ends(embedding_fwd=p.embedding_s / 3, embedding_bwd=2 * p.embedding_s / 3,
+def profiled_ends(p: ProfiledLayer) -> Ends:
+    return Ends(embedding_fwd=p.embedding_s / 3, embedding_bwd=2 * p.embedding_s / 3,
                  head_fwd=p.head_s / 3, head_bwd=2 * p.head_s / 3)

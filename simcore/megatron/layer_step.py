@@ -1,0 +1,141 @@
+"""One transformer layer's time for one micro-batch on one device: its kernels
+(:mod:`simcore.megatron.kernels`), what the plan's recompute runs again, and the exposed part of
+each collective beside them (tp behind the weight-gradient GEMMs, or with Transformer Engine's
+userbuffers behind every GEMM; cp's K and V behind the attention core; ZeRO-3's gathers behind
+the layer; an MoE layer's all-to-alls). The step sums these per stage
+(:mod:`simcore.megatron.step`).
+
+Hiding is not free: while a collective runs beside compute the two share the SMs and HBM, and
+the compute slows by the device's ``overlap_slowdown`` (:func:`hidden_cost`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simcore.megatron.calls import cp_kv_calls, fsdp_layer_calls, tp_pair_calls
+from simcore.megatron.moe import expert_comm
+from simcore.megatron.parts import Layer
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.recompute import modules_again
+from simcore.specs import ZERO_BUBBLE, Recompute, ZeroStage
+
+__all__ = ["dense_layer", "hidden_cost", "layer_of", "moe_layer", "tp_layer_comm"]
+
+
+def hidden_cost(p: StepPlan, comm: float, compute: float) -> float:
+    """Exposed time of ``comm`` run beside ``compute``: what it outlasts it by, plus the compute's
+    slowdown while both run."""
+    return max(0.0, comm - compute) + p.system.device.overlap_slowdown * min(comm, compute)
+
+
+def tp_layer_comm(p: StepPlan) -> float:
+    """Two all-reduces (or all-gather + reduce-scatter pairs) of a (b, s, h) activation."""
+    return 2 * p.comm.total(tp_pair_calls(p))
+
+
+def dense_layer(p: StepPlan, plain: bool = False) -> Layer:
+    """A dense transformer layer (``plain``: without the plan's recompute)."""
+    kernels = p.kernels
+    # FC2's tp collective is the pair's last call (its all-reduce, or its reduce-scatter)
+    tail_comm = p.comm.total(tp_pair_calls(p)[-1:]) if p.early_stop else 0.0
+    return layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
+                     tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
+                     tail=kernels.forward_tail, tail_comm=tail_comm,
+                     per_op=kernels.op_recompute, plain=plain,
+                     modules=modules_again(p, kernels, dense=True))
+
+
+def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
+    """An MoE layer (:mod:`simcore.megatron.moe`): the attention and shared experts' kernels
+    and tp pairs (one pair for the attention, one more with shared experts: the routed experts'
+    tokens stay split over tp and go through the all-to-all instead), the router and routed
+    experts, and their all-to-alls on the critical path, run again under full recompute; with
+    ``ep_overlap`` beside another micro-batch's compute of the layer, exposed only where they
+    outlast it (and the compute's slowdown beside them, :func:`hidden_cost`). ``plain``: without
+    the plan's recompute."""
+    k, x = p.moe_kernels, p.experts
+    assert p.moe is not None
+    pairs = 2 if p.moe.shared_experts else 1
+    tp = pairs * p.comm.total(tp_pair_calls(p))
+    layer = layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
+                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute,
+                      plain=plain, modules=modules_again(p, k, dense=False))
+    ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
+    again = ep if p.s.recompute is Recompute.FULL and not plain else 0.0
+    if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
+        hidden = hidden_cost(p, 2 * ep + again, layer.compute)
+        return replace(layer, ep_fwd=0.0, ep_bwd=hidden)
+    return replace(layer, ep_fwd=ep, ep_bwd=ep + again)
+
+
+def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
+              tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
+              tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0,
+              plain: bool = False, modules: tuple[float, bool] = (0.0, False)) -> Layer:
+    """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
+    attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
+    with the plan's sp, recompute and ZeRO-3. ``tail`` and ``tail_comm``: the forward's kernels
+    and tp collective after its last saved tensor, which a full recompute that stops early
+    (:attr:`StepPlan.early_stop`) does not run again (an MoE layer passes none: priced whole).
+    ``per_op``: what per-op selective checkpointing runs again (:attr:`StepPlan.per_op`), with
+    the tp collectives whose outputs it does not keep. ``plain``: the layer without recompute
+    (a layer ``recompute_layers`` leaves out). ``modules``: what Megatron-LM's
+    ``recompute_modules`` run again (:func:`simcore.megatron.recompute.modules_again`): their
+    seconds, and whether the MLP's tp pair runs again with it."""
+    s = p.s
+    zero_bubble = s.schedule in ZERO_BUBBLE
+    if p.te and s.tp > 1 and s.sequence_parallel:
+        # Transformer Engine's userbuffers (--tp-comm-overlap) split each tp all-gather and
+        # reduce-scatter into chunks run beside the GEMMs that consume or produce them: the
+        # forward's behind the forward GEMMs, the backward's behind the input- and
+        # weight-gradient GEMMs (only the former in a zero-bubble B pass).
+        tp_fwd = hidden_cost(p, tp, gemm_fwd)
+        tp_bwd = hidden_cost(p, tp, gemm_dgrad + (0.0 if zero_bubble else wgrad))
+    else:
+        # Backward hides its tp communication behind the weight-gradient GEMMs (Megatron-LM's
+        # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5). A
+        # zero-bubble schedule defers those GEMMs to its W pass, so its B pass waits for the
+        # whole collective.
+        tp_fwd = tp
+        tp_bwd = tp if zero_bubble else hidden_cost(p, tp, wgrad)
+
+    sp_fwd = sp_bwd = 0.0
+    if s.sp > 1:
+        gathers, scatters = cp_kv_calls(p)
+        gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
+        sp_fwd = hidden_cost(p, gather, core)
+        sp_bwd = hidden_cost(p, gather + scatter, 2 * core)
+
+    if plain:
+        recompute = tp_recompute = 0.0
+    elif s.recompute is Recompute.FULL and p.early_stop:
+        # PyTorch's non-reentrant checkpointing stops at FC2's input: FC2, its tp collective
+        # and the residual add are not re-run
+        recompute = fwd - tail
+        tp_recompute = tp_fwd - min(tail_comm, tp_fwd / 2)
+    elif s.recompute is Recompute.FULL:
+        recompute = fwd
+        tp_recompute = tp_fwd
+    elif p.modules is not None:
+        recompute = modules[0]
+        tp_recompute = tp_fwd / 2 if modules[1] else 0.0  # the MLP's pair of the layer's two
+    elif p.per_op:
+        recompute = per_op
+        # the reduce-scatters' outputs are kept, the all-gathers before the column-parallel
+        # matmuls are not (half of each pair); without sequence parallelism no all-reduce is
+        tp_recompute = tp_fwd / 2 if s.sequence_parallel else tp_fwd
+    elif s.recompute is Recompute.SELECTIVE:
+        recompute = core
+        tp_recompute = 0.0
+    else:
+        recompute = tp_recompute = 0.0
+
+    fsdp_fwd = fsdp_bwd = 0.0
+    if s.zero is ZeroStage.PARAMETERS and p.shard_ranks > 1:
+        gathers, scatters = fsdp_layer_calls(p)
+        gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
+        fsdp_fwd = hidden_cost(p, gather, fwd)
+        fsdp_bwd = hidden_cost(p, gather + scatter, bwd + recompute)
+    return Layer(fwd, bwd, recompute, tp_fwd, tp_bwd + tp_recompute, sp_fwd, sp_bwd,
+                  fsdp_fwd, fsdp_bwd, wgrad)

@@ -1,0 +1,134 @@
+"""A pipeline stage's memory on its device: the model states (:mod:`simcore.megatron.states`),
+Transformer Engine's FP8 weight copies, ZeRO-3's gathered layer, the communication buffers, the
+device's allowance, and the activations of the micro-batches the schedule keeps in flight
+(:mod:`simcore.megatron.activations`, :func:`simcore.megatron.pipeline.in_flight`).
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import numpy as np
+
+from simcore.estimate import MemoryParts
+from simcore.megatron.parts import Stage
+from simcore.megatron.pipeline import head_stage, in_flight
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.precision import FP8_BYTES
+from simcore.megatron.recompute import recomputed_share
+from simcore.megatron.states import model_state_bytes
+from simcore.specs import CrossEntropy, Recompute, ZeroStage
+
+__all__ = ["PYTORCH_LOGIT_BYTES", "fp8_weight_params", "stage_activations", "stage_memory"]
+
+PYTORCH_LOGIT_BYTES = 12
+"""Bytes a logit takes at the peak of PyTorch's cross-entropy on an fp32 copy
+(:attr:`simcore.specs.CrossEntropy.PYTORCH`)."""
+
+_F = TypeVar("_F", float, np.ndarray)
+
+
+def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
+    """Activation bytes of a stage of ``pp`` holding ``flight`` micro-batches (a float, or an
+    array of them: the same operations element by element, :mod:`simcore.megatron.batched`)."""
+    s, model, act = p.s, p.model, p.act
+    n_moe = stage.moe_layers
+    if not n_moe:
+        kept = stage.layers * act.stored
+    else:  # an MoE layer keeps its attention's and shared experts', and its experts'
+        kept = (stage.layers - n_moe) * act.stored + n_moe * (p.moe_act.stored + p.expert_act)
+    if s.recompute_layers is not None:
+        # the layers recompute_layers leaves out keep everything (the same share of MoE ones)
+        plain = (1.0 - recomputed_share(p, stage.index, stage.layers, pp)) * (
+            (stage.layers - n_moe) * (p.act_plain.stored - act.stored)
+            + (n_moe * (p.moe_act_plain.stored + p.expert_act_full - p.moe_act.stored
+                        - p.expert_act) if n_moe else 0.0))
+        kept += plain
+    activations = kept * flight
+    if s.recompute is Recompute.FULL or p.per_op:
+        # the layer being recomputed: what it adds to what it keeps (per-op keeps its experts')
+        working = act.full - act.stored
+        if n_moe:
+            experts = p.expert_act_full if s.recompute is Recompute.FULL else 0.0
+            working = max(working, p.moe_act.full + experts - p.moe_act.stored)
+        activations += max(working, 0.0)
+    elif s.recompute is Recompute.SELECTIVE:
+        activations += act.attention_core
+    h, t = model.hidden, s.tp
+    sbh = p.tokens * h
+    if stage.index == 0 and p.shape.dropout:
+        activations += sbh / t * flight  # embedding dropout output (Korthikanti section 4.3)
+    if stage.index == head_stage(s.schedule, pp):
+        # Final norm output, LM head input and fp32 logits: 4sbh/t (1 + V/h) (section 4.3);
+        # PyTorch's cross-entropy on an fp32 copy holds 12 bytes a logit, not 4 (CrossEntropy).
+        activations += 4 * sbh / t * (1 + model.vocab / h)
+        if p.training.cross_entropy is CrossEntropy.PYTORCH:
+            activations += (PYTORCH_LOGIT_BYTES - 4) * p.tokens * model.vocab / t
+    return activations
+
+
+def stage_memory(p: StepPlan, stage: Stage, pp: int | None = None) -> tuple[MemoryParts, float]:
+    s = p.s
+    pp = s.pp if pp is None else pp
+    key = (stage.params, stage.expert_params, stage.layers, stage.moe_layers, pp)
+    fixed = p.memory_memo.get(key)
+    if fixed is None:  # the stages between the first and the last hold the same states
+        fixed = p.memory_memo[key] = _fixed_memory(p, stage, pp)
+    flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
+    activations = stage_activations(p, stage, flight, pp)
+    return MemoryParts(fixed.weights, fixed.gradients, fixed.optimizer, activations,
+                       fixed.gathered_weights, fixed.comm_buffers, fixed.overhead), flight
+
+
+def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
+    """The stage's memory but its activations (which depend on the micro-batches in flight)."""
+    s, tr, model = p.s, p.training, p.model
+    group = p.shard_ranks  # the shard group under HSDP, else dp * sp
+    zero = s.zero
+    weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group,
+                                                  fp32_shards=p.fp32_shards)
+    if stage.expert_params:  # the routed experts' states, sharded over expert dp
+        w, g, o = model_state_bytes(stage.expert_params, tr, zero, s.edp,
+                                    fp32_shards=p.fp32_shards)
+        weights, grads, optimizer = weights + w, grads + g, optimizer + o
+    if p.fp8:
+        # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights
+        # are; with --fp8-param-gather it is their only compute copy (no 16-bit one).
+        linear = _linear_params(p, stage)
+        shard = group if zero >= ZeroStage.PARAMETERS else 1
+        weights += linear * FP8_BYTES / shard
+        if p.fp8_params:
+            weights -= linear * tr.bytes_per_param_weights / shard
+    h, t = model.hidden, s.tp
+    sbh = p.tokens * h
+    gathered = 0.0
+    if zero is ZeroStage.PARAMETERS and group > 1:
+        layer = p.shape.layer_params / t
+        gathered = layer * (2 * tr.bytes_per_param_weights + tr.bytes_per_param_grads)
+    comm = 0.0
+    if t > 1:
+        comm += sbh * tr.bytes_per_activation  # one gathered (b, s, h) activation
+    if pp > 1:
+        comm += 2 * sbh * tr.bytes_per_activation / t  # send and receive buffers
+    return MemoryParts(weights=weights, gradients=grads, optimizer=optimizer,
+                       activations=0.0, gathered_weights=gathered, comm_buffers=comm,
+                       overhead=p.system.device.memory_overhead_bytes)
+
+
+def _linear_params(p: StepPlan, stage: Stage) -> float:
+    """The stage's linear-layer weights on this device (an MoE layer's: its attention's, shared
+    and routed experts')."""
+    linear = stage.layers * p.shape.matmul_params / p.s.tp
+    if stage.moe_layers:
+        dense = p.shape.matmul_params - p.shape.attention_params
+        linear += stage.moe_layers * (p.moe_shape.shared_params - dense) / p.s.tp
+        linear += stage.expert_params
+    return linear
+
+
+def fp8_weight_params(p: StepPlan, stage: Stage) -> float:
+    """Of the stage's ``params`` (not its routed experts'), those the data-parallel all-gather
+    moves in FP8: the dense linear layers' under ``--fp8-param-gather``, else none."""
+    if not p.fp8_params:
+        return 0.0
+    return _linear_params(p, stage) - stage.expert_params

@@ -31,7 +31,7 @@ _VERSION = 1
 def study_row(study: optuna.Study, best: pd.DataFrame | None = None) -> dict[str, Any]:
     """The study's row: what it was made from, its trials and plans, its best step time
     (``best``: its :func:`planner.tables.best_frame`, when the caller has it)."""
-    from planner.results_parquet import ALL, RESULTS
+    from planner.results_parquet import RESULTS
     from planner.tables import best_frame
 
     attrs = study.user_attrs

@@ -16,7 +16,7 @@ import optuna
 import pandas as pd
 
 from planner.commands._base import BaseCommand, jobs
-from planner.commands._run import _positive_int, add_storage_argument
+from planner.commands._run import add_storage_argument
 from planner.compare import CellRun, Comparison, limit_label, load_comparison, run_comparison
 from planner.errors import PlannerUsageError
 from planner.plots._write import atomic_write

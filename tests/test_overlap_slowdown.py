@@ -4,7 +4,8 @@ Lee et al. 2025, "Characterizing Compute-Communication Overlap in GPU-Accelerate
 Deep Learning" (arXiv:2507.03114), abstract: overlapping computation and communication slows the
 computation by 18.9% on average (up to 40%) on A100, H100, MI250 and MI210. The estimate charges
 a collective of ``c`` s hidden behind ``k`` s of compute ``max(0, c - k) + slowdown * min(c, k)``
-(simcore/megatron/step.py); these tests check that closed form on the parts it touches.
+(simcore/megatron/layer_step.py, and step.py for the gradient reduction); these tests check
+that closed form on the parts it touches.
 """
 
 from __future__ import annotations

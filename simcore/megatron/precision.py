@@ -42,7 +42,7 @@ gradient in FP8 (1 byte per element instead of 2). With the distributed optimize
 Transformer Engine (ZeRO 1-3), Megatron-LM's ``--fp8-param-gather`` keeps the FP8 copy as the
 only compute weight (no 16-bit one) and all-gathers it in FP8
 (:func:`simcore.megatron.plan.uses_fp8_param_gather`). These are in
-:mod:`simcore.megatron.activations`, :mod:`simcore.megatron.step` and
+:mod:`simcore.megatron.activations`, :mod:`simcore.megatron.stage_memory` and
 :mod:`simcore.megatron.calls`.
 """
 

@@ -27,7 +27,8 @@ groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
 - after the stage's last backward: the gradient all-reduce (reduce-scatter + all-gather with a
   distributed optimizer / ZeRO-1/2), over dp x sp as the estimate splits it
   (:mod:`simcore.megatron.calls`, shared with the estimate); with ``overlap_grad_reduce`` in
-  buckets, all but the last running beside the last backward (the estimate's ``max(link / buckets, link - backward)``); then the optimizer.
+  buckets, all but the last running beside the last backward (the estimate's
+  ``max(link / buckets, link - backward)``); then the optimizer.
 
 The estimate and this graph agree op by op where the estimate's terms are sums and maxima of the
 same pieces: a replay without per-call latencies (ASTRA-sim has none) ends at the step's

@@ -40,10 +40,10 @@ def dense_layer(p: StepPlan, plain: bool = False) -> Layer:
     # FC2's tp collective is the pair's last call (its all-reduce, or its reduce-scatter)
     tail_comm = p.comm.total(tp_pair_calls(p)[-1:]) if p.early_stop else 0.0
     return layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
-                     tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
-                     tail=kernels.forward_tail, tail_comm=tail_comm,
-                     per_op=kernels.op_recompute, plain=plain,
-                     modules=modules_again(p, kernels, dense=True))
+                    tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
+                    tail=kernels.forward_tail, tail_comm=tail_comm,
+                    per_op=kernels.op_recompute, plain=plain,
+                    modules=modules_again(p, kernels, dense=True))
 
 
 def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
@@ -59,8 +59,8 @@ def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
     pairs = 2 if p.moe.shared_experts else 1
     tp = pairs * p.comm.total(tp_pair_calls(p))
     layer = layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
-                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute,
-                      plain=plain, modules=modules_again(p, k, dense=False))
+                     k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute,
+                     plain=plain, modules=modules_again(p, k, dense=False))
     ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
     again = ep if p.s.recompute is Recompute.FULL and not plain else 0.0
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
@@ -70,9 +70,9 @@ def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
 
 
 def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
-              tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
-              tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0,
-              plain: bool = False, modules: tuple[float, bool] = (0.0, False)) -> Layer:
+             tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
+             tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0,
+             plain: bool = False, modules: tuple[float, bool] = (0.0, False)) -> Layer:
     """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
     attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
     with the plan's sp, recompute and ZeRO-3. ``tail`` and ``tail_comm``: the forward's kernels
@@ -138,4 +138,4 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
         fsdp_fwd = hidden_cost(p, gather, fwd)
         fsdp_bwd = hidden_cost(p, gather + scatter, bwd + recompute)
     return Layer(fwd, bwd, recompute, tp_fwd, tp_bwd + tp_recompute, sp_fwd, sp_bwd,
-                  fsdp_fwd, fsdp_bwd, wgrad)
+                 fsdp_fwd, fsdp_bwd, wgrad)

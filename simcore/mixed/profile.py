@@ -67,4 +67,4 @@ def profiled_layer(roofline: Layer, p: ProfiledLayer, recompute: Recompute) -> L
 
 def profiled_ends(p: ProfiledLayer) -> Ends:
     return Ends(embedding_fwd=p.embedding_s / 3, embedding_bwd=2 * p.embedding_s / 3,
-                 head_fwd=p.head_s / 3, head_bwd=2 * p.head_s / 3)
+                head_fwd=p.head_s / 3, head_bwd=2 * p.head_s / 3)

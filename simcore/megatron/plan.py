@@ -168,14 +168,7 @@ class StepPlan:
         self.stage_moe_layers = _stage_moe_layers(model, self.stage_layers)
         """MoE layers on each pipeline stage (all 0 for a dense model)."""
         s = strategy
-        self.act: LayerActivations = _shared(
-            shared, ("act", s.micro_batch, s.tp, s.sp, s.sequence_parallel, s.recompute, self.fp8),
-            lambda: layer_activations(
-                model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
-                sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=s.recompute,
-                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2,
-                per_op=self.per_op, modules=self.modules,
-            ))
+        self.act = self._activations(s.recompute)
         self.kernels: LayerKernels = _shared(
             shared, ("kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
                      self.te, self.m if self.fp8 else 0),  # fp8 casts the weights once per step (m)
@@ -223,29 +216,28 @@ class StepPlan:
     def act_plain(self) -> LayerActivations:
         """A layer's activations without recompute: what the layers ``recompute_layers`` leaves
         out keep."""
-        s = self.s
-        return _shared(
-            self.shared, ("act", s.micro_batch, s.tp, s.sp, s.sequence_parallel, Recompute.NONE,
-                          self.fp8),
-            lambda: layer_activations(
-                self.model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
-                sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=Recompute.NONE,
-                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2,
-            ))
+        return self._activations(Recompute.NONE)
 
     @cached_property
     def moe_act_plain(self) -> LayerActivations:
         """An MoE layer's attention and shared experts' activations without recompute."""
-        s, model = self.s, self.model
-        assert model.moe is not None
+        assert self.model.moe is not None
+        return self._activations(Recompute.NONE, self.model.moe.shared_width)
+
+    def _activations(self, recompute: Recompute, ffn: int | None = None) -> LayerActivations:
+        """A layer's activations under ``recompute`` (``ffn``: an MoE layer's attention and
+        shared experts of that width), shared by the plans of these specs that split a
+        micro-batch alike."""
+        s = self.s
+        kind = "act" if ffn is None else "moe act"
         return _shared(
-            self.shared, ("moe act", s.micro_batch, s.tp, s.sp, s.sequence_parallel,
-                          Recompute.NONE, self.fp8),
+            self.shared, (kind, s.micro_batch, s.tp, s.sp, s.sequence_parallel, recompute,
+                          self.fp8),
             lambda: layer_activations(
-                model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
-                sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=Recompute.NONE,
-                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2,
-                ffn=model.moe.shared_width,
+                self.model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
+                sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=recompute,
+                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2, ffn=ffn,
+                per_op=self.per_op, modules=self.modules,
             ))
 
     def _moe_parts(self, shared: dict[tuple[Any, ...], Any] | None) -> None:
@@ -276,15 +268,7 @@ class StepPlan:
             lambda: expert_kernels(model, self.costs, tokens=self.expert_tokens, ep=s.ep,
                                    etp=s.expert_tp, act_bytes=a, dedup=s.ep_dedup,
                                    transformer_engine=self.te))
-        self.moe_act: LayerActivations = _shared(
-            shared, ("moe act", s.micro_batch, s.tp, s.sp, s.sequence_parallel, s.recompute,
-                     self.fp8),
-            lambda: layer_activations(
-                model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
-                sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=s.recompute,
-                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2, ffn=width,
-                per_op=self.per_op, modules=self.modules,
-            ))
+        self.moe_act = self._activations(s.recompute, width)
         saved = FP8_BYTES if self.fp8 else a
         self.expert_act = expert_activations(model, tokens=self.expert_tokens, etp=s.expert_tp,
                                              act_bytes=a, recompute=s.recompute,

@@ -38,6 +38,8 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     """Write ``path`` whole or not at all: a temporary file beside it, then a rename.
     An unwritable folder is a one-line error."""
     folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise PlannerUsageError(f"{path}: is a folder; give a file path")
     if not folder.is_dir():
         raise PlannerUsageError(f"{path}: the folder {folder} does not exist; create it or"
                                 " choose another output path")

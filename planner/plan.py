@@ -255,6 +255,11 @@ def _name(path: Path, field: str, value: Any) -> str:
 
 _STRATEGY_FIELDS = set(strategy_dict(Strategy()))
 _UNEVEN = {"first_stage_layers", "last_stage_layers", "layout"}
+_COUNTS = ("dp", "tp", "pp", "sp", "zero", "micro_batch", "v")
+_WHOLE = _COUNTS + ("first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp",
+                    "recompute_layers")
+"""The strategy's counts (``_COUNTS`` always, the others where set): a plan file's must be whole
+numbers (YAML's 4.9 or true is refused, not truncated)."""
 
 
 def _strategy(path: Path, data: Any) -> Strategy:
@@ -263,6 +268,12 @@ def _strategy(path: Path, data: Any) -> Strategy:
                      | _UNEVEN)
     if not isinstance(e["placement"], list):
         raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
+    for field in _WHOLE:
+        value = e.get(field)
+        if value is None and field not in _COUNTS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail(path, f"strategy.{field}", f"must be a whole number, but got {value!r}")
     try:
         return strategy_from_attrs(e)
     except (ValueError, TypeError) as err:

@@ -152,6 +152,30 @@ def test_estimate_plan_rejects_a_file_that_is_not_a_plan(tmp_path, capsys):
     assert f"{path}: strategy" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("field", "value"), [("tp", 4.9), ("pp", 2.5), ("zero", True),
+                                              ("micro_batch", "four"), ("dp", None)])
+def test_estimate_plan_refuses_a_count_that_is_not_a_whole_number(tmp_path, capsys, field,
+                                                                   value):
+    # A hand-edited plan file: 4.9 must not be read as tp 4, nor YAML's true as ZeRO-1.
+    path = tmp_path / "plan.yaml"
+    write_plan(_megatron_plan(), path)
+    data = yaml.safe_load(path.read_text())
+    data["strategy"][field] = value
+    path.write_text(yaml.safe_dump(data))
+    assert main(["estimate", "--plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: strategy.{field}:" in err and len(err.strip().splitlines()) == 1
+
+
+def test_pareto_out_naming_a_folder_is_one_line(tmp_path, storage, capsys):
+    assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["pareto", "lab", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path}: is a folder; give a file path" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def _dominated(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return b[0] <= a[0] and b[1] <= a[1] and b != a
 

@@ -47,6 +47,27 @@ def study_row(study: optuna.Study, best: pd.DataFrame | None = None) -> dict[str
             "best step s": (f"{best['step_time_s'].iloc[0]:.4g}" if not best.empty else "-")}
 
 
+def unfinished_note(study: optuna.Study) -> str | None:
+    """A warning for a study whose every plan becomes a trial (``trials kept: all``) and which
+    has fewer finished trials than plans: a run stopped before its end (Ctrl-C, a crash), so its
+    best is the best of the plans estimated so far. None when it is whole, or when its plans are
+    not all trials (a sampled study, or one keeping the front and best in its results table)."""
+    from optuna.trial import TrialState
+
+    from planner.results_parquet import ALL, RESULTS
+
+    results = study.user_attrs.get(RESULTS) or {}
+    plans = results.get("plans")
+    if not plans or results.get("trials_kept", ALL) != ALL or results.get("prune"):
+        return None
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if done >= plans:
+        return None
+    return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its {plans:,} plans"
+            " estimated, so its best is the best of those; `planner run STUDY.yaml --resume`"
+            " finishes it")
+
+
 def _kept(results: dict[str, Any]) -> str:
     """Which plans are trials, and how many were pruned by bounds (``planner run --prune``)."""
     kept = str(results.get("trials_kept", "all"))  # results_parquet.ALL (pandas-free here)

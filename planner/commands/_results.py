@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,8 +23,14 @@ if TYPE_CHECKING:
 def _study(args: argparse.Namespace) -> optuna.Study:
     import optuna
 
+    from planner.study_summary import unfinished_note
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return load_stored(args.storage, args.name)
+    study = load_stored(args.storage, args.name)
+    note = unfinished_note(study)
+    if note:
+        print(note, file=sys.stderr)
+    return study
 
 
 class BestCommand(BaseCommand):

@@ -269,11 +269,8 @@ def _strategy(path: Path, data: Any) -> Strategy:
     if not isinstance(e["placement"], list):
         raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
     for field in _WHOLE:
-        value = e.get(field)
-        if value is None and field not in _COUNTS:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise fail(path, f"strategy.{field}", f"must be a whole number, but got {value!r}")
+        if e.get(field) is not None or field in _COUNTS:
+            integer(path, f"strategy.{field}", e.get(field), minimum=0)
     try:
         return strategy_from_attrs(e)
     except (ValueError, TypeError) as err:

@@ -41,7 +41,7 @@ from planner.catalog_network import (
     spec_or_fail,
 )
 from planner.errors import PlannerUsageError
-from planner.fields import choice, fail, fields, integer, number
+from planner.fields import boolean, choice, fail, fields, integer, number
 from planner.inputs import load
 from planner.units import GB
 from simcore.mixed import MixedSystemSpec
@@ -118,10 +118,7 @@ _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_g
 
 
 def _flag(path: Path, name: str, entry: dict[str, Any], key: str, default: bool) -> bool:
-    value = entry.get(key, default)
-    if not isinstance(value, bool):
-        raise fail(path, f"{name}.{key}", f"must be true or false, but got {value!r}")
-    return value
+    return boolean(path, f"{name}.{key}", entry.get(key, default))
 
 
 def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:

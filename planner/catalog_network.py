@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.fields import choice, fail, fields, integer, number
+from planner.fields import boolean, choice, fail, fields, integer, number
 from planner.units import GB, astra_link_gbps_to_bytes_per_s
 from simcore.network import (
     AlgorithmChoice,
@@ -41,7 +41,7 @@ def spec_or_fail(path: Path, where: str, build: Any) -> Any:
 
 _DIM_FIELDS = {"topology", "npus", "latency_us"}
 _DIM_OPTIONAL = {"bandwidth_gbps", "bandwidth_astra_gbps", "algorithm", "algorithms", "width",
-                 "source", "call_latency_us", "p2p_bandwidth_gbps"}
+                 "source", "call_latency_us", "p2p_bandwidth_gbps", "per_communicator"}
 
 
 def _algorithms(path: Path, where: str, e: dict) -> dict[Collective, AlgorithmChoice]:
@@ -99,6 +99,8 @@ def network_dim(path: Path, where: str, entry: Any) -> NetworkDim:
         call_latency_s=number(path, f"{where}.call_latency_us", e.get("call_latency_us", 0),
                               minimum=0, strict=False) * 1e-6,
         p2p_bandwidth_bytes_per_s=p2p,
+        per_communicator=boolean(path, f"{where}.per_communicator",
+                                 e.get("per_communicator", False)),
     ))
 
 

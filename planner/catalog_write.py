@@ -151,6 +151,8 @@ def _dim_entry(dim: NetworkDim) -> dict[str, Any]:
         entry["call_latency_us"] = _scaled(dim.call_latency_s, 1e-6)
     if dim.p2p_bandwidth_bytes_per_s is not None:
         entry["p2p_bandwidth_gbps"] = _scaled(dim.p2p_bandwidth_bytes_per_s, GB)
+    if dim.per_communicator:
+        entry["per_communicator"] = True
     common = dim.algorithms[Collective.ALL_REDUCE]
     entry["algorithm"] = str(common)
     others = {c.value: str(a) for c, a in dim.algorithms.items() if a != common}

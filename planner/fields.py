@@ -13,7 +13,7 @@ from typing import Any
 from planner.errors import PlannerUsageError
 from simcore.specs import Axis
 
-__all__ = ["choice", "fail", "fields", "integer", "load", "number", "placement_axes"]
+__all__ = ["boolean", "choice", "fail", "fields", "integer", "load", "number", "placement_axes"]
 
 def fail(path: Path, field: str, message: str) -> PlannerUsageError:
     return PlannerUsageError(f"{path}: {field}: {message}")
@@ -101,6 +101,12 @@ def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool,
     if value > maximum:
         raise fail(path, field, f"must be <= {maximum:g}, but got {value:g}; check the unit")
     return float(value)
+
+
+def boolean(path: Path, field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise fail(path, field, f"must be true or false, but got {_short(value)}")
+    return value
 
 
 def integer(path: Path, field: str, value: Any, *, minimum: int,

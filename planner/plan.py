@@ -33,7 +33,7 @@ from planner.catalog import device_from_entry, model_from_entry, system_from_ent
 from planner.catalog_network import spec_or_fail
 from planner.catalog_write import device_entry, model_entry, system_entry
 from planner.errors import PlannerUsageError
-from planner.fields import choice, fail, integer, load
+from planner.fields import boolean, choice, fail, integer, load
 from planner.fields import fields as check_fields
 from planner.record import strategy_attrs
 from search_spaces import strategy_label
@@ -220,6 +220,7 @@ def specs_from_dict(path: Path, data: dict[str, Any]
                      {f.name for f in fields(TrainingSpec)})
     if not isinstance(t.get("overlap_grad_reduce", True), bool):
         raise fail(path, "training.overlap_grad_reduce", "must be true or false")
+    blocking = boolean(path, "training.launch_blocking", t.get("launch_blocking", False))
     flags = {k: t.get(k) for k in ("flash_attention", "transformer_engine",
                                    "recompute_early_stop", "grad_copy")}
     for key, value in flags.items():
@@ -228,7 +229,8 @@ def specs_from_dict(path: Path, data: dict[str, Any]
     chosen = {k: choice(path, f"training.{k}", t[k], enum)
               for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
     ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
-            if k not in ("overlap_grad_reduce", "recompute_modules", *TRAINING_CHOICES, *flags)}
+            if k not in ("overlap_grad_reduce", "launch_blocking", "recompute_modules",
+                         *TRAINING_CHOICES, *flags)}
     modules = t.get("recompute_modules")
     if modules is not None:
         if not isinstance(modules, list) or not modules:
@@ -236,7 +238,8 @@ def specs_from_dict(path: Path, data: dict[str, Any]
         modules = tuple(choice(path, "training.recompute_modules", m, RecomputeModule)
                         for m in modules)
     training = spec_or_fail(path, "training", lambda: TrainingSpec(
-        **ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True), **chosen, **flags,
+        **ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True),
+        launch_blocking=blocking, **chosen, **flags,
         recompute_modules=modules))
     return model, system, training, convention
 

@@ -39,6 +39,7 @@ from planner.catalog_network import spec_or_fail
 from planner.errors import PlannerUsageError
 from planner.fields import (
     MAX_NUMBER,
+    boolean,
     choice,
     fail,
     fields,
@@ -80,8 +81,8 @@ _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
-_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "flash_attention",
-                      "transformer_engine", "recompute_early_stop", "grad_copy",
+_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "launch_blocking",
+                      "flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy",
                       "recompute_modules", *TRAINING_CHOICES}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
@@ -365,7 +366,9 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     training = spec_or_fail(path, "training", lambda: TrainingSpec(
         **chosen, flash_attention=flash, transformer_engine=te, recompute_early_stop=early,
         grad_copy=copy, recompute_modules=modules, global_batch=batch, seq_len=seq_len,
-        bytes_per_param_grads=grad_bytes, overlap_grad_reduce=overlap))
+        bytes_per_param_grads=grad_bytes, overlap_grad_reduce=overlap,
+        launch_blocking=boolean(path, "training.launch_blocking",
+                                t.get("launch_blocking", False))))
     refused = recompute_modules_problem(model, training)
     if refused is not None:
         raise fail(path, "training.recompute_modules", refused)

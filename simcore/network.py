@@ -162,6 +162,15 @@ class NetworkDim:
     runs at the NIC's own rate, and so does a collective over one rank per node on this
     dimension (:mod:`simcore.megatron.placement`). None: the link bandwidth (ASTRA-sim has one
     bandwidth; its own systems never set this)."""
+    per_communicator: bool = False
+    """The communication library reaches ``bandwidth_bytes_per_s`` per GPU for one communicator
+    spanning whole nodes, and several communicators crossing this dimension at once add up:
+    what NCCL's InfiniBand verbs over Intel Omni-Path measure (a rate bound per connection, not
+    per port). A group with ``L`` of a node's ``G`` ranks (the ranks inside this dimension)
+    shares the node with ``G / L - 1`` others running the same collective, so each of its GPUs
+    reaches ``G / L`` times the link bandwidth, and a send (``L = 1``) ``G`` times
+    (:mod:`simcore.megatron.placement`). False: the links bound every group alike (ASTRA-sim,
+    InfiniBand with a NIC per GPU)."""
 
     def __post_init__(self) -> None:
         if not (self.call_latency_s >= 0 and math.isfinite(self.call_latency_s)):

@@ -491,6 +491,11 @@ class TrainingSpec:
     bytes_per_param_optimizer: int = 12
     """Mixed-precision Adam: fp32 master weights, momentum and variance (4 + 4 + 4)."""
     bytes_per_activation: int = 2
+    launch_blocking: bool = False
+    """The run sets ``CUDA_LAUNCH_BLOCKING=1`` (a debugging switch some clusters' scripts leave
+    on): each kernel launch waits for the kernel, so the host's time per kernel adds to the
+    step (:data:`simcore.megatron.kernels.BLOCKING_HOST_S`) instead of hiding under the GPU's
+    work. False: the host runs ahead of the GPU."""
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs in buckets during the last backward (Megatron-LM's
     ``--overlap-grad-reduce``); False waits for it after the pipeline flush."""

@@ -220,6 +220,12 @@ def _model_caveats(plan: Plan) -> list[str]:
         out.append("a send rate of its own on a link (p2p_bandwidth_gbps): ASTRA-sim's"
                    " network.yml has one bandwidth per dimension, the collectives' one; it is"
                    " not written.")
+    if any(dim.per_communicator for dim in plan.system.network.dims):
+        out.append("a link bound per communicator (per_communicator): ASTRA-sim's links carry"
+                   " every group at one bandwidth; the link's own is written.")
+    if plan.training.launch_blocking:
+        out.append("launch blocking's host time per kernel (launch_blocking): ASTRA-sim's"
+                   " compute nodes have no host; it is not written.")
     return out
 
 

@@ -131,7 +131,9 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     for i, (mb, tp, sp, seqpar, is_fp8, rc, micro, with_te, stops_early) in enumerate(
             distinct.tolist()):
         precision = Precision.FP8 if is_fp8 else Precision.BF16
-        k = layer_kernels(model, shape, KernelCosts.of(system.device, precision, bool(with_te)),
+        costs = KernelCosts.of(system.device, precision, bool(with_te),
+                              training.launch_blocking)
+        k = layer_kernels(model, shape, costs,
                           micro_batch=mb, queries=training.seq_len / sp,
                           seq_len=training.seq_len, tp=tp, sequence_parallel=bool(seqpar),
                           flash=flash, act_bytes=training.bytes_per_activation,

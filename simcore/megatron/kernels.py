@@ -47,6 +47,7 @@ from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, Precision, 
 
 __all__ = [
     "BACKWARD_KERNELS",
+    "BLOCKING_HOST_S",
     "CAUSAL_FRACTION",
     "FLASH_BACKWARD_FLOPS",
     "TILE",
@@ -67,6 +68,16 @@ FLASH_BACKWARD_FLOPS = 2.5
 """FlashAttention's backward does 2.5x the forward's matmul FLOPs: five matmuls against two, as
 it recomputes the scores (Dao 2023, arXiv:2307.08691, section 4)."""
 
+BLOCKING_HOST_S = 200e-6
+"""Host time of one kernel that the GPU waits for under launch blocking
+(``CUDA_LAUNCH_BLOCKING=1``: each launch returns when its kernel has finished, so the framework's
+Python, PyTorch's dispatch and the launch of the next kernel no longer overlap the GPU's work).
+Fit on tests/data/validation/jean-zay-fit.csv (Megatron-DeepSpeed on Jean Zay's A100 nodes, the
+only runs known to set it), the grid 100-300 us in steps of 50 with the network's
+``per_communicator``: 200 us gives the fit file's least mean error; checked on
+jean-zay-check.csv and a100-check.csv's Lucie rows (tests/data/validation/README.md). It also
+stands for the kernels the inventory does not count (an eager layer's unfused RoPE)."""
+
 CAUSAL_FRACTION = 0.5
 """A causal flash-attention kernel skips the blocks above the diagonal: about half the s^2 work
 (the unfused path computes the whole square and masks it)."""
@@ -85,12 +96,16 @@ class KernelCosts:
     """Achievable FP8 FLOP/s of the linear layers' GEMMs; None runs them in 16-bit."""
     gemm_wave: float = 0.0
     """Fixed time of each wave of a 16-bit GEMM's output tiles (the device's gemm_wave_s)."""
+    host: float = 0.0
+    """Host time added to every kernel: :data:`BLOCKING_HOST_S` under launch blocking, else 0
+    (the host runs ahead and its time hides under the kernels before)."""
 
     @classmethod
     def of(cls, device: DeviceSpec, precision: Precision = Precision.BF16,
-           transformer_engine: bool = False) -> KernelCosts:
+           transformer_engine: bool = False, launch_blocking: bool = False) -> KernelCosts:
         """The device's costs; ``transformer_engine``: attention in TE's fused kernel, at the
-        device's ``fused_attention_efficiency`` where it has one."""
+        device's ``fused_attention_efficiency`` where it has one; ``launch_blocking``: each
+        kernel waits for the host (:data:`BLOCKING_HOST_S`)."""
         flop_rate = device.peak_flops_per_s * device.matmul_efficiency
         attention = device.attention_efficiency
         if transformer_engine and device.fused_attention_efficiency is not None:
@@ -111,6 +126,7 @@ class KernelCosts:
             sm_count=device.sm_count,
             fp8_rate=fp8_rate,
             gemm_wave=device.gemm_wave_s,
+            host=BLOCKING_HOST_S if launch_blocking else 0.0,
         )
 
     def waves(self, m: float, n: float, batch: float = 1) -> float:
@@ -133,7 +149,7 @@ class KernelCosts:
         moved = element_bytes * batch * (m * k + k * n + m * n)
         busy, count = self._waves(m, n, batch)
         compute = flops / (self.flop_rate * busy) + count * self.gemm_wave
-        return max(self.launch, compute, moved / self.byte_rate)
+        return self.host + max(self.launch, compute, moved / self.byte_rate)
 
     def linear(self, m: float, n: float, k: float, batch: float = 1) -> float:
         """A linear layer's GEMM (``batch`` of them in one kernel: a grouped GEMM of experts):
@@ -143,13 +159,13 @@ class KernelCosts:
         flops = 2 * m * n * k * batch
         moved = batch * (FP8_BYTES * (m * k + k * n) + 2 * m * n)
         work = max(flops / (self.fp8_rate * self.waves(m, n, batch)), moved / self.byte_rate)
-        return max(self.launch, work)
+        return self.host + max(self.launch, work)
 
     def elementwise(self, bytes_moved: float) -> float:
-        return max(self.launch, bytes_moved / self.byte_rate)
+        return self.host + max(self.launch, bytes_moved / self.byte_rate)
 
     def attention(self, flops: float) -> float:
-        return max(self.launch, flops / self.attention_rate)
+        return self.host + max(self.launch, flops / self.attention_rate)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,9 @@ nodes is fit on all-reduces over whole nodes (every GPU of two nodes), where NCC
 each byte over the network up to twice and the hierarchical schedule once, so it is below what a
 GPU's NIC carries. With one rank per node both send the same bytes, each through the rank's own
 NIC, as a pipeline send does. Without a send bandwidth (ASTRA-sim's own systems) nothing changes.
+On a dimension whose rate is bound per communicator rather than per link (``per_communicator``:
+NCCL over Omni-Path), a group holding ``L`` of a node's ``G`` ranks runs at ``G / L`` times the
+link bandwidth, the node's other groups crossing at the same time (:func:`_communicators`).
 
 HSDP (a strategy's ``shard_group``) splits the dp axis in two, the shard part innermost (as
 torchtitan's mesh orders ``dp_replicate, dp_shard, cp, tp``, outermost first:
@@ -98,6 +101,22 @@ def _sub_dim(dim: NetworkDim, size: int) -> NetworkDim:
     return replace(dim, npus=size)
 
 
+def _communicators(network: Network, mine: list[tuple[int, int]],
+                   dims: tuple[NetworkDim, ...]) -> tuple[NetworkDim, ...]:
+    """The group's pieces ``dims`` (on the network's dimensions ``mine``), each on a
+    ``per_communicator`` dimension at its link bandwidth times ``G / L``: the node's ``G`` ranks
+    (every dimension inside) over the group's ``L`` among them, as many communicators as cross
+    it at once (:attr:`NetworkDim.per_communicator`)."""
+    scaled = []
+    for (i, _), dim in zip(mine, dims, strict=True):
+        if i > 0 and dim.per_communicator:
+            node = math.prod(d.npus for d in network.dims[:i])
+            local = math.prod(size for j, size in mine if j < i)
+            dim = replace(dim, bandwidth_bytes_per_s=dim.bandwidth_bytes_per_s * node / local)
+        scaled.append(dim)
+    return tuple(scaled)
+
+
 class AxisNetworks:
     """The sub-network of each parallel axis, with memoised collective and p2p times."""
 
@@ -125,7 +144,8 @@ class AxisNetworks:
             if not mine:
                 self.networks[axis] = None
                 continue
-            dims = tuple(_sub_dim(network.dims[i], size) for i, size in mine)
+            dims = _communicators(network, mine,
+                                  tuple(_sub_dim(network.dims[i], size) for i, size in mine))
             if len(mine) == 1 and mine[0][0] > 0:  # one rank a node: its own NIC's rate
                 dims = (dims[0].for_sends(),)
             self.networks[axis] = Network(dims=dims, scheduling=network.scheduling,

@@ -128,7 +128,8 @@ class StepPlan:
         device = system.device
         self.te = uses_transformer_engine(system, training, strategy.zero)
         """Megatron-Core with Transformer Engine (fused attention, tp overlap)."""
-        self.costs = KernelCosts.of(device, strategy.precision, self.te)
+        self.costs = KernelCosts.of(device, strategy.precision, self.te,
+                                    training.launch_blocking)
         self.flash = uses_flash_attention(model, system, training)
         self.early_stop = (strategy.recompute is Recompute.FULL
                            and uses_recompute_early_stop(system, training, strategy.zero))

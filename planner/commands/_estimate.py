@@ -168,6 +168,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="each parameter's 16-bit .grad stays beside the accumulation buffer,"
                    " as DeepSpeed's BF16_Optimizer keeps it (bf16 with fp32 accumulation,"
                    " ZeRO 0-1; default: off)")
+    t.add_argument("--launch-blocking", action="store_true",
+                   help="the run sets CUDA_LAUNCH_BLOCKING=1: every kernel waits for the host's"
+                   " time (200 us a kernel, fit on Jean Zay's runs)")
 
 
 DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
@@ -292,6 +295,7 @@ class EstimateCommand(BaseCommand):
                                     transformer_engine=args.transformer_engine,
                                     recompute_early_stop=args.recompute_early_stop,
                                     grad_copy=args.grad_copy,
+                                    launch_blocking=args.launch_blocking,
                                     recompute_modules=None if args.recompute_modules is None
                                     else tuple(map(RecomputeModule, args.recompute_modules)),
                                     **{k: enum(getattr(args, k))

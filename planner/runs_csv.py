@@ -115,6 +115,8 @@ class MeasuredRun:
     memory_allocated: bool = False
     """``peak_memory_gb`` is PyTorch's allocated peak, not the device's use
     (``memory_measured``)."""
+    file: str = ""
+    """The CSV the run is in, as given on the command line."""
 
     @property
     def group(self) -> tuple[str, str, int, int]:
@@ -129,6 +131,14 @@ class SkippedRun:
     line: int
     name: str
     reason: str
+    bad_value: bool = False
+    """A cell is not a valid value (a typo to fix), not a plan the planner cannot express."""
+    file: str = ""
+    """The CSV the row is in, as given on the command line."""
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else f"line {self.line}"
 
 
 _T = TypeVar("_T")
@@ -138,18 +148,24 @@ class _RowError(ValueError):
     """One field of one row is unusable; the message names the field and what is allowed."""
 
 
+class _BadValue(_RowError):
+    """A cell that is not a valid value at all (a typo, an empty required cell, an unknown
+    name): the row is left out and the command exits 1, where a plan the planner cannot
+    express is only left out."""
+
+
 def _integer(row: dict[str, str], key: str, default: int | None = None) -> int:
     text = row.get(key, "")
     if not text:
         if default is None:
-            raise _RowError(f"{key} is empty; give a whole number")
+            raise _BadValue(f"{key} is empty; give a whole number")
         return default
     try:
         value = float(text)
     except ValueError:
-        raise _RowError(f"{key}={text!r} must be a whole number") from None
+        raise _BadValue(f"{key}={text!r} must be a whole number") from None
     if not value.is_integer() or not 1 <= value <= MAX_INTEGER:
-        raise _RowError(f"{key}={text!r} must be a whole number >= 1")
+        raise _BadValue(f"{key}={text!r} must be a whole number >= 1")
     return int(value)
 
 
@@ -165,9 +181,9 @@ def _positive(row: dict[str, str], key: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        raise _RowError(f"{key}={text!r} must be a number") from None
+        raise _BadValue(f"{key}={text!r} must be a number") from None
     if not 0 < value <= MAX_NUMBER:
-        raise _RowError(f"{key}={text!r} must be a number > 0")
+        raise _BadValue(f"{key}={text!r} must be a number > 0")
     return value
 
 
@@ -179,13 +195,13 @@ def _boolean(row: dict[str, str], key: str) -> bool | None:
         return True
     if text in _FALSE:
         return False
-    raise _RowError(f"{key}={row[key]!r} must be true or false")
+    raise _BadValue(f"{key}={row[key]!r} must be true or false")
 
 
 def _allocated(row: dict[str, str]) -> bool:
     text = row.get("memory_measured", "").lower()
     if text not in ("", "device", "allocated"):
-        raise _RowError(f"memory_measured={row['memory_measured']!r} is not one of device,"
+        raise _BadValue(f"memory_measured={row['memory_measured']!r} is not one of device,"
                         " allocated")
     return text == "allocated"
 
@@ -198,7 +214,7 @@ def _enum(row: dict[str, str], key: str, enum: type, default: object) -> object:
         return enum(text.lower())
     except ValueError:
         allowed = ", ".join(e.value for e in enum)
-        raise _RowError(f"{key}={text!r} is not one of {allowed}") from None
+        raise _BadValue(f"{key}={text!r} is not one of {allowed}") from None
 
 
 def _zero(row: dict[str, str]) -> ZeroStage:
@@ -209,7 +225,7 @@ def _zero(row: dict[str, str]) -> ZeroStage:
         return ZeroStage.PARAMETERS
     if text in ("0", "1", "2", "3"):
         return ZeroStage(int(text))
-    raise _RowError(f"zero={row['zero']!r} must be 0, 1, 2, 3 or fsdp")
+    raise _BadValue(f"zero={row['zero']!r} must be 0, 1, 2, 3 or fsdp")
 
 
 def _placement(row: dict[str, str]) -> dict[str, tuple[Axis, ...]]:
@@ -220,7 +236,7 @@ def _placement(row: dict[str, str]) -> dict[str, tuple[Axis, ...]]:
              if a.strip()]
     axes = placement_axes(names)
     if axes is None:
-        raise _RowError(f"placement={text!r} must name dp, tp, pp and sp once each, innermost"
+        raise _BadValue(f"placement={text!r} must name dp, tp, pp and sp once each, innermost"
                         " first, e.g. tp-sp-dp-pp")
     return {"placement": axes}
 
@@ -276,6 +292,10 @@ def _built(build: Callable[[], _T]) -> _T:
 def _modules(row: dict[str, str]) -> tuple[RecomputeModule, ...] | None:
     """``recompute_modules``: Megatron-LM's module names, separated by spaces or ``+``."""
     text = (row.get("recompute_modules") or "").replace("+", " ").split()
+    unknown = [m for m in text if m not in {r.value for r in RecomputeModule}]
+    if unknown:
+        allowed = ", ".join(r.value for r in RecomputeModule)
+        raise _BadValue(f"recompute_modules={unknown[0]!r} is not one of {allowed}")
     return tuple(RecomputeModule(m) for m in text) or None
 
 
@@ -297,11 +317,11 @@ def _training(row: dict[str, str]) -> TrainingSpec:
 
 def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:
     if not ref:
-        raise _RowError(f"{kind} is empty; give a catalog name or a YAML path")
+        raise _BadValue(f"{kind} is empty; give a catalog name or a YAML path")
     try:
         return find(ref)
     except PlannerUsageError as e:
-        raise _RowError(str(e)) from None
+        raise _BadValue(str(e)) from None
 
 
 def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
@@ -375,7 +395,8 @@ def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[Ski
             step = _positive(row, "step_time_s")
             memory = _positive(row, "peak_memory_gb")
             if step is None and memory is None:
-                raise _RowError("no measured step_time_s or peak_memory_gb")
+                raise _BadValue("no measured step_time_s or peak_memory_gb; fill one in or"
+                                " remove the row")
             model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model")
             system = _spec(lambda r: catalog.system(r, where=(path, "system")),
                            row.get("system", ""), "system")
@@ -385,7 +406,8 @@ def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[Ski
             runs.append(MeasuredRun(
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
                 model=model, system=system, training=_training(row), strategy=_strategy(row),
-                step_time_s=step, peak_memory_gb=memory, memory_allocated=_allocated(row)))
+                step_time_s=step, peak_memory_gb=memory, memory_allocated=_allocated(row),
+                file=str(path)))
         except _RowError as e:
-            skipped.append(SkippedRun(line, name, str(e)))
+            skipped.append(SkippedRun(line, name, str(e), isinstance(e, _BadValue), str(path)))
     return runs, skipped

@@ -172,8 +172,8 @@ class Validation:
             "rows": [r.to_dict() for r in self.results],
             **self.summary(),
             "groups": [g.to_dict() for g in self.groups],
-            "skipped": [{"line": s.line, "name": s.name, "reason": s.reason}
-                        for s in self.skipped],
+            "skipped": [{"file": s.file, "line": s.line, "name": s.name, "reason": s.reason,
+                         "bad_value": s.bad_value} for s in self.skipped],
         }
 
 
@@ -188,8 +188,8 @@ def validate(runs: Iterable[MeasuredRun], skipped: Iterable[SkippedRun] = (), *,
         try:
             est: Estimate = estimate(run.model, system, run.training, run.strategy)
         except ValueError as e:
-            left_out.append(SkippedRun(run.line, run.name, str(e)))
+            left_out.append(SkippedRun(run.line, run.name, str(e), file=run.file))
             continue
         memory = est.memory.total - (est.memory.overhead if run.memory_allocated else 0.0)
         results.append(RunResult(run, est.step_time, memory / GB, est.fits))
-    return Validation(tuple(results), tuple(sorted(left_out, key=lambda s: s.line)))
+    return Validation(tuple(results), tuple(sorted(left_out, key=lambda s: (s.file, s.line))))

@@ -171,15 +171,36 @@ def test_rows_it_cannot_express_are_reported_not_fatal(tmp_path: Path, capsys) -
         "empty,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,",
         "text,gpt-1.7b,dgx-a100-8,16,2048,eight,1,1,1,1.0",
     )
-    assert main(["validate", str(path), "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    # A typo, an empty measurement and text in a count are values to fix: the figures leave
+    # them out and the command exits 1; plans the planner cannot express are only left out.
+    assert main(["validate", str(path), "--json"]) == 1
+    out = capsys.readouterr()
+    data = json.loads(out.out)
     reasons = {s["name"]: s["reason"] for s in data["skipped"]}
+    bad = {s["name"] for s in data["skipped"] if s["bad_value"]}
     assert [r["name"] for r in data["rows"]] == ["ok"]
     assert "unknown model 'gpt-1.7c'" in reasons["typo"]
     assert "device count" in reasons["devices"]
     assert "must divide layers=30" in reasons["layers"]
     assert "no measured" in reasons["empty"]
     assert "dp='eight' must be a whole number" in reasons["text"]
+    assert bad == {"typo", "empty", "text"}
+    assert out.err.strip() == ("planner validate: 3 rows with a value to fix (listed as left"
+                               " out); the figures leave them out")
+
+
+def test_left_out_rows_name_their_file(tmp_path: Path, capsys) -> None:
+    one = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
+                 "b,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,-1")
+    two = tmp_path / "two.csv"
+    two.write_text(HEADER + ",step_time_s\n" + "c,gpt-3.6b,dgx-a100-8,16,2048,1,1,8,1,1.0\n")
+    assert main(["validate", str(one), str(two)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "left out: 1 row with a value to fix" in out
+    assert f"  {one}:3 (b): step_time_s='-1' must be a number > 0" in out
+    assert "left out: 1 row the planner cannot express" in out
+    assert any(line.startswith(f"  {two}:2 (c): ") for line in out)
+    assert "step time: 1 run, MAPE" in "\n".join(out)
 
 
 @pytest.mark.parametrize(("header", "message"), [
@@ -198,3 +219,15 @@ def test_bad_header_is_one_line_exit_2(tmp_path: Path, capsys, header: str, mess
 def test_missing_file_is_exit_2(tmp_path: Path, capsys) -> None:
     assert main(["validate", str(tmp_path / "none.csv")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_a_value_to_fix(tmp_path: Path, capsys) -> None:
+    # A typo would leave its run out of the fit without a word: calibrate stops on it.
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
+                  "b,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0s")
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine", "--out",
+                 str(tmp_path / "mine.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fix the value" in err
+    assert f"{path}:3 (b): step_time_s='1.0s' must be a number" in err
+    assert not (tmp_path / "mine.yaml").exists()

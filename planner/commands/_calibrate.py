@@ -105,7 +105,14 @@ class CalibrateCommand(BaseCommand):
         _check_clash(args.name, target, args.out is not None)
         if target.exists() and not args.force:
             raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
-        runs, _ = read_runs_files(args.runs, catalog)
+        runs, skipped = read_runs_files(args.runs, catalog)
+        bad = [sk for sk in skipped if sk.bad_value]
+        if bad:  # a typo would silently leave its run out of the fit
+            first = bad[0]
+            raise PlannerUsageError(f"{first.where} ({first.name}): {first.reason}"
+                                    + (f" (and {len(bad) - 1} more)" if len(bad) > 1
+                                       else "") + "; fix the value, `planner validate` lists"
+                                    " every row")
         mine = [r for r in runs if r.system.device.name == base.name]
         if not mine:
             found = sorted({r.system.device.name for r in runs}) or ["none"]

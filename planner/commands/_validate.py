@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from planner.catalog import load_catalog
@@ -37,16 +38,16 @@ def report_lines(v: Validation) -> list[str]:
             f" {percent(r.memory_error, True):>7}" + ("" if r.fits else "  over memory"))
     s = v.summary()
     lines.append("")
-    lines.append(f"step time: {s['step_time_runs']} runs, MAPE {percent(s['step_time_mape'])},"
+    lines.append(f"step time: {_count(s['step_time_runs'], 'run')}, MAPE {percent(s['step_time_mape'])},"
                  f" median error {percent(s['step_time_median_ape'])}")
-    lines.append(f"peak memory: {s['memory_runs']} runs, MAPE {percent(s['memory_mape'])},"
+    lines.append(f"peak memory: {_count(s['memory_runs'], 'run')}, MAPE {percent(s['memory_mape'])},"
                  f" median error {percent(s['memory_median_ape'])}")
     if s["over_memory_runs"]:
         lines.append(f"fit: {s['over_memory_runs']} of {len(v.results)} runs estimated over"
                      " their device's memory, which each ran in (a study would not offer those"
                      " plans)")
     if v.groups:
-        lines.append(f"plan choice: {len(v.groups)} groups of runs of one model on one system"
+        lines.append(f"plan choice: {_count(len(v.groups), 'group')} of runs of one model on one system"
                      f" (same global batch and sequence); regret mean {percent(s['regret_mean'])},"
                      f" median {percent(s['regret_median'])}; the fastest picked in"
                      f" {s['picked_fastest']} of {len(v.groups)}; Kendall tau mean"
@@ -59,11 +60,16 @@ def report_lines(v: Validation) -> list[str]:
     else:
         lines.append("plan choice: no group of two or more timed plans of one model on one"
                      " system")
-    if v.skipped:
-        lines.append(f"left out: {len(v.skipped)} rows the planner cannot express")
-        for sk in v.skipped:
-            lines.append(f"  line {sk.line} ({sk.name}): {sk.reason}")
+    for bad, what in ((True, "with a value to fix"), (False, "the planner cannot express")):
+        rows = [sk for sk in v.skipped if sk.bad_value is bad]
+        if rows:
+            lines.append(f"left out: {_count(len(rows), 'row')} {what}")
+            lines += [f"  {sk.where} ({sk.name}): {sk.reason}" for sk in rows]
     return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"1 {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 class ValidateCommand(BaseCommand):
@@ -83,4 +89,9 @@ class ValidateCommand(BaseCommand):
             print(json.dumps(result.to_dict(), indent=2))
         else:
             print("\n".join(report_lines(result)))
+        bad = sum(sk.bad_value for sk in result.skipped)
+        if bad:
+            print(f"planner validate: {_count(bad, 'row')} with a value to fix (listed as left out);"
+                  " the figures leave them out", file=sys.stderr)
+            return 1
         return 0

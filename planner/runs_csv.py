@@ -292,11 +292,10 @@ def _built(build: Callable[[], _T]) -> _T:
 def _modules(row: dict[str, str]) -> tuple[RecomputeModule, ...] | None:
     """``recompute_modules``: Megatron-LM's module names, separated by spaces or ``+``."""
     text = (row.get("recompute_modules") or "").replace("+", " ").split()
-    unknown = [m for m in text if m not in {r.value for r in RecomputeModule}]
-    if unknown:
-        allowed = ", ".join(r.value for r in RecomputeModule)
-        raise _BadValue(f"recompute_modules={unknown[0]!r} is not one of {allowed}")
-    return tuple(RecomputeModule(m) for m in text) or None
+    try:
+        return tuple(RecomputeModule(m) for m in text) or None
+    except ValueError as e:  # the enum names the field and what is allowed
+        raise _BadValue(str(e)) from None
 
 
 def _training(row: dict[str, str]) -> TrainingSpec:

@@ -48,24 +48,37 @@ def study_row(study: optuna.Study, best: pd.DataFrame | None = None) -> dict[str
 
 
 def unfinished_note(study: optuna.Study) -> str | None:
-    """A warning for a study whose every plan becomes a trial (``trials kept: all``) and which
-    has fewer finished trials than plans: a run stopped before its end (Ctrl-C, a crash), so its
-    best is the best of the plans estimated so far. None when it is whole, or when its plans are
-    not all trials (a sampled study, or one keeping the front and best in its results table)."""
-    from optuna.trial import TrialState
-
-    from planner.results_parquet import ALL, RESULTS
+    """A warning for a study with fewer plans estimated than its space holds: a run stopped
+    before its end (Ctrl-C, a crash), so its best is the best of the plans estimated so far.
+    Estimated: its finished trials when every plan becomes a trial (``trials kept: all``), else
+    its results table's rows and the plans its bounds ruled out. None when it is whole, when it
+    does not record its plans (a sampled study) or when its table is gone."""
+    from planner.results_parquet import RESULTS
 
     results = study.user_attrs.get(RESULTS) or {}
     plans = results.get("plans")
-    if not plans or results.get("trials_kept", ALL) != ALL or results.get("prune"):
+    if not plans:
         return None
-    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    if done >= plans:
+    done = _estimated(study, results)
+    if done is None or done >= plans:
         return None
     return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its {plans:,} plans"
             " estimated, so its best is the best of those; `planner run STUDY.yaml --resume`"
             " finishes it")
+
+
+def _estimated(study: optuna.Study, results: dict[str, Any]) -> int | None:
+    """The plans a study has estimated (or ruled out by bounds) so far; None if unknown."""
+    from optuna.trial import TrialState
+
+    from planner.results_parquet import ALL, ResultsTable
+
+    if results.get("trials_kept", ALL) == ALL and not results.get("prune"):
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    table = Path(str(results.get("parquet", "")))
+    if not results.get("parquet") or not table.is_dir():
+        return None
+    return ResultsTable(table).rows() + int(results.get("pruned", 0))
 
 
 def _kept(results: dict[str, Any]) -> str:

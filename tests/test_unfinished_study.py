@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import optuna
-import pytest
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from planner.cli import main
 from planner.results_parquet import ALL, FRONT_BEST, RESULTS
@@ -26,10 +27,40 @@ def test_a_study_with_fewer_trials_than_plans_is_unfinished() -> None:
     assert note is not None and "4 of its 10 plans" in note and "--resume" in note
 
 
-@pytest.mark.parametrize(("plans", "done", "kept"), [(10, 10, ALL), (10, 0, FRONT_BEST)])
-def test_a_whole_study_or_one_keeping_its_front_has_no_note(plans, done, kept) -> None:
-    # front+best studies keep their other plans in a results table, not as trials
-    assert unfinished_note(_study(plans, done, kept)) is None
+def test_a_whole_study_has_no_note() -> None:
+    assert unfinished_note(_study(plans=10, done=10)) is None
+
+
+def _front_best(tmp_path, plans: int, rows: int, pruned: int = 0) -> optuna.Study:
+    # A study keeping its front and best as trials holds every plan it estimated as a row of
+    # its results table (planner/results_parquet.py), and the plans its bounds ruled out in
+    # ``pruned``.
+    table = tmp_path / "s.lab.parquet"
+    table.mkdir(exist_ok=True)
+    pq.write_table(pa.table({"plan": [f"p{i}" for i in range(rows)]}),
+                   table / "part-00000.parquet")
+    study = _study(plans, done=2, kept=FRONT_BEST)
+    study.set_user_attr(RESULTS, {"plans": plans, "trials_kept": FRONT_BEST,
+                                  "parquet": str(table), "prune": pruned > 0, "pruned": pruned})
+    return study
+
+
+def test_a_study_keeping_its_front_counts_its_table(tmp_path) -> None:
+    note = unfinished_note(_front_best(tmp_path, plans=10, rows=4))
+    assert note is not None and "4 of its 10 plans" in note
+    assert unfinished_note(_front_best(tmp_path, plans=10, rows=10)) is None
+    # 6 estimated and 4 ruled out by bounds: whole
+    assert unfinished_note(_front_best(tmp_path, plans=10, rows=6, pruned=4)) is None
+    assert "5 of its 10 plans" in unfinished_note(_front_best(tmp_path, plans=10, rows=3,
+                                                               pruned=2))
+
+
+def test_a_study_whose_table_is_gone_has_no_note(tmp_path) -> None:
+    study = _front_best(tmp_path, plans=10, rows=4)
+    for part in (tmp_path / "s.lab.parquet").iterdir():
+        part.unlink()
+    (tmp_path / "s.lab.parquet").rmdir()
+    assert unfinished_note(study) is None
 
 
 def test_best_of_an_unfinished_study_warns(tmp_path, monkeypatch, capsys) -> None:

@@ -38,16 +38,19 @@ def report_lines(v: Validation) -> list[str]:
             f" {percent(r.memory_error, True):>7}" + ("" if r.fits else "  over memory"))
     s = v.summary()
     lines.append("")
-    lines.append(f"step time: {_count(s['step_time_runs'], 'run')}, MAPE {percent(s['step_time_mape'])},"
+    lines.append(f"step time: {_count(s['step_time_runs'], 'run')},"
+                 f" MAPE {percent(s['step_time_mape'])},"
                  f" median error {percent(s['step_time_median_ape'])}")
-    lines.append(f"peak memory: {_count(s['memory_runs'], 'run')}, MAPE {percent(s['memory_mape'])},"
+    lines.append(f"peak memory: {_count(s['memory_runs'], 'run')},"
+                 f" MAPE {percent(s['memory_mape'])},"
                  f" median error {percent(s['memory_median_ape'])}")
     if s["over_memory_runs"]:
         lines.append(f"fit: {s['over_memory_runs']} of {len(v.results)} runs estimated over"
                      " their device's memory, which each ran in (a study would not offer those"
                      " plans)")
     if v.groups:
-        lines.append(f"plan choice: {_count(len(v.groups), 'group')} of runs of one model on one system"
+        lines.append(f"plan choice: {_count(len(v.groups), 'group')} of runs of one model on"
+                     " one system"
                      f" (same global batch and sequence); regret mean {percent(s['regret_mean'])},"
                      f" median {percent(s['regret_median'])}; the fastest picked in"
                      f" {s['picked_fastest']} of {len(v.groups)}; Kendall tau mean"
@@ -91,7 +94,7 @@ class ValidateCommand(BaseCommand):
             print("\n".join(report_lines(result)))
         bad = sum(sk.bad_value for sk in result.skipped)
         if bad:
-            print(f"planner validate: {_count(bad, 'row')} with a value to fix (listed as left out);"
-                  " the figures leave them out", file=sys.stderr)
+            print(f"planner validate: {_count(bad, 'row')} with a value to fix (listed as left"
+                  " out); the figures leave them out", file=sys.stderr)
             return 1
         return 0

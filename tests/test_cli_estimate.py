@@ -90,6 +90,28 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message) -> None:
     assert out == ""
 
 
+@pytest.mark.parametrize(("kind", "typo", "close"), [
+    ("system", "dgx-h100-0", ["dgx-h100-8", "dgx-h100-4", "dgx-h100-2"]),
+    ("model", "llama3-7b", ["llama3-70b", "llama3-8b", "llama2-7b"]),
+])
+def test_a_name_close_to_known_ones_is_a_short_line_suggesting_them(capsys, kind, typo,
+                                                                    close) -> None:
+    from planner.catalog import load_catalog
+
+    names = {"system": {"--model": "gpt3-175b", "--system": typo},
+             "model": {"--model": typo, "--system": "dgx-a100-8"}}[kind]
+    code, out, err = run(capsys, "estimate", *(x for kv in names.items() for x in kv),
+                         "--global-batch", "8")
+    catalog = load_catalog()
+    known = catalog.systems if kind == "system" else catalog.models
+    assert code == 2 and out == ""
+    assert err.strip() == (f"planner estimate: error: --{kind}: unknown {kind} {typo!r}; did you"
+                           f" mean {', '.join(close)}? (`planner catalog {kind}s` lists them"
+                           " all)")
+    assert all(name in known for name in close)
+    assert len(err) < 200
+
+
 def test_unknown_recompute_is_an_argparse_error(capsys) -> None:
     code = main(["estimate", "--model", "gpt3-175b", "--system", "dgx-a100-8", "--global-batch",
                  "8", "--recompute", "partial"])

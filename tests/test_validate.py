@@ -182,6 +182,18 @@ def test_rows_it_cannot_express_are_reported_not_fatal(tmp_path: Path, capsys) -
     assert "dp='eight' must be a whole number" in reasons["text"]
 
 
+def test_one_row_left_out_and_one_run_are_singular(tmp_path: Path, capsys) -> None:
+    path = _write(
+        tmp_path, HEADER + ",step_time_s",
+        "ok,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
+        "typo,gpt-1.7c,dgx-a100-8,16,2048,8,1,1,1,1.0",
+    )
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "left out: 1 row the planner cannot express" in out
+    assert "step time: 1 run, MAPE" in out and "peak memory: 0 runs," in out
+
+
 @pytest.mark.parametrize(("header", "message"), [
     ("model,system,global_batch,seq_len,dp,tp,pp,step_time_s", "no column 'micro_batch'"),
     (HEADER, "no measured column"),

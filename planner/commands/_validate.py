@@ -8,6 +8,7 @@ from pathlib import Path
 
 from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand
+from planner.outputs import counted
 from planner.runs_csv import read_runs_files
 from planner.validation import Validation, validate
 
@@ -37,30 +38,34 @@ def report_lines(v: Validation) -> list[str]:
             f" {percent(r.memory_error, True):>7}" + ("" if r.fits else "  over memory"))
     s = v.summary()
     lines.append("")
-    lines.append(f"step time: {s['step_time_runs']} runs, MAPE {percent(s['step_time_mape'])},"
+    lines.append(f"step time: {counted(s['step_time_runs'], 'run')}, MAPE"
+                 f" {percent(s['step_time_mape'])},"
                  f" median error {percent(s['step_time_median_ape'])}")
-    lines.append(f"peak memory: {s['memory_runs']} runs, MAPE {percent(s['memory_mape'])},"
+    lines.append(f"peak memory: {counted(s['memory_runs'], 'run')}, MAPE"
+                 f" {percent(s['memory_mape'])},"
                  f" median error {percent(s['memory_median_ape'])}")
     if s["over_memory_runs"]:
         lines.append(f"fit: {s['over_memory_runs']} of {len(v.results)} runs estimated over"
                      " their device's memory, which each ran in (a study would not offer those"
                      " plans)")
     if v.groups:
-        lines.append(f"plan choice: {len(v.groups)} groups of runs of one model on one system"
+        lines.append(f"plan choice: {counted(len(v.groups), 'group')} of runs of one model on"
+                     " one system"
                      f" (same global batch and sequence); regret mean {percent(s['regret_mean'])},"
                      f" median {percent(s['regret_median'])}; the fastest picked in"
                      f" {s['picked_fastest']} of {len(v.groups)}; Kendall tau mean"
                      f" {_num(s['kendall_tau_mean'], '.2f')}")
         for g in v.groups:
             model, system, batch, seq = g.key
-            lines.append(f"  {model} on {system}, batch {batch}, seq {seq}: {len(g.runs)} runs,"
+            lines.append(f"  {model} on {system}, batch {batch}, seq {seq}:"
+                         f" {counted(len(g.runs), 'run')},"
                          f" regret {percent(g.regret)}, tau {g.kendall_tau:.2f}; picked"
                          f" {g.picked.run.name!r}, fastest {g.fastest.run.name!r}")
     else:
         lines.append("plan choice: no group of two or more timed plans of one model on one"
                      " system")
     if v.skipped:
-        lines.append(f"left out: {len(v.skipped)} rows the planner cannot express")
+        lines.append(f"left out: {counted(len(v.skipped), 'row')} the planner cannot express")
         for sk in v.skipped:
             lines.append(f"  line {sk.line} ({sk.name}): {sk.reason}")
     return lines

@@ -20,6 +20,7 @@ here and nowhere else (:mod:`planner.units`).
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -281,6 +282,12 @@ class Catalog:
                                         f" {file}#NAME ({names}; a family's with the GPU count"
                                         " in place of {gpus}) or keep one per file")
             return next(iter(found.values()))
+        close = _close_names(ref, [*table, *(self.families if kind == "system" else ())])
+        if close:
+            message = (f"unknown {kind} {ref!r}; did you mean {close}? (`planner catalog"
+                       f" {kind}s` lists them all)")
+            raise fail(*where, message) if where is not None else PlannerUsageError(
+                f"--{kind}: {message}")
         known = ", ".join(sorted(table))
         if kind == "system" and self.families:
             known += (f"; or {', '.join(sorted(self.families))} with the GPU count in place of"
@@ -290,6 +297,12 @@ class Catalog:
                        f" YAML file (`planner catalog {kind}s` lists them)")
         raise PlannerUsageError(f"--{kind}: unknown {kind} {ref!r}; use a catalog name ({known})"
                                 " or the path of a YAML file")
+
+
+def _close_names(ref: str, names: list[str]) -> str:
+    """The catalog names closest to a mistyped ``ref`` (up to three, best first), as one text;
+    empty when none is close."""
+    return ", ".join(difflib.get_close_matches(ref, names, n=3))
 
 
 def _mixed_here(ref: str, where: tuple[Path, str] | None) -> PlannerUsageError:

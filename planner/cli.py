@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, cast
 
 from planner.commands import COMMANDS, BaseCommand
-from planner.errors import PlannerUsageError
+from planner.errors import Interrupted, PlannerUsageError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -93,8 +93,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:  # `planner ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return EXIT_OK
-    except KeyboardInterrupt:
-        print(f"planner {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        what = str(e) if isinstance(e, Interrupted) else "interrupted"
+        print(f"planner {args.command}: {what}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
         if args.debug:

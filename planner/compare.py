@@ -209,7 +209,8 @@ def _check_space(path: Path, i: int, cell: Cell) -> None:
 def load_comparison(path: Path, *, catalog: Catalog | None = None) -> Comparison:
     """Read and check a comparison YAML and build every cell's study (nothing is run)."""
     catalog = catalog or load_catalog()
-    raw = check_fields(path, "", load(path, "comparison YAML"), _REQUIRED, _OPTIONAL)
+    raw = check_fields(path, "", load(path, "comparison YAML"), _REQUIRED, _OPTIONAL,
+                       kind="comparison file")
     name = _name(path, raw)
     study = _study_path(path, raw["study"])
     systems = _systems(path, raw["systems"], catalog)

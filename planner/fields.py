@@ -57,9 +57,13 @@ def _check_shape(path: Path, data: Any) -> None:
             stack.append((child, depth + 1, inside | {id(node)}))
 
 
-def fields(path: Path, where: str, entry: Any, required: set[str], optional: set[str]) -> dict:
+def fields(path: Path, where: str, entry: Any, required: set[str], optional: set[str], *,
+           kind: str = "file") -> dict:
     """``entry`` as a dict after checking it is a mapping with every required field and no
-    unknown one; ``where`` is its place in the file ("" for the top level)."""
+    unknown one; ``where`` is its place in the file ("" for the top level, the whole ``kind``
+    of file: "study file")."""
+    if entry is None:  # an empty file (or only comments), or a field with nothing after it
+        raise _empty(path, where, required, kind)
     if not isinstance(entry, Mapping):
         raise fail(path, where or "top level",
                    f"must be a mapping of fields, but got {type(entry).__name__}")
@@ -73,6 +77,14 @@ def fields(path: Path, where: str, entry: Any, required: set[str], optional: set
     if missing:
         raise fail(path, f"{prefix}{missing[0]}", "missing; add it")
     return {str(k): v for k, v in entry.items()}
+
+
+def _empty(path: Path, where: str, required: set[str], kind: str) -> PlannerUsageError:
+    needs = (f"write its fields ({', '.join(sorted(required))} at least)" if required
+             else "write its fields, or {} for none")
+    if not where:
+        return PlannerUsageError(f"{path}: the {kind} is empty; {needs}")
+    return fail(path, where, f"is empty; {needs}")
 
 
 def _unknown_field(name: str, allowed: set[str], missing: set[str]) -> str:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from planner.errors import PlannerUsageError
 
-__all__ = ["RESULTS_DIR", "atomic_write", "default_path", "slug", "text_table", "write_files",
-           "write_folders"]
+__all__ = ["RESULTS_DIR", "atomic_write", "counted", "default_path", "slug", "text_table",
+           "write_files", "write_folders"]
 
 RESULTS_DIR = Path("planner-results")
 """The folder of every default output (the storage's default journal too: planner.storage's
@@ -28,6 +28,11 @@ def slug(text: str) -> str:
     """A file-name-safe form of a plan label or study name."""
     keep = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in text)
     return keep.strip("_") or "plan"
+
+
+def counted(n: int, noun: str, plural: str = "s") -> str:
+    """``n`` and the noun, singular for one: "1 row", "3 rows", "2 micro-batches"."""
+    return f"{n:,} {noun}{'' if n == 1 else plural}"
 
 
 def default_path(study: str, kind: str, suffix: str) -> Path:

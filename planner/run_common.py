@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from planner.errors import PlannerUsageError
 from planner.plan import specs_dict
+from planner.progress import progress_bar
 from planner.record import Evaluator, Record
 from planner.storage import batched
 from planner.study_config import StudyConfig
@@ -197,6 +198,5 @@ def _stop_when(stop: Callable[[], bool]) -> Callable[[optuna.Study, FrozenTrial]
 
 
 def _bar(total: int | None, progress: bool, what: str) -> tqdm:
-    return tqdm(total=total, unit="trial", desc=what, disable=not progress or None,
-                file=sys.stderr, dynamic_ncols=True, leave=False)
+    return progress_bar(total, progress, what, "trial")
 

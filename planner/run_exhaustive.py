@@ -110,7 +110,7 @@ def exhaustive(study: optuna.Study, storage: BaseStorage, config: StudyConfig, l
         strategies = (plans if plans is not None else config.space.valid if kept is None
                       else config.space.strategies_at(kept))
         todo = _todo(strategies, in_study, in_table, mode)
-    run = _Recorder(study, storage, config, table, in_study, in_table, mode, stop)
+    run = _Recorder(study, storage, config, table, in_study, in_table, mode, stop, len(todo))
     with _bar(len(todo), progress, "estimating") as bar:
         frames = _frames(config, todo, jobs)
         try:
@@ -123,6 +123,7 @@ def exhaustive(study: optuna.Study, storage: BaseStorage, config: StudyConfig, l
         finally:
             frames.close()  # the workers' pool, if any, ends with it
     if mode == rp.FRONT_BEST and table is not None:
+        stop.check()  # the kept trials come once every plan is estimated: --resume writes them
         run.keep()
     return run.added
 
@@ -208,10 +209,12 @@ class _Recorder:
 
     def __init__(self, study: optuna.Study, storage: BaseStorage, config: StudyConfig,
                  table: rp.ResultsTable | None, in_study: set[str], in_table: set[str] | None,
-                 mode: str, stop: StopRequest) -> None:
+                 mode: str, stop: StopRequest, todo: int) -> None:
         self.study, self.storage, self.config = study, storage, config
         self.table, self.in_study, self.in_table = table, in_study, in_table
         self.mode, self.stop = mode, stop
+        self.left = todo
+        """Plans still to estimate: a Ctrl-C after the last one has nothing left to stop."""
         self.evaluator = config.evaluator()
         self.encoding = LayoutEncoding(config.space)
         self.added = 0
@@ -222,14 +225,19 @@ class _Recorder:
             new = plan.isin(self.in_table) if self.in_table else np.zeros(len(frame), bool)
             self.table.append(frame[~np.asarray(new)])
         if self.mode != rp.ALL:
-            bar.update(len(frame))  # type: ignore[attr-defined]
-            self.stop.check()
+            self._done(len(frame), bar)
             return
         rows = np.flatnonzero(~plan.isin(self.in_study).to_numpy())
         for i in range(0, len(frame), BATCH):
             mine = rows[(rows >= i) & (rows < i + BATCH)]
             self._record(frame.iloc[mine], [chunk[j] for j in mine.tolist()])
-            bar.update(min(BATCH, len(frame) - i))  # type: ignore[attr-defined]
+            self._done(min(BATCH, len(frame) - i), bar)
+
+    def _done(self, plans: int, bar: object) -> None:
+        """Count plans stored; stop here after a Ctrl-C unless they were the last."""
+        bar.update(plans)  # type: ignore[attr-defined]
+        self.left -= plans
+        if self.left > 0:
             self.stop.check()
 
     def _record(self, rows: pd.DataFrame, strategies: Sequence[Strategy]) -> None:

@@ -114,7 +114,8 @@ def optimize_jobs(config: StudyConfig, label: str, jobs: int, n: int, progress: 
                 raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    stop.check()
+    if done < n:  # stopped early; a Ctrl-C during the last trials stopped nothing
+        stop.check()
     return done
 
 

@@ -105,6 +105,8 @@ class RunReport:
     """Trials this run finished."""
     requeued: int
     """RUNNING trials of a dead process, failed and re-queued."""
+    late_stop: bool = False
+    """Ctrl-C came when no work was left to stop: the run finished all the same."""
 
 
 # -- opening a study ---------------------------------------------------------------------------
@@ -192,7 +194,7 @@ def _run_held(config: StudyConfig, storage: BaseStorage, label: str, resume: boo
                                plans=random_draw(config))
         else:
             added = _optimize(study, storage, config, label, jobs, progress, stop)
-    return RunReport(study, added, requeued)
+    return RunReport(study, added, requeued, late_stop=stop.requested)
 
 
 # -- random ------------------------------------------------------------------------------------
@@ -228,7 +230,8 @@ def _optimize(study: optuna.Study, storage: optuna.storages.BaseStorage, config:
         with _bar(n, progress, config.sampler) as bar:
             study.optimize(_objective(config, storage, stop), n_trials=n,
                            callbacks=[count, _stop_when(lambda: stop.requested)])
-        stop.check()
+        if done < n:  # stopped early; a Ctrl-C during the last trial stopped nothing
+            stop.check()
         return done
     return optimize_jobs(config, label, jobs, n, progress, stop)
 

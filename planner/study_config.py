@@ -325,7 +325,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     own, the name suffixed ``-<system>`` and ``-hbm<X>gb``."""
     catalog = catalog or load_catalog()
     raw = load(path, "study YAML")
-    e = fields(path, "", raw, _FIELDS, _OPTIONAL)
+    e = fields(path, "", raw, _FIELDS, _OPTIONAL, kind="study file")
     name = e.get("name", path.stem)
     if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
         raise fail(path, "name", f"must be a name of letters, digits, '.', '_', '+' or '-' that"

@@ -4,6 +4,7 @@ on stderr and exit code 2."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,28 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message) -> None:
     assert out == ""
 
 
+@pytest.mark.parametrize(("kind", "typo", "close"), [
+    ("system", "dgx-h100-0", ["dgx-h100-8", "dgx-h100-4", "dgx-h100-2"]),
+    ("model", "llama3-7b", ["llama3-70b", "llama3-8b", "llama2-7b"]),
+])
+def test_a_name_close_to_known_ones_is_a_short_line_suggesting_them(capsys, kind, typo,
+                                                                    close) -> None:
+    from planner.catalog import load_catalog
+
+    names = {"system": {"--model": "gpt3-175b", "--system": typo},
+             "model": {"--model": typo, "--system": "dgx-a100-8"}}[kind]
+    code, out, err = run(capsys, "estimate", *(x for kv in names.items() for x in kv),
+                         "--global-batch", "8")
+    catalog = load_catalog()
+    known = catalog.systems if kind == "system" else catalog.models
+    assert code == 2 and out == ""
+    assert err.strip() == (f"planner estimate: error: --{kind}: unknown {kind} {typo!r}; did you"
+                           f" mean {', '.join(close)}? (`planner catalog {kind}s` lists them"
+                           " all)")
+    assert all(name in known for name in close)
+    assert len(err) < 200
+
+
 def test_unknown_recompute_is_an_argparse_error(capsys) -> None:
     code = main(["estimate", "--model", "gpt3-175b", "--system", "dgx-a100-8", "--global-batch",
                  "8", "--recompute", "partial"])
@@ -120,6 +143,21 @@ def test_stage_plan_that_does_not_fit_prints_one_unit(capsys) -> None:
     assert "DOES NOT FIT: the worst rank needs 1.5 GB > 1.0 GB of HBM" in line
     assert "(ASTRA-sim's memory tracker: 1,515,978,752 elements of one byte)" in line
     assert "GiB" not in line and "G elements" not in line
+
+
+@pytest.mark.parametrize("system", ["dgx-h100-8", "dgx-a100-8"])
+def test_the_hbm_limit_is_one_figure_on_the_peak_memory_line(capsys, system) -> None:
+    # 80 GB devices hold 85.5e9 bytes in the catalog: the line said "HBM 86 GB" beside the
+    # estimate's "> 85.5 GB of HBM"
+    from planner.catalog import load_catalog
+
+    code, out, _ = run(capsys, "estimate", "--model", "llama3-70b", "--system", system,
+                       "--tp", "8", "--global-batch", "64", "--seq-len", "2048")
+    assert code == 0
+    line = next(line for line in out.splitlines() if line.startswith("peak memory"))
+    limit = load_catalog().system(system).device.hbm_bytes / 1e9
+    said = re.findall(r"(?:HBM |> )([\d.]+) GB", line)
+    assert said == [f"{limit:.1f}"] * 2, line  # the limit, then the reason's
 
 
 BASE = ["estimate", "--model", "gpt175b", "--system", "lab-system2", "--global-batch", "512"]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -247,3 +248,58 @@ def test_short_first_and_last_virtual_stages_replay_to_their_schedule(tmp_path, 
     computes = sum(1 for path in (folder / "traces").glob("workload.*.et")
                    for n in read_trace(path).nodes if n.type == 4)
     assert abs(wall - _schedule_end(plan)) <= 0.5e-6 * computes / 16 * s.pp
+
+
+def _size_said(err: str) -> tuple[int, float]:
+    """(trace files, MB) from the export's notice line."""
+    (line,) = [x for x in err.splitlines() if "Chakra trace files" in x]
+    files = int(line.split("writing ")[1].split()[0].replace(",", ""))
+    number, unit = line.rsplit("about ", 1)[1].split()
+    return files, float(number) * {"kB": 1e-3, "MB": 1.0, "GB": 1e3}[unit]
+
+
+ONE_PLAN = """\
+name: one
+model: llama70b
+system: lab-system1
+training: {global_batch: 16, seq_len: 1024}
+sampler: exhaustive
+space: {tp: [8], pp: [2], recompute: [full]}
+"""
+
+
+def _one_plan_study(tmp_path: Path, capsys) -> list[str]:
+    """A stored study of one plan on lab-system1's 64 NPUs (14 MB of traces); its --storage."""
+    study = tmp_path / "one.yaml"
+    study.write_text(ONE_PLAN)
+    storage = ["--storage", str(tmp_path / "s.journal")]
+    assert main(["run", str(study), "--quiet", *storage]) == 0
+    capsys.readouterr()
+    return storage
+
+
+@pytest.mark.parametrize("fmt", ["chakra", "all"])
+def test_export_says_how_many_trace_files_and_how_large_first(tmp_path, capsys, fmt) -> None:
+    storage = _one_plan_study(tmp_path, capsys)
+    out = tmp_path / "out"
+    assert main(["export", "one", "--format", fmt, "--out", str(out), *storage]) == 0
+    files, mb = _size_said(capsys.readouterr().err)
+    traces = list(out.glob("*/traces/*.et"))
+    assert files == len(traces) == 64  # one per NPU of lab-system1
+    written = sum(p.stat().st_size for p in traces) / 1e6
+    assert abs(mb - written) <= 0.1 * written
+
+
+def test_export_shows_a_progress_bar_over_the_trace_files(tmp_path, capsys,
+                                                          monkeypatch) -> None:
+    import sys
+
+    storage = _one_plan_study(tmp_path, capsys)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # as on a terminal
+    args = ["export", "one", "--format", "chakra", "--out", str(tmp_path / "out"), *storage]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"plan 1 traces: +\d+%\|.*\| \d+/64 ", err)  # tqdm's, as planner run's
+    assert main([*args, "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "plan 1 traces" not in err and _size_said(err)[0] == 64  # the notice stays

@@ -156,3 +156,130 @@ def test_ctrl_c_twice_stops_at_the_next_safe_point_three_times_at_once(tmp_path)
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# -- what `planner run` says after a Ctrl-C: one line, true to what is kept -------------------
+def _ctrl_c() -> None:
+    """Ctrl-C as the terminal sends it: the StopRequest handler runs, as it would."""
+    signal.raise_signal(signal.SIGINT)
+
+
+def _interrupted_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "interrupted" in line]
+
+
+def test_ctrl_c_mid_study_is_one_line_with_the_trials_kept(tmp_path, capsys, monkeypatch):
+    import planner.runner as runner
+
+    path = lab_study(tmp_path, sampler="tpe", n_trials=12)
+    objective = runner._objective
+
+    def stopped_at_trial_3(config, storage=None, stop=None):
+        inner = objective(config, storage, stop)
+
+        def run(trial):
+            if trial.number == 3:
+                _ctrl_c()
+            return inner(trial)
+        return run
+
+    monkeypatch.setattr(runner, "_objective", stopped_at_trial_3)
+    storage = tmp_path / "s.journal"
+    assert main(["run", str(path), "--storage", str(storage), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert _interrupted_lines(err) == [
+        f"planner run: interrupted: 4 finished trials of study 'lab' are kept in {storage};"
+        f" continue with: planner run {path} --storage {storage} --resume"]
+    assert _complete(storage, "lab") == 4
+
+
+def test_ctrl_c_in_the_last_sampler_trial_finishes_and_says_so(tmp_path, capsys, monkeypatch):
+    import planner.runner as runner
+
+    path = lab_study(tmp_path, sampler="tpe", n_trials=5)
+    objective = runner._objective
+
+    def stopped_in_the_last_trial(config, storage=None, stop=None):
+        inner = objective(config, storage, stop)
+
+        def run(trial):
+            if trial.number == 4:
+                _ctrl_c()
+            return inner(trial)
+        return run
+
+    monkeypatch.setattr(runner, "_objective", stopped_in_the_last_trial)
+    storage = tmp_path / "s.journal"
+    assert main(["run", str(path), "--storage", str(storage), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "the run finished, nothing is left to resume" in err
+    assert not _interrupted_lines(err) and "best plans" in out
+    assert _complete(storage, "lab") == 5
+
+
+def _results_table_study(tmp_path: Path, monkeypatch) -> Path:
+    """The lab's 56 plans as a study that keeps only its fronts and best plans as trials (as
+    one of more than TRIALS_KEPT plans does), the rest in its results table."""
+    from planner import results_parquet
+
+    monkeypatch.setattr(results_parquet, "TRIALS_KEPT", 10)
+    monkeypatch.setattr(results_parquet, "BEST_KEPT", 3)
+    return lab_study(tmp_path)
+
+
+def test_ctrl_c_of_a_results_table_study_counts_its_table(tmp_path, capsys, monkeypatch):
+    import planner.run_exhaustive as run_exhaustive
+
+    path = _results_table_study(tmp_path, monkeypatch)
+    chunk = run_exhaustive._Recorder.chunk
+
+    def stopped_in_the_chunk(self, *args):
+        _ctrl_c()
+        return chunk(self, *args)
+
+    monkeypatch.setattr(run_exhaustive._Recorder, "chunk", stopped_in_the_chunk)
+    storage = tmp_path / "s.journal"
+    assert main(["run", str(path), "--storage", str(storage), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert _interrupted_lines(err) == [
+        f"planner run: interrupted: the estimates of 56 of 56 plans of study 'lab' are kept in"
+        f" {storage} (its results table); continue with: planner run {path} --storage"
+        f" {storage} --resume"]
+    monkeypatch.setattr(run_exhaustive._Recorder, "chunk", chunk)
+    assert main(["run", str(path), "--storage", str(storage), "--quiet", "--resume"]) == 0
+    assert 3 <= _complete(storage, "lab") < 56  # the kept trials, written by the resume
+
+
+def test_ctrl_c_while_the_kept_trials_are_written_says_the_run_finished(tmp_path, capsys,
+                                                                        monkeypatch):
+    import planner.run_exhaustive as run_exhaustive
+
+    path = _results_table_study(tmp_path, monkeypatch)
+    keep = run_exhaustive._Recorder.keep
+
+    def stopped_in_keep(self):
+        _ctrl_c()
+        keep(self)
+
+    monkeypatch.setattr(run_exhaustive._Recorder, "keep", stopped_in_keep)
+    storage = tmp_path / "s.journal"
+    assert main(["run", str(path), "--storage", str(storage), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "the run finished, nothing is left to resume" in err
+    assert _complete(storage, "lab") >= 3
+
+
+def test_ctrl_c_while_printing_the_best_plans_says_the_study_is_complete(tmp_path, capsys,
+                                                                          monkeypatch):
+    import planner.commands._run as run_command
+
+    def interrupted(*_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_command, "format_best", interrupted)
+    path = lab_study(tmp_path)
+    storage = tmp_path / "s.journal"
+    assert main(["run", str(path), "--storage", str(storage), "--quiet"]) == 130
+    lines = _interrupted_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "the study is complete; more: planner best lab" in lines[0]
+    assert _complete(storage, "lab") == 56

@@ -79,6 +79,22 @@ def test_bad_fields(tmp_path, text, where, hint):
     assert where in message and hint in message
 
 
+@pytest.mark.parametrize("text", ["", "# a study, some day\n", "---\n"])
+def test_an_empty_study_file_says_so(tmp_path, text):
+    assert _error(tmp_path, text) == (f"{tmp_path / 'bad.yaml'}: the study file is empty; write"
+                                      " its fields (model, space, system, training at least)")
+
+
+@pytest.mark.parametrize("wrong, right, where, fix", [
+    ("training: {global_batch: 512}", "training:", "training", "global_batch at least"),
+    ("space: {tp: [1]}", "space:", "space", "or {} for none"),
+])
+def test_an_empty_field_says_so(tmp_path, wrong, right, where, fix):
+    message = _error(tmp_path, GOOD.replace(wrong, right))
+    assert message.startswith(f"{tmp_path / 'bad.yaml'}: {where}: is empty; write its fields")
+    assert fix in message and "NoneType" not in message
+
+
 def test_bad_hbm_override(tmp_path):
     path = lab_study(tmp_path)
     with pytest.raises(PlannerUsageError, match="--hbm-gb must be a number > 0"):

@@ -203,6 +203,18 @@ def test_left_out_rows_name_their_file(tmp_path: Path, capsys) -> None:
     assert "step time: 1 run, MAPE" in "\n".join(out)
 
 
+def test_one_row_left_out_and_one_run_are_singular(tmp_path: Path, capsys) -> None:
+    path = _write(
+        tmp_path, HEADER + ",step_time_s",
+        "ok,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
+        "devices,gpt-1.7b,dgx-a100-8,16,2048,4,1,1,1,1.0",  # 4 GPUs on an 8-GPU system
+    )
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "left out: 1 row the planner cannot express" in out
+    assert "step time: 1 run, MAPE" in out and "peak memory: 0 runs," in out
+
+
 @pytest.mark.parametrize(("header", "message"), [
     ("model,system,global_batch,seq_len,dp,tp,pp,step_time_s", "no column 'micro_batch'"),
     (HEADER, "no measured column"),

@@ -9,10 +9,10 @@ is protobuf's own (``google.protobuf.internal``: the Python runtime has no publi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf.internal.decoder import _DecodeVarint32  # type: ignore[attr-defined]
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
@@ -22,8 +22,8 @@ from planner.chakra.schema import message_class
 from planner.errors import PlannerUsageError
 from planner.inputs import read_bytes
 
-__all__ = ["SCHEMA_VERSION", "Trace", "attr_value", "read_trace", "trace_bytes", "trace_files",
-           "write_trace"]
+__all__ = ["SCHEMA_VERSION", "Trace", "TraceProgress", "attr_value", "encode_traces",
+           "read_trace", "trace_bytes", "trace_files", "write_trace"]
 
 SCHEMA_VERSION = "0.0.4"
 
@@ -48,6 +48,33 @@ def trace_bytes(nodes: Iterable[Any], attrs: dict[str, str] | None = None) -> by
         data = message.SerializeToString()
         parts += [_VarintBytes(len(data)), data]
     return b"".join(parts)
+
+
+class TraceProgress(Protocol):
+    """Who hears how the per-NPU traces of an export are coming along (a big plan's take a
+    minute: 1,024 NPUs, 5.6 million nodes, 551 MB)."""
+
+    def start(self, files: int, approx_bytes: int) -> None:
+        """Before the second file: how many files, and their rough total size."""
+
+    def advance(self) -> None:
+        """One more file encoded."""
+
+
+def encode_traces(traces: Sequence[tuple[str, Callable[[], bytes]]],
+                  progress: TraceProgress | None = None) -> dict[str, bytes]:
+    """``{file name: bytes}`` of each ``(file name, encode)``, in order. ``progress`` hears the
+    count and the first file's size times the count (NPUs' traces differ little) once the
+    first is encoded, then one step per file."""
+    files: dict[str, bytes] = {}
+    for name, encode in traces:
+        files[name] = encode()
+        if progress is None:
+            continue
+        if len(files) == 1:
+            progress.start(len(traces), len(files[name]) * len(traces))
+        progress.advance()
+    return files
 
 
 def write_trace(path: Path, nodes: Iterable[Any], attrs: dict[str, str] | None = None) -> None:

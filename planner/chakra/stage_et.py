@@ -24,11 +24,11 @@ number; group ids number the groups in rank order instead of STAGE's enumeration
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from planner.chakra.io import trace_bytes
+from planner.chakra.io import TraceProgress, encode_traces, trace_bytes
 from planner.chakra.nodes import chakra_node, comm_group_text, number_groups
 from planner.chakra.schema import message_class
 from simcore.stage import NodeKind, RankGraph, StageModel
@@ -86,12 +86,17 @@ def rank_traces(model: StageModel, npu: int, groups: dict[tuple[int, ...], int]
         yield out
 
 
-def stage_trace_files(model: StageModel, name: str) -> dict[str, bytes | str]:
-    """``{name.<npu>.et: bytes, comm_group.json: text}`` for every NPU."""
+def stage_trace_files(model: StageModel, name: str, progress: TraceProgress | None = None
+                      ) -> dict[str, bytes | str]:
+    """``{name.<npu>.et: bytes, comm_group.json: text}`` for every NPU; ``progress`` hears of
+    each trace file encoded."""
     groups = comm_groups(model)
-    files: dict[str, bytes | str] = {
-        f"{name}.{npu}.et": trace_bytes(rank_traces(model, npu, groups), STAGE_SCHEMA)
-        for npu in range(model.args.npus)}
+
+    def encoder(npu: int) -> Callable[[], bytes]:
+        return lambda: trace_bytes(rank_traces(model, npu, groups), STAGE_SCHEMA)
+
+    files: dict[str, bytes | str] = dict(encode_traces(
+        [(f"{name}.{npu}.et", encoder(npu)) for npu in range(model.args.npus)], progress))
     files[COMM_GROUP_FILE] = comm_group_text(groups)
     return files
 

@@ -9,10 +9,10 @@ replay). Sends and receives of one transfer share their ``comm_tag``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from planner.chakra.io import trace_bytes
+from planner.chakra.io import TraceProgress, encode_traces, trace_bytes
 from planner.chakra.nodes import chakra_node, comm_group_text, number_groups
 from planner.chakra.stage_et import COMM_GROUP_FILE
 from simcore.megatron.step_graph import StepGraphs
@@ -43,11 +43,16 @@ def _nodes(graph: RankGraph, groups: dict[tuple[int, ...], int], replicas: int
             yield chakra_node(n, tag=n.link // replicas, peer=graph.peers[n.link])
 
 
-def step_trace_files(steps: StepGraphs, name: str) -> dict[str, bytes | str]:
-    """``{name.<npu>.et: bytes, comm_group.json: text}`` for every NPU."""
+def step_trace_files(steps: StepGraphs, name: str, progress: TraceProgress | None = None
+                     ) -> dict[str, bytes | str]:
+    """``{name.<npu>.et: bytes, comm_group.json: text}`` for every NPU; ``progress`` hears of
+    each trace file encoded."""
     groups = step_comm_groups(steps)
-    files: dict[str, bytes | str] = {
-        f"{name}.{g.rank}.et": trace_bytes(_nodes(g, groups, steps.replicas), STEP_SCHEMA)
-        for g in steps.graphs}
+
+    def encoder(g: RankGraph) -> Callable[[], bytes]:
+        return lambda: trace_bytes(_nodes(g, groups, steps.replicas), STEP_SCHEMA)
+
+    files: dict[str, bytes | str] = dict(encode_traces(
+        [(f"{name}.{g.rank}.et", encoder(g)) for g in steps.graphs], progress))
     files[COMM_GROUP_FILE] = comm_group_text(groups)
     return files

@@ -223,7 +223,7 @@ def _table(est: Estimate) -> str:
             lines.append(f"  {f.name:<12} {value:10.4f} s  {value / est.step_time:6.1%}")
     fit = "fits" if est.fits else f"DOES NOT FIT: {est.reason}"
     lines.append(f"peak memory    {est.memory.total / GB:10.2f} GB  on stage {est.peak_stage}"
-                 f" of {len(est.stages)}  (HBM {est.hbm_bytes / GB:.0f} GB: {fit})")
+                 f" of {len(est.stages)}  (HBM {est.hbm_bytes / GB:.1f} GB: {fit})")
     for f in fields(est.memory):
         value = getattr(est.memory, f.name)
         if value:

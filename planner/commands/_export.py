@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from types import TracebackType
+
+from tqdm.auto import tqdm
 
 from planner.commands._base import BaseCommand
 from planner.commands._results import _study
@@ -12,6 +16,7 @@ from planner.errors import PlannerUsageError
 from planner.exports import EXPORTERS, export_files
 from planner.outputs import RESULTS_DIR, atomic_write, slug, write_folders
 from planner.plan import Plan, plan_text, plans_from_study
+from planner.progress import progress_bar
 
 ALL = "all"
 PLAN_SUFFIXES = (".yaml", ".yml", ".json")
@@ -51,6 +56,41 @@ def _listing(files: dict[str, str | bytes]) -> str:
                       *sorted(f for f in files if "/" not in f)])
 
 
+def approx_size(n_bytes: int) -> str:
+    """A rough size in decimal units, as ``du -h --si`` would say it."""
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n_bytes >= scale:
+            value = n_bytes / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
+    return f"{n_bytes} bytes"
+
+
+class _TraceProgress:
+    """A plan's per-NPU traces (``--format chakra``): one stderr line, once the first is
+    encoded, with how many files and roughly how large, then a progress bar over them."""
+
+    def __init__(self, rank: int, enabled: bool) -> None:
+        self.rank, self.enabled = rank, enabled
+        self.bar: tqdm | None = None
+
+    def start(self, files: int, approx_bytes: int) -> None:
+        print(f"plan {self.rank}: writing {files:,} Chakra trace files (one per NPU), about"
+              f" {approx_size(approx_bytes)}", file=sys.stderr, flush=True)
+        self.bar = progress_bar(files, self.enabled, f"plan {self.rank} traces", "file")
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def __enter__(self) -> _TraceProgress:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 class ExportCommand(BaseCommand):
     name = "export"
     help = ("The best plans of a study as plan files, Megatron-LM arguments, a DeepSpeed config,"
@@ -68,6 +108,8 @@ class ExportCommand(BaseCommand):
                             " per plan, RANK-PLAN; or, for one plan in --format plan, the plan"
                             " file itself (.yaml, .yml or .json)")
         add_storage_argument(parser)
+        parser.add_argument("--quiet", action="store_true",
+                            help="no progress bar (the trace files of --format chakra)")
 
     def run(self, args: argparse.Namespace) -> int:
         formats = _formats(args.format)
@@ -84,7 +126,8 @@ class ExportCommand(BaseCommand):
             files: dict[str, str | bytes] = {}
             for fmt in formats:
                 try:
-                    files.update(export_files(plan, fmt))
+                    with _TraceProgress(rank, not args.quiet) as progress:
+                        files.update(export_files(plan, fmt, progress))
                 except ValueError as e:  # the framework cannot run this plan as written
                     if args.format != ALL:
                         raise PlannerUsageError(f"--format {fmt}: plan {rank}: {e}") from None

@@ -14,8 +14,8 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from planner.commands._base import BaseCommand, add_storage_argument, at_least_one, hbm_gb, jobs
-from planner.errors import PlannerUsageError
-from planner.runner import WorkerDied, run_study
+from planner.errors import Interrupted, PlannerUsageError
+from planner.runner import RunReport, WorkerDied, run_study
 from planner.storage import is_url, open_storage, shown, storage_label, storage_option
 from planner.study_config import StudyConfig, load_study_config
 from planner.study_folder import is_folder, study_storage
@@ -29,19 +29,33 @@ failed and retried)."""
 def where_results_are(config: StudyConfig, storage: BaseStorage, label: str, command: str,
                       study_arg: str, hbm_gb: float | None = None, why: str = "interrupted"
                       ) -> str:
-    """One line after Ctrl-C (or a dead worker): the trials kept, the storage, the study and
-    the command that continues it."""
+    """One line after Ctrl-C (or a dead worker): the trials (or table rows) kept, the storage,
+    the study and the command that continues it."""
     try:
         study = optuna.load_study(study_name=config.name, storage=storage)
-        kept = storage.get_n_trials(study._study_id, TrialState.COMPLETE)
-        count = f"{kept:,} finished trials"
+        count, table = _kept(study, storage)
     except Exception:  # noqa: BLE001 - the message must come out whatever the storage does
-        count = "the finished trials"
+        count, table = "the finished trials", ""
     args = [command, study_arg]
     if hbm_gb is not None:
         args += ["--hbm-gb", f"{hbm_gb:g}"]
-    return (f"{why}: {count} of study {config.name!r} are kept in {shown(label)};"
+    return (f"{why}: {count} of study {config.name!r} are kept in {shown(label)}{table};"
             f" continue with: planner {shlex.join(args)}{storage_option(label)}")
+
+
+def _kept(study: optuna.Study, storage: BaseStorage) -> tuple[str, str]:
+    """What a stopped study keeps, and where beside its storage: its finished trials, or, a
+    study whose trials are only its fronts and best plans (written once every plan is
+    estimated), the plans in its results table."""
+    from planner.results_parquet import ALL, RESULTS, ResultsTable
+
+    results = study.user_attrs.get(RESULTS) or {}
+    if results.get("trials_kept", ALL) == ALL:
+        kept = storage.get_n_trials(study._study_id, TrialState.COMPLETE)
+        return f"{kept:,} finished trials", ""
+    rows = ResultsTable(Path(results["parquet"])).rows()
+    plans = int(results.get("plans", 0)) - int(results.get("pruned", 0))
+    return f"the estimates of {rows:,} of {plans:,} plans", " (its results table)"
 
 
 def more_hint(name: str, label: str) -> str:
@@ -87,7 +101,7 @@ class RunCommand(BaseCommand):
                                     f" {space.size} candidates ({space.first_reason()});"
                                     " widen the lists")
         label = storage_label(args.storage)
-        limit = "unlimited HBM" if config.hbm_gb is None else f"HBM {config.hbm_gb:g} GB"
+        limit = _limit(config)
         print(f"study {config.name}: {config.model.name} on {config.system.name}"
               f" ({config.system.devices} x {config.system.device.name}), {config.convention}"
               f" convention, {limit}")
@@ -104,9 +118,8 @@ class RunCommand(BaseCommand):
                                progress=not args.quiet, prune=args.prune)
             kept = journal is None or _still_there(where, journal)
         except KeyboardInterrupt:
-            print(where_results_are(config, storage, label, "run", str(args.study),
-                                    args.hbm_gb) + " --resume", file=sys.stderr)
-            raise
+            raise Interrupted(where_results_are(config, storage, label, "run", str(args.study),
+                                                args.hbm_gb) + " --resume") from None
         except WorkerDied as e:
             kept = where_results_are(config, storage, label, "run", str(args.study),
                                      args.hbm_gb, why=str(e))
@@ -121,24 +134,42 @@ class RunCommand(BaseCommand):
                   f" ran; its {report.added:,} new trials are not stored there. Run the study"
                   " again (or give --storage)", file=sys.stderr)
             return 1
-        if report.requeued:
-            print(f"resumed: {report.requeued} trial(s) left RUNNING by a stopped process were"
-                  " failed and re-queued")
-        total = len(report.study.get_trials(deepcopy=False))
-        print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {where}")
-        pruning = _pruning_line(report.study, args.prune)
-        if pruning:
-            print(pruning)
-        best = best_frame(report.study, args.top)
-        if is_folder(label):  # planner studies finds the study's row without reading it again
-            from planner.study_summary import remember
+        if report.late_stop:
+            print("planner run: the Ctrl-C came as the last trials were finishing: the run"
+                  " finished, nothing is left to resume", file=sys.stderr)
+        try:
+            return _results(args, config, report, label, where, elapsed)
+        except KeyboardInterrupt:  # the study is whole: only the printing stopped
+            raise Interrupted("interrupted while printing the results; the study is complete;"
+                              f" {more_hint(config.name, label)}") from None
 
-            remember(Path(where), report.study, best)
-        title = "Pareto front" if len(config.objectives) > 1 else "best plans"
-        print(f"{title} ({limit}):")
-        print(format_best(best))
-        print(more_hint(config.name, label))
-        return 0
+
+def _limit(config: StudyConfig) -> str:
+    return "unlimited HBM" if config.hbm_gb is None else f"HBM {config.hbm_gb:g} GB"
+
+
+def _results(args: argparse.Namespace, config: StudyConfig, report: RunReport, label: str,
+             where: str, elapsed: float) -> int:
+    """After a run: what it did, the study's best plans and the commands that read more."""
+    limit = _limit(config)
+    if report.requeued:
+        print(f"resumed: {report.requeued} trial(s) left RUNNING by a stopped process were"
+              " failed and re-queued")
+    total = len(report.study.get_trials(deepcopy=False))
+    print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {where}")
+    pruning = _pruning_line(report.study, args.prune)
+    if pruning:
+        print(pruning)
+    best = best_frame(report.study, args.top)
+    if is_folder(label):  # planner studies finds the study's row without reading it again
+        from planner.study_summary import remember
+
+        remember(Path(where), report.study, best)
+    title = "Pareto front" if len(config.objectives) > 1 else "best plans"
+    print(f"{title} ({limit}):")
+    print(format_best(best))
+    print(more_hint(config.name, label))
+    return 0
 
 
 def _pruning_line(study: optuna.Study, asked: bool) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand
+from planner.outputs import counted
 from planner.runs_csv import read_runs_files
 from planner.validation import Validation, validate
 
@@ -38,18 +39,18 @@ def report_lines(v: Validation) -> list[str]:
             f" {percent(r.memory_error, True):>7}" + ("" if r.fits else "  over memory"))
     s = v.summary()
     lines.append("")
-    lines.append(f"step time: {_count(s['step_time_runs'], 'run')},"
-                 f" MAPE {percent(s['step_time_mape'])},"
+    lines.append(f"step time: {counted(s['step_time_runs'], 'run')}, MAPE"
+                 f" {percent(s['step_time_mape'])},"
                  f" median error {percent(s['step_time_median_ape'])}")
-    lines.append(f"peak memory: {_count(s['memory_runs'], 'run')},"
-                 f" MAPE {percent(s['memory_mape'])},"
+    lines.append(f"peak memory: {counted(s['memory_runs'], 'run')}, MAPE"
+                 f" {percent(s['memory_mape'])},"
                  f" median error {percent(s['memory_median_ape'])}")
     if s["over_memory_runs"]:
         lines.append(f"fit: {s['over_memory_runs']} of {len(v.results)} runs estimated over"
                      " their device's memory, which each ran in (a study would not offer those"
                      " plans)")
     if v.groups:
-        lines.append(f"plan choice: {_count(len(v.groups), 'group')} of runs of one model on"
+        lines.append(f"plan choice: {counted(len(v.groups), 'group')} of runs of one model on"
                      " one system"
                      f" (same global batch and sequence); regret mean {percent(s['regret_mean'])},"
                      f" median {percent(s['regret_median'])}; the fastest picked in"
@@ -57,7 +58,8 @@ def report_lines(v: Validation) -> list[str]:
                      f" {_num(s['kendall_tau_mean'], '.2f')}")
         for g in v.groups:
             model, system, batch, seq = g.key
-            lines.append(f"  {model} on {system}, batch {batch}, seq {seq}: {len(g.runs)} runs,"
+            lines.append(f"  {model} on {system}, batch {batch}, seq {seq}:"
+                         f" {counted(len(g.runs), 'run')},"
                          f" regret {percent(g.regret)}, tau {g.kendall_tau:.2f}; picked"
                          f" {g.picked.run.name!r}, fastest {g.fastest.run.name!r}")
     else:
@@ -66,13 +68,9 @@ def report_lines(v: Validation) -> list[str]:
     for bad, what in ((True, "with a value to fix"), (False, "the planner cannot express")):
         rows = [sk for sk in v.skipped if sk.bad_value is bad]
         if rows:
-            lines.append(f"left out: {_count(len(rows), 'row')} {what}")
+            lines.append(f"left out: {counted(len(rows), 'row')} {what}")
             lines += [f"  {sk.where} ({sk.name}): {sk.reason}" for sk in rows]
     return lines
-
-
-def _count(n: int, noun: str) -> str:
-    return f"1 {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 class ValidateCommand(BaseCommand):
@@ -94,7 +92,7 @@ class ValidateCommand(BaseCommand):
             print("\n".join(report_lines(result)))
         bad = sum(sk.bad_value for sk in result.skipped)
         if bad:
-            print(f"planner validate: {_count(bad, 'row')} with a value to fix (listed as left"
+            print(f"planner validate: {counted(bad, 'row')} with a value to fix (listed as left"
                   " out); the figures leave them out", file=sys.stderr)
             return 1
         return 0

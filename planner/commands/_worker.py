@@ -31,7 +31,7 @@ from planner.commands._run import (
     add_storage_argument,
     where_results_are,
 )
-from planner.errors import PlannerUsageError
+from planner.errors import Interrupted, PlannerUsageError
 from planner.run_queue import DB_RETRY_S, DatabaseLost, ride_out
 from planner.runner import config_from_study, queue_state, run_worker
 from planner.storage import (
@@ -110,9 +110,8 @@ class WorkerCommand(BaseCommand):
             done, items, lost = ride_out(storage, "reading the work queue",
                                          lambda: queue_state(report.study), args.db_retry_s)
         except KeyboardInterrupt:
-            print(where_results_are(config, storage, label, "worker", args.study, args.hbm_gb),
-                  file=sys.stderr)
-            raise
+            raise Interrupted(where_results_are(config, storage, label, "worker", args.study,
+                                                args.hbm_gb)) from None
         except DatabaseLost as e:
             print(f"worker: {e}; every item this worker finished is stored, and the one in"
                   " hand goes to another worker once it goes stale; rejoin with"

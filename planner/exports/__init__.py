@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from planner.errors import PlannerUsageError
 from planner.plan import Plan
 
-__all__ = ["EXPORTERS", "export_files", "exporter"]
+if TYPE_CHECKING:
+    from planner.chakra.io import TraceProgress
+
+__all__ = ["EXPORTERS", "WITH_PROGRESS", "export_files", "exporter"]
 
 Exporter = Callable[[Plan], dict[str, str | bytes]]
 
@@ -36,6 +40,9 @@ EXPORTERS: dict[str, str] = {
     "chakra": "planner.exports._chakra:export_chakra",
 }
 """Format name -> ``module:function``, imported when used."""
+WITH_PROGRESS = frozenset({"chakra"})
+"""Formats whose exporter takes a :class:`planner.chakra.io.TraceProgress` (one file per NPU:
+hundreds of MB for a big plan)."""
 
 
 def exporter(fmt: str) -> Exporter:
@@ -46,5 +53,10 @@ def exporter(fmt: str) -> Exporter:
     return getattr(importlib.import_module(module), function)
 
 
-def export_files(plan: Plan, fmt: str) -> dict[str, str | bytes]:
+def export_files(plan: Plan, fmt: str, progress: TraceProgress | None = None
+                 ) -> dict[str, str | bytes]:
+    """The files of ``plan`` in format ``fmt``; ``progress`` hears of each trace file of a
+    format that writes one per NPU (:data:`WITH_PROGRESS`)."""
+    if fmt in WITH_PROGRESS:
+        return exporter(fmt)(plan, progress)  # type: ignore[call-arg]
     return exporter(fmt)(plan)

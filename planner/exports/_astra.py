@@ -28,6 +28,7 @@ from planner.astra_io import (
 )
 from planner.catalog_write import short_float
 from planner.errors import PlannerUsageError
+from planner.outputs import counted
 from planner.plan import Plan
 from planner.units import GB
 from simcore.specs import (
@@ -151,10 +152,6 @@ def _gbps(bytes_per_s: float) -> float | int:
     return short_float(bytes_per_s / GB, lambda x: x * GB, bytes_per_s)
 
 
-def _count(n: int, noun: str, plural: str = "s") -> str:
-    return f"{n} {noun}{'' if n == 1 else plural}"
-
-
 def _strategy_caveats(plan: Plan) -> list[str]:
     """Settings of the strategy STAGE has no flag for."""
     s, t, other = plan.strategy, plan.training, plan.convention is not Convention.STAGE
@@ -162,8 +159,8 @@ def _strategy_caveats(plan: Plan) -> list[str]:
     per_replica = t.global_batch // s.dp
     micro = per_replica // s.micro_batch
     if s.micro_batch != 1 or (other and micro > 1):
-        out.append(f"micro-batches: the plan runs {_count(micro, 'micro-batch', 'es')} of"
-                   f" {_count(s.micro_batch, 'sequence')} per data-parallel replica; STAGE runs"
+        out.append(f"micro-batches: the plan runs {counted(micro, 'micro-batch', 'es')} of"
+                   f" {counted(s.micro_batch, 'sequence')} per data-parallel replica; STAGE runs"
                    f" all {per_replica} at once.")
     if s.pp > 1 and (other or s.schedule is not Schedule.ONE_F_ONE_B or s.v != 1):
         v = f", v {s.v}" if s.v != 1 else ""

@@ -23,6 +23,7 @@ from planner.astra_io import (
     remote_memory_json_text,
     system_json_text,
 )
+from planner.chakra.io import TraceProgress
 from planner.chakra.stage_et import COMM_GROUP_FILE
 from planner.plan import Plan
 from simcore.network import Congestion
@@ -39,7 +40,7 @@ MAX_NODES = 10_000_000
 until written: about 40 bytes and 3 us a node)."""
 
 
-def _stage_files(plan: Plan) -> dict[str, bytes | str]:
+def _stage_files(plan: Plan, progress: TraceProgress | None) -> dict[str, bytes | str]:
     from planner.chakra.stage_et import stage_trace_files
     from planner.exports._astra import stage_args_for
     from simcore.stage import build_model
@@ -47,16 +48,16 @@ def _stage_files(plan: Plan) -> dict[str, bytes | str]:
     args = stage_args_for(plan, "chakra")
     model = build_model(args)
     _check_size(args.npus * max(len(r.nodes) for r in model.ranks), plan)
-    return stage_trace_files(model, TRACE_NAME)
+    return stage_trace_files(model, TRACE_NAME, progress)
 
 
-def _step_files(plan: Plan) -> dict[str, bytes | str]:
+def _step_files(plan: Plan, progress: TraceProgress | None) -> dict[str, bytes | str]:
     from planner.chakra.step_et import step_trace_files
     from simcore.megatron.step_graph import step_graphs
 
     steps = step_graphs(plan.model, plan.system, plan.training, plan.strategy)
     _check_size(sum(len(g.nodes) for g in steps.graphs), plan)
-    return step_trace_files(steps, TRACE_NAME)
+    return step_trace_files(steps, TRACE_NAME, progress)
 
 
 def _check_size(nodes: int, plan: Plan) -> None:
@@ -133,13 +134,13 @@ def _readme(plan: Plan) -> str:
     return "\n".join(lines + textwrap.wrap(what, width=100)) + "\n"
 
 
-def export_chakra(plan: Plan) -> dict[str, bytes | str]:
+def export_chakra(plan: Plan, progress: TraceProgress | None = None) -> dict[str, bytes | str]:
     """Traces, communicator groups, ASTRA-sim's three input files, the run script and a
-    README (see the module docstring)."""
+    README (see the module docstring); ``progress`` hears of each trace file encoded."""
     if plan.convention is Convention.STAGE:
-        traces = _stage_files(plan)
+        traces = _stage_files(plan, progress)
     elif plan.convention is Convention.MEGATRON:
-        traces = _step_files(plan)
+        traces = _step_files(plan, progress)
     else:
         raise ValueError(f"the {plan.convention.value} convention's estimate has no per-op step"
                          " to write as Chakra traces; use the megatron or stage convention")

@@ -282,3 +282,16 @@ def test_breakdown_figure_is_general():
     assert "no feasible plan" in text[2] and "3 s" in text[0]
     with pytest.raises(ValueError, match="nope"):
         breakdown_figure(df, "nope")
+
+
+def test_ctrl_c_says_where_the_trials_are_once(tmp_path: Path, capsys, monkeypatch) -> None:
+    path = write_comparison(tmp_path, str(lab_study(tmp_path)))
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("planner.commands._compare.run_comparison", stopped)
+    assert main(["compare", str(path), "--storage", str(tmp_path / "s.journal")]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("planner compare: interrupted: finished trials")
+    assert "again to continue" in err[0]

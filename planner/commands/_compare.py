@@ -8,7 +8,6 @@ the best plans' step-time breakdown in one page).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,8 @@ import pandas as pd
 from planner.commands._base import BaseCommand, jobs
 from planner.commands._run import add_storage_argument
 from planner.compare import CellRun, Comparison, limit_label, load_comparison, run_comparison
-from planner.errors import PlannerUsageError
+from planner.errors import Interrupted, PlannerUsageError
+from planner.outputs import counted
 from planner.plots._write import atomic_write
 from planner.storage import RESULTS_DIR, storage_label, storage_option
 
@@ -111,11 +111,11 @@ class CompareCommand(BaseCommand):
             table = run_comparison(comparison, label, jobs=args.jobs,
                                    progress=not args.quiet, on_cell=_cell_line)
         except KeyboardInterrupt:
-            print(f"interrupted: finished trials are kept in {label}; run `planner compare"
-                  f" {args.comparison}{storage_option(label)}` again to continue",
-                  file=sys.stderr)
-            raise
-        print(f"{len(comparison.cells)} cells in {time.perf_counter() - start:.1f} s, stored in"
+            raise Interrupted(f"interrupted: finished trials are kept in {label}; run `planner"
+                              f" compare {args.comparison}{storage_option(label)}` again to"
+                              " continue") from None
+        print(f"{counted(len(comparison.cells), 'cell')} in"
+              f" {time.perf_counter() - start:.1f} s, stored in"
               f" {label}")
         print(_format(table))
         csv, page = _write(comparison, table, args.out)

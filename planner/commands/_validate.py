@@ -46,7 +46,8 @@ def report_lines(v: Validation) -> list[str]:
                  f" {percent(s['memory_mape'])},"
                  f" median error {percent(s['memory_median_ape'])}")
     if s["over_memory_runs"]:
-        lines.append(f"fit: {s['over_memory_runs']} of {len(v.results)} runs estimated over"
+        lines.append(f"fit: {s['over_memory_runs']} of {counted(len(v.results), 'run')}"
+                     " estimated over"
                      " their device's memory, which each ran in (a study would not offer those"
                      " plans)")
     if v.groups:

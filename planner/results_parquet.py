@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from planner.storage import is_url
 
 __all__ = ["ALL", "BEST_KEPT", "FRONT_BEST", "RESULTS", "TRIALS_KEPT", "ResultsTable",
-           "kept_numbers", "pareto_mask", "results_path"]
+           "kept_numbers", "pareto_mask", "results_path", "table_rows"]
 
 RESULTS = "results"
 """Study user attribute: where the study's table is, how many plans, which are trials."""
@@ -111,6 +111,15 @@ class ResultsTable:
         where = None if numbers is None else ds.field("number").isin(list(numbers))
         df = dataset.to_table(columns=columns, filter=where).to_pandas()
         return df.sort_values("number").reset_index(drop=True) if "number" in df else df
+
+
+def table_rows(results: dict[str, Any]) -> int | None:
+    """Rows in the results table a study's ``results`` attribute names (its plans estimated
+    so far); None when it names none or the table is gone."""
+    path = results.get("parquet")
+    if not path or not Path(path).is_dir():
+        return None
+    return ResultsTable(Path(path)).rows()
 
 
 def pareto_mask(step: np.ndarray, memory: np.ndarray) -> np.ndarray:

@@ -71,14 +71,12 @@ def _estimated(study: optuna.Study, results: dict[str, Any]) -> int | None:
     """The plans a study has estimated (or ruled out by bounds) so far; None if unknown."""
     from optuna.trial import TrialState
 
-    from planner.results_parquet import ALL, ResultsTable
+    from planner.results_parquet import ALL, table_rows
 
     if results.get("trials_kept", ALL) == ALL and not results.get("prune"):
         return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    table = Path(str(results.get("parquet", "")))
-    if not results.get("parquet") or not table.is_dir():
-        return None
-    return ResultsTable(table).rows() + int(results.get("pruned", 0))
+    rows = table_rows(results)
+    return None if rows is None else rows + int(results.get("pruned", 0))
 
 
 def _kept(results: dict[str, Any]) -> str:

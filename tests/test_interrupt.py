@@ -164,26 +164,31 @@ def _ctrl_c() -> None:
     signal.raise_signal(signal.SIGINT)
 
 
+def _ctrl_c_in_trial(monkeypatch, number: int) -> None:
+    """Ctrl-C while the sampler's trial ``number`` runs."""
+    import planner.runner as runner
+
+    objective = runner._objective
+
+    def stopped(config, storage=None, stop=None):
+        inner = objective(config, storage, stop)
+
+        def run(trial):
+            if trial.number == number:
+                _ctrl_c()
+            return inner(trial)
+        return run
+
+    monkeypatch.setattr(runner, "_objective", stopped)
+
+
 def _interrupted_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if "interrupted" in line]
 
 
 def test_ctrl_c_mid_study_is_one_line_with_the_trials_kept(tmp_path, capsys, monkeypatch):
-    import planner.runner as runner
-
     path = lab_study(tmp_path, sampler="tpe", n_trials=12)
-    objective = runner._objective
-
-    def stopped_at_trial_3(config, storage=None, stop=None):
-        inner = objective(config, storage, stop)
-
-        def run(trial):
-            if trial.number == 3:
-                _ctrl_c()
-            return inner(trial)
-        return run
-
-    monkeypatch.setattr(runner, "_objective", stopped_at_trial_3)
+    _ctrl_c_in_trial(monkeypatch, 3)
     storage = tmp_path / "s.journal"
     assert main(["run", str(path), "--storage", str(storage), "--quiet"]) == 130
     err = capsys.readouterr().err
@@ -194,21 +199,8 @@ def test_ctrl_c_mid_study_is_one_line_with_the_trials_kept(tmp_path, capsys, mon
 
 
 def test_ctrl_c_in_the_last_sampler_trial_finishes_and_says_so(tmp_path, capsys, monkeypatch):
-    import planner.runner as runner
-
     path = lab_study(tmp_path, sampler="tpe", n_trials=5)
-    objective = runner._objective
-
-    def stopped_in_the_last_trial(config, storage=None, stop=None):
-        inner = objective(config, storage, stop)
-
-        def run(trial):
-            if trial.number == 4:
-                _ctrl_c()
-            return inner(trial)
-        return run
-
-    monkeypatch.setattr(runner, "_objective", stopped_in_the_last_trial)
+    _ctrl_c_in_trial(monkeypatch, 4)  # the last one
     storage = tmp_path / "s.journal"
     assert main(["run", str(path), "--storage", str(storage), "--quiet"]) == 0
     out, err = capsys.readouterr()

@@ -47,13 +47,13 @@ def _kept(study: optuna.Study, storage: BaseStorage) -> tuple[str, str]:
     """What a stopped study keeps, and where beside its storage: its finished trials, or, a
     study whose trials are only its fronts and best plans (written once every plan is
     estimated), the plans in its results table."""
-    from planner.results_parquet import ALL, RESULTS, ResultsTable
+    from planner.results_parquet import ALL, RESULTS, table_rows
 
     results = study.user_attrs.get(RESULTS) or {}
     if results.get("trials_kept", ALL) == ALL:
         kept = storage.get_n_trials(study._study_id, TrialState.COMPLETE)
         return f"{kept:,} finished trials", ""
-    rows = ResultsTable(Path(results["parquet"])).rows()
+    rows = table_rows(results) or 0
     plans = int(results.get("plans", 0)) - int(results.get("pruned", 0))
     return f"the estimates of {rows:,} of {plans:,} plans", " (its results table)"
 

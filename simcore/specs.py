@@ -149,6 +149,17 @@ class CrossEntropy(_Named):
     computes its loss (pytorch/torchtitan@31a17bfdb7 ``torchtitan/components/loss.py``
     ``cross_entropy_loss``): the log-softmax output it saves (4 bytes), and in its backward the
     gradients of that output and of its input (4 + 4): 12 bytes."""
+    REPLICATED = "replicated"
+    """``pytorch``'s loss on the whole vocabulary on every tp rank: the LM head's
+    column-parallel output all-gathered to every rank before the loss (DTensor's
+    ``ColwiseParallel`` with a ``Replicate`` output and no ``loss_parallel``, as KempnerForge
+    runs it: KempnerInstitute/KempnerForge@5666d0d ``kempnerforge/distributed/
+    tensor_parallel.py``, "split vocab, gather to Replicate for loss"), and the loss taken on
+    the 16-bit logits as they come, with no fp32 copy (``kempnerforge/training/loss.py``
+    ``cross_entropy_loss``: ``F.cross_entropy(logits.view(...), ...)``): its log-softmax output
+    and, in its backward, the gradients of that output and of its input, 2 bytes each, 6 bytes
+    a logit of the whole vocabulary on every rank; each rank runs the loss's passes over all of
+    them, and the backward through the gather is a local slice."""
 
     @classmethod
     def _label(cls) -> str:
@@ -490,6 +501,27 @@ class TrainingSpec:
     Counted for ZeRO 0-1 plans only (DeepSpeed runs ZeRO-2/3 with its ZeRO optimizer)."""
     bytes_per_param_optimizer: int = 12
     """Mixed-precision Adam: fp32 master weights, momentum and variance (4 + 4 + 4)."""
+    master_weights: bool = True
+    """The optimizer steps an fp32 master copy of the 16-bit weights (mixed precision,
+    Micikevicius et al. 2018). False: the model is cast to its 16-bit type and trained in it
+    ("pure" bf16), and Adam's momentum and variance take the weights' type, as
+    ``torch.optim.AdamW`` makes them (``zeros_like`` the parameter): 2 + 2 bytes a parameter,
+    not ``bytes_per_param_optimizer``, and PyTorch FSDP shards the 16-bit parameter, not an
+    fp32 one (:func:`simcore.megatron.plan.uses_fp32_shards`). KempnerForge trains so
+    (KempnerInstitute/KempnerForge@5666d0d ``scripts/train.py``: ``model.to(dtype=
+    tc.param_dtype)`` before ``fully_shard``)."""
+    fsdp_no_sync: bool = False
+    """ZeRO-3 (FSDP) accumulates the micro-batches' gradients unsharded and reduce-scatters them
+    once, in the last micro-batch's backward: FSDP1's ``no_sync()``, FSDP2's
+    ``set_requires_gradient_sync(False)`` on all micro-batches but the last, as KempnerForge
+    runs its gradient accumulation (KempnerInstitute/KempnerForge@5666d0d
+    ``kempnerforge/training/grad.py`` ``maybe_no_sync``). Each device then keeps its layers'
+    whole gradient (over tp, not over dp) through the step, in the reduction's type
+    (``bytes_per_param_grads``: FSDP2 upcasts the accumulated gradient to its ``reduce_dtype``,
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``to_accumulated_grad_if_needed``), and
+    reduce-scatters a layer's gradient once a step, not once a micro-batch. False: each
+    micro-batch's backward reduce-scatters its gradients, as torchtitan and llm-foundry run
+    FSDP. Plans with one micro-batch a step, or another ZeRO stage, are the same either way."""
     bytes_per_activation: int = 2
     launch_blocking: bool = False
     """The run sets ``CUDA_LAUNCH_BLOCKING=1`` (a debugging switch some clusters' scripts leave
@@ -557,6 +589,18 @@ class TrainingSpec:
             "bytes_per_activation",
         ):
             _positive(name, getattr(self, name))
+        if not self.master_weights and self.bytes_per_param_optimizer != 12:
+            raise ValueError("master_weights false sets the optimizer state (Adam's two moments in"
+                             " the weights' type); give bytes_per_param_optimizer or"
+                             " master_weights, not both")
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Bytes of optimizer state a parameter: ``bytes_per_param_optimizer`` with master
+        weights, else Adam's two moments in the weights' type."""
+        if self.master_weights:
+            return self.bytes_per_param_optimizer
+        return 2 * self.bytes_per_param_weights
 
 
 TRAINING_CHOICES: dict[str, type[_Named]] = {"selective_recompute": SelectiveRecompute,

@@ -56,18 +56,20 @@ LONG_CONTEXT_SHORT_ERROR = 0.035  # up to 8K on H100, 16K on B200: measured +3.0
 LONG_CONTEXT_MEDIAN = 0.13  # measured 12.6% (H100 25.0%, B200 11.5%)
 # Every *-check file together: the issue's targets are stated on the runs gathered and not fit
 # on, as one set.
-ALL_CHECKS_RUNS = 288
+ALL_CHECKS_RUNS = 302
 # measured 4.8% (5.4% before the SC21 paper's Table 1 and NeMo Megatron's 2022 A100 runs
 # joined; 5.3% with AutoModel's 70B read with no recompute, 5.1% with MPT's dropout kernels, 5.2%
 # before per-op recompute, 4.7% before long-context-check, 4.4% before b200-check)
 # 6.2% when Jean Zay's 2024 sequence-4096 runs joined (38 runs, 19.8%); 4.6% with Omni-Path's
 # communicators adding up and launch blocking's host time (6.6% on them): README, "Jean Zay's
 # 2024 runs"
+# 4.8% with KempnerForge's H200 runs (14 runs, 8.9%)
 ALL_CHECKS_MEDIAN = 0.05
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional
-# tests' two (-9.0%, -10.6%; the 16 before them: 1.4%)
-ALL_CHECKS_MEMORY_MEDIAN = 0.03
+# tests' two (-9.0%, -10.6%; the 16 before them: 1.4%); 4.1% over 32 since KempnerForge's 14
+# H200 runs joined (10.4% on them: README, "KempnerForge's H200 runs")
+ALL_CHECKS_MEMORY_MEDIAN = 0.045
 # Runs estimated over the memory they ran in (`fit:` in planner validate), held so that it does
 # not grow: measured 0 of 246. It was 54: the parts' capacity as
 # the driver reports it (80 GiB, not 80e9 bytes) took it to 39, MPT without dropout to 29, the
@@ -87,6 +89,11 @@ JEAN_ZAY_FIT_MAPE = 0.085  # measured 7.9% (28.6% before the two constants fit o
 JEAN_ZAY_FIT_REGRET = 0.005  # measured 0.0% over 6 groups, the fastest picked in each
 JEAN_ZAY_CHECK_MEDIAN = 0.07  # measured 6.6% (19.8% before)
 JEAN_ZAY_CHECK_REGRET = 0.03  # measured 2.6% over 6 groups (12.5% before)
+# KempnerForge's H200 runs (README, "KempnerForge's H200 runs"): the h200 entry is h100-sxm's
+# constants, not fit on any H200 run; held so that it does not get worse.
+KEMPNER_MEDIAN = 0.095  # measured 8.9% (plans without tp +6..+49%, with tp -1..-25%)
+KEMPNER_MEMORY_MEDIAN = 0.11  # measured 10.4% (29.7% read as torchtitan's FSDP stack, before
+# pure bf16, no_sync and the gathered loss)
 
 
 def _validate(capsys, name: str) -> dict:
@@ -100,7 +107,8 @@ def test_every_row_is_expressed(capsys) -> None:
                  "v100-fit.csv", "v100-check.csv", "h100-megatron-fit.csv",
                  "h100-megatron-check.csv", "moe-check.csv", "a100-zb-check.csv",
                  "b200-fit.csv", "b200-check.csv", "long-context-check.csv",
-                 "jean-zay-fit.csv", "jean-zay-check.csv", "megatron-ci-check.csv"):
+                 "jean-zay-fit.csv", "jean-zay-check.csv", "megatron-ci-check.csv",
+                 "kempner-h200-check.csv"):
         assert _validate(capsys, name)["skipped"] == [], name
 
 
@@ -108,7 +116,7 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     # Issue 14: "on the runs you gather (not fit on): median step-time error <= 8%, memory
     # <= 5%, and the plan-choice regret mean <= 3%". Every check file joins (a new one too).
     checks = sorted(str(path) for path in DATA.glob("*-check.csv"))
-    assert len(checks) == 11
+    assert len(checks) == 12
     assert main(["validate", *checks, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == []
@@ -456,3 +464,15 @@ def test_jean_zay_2024_runs(capsys) -> None:
         assert one["predicted_step_time_s"] > two["predicted_step_time_s"], one["name"]
     one_node = [r["step_time_error"] for r in check["rows"] if " x8 " in r["name"]]
     assert len(one_node) == 4 and all(-0.11 <= e <= -0.02 for e in one_node)  # -2.7 to -10.1%
+
+
+def test_kempnerforge_h200_runs(capsys) -> None:
+    data = _validate(capsys, "kempner-h200-check.csv")
+    assert data["step_time_runs"] == data["memory_runs"] == 14
+    assert data["step_time_median_ape"] <= KEMPNER_MEDIAN
+    assert data["memory_median_ape"] <= KEMPNER_MEMORY_MEDIAN
+    errors = {row["name"]: row["step_time_error"] for row in data["rows"]}
+    # What is left (README): the one-GPU run, measured at about three quarters of the H200's peak with
+    # its recompute, is estimated 48% slower; the tp runs come out faster than measured.
+    assert errors["KempnerForge 7B x1"] > 0.4
+    assert all(error < 0.07 for name, error in errors.items() if "TP" in name)

@@ -155,8 +155,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " checkpointing: every other matmul and all the element-wise work)")
     t.add_argument("--cross-entropy", choices=[m.value for m in CrossEntropy], default=None,
                    help="how the loss holds the logits: fused (Megatron-LM's: fp32 logits, 4"
-                   " bytes each; the default) or pytorch (torchtitan's: cross_entropy on an fp32"
-                   " copy, 12 bytes each at its peak)")
+                   " bytes each; the default), pytorch (torchtitan's: cross_entropy on an fp32"
+                   " copy, 12 bytes each at its peak) or replicated (the 16-bit logits gathered"
+                   " to every tp rank, 6 bytes each of the whole vocabulary)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
@@ -171,6 +172,12 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--launch-blocking", action="store_true",
                    help="the run sets CUDA_LAUNCH_BLOCKING=1: every kernel waits for the host's"
                    " time (200 us a kernel, fit on Jean Zay's runs)")
+    t.add_argument("--no-master-weights", dest="master_weights", action="store_false",
+                   help="pure 16-bit training: no fp32 master copy, Adam's moments in bf16"
+                   " (4 bytes a parameter of optimizer state, not 12)")
+    t.add_argument("--fsdp-no-sync", action="store_true",
+                   help="ZeRO-3 accumulates the micro-batches' gradients unsharded and"
+                   " reduce-scatters once a step (FSDP's no_sync)")
 
 
 DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
@@ -296,6 +303,8 @@ class EstimateCommand(BaseCommand):
                                     recompute_early_stop=args.recompute_early_stop,
                                     grad_copy=args.grad_copy,
                                     launch_blocking=args.launch_blocking,
+                                    master_weights=args.master_weights,
+                                    fsdp_no_sync=args.fsdp_no_sync,
                                     recompute_modules=None if args.recompute_modules is None
                                     else tuple(map(RecomputeModule, args.recompute_modules)),
                                     **{k: enum(getattr(args, k))

@@ -223,6 +223,9 @@ def _model_caveats(plan: Plan) -> list[str]:
     if plan.training.launch_blocking:
         out.append("launch blocking's host time per kernel (launch_blocking): ASTRA-sim's"
                    " compute nodes have no host; it is not written.")
+    if plan.training.fsdp_no_sync and plan.strategy.zero is ZeroStage.PARAMETERS:
+        out.append("FSDP's no_sync accumulation (fsdp_no_sync): the graph reduce-scatters each"
+                   " micro-batch's gradients, as FSDP does without it.")
     return out
 
 

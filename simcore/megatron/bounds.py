@@ -181,7 +181,7 @@ def _states(model: ModelSpec, training: TrainingSpec, c: dict[str, np.ndarray],
     weights = np.where(fp32_shards & (zero >= 3), 0.0, weights)
     grad_bytes = np.where(fp32_shards, FP32_GRAD_BYTES, training.bytes_per_param_grads)
     grads = params * grad_bytes / np.where(zero >= 2, group, 1)
-    optimizer = params * training.bytes_per_param_optimizer / np.where(zero >= 1, group, 1)
+    optimizer = params * training.optimizer_bytes / np.where(zero >= 1, group, 1)
     return weights + grads + optimizer
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from simcore.megatron.placement import AxisLike, DpPart
 from simcore.megatron.precision import FP8_BYTES
 from simcore.network import Collective
-from simcore.specs import Axis, ZeroStage
+from simcore.specs import Axis, CrossEntropy, ZeroStage
 
 if TYPE_CHECKING:
     from simcore.megatron.plan import StepPlan
@@ -51,13 +51,20 @@ def embedding_calls(p: StepPlan) -> list[Call]:
 
 
 def head_calls(p: StepPlan, backward: bool) -> list[Call]:
-    """Sequence parallelism's gather before the LM head (and its reduce-scatter backward)."""
-    if p.s.tp == 1 or not p.s.sequence_parallel:
+    """Sequence parallelism's gather before the LM head (and its reduce-scatter backward); with
+    a replicated loss (:attr:`CrossEntropy.REPLICATED`) the 16-bit logits all-gathered after
+    it (its backward is a local slice)."""
+    if p.s.tp == 1:
         return []
-    full = _activation(p)
-    if backward:
-        return [(Axis.TP, Collective.REDUCE_SCATTER, full)]
-    return [(Axis.TP, Collective.ALL_GATHER, full / p.s.tp)]
+    calls: list[Call] = []
+    if p.s.sequence_parallel:
+        full = _activation(p)
+        calls.append((Axis.TP, Collective.REDUCE_SCATTER, full) if backward
+                     else (Axis.TP, Collective.ALL_GATHER, full / p.s.tp))
+    if not backward and p.training.cross_entropy is CrossEntropy.REPLICATED:
+        logits = p.tokens * p.model.vocab * p.training.bytes_per_activation
+        calls.append((Axis.TP, Collective.ALL_GATHER, logits / p.s.tp))
+    return calls
 
 
 def cp_kv_calls(p: StepPlan) -> tuple[list[Call], list[Call]]:

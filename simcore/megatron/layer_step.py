@@ -135,6 +135,8 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     if s.zero is ZeroStage.PARAMETERS and p.shard_ranks > 1:
         gathers, scatters = fsdp_layer_calls(p)
         gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
+        if p.no_sync:  # one reduce-scatter a step, in the last micro-batch: its share of each
+            scatter /= p.m
         fsdp_fwd = hidden_cost(p, gather, fwd)
         fsdp_bwd = hidden_cost(p, gather + scatter, bwd + recompute)
     return Layer(fwd, bwd, recompute, tp_fwd, tp_bwd + tp_recompute, sp_fwd, sp_bwd,

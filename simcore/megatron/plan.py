@@ -137,6 +137,10 @@ class StepPlan:
         self.fp32_shards = uses_fp32_shards(system, training, strategy.zero)
         """Gradient shards in fp32, and under ZeRO-3 no 16-bit shard (PyTorch FSDP):
         :func:`uses_fp32_shards`."""
+        self.no_sync = (training.fsdp_no_sync and strategy.zero is ZeroStage.PARAMETERS
+                        and self.m > 1)
+        """FSDP's ``no_sync`` accumulation: the whole 16-bit gradient kept through the step and
+        each layer's reduce-scatter once a step (:attr:`TrainingSpec.fsdp_no_sync`)."""
         self.per_op = (strategy.recompute is Recompute.SELECTIVE
                        and training.selective_recompute is SelectiveRecompute.OP)
         """Selective recompute is torchtitan's per-op checkpointing, not the attention core."""
@@ -339,8 +343,9 @@ def uses_fp32_shards(system: SystemSpec, training: TrainingSpec, zero: ZeroStage
     Transformer Engine (:func:`uses_transformer_engine`) whose training does not say its
     checkpointing re-runs whole layers (``recompute_early_stop: false``, which megatron and
     deepspeed studies set: :func:`search_spaces.frameworks.with_framework_defaults`) --
-    torchtitan's and llm-foundry's, and an ``any`` study's ZeRO-2/3 plans."""
-    return (training.recompute_early_stop is not False
+    torchtitan's and llm-foundry's, and an ``any`` study's ZeRO-2/3 plans. Not without master
+    weights (``master_weights: false``): FSDP then shards the 16-bit parameter itself."""
+    return (training.master_weights and training.recompute_early_stop is not False
             and _pytorch_fsdp_default(system, training, zero))
 
 

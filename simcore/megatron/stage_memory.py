@@ -19,9 +19,13 @@ from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import CrossEntropy, Recompute, ZeroStage
 
-__all__ = ["PYTORCH_LOGIT_BYTES", "fp8_weight_params", "stage_activations", "stage_memory"]
+__all__ = ["PYTORCH_LOGIT_BYTES", "REPLICATED_LOGIT_BYTES", "fp8_weight_params", "stage_activations", "stage_memory"]
 
 PYTORCH_LOGIT_BYTES = 12
+REPLICATED_LOGIT_BYTES = 6
+"""Bytes a logit of the loss on the 16-bit logits as they come (:attr:`CrossEntropy.REPLICATED`):
+its log-softmax output, and in its backward the gradients of that output and of its input, 2
+bytes each."""
 """Bytes a logit takes at the peak of PyTorch's cross-entropy on an fp32 copy
 (:attr:`simcore.specs.CrossEntropy.PYTORCH`)."""
 
@@ -64,6 +68,8 @@ def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
         activations += 4 * sbh / t * (1 + model.vocab / h)
         if p.training.cross_entropy is CrossEntropy.PYTORCH:
             activations += (PYTORCH_LOGIT_BYTES - 4) * p.tokens * model.vocab / t
+        elif p.training.cross_entropy is CrossEntropy.REPLICATED:  # 16-bit, every rank's logits
+            activations += (REPLICATED_LOGIT_BYTES - 4 / t) * p.tokens * model.vocab
     return activations
 
 
@@ -86,10 +92,11 @@ def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
     group = p.shard_ranks  # the shard group under HSDP, else dp * sp
     zero = s.zero
     weights, grads, optimizer = model_state_bytes(stage.params, tr, zero, group,
-                                                  fp32_shards=p.fp32_shards)
+                                                  fp32_shards=p.fp32_shards,
+                                                  unsharded_grads=p.no_sync)
     if stage.expert_params:  # the routed experts' states, sharded over expert dp
         w, g, o = model_state_bytes(stage.expert_params, tr, zero, s.edp,
-                                    fp32_shards=p.fp32_shards)
+                                    fp32_shards=p.fp32_shards, unsharded_grads=p.no_sync)
         weights, grads, optimizer = weights + w, grads + g, optimizer + o
     if p.fp8:
         # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights

@@ -30,15 +30,18 @@ FP32_GRAD_BYTES = 4
 
 
 def model_state_bytes(params: float, training: TrainingSpec, zero: ZeroStage,
-                      group: int, *, fp32_shards: bool = False) -> tuple[float, float, float]:
+                      group: int, *, fp32_shards: bool = False,
+                      unsharded_grads: bool = False) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes of ``params`` parameters on one device of a
     data-parallel group of ``group`` ranks (``fp32_shards``: PyTorch FSDP's, above; with
-    ``training.grad_copy`` the gradients add each parameter's 16-bit ``.grad``, unsharded)."""
+    ``training.grad_copy`` the gradients add each parameter's 16-bit ``.grad``, unsharded;
+    ``unsharded_grads``: FSDP's ``no_sync`` accumulation, the whole gradient kept beside the
+    shard in the reduction's type, ``bytes_per_param_grads``, :attr:`simcore.specs.TrainingSpec.fsdp_no_sync`)."""
     weights = 0.0 if fp32_shards and zero >= ZeroStage.PARAMETERS else (
         params * training.bytes_per_param_weights)
     grads = params * (FP32_GRAD_BYTES if fp32_shards and zero >= ZeroStage.GRADIENTS
                       else training.bytes_per_param_grads)
-    optimizer = params * training.bytes_per_param_optimizer
+    optimizer = params * training.optimizer_bytes
     if zero >= ZeroStage.OPTIMIZER:
         optimizer /= group
     if zero >= ZeroStage.GRADIENTS:
@@ -47,4 +50,6 @@ def model_state_bytes(params: float, training: TrainingSpec, zero: ZeroStage,
         weights /= group
     if training.grad_copy and zero < ZeroStage.GRADIENTS:  # DeepSpeed's BF16_Optimizer
         grads += params * training.bytes_per_param_weights
+    if unsharded_grads:  # in the reduction's type (FSDP2 upcasts what it accumulates)
+        grads += params * training.bytes_per_param_grads
     return weights, grads, optimizer

@@ -53,6 +53,7 @@ from simcore.megatron.stage_memory import fp8_weight_params, stage_memory
 from simcore.specs import (
     ZERO_BUBBLE,
     Axis,
+    CrossEntropy,
     ModelSpec,
     Recompute,
     Schedule,
@@ -89,6 +90,8 @@ def _ends_of(p: StepPlan) -> Ends:
     embedding_fwd = n * c.elementwise(2 * full)
     embedding_bwd = n * c.elementwise(3 * full)
     logits = 4 * p.tokens * model.vocab / t  # fp32 logits for the loss
+    if p.training.cross_entropy is CrossEntropy.REPLICATED:
+        logits = 2 * p.tokens * model.vocab  # every rank's loss, on the whole 16-bit logits
     head = (c.gemm(p.tokens, model.vocab / t, h), c.gemm(p.tokens, h, model.vocab / t),
             c.gemm(h, model.vocab / t, p.tokens))
     head_fwd = head[0] + 2 * c.elementwise(logits / 2)
@@ -237,7 +240,7 @@ def _optimizer_time(p: StepPlan, stage: Stage) -> float:
     local = stage.params / (p.shard_ranks if p.s.zero >= ZeroStage.OPTIMIZER else 1)
     if stage.expert_params:
         local += stage.expert_params / (p.s.edp if p.s.zero >= ZeroStage.OPTIMIZER else 1)
-    per_param = OPTIMIZER_STATE_PASSES * tr.bytes_per_param_optimizer + p.step_bytes_per_param
+    per_param = OPTIMIZER_STATE_PASSES * tr.optimizer_bytes + p.step_bytes_per_param
     return local * per_param / p.costs.byte_rate
 
 

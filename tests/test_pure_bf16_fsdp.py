@@ -1,0 +1,147 @@
+"""How KempnerForge trains, as three training options: pure bf16 (``master_weights: false``),
+FSDP's ``no_sync`` accumulation (``fsdp_no_sync``) and the loss on gathered 16-bit logits
+(``cross_entropy: replicated``). Every figure is a hand calculation written here; the sources
+are KempnerInstitute/KempnerForge@5666d0d (``scripts/train.py``, ``kempnerforge/training/
+grad.py``, ``kempnerforge/distributed/tensor_parallel.py``, ``kempnerforge/training/loss.py``)
+and PyTorch's FSDP2 (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from planner.catalog import load_catalog
+from planner.cli import main
+from search_spaces.frameworks import why_not
+from simcore import estimate
+from simcore.megatron.calls import head_calls
+from simcore.megatron.plan import StepPlan, uses_fp32_shards
+from simcore.megatron.states import model_state_bytes
+from simcore.network import Collective
+from simcore.specs import (
+    CrossEntropy,
+    Recompute,
+    Strategy,
+    TrainingSpec,
+    ZeroStage,
+)
+
+GB = 1e9
+# Llama 3 8B at sequence 4096, micro-batch 4, KempnerForge's 7B: 4 x 4096 tokens, vocabulary
+# 128256 (its experiment 05: tp 4 on one node of 4 H200).
+TOKENS, VOCAB = 4 * 4096, 128256
+PURE = TrainingSpec(global_batch=8, seq_len=4096, master_weights=False, flash_attention=True,
+                    transformer_engine=False, cross_entropy=CrossEntropy.PYTORCH)
+
+
+def _estimate(training: TrainingSpec, strategy: Strategy, system: str = "kempner-h200-4"):
+    c = load_catalog()
+    return estimate(c.model("llama3-8b"), c.system(system), training, strategy)
+
+
+def _with_and_without_no_sync(global_batch: int):
+    """dp 2 x tp 4 FSDP, micro-batch 4, fp32 reduction, on two Kempner nodes: without and with
+    ``fsdp_no_sync`` (global batch 16: two micro-batches a step; 8: one)."""
+    training = replace(PURE, global_batch=global_batch, bytes_per_param_grads=4)
+    fsdp = Strategy(dp=2, tp=4, zero=ZeroStage.PARAMETERS, micro_batch=4,
+                    recompute=Recompute.FULL)
+    return (_estimate(training, fsdp, "kempner-h200-8"),
+            _estimate(replace(training, fsdp_no_sync=True), fsdp, "kempner-h200-8"))
+
+
+def test_pure_bf16_states_are_eight_bytes_a_parameter() -> None:
+    # 2 (bf16 weight) + 2 (bf16 gradient) + 2 x 2 (Adam's moments in bf16), not 2 + 2 + 12
+    assert PURE.optimizer_bytes == 4
+    assert model_state_bytes(1e9, PURE, ZeroStage.NONE, 1) == (2e9, 2e9, 4e9)
+    # FSDP over 4 ranks shards all three: (2 + 2 + 4) / 4 bytes a parameter
+    assert model_state_bytes(1e9, PURE, ZeroStage.PARAMETERS, 4) == (0.5e9, 0.5e9, 1e9)
+    mixed = replace(PURE, master_weights=True)
+    assert model_state_bytes(1e9, mixed, ZeroStage.NONE, 1) == (2e9, 2e9, 12e9)
+
+
+def test_pure_bf16_fsdp_shards_the_16_bit_parameter_not_an_fp32_one() -> None:
+    system = load_catalog().system("kempner-h200-4")
+    assert uses_fp32_shards(system, replace(PURE, master_weights=True), ZeroStage.PARAMETERS)
+    assert not uses_fp32_shards(system, PURE, ZeroStage.PARAMETERS)
+
+
+def test_master_weights_and_an_optimizer_size_are_not_both_given() -> None:
+    with pytest.raises(ValueError, match="master_weights"):
+        TrainingSpec(global_batch=8, seq_len=4096, master_weights=False,
+                     bytes_per_param_optimizer=8)
+
+
+def test_pure_bf16_takes_eight_bytes_a_parameter_less_optimizer_state_on_one_gpu() -> None:
+    one = Strategy(dp=1, micro_batch=2, recompute=Recompute.FULL)
+    pure = _estimate(PURE, one, "kempner-h200-1")
+    mixed = _estimate(replace(PURE, master_weights=True), one, "kempner-h200-1")
+    params = mixed.memory.optimizer / 12  # the estimate's own count of the parameters
+    assert params == pytest.approx(8.03e9, rel=0.01)  # Llama 3 8B
+    assert mixed.memory.optimizer - pure.memory.optimizer == pytest.approx(8 * params)
+
+
+def test_no_sync_keeps_the_whole_gradient_in_the_reduction_s_type() -> None:
+    # dp 2 x tp 4, micro-batch 4, batch 16: two micro-batches a step, so FSDP2 keeps each
+    # layer's unsharded gradient between them, upcast to its fp32 reduce_dtype (grad_bytes 4).
+    plain, synced = _with_and_without_no_sync(global_batch=16)
+    local = plain.memory.weights * 2 / 2  # the bf16 shard (2 bytes) is one of 2: the tp rank's
+    assert local == pytest.approx(8.03e9 / 4, rel=0.01)  # parameters, Llama 3 8B over tp 4
+    assert synced.memory.gradients - plain.memory.gradients == pytest.approx(local * 4)
+    # one reduce-scatter a step, not one a micro-batch: the FSDP time falls, nothing else moves
+    assert synced.time.compute == plain.time.compute
+    assert synced.step_time < plain.step_time
+
+
+def test_no_sync_changes_nothing_with_one_micro_batch() -> None:
+    plain, synced = _with_and_without_no_sync(global_batch=8)
+    assert synced.memory == plain.memory
+    assert synced.step_time == plain.step_time
+
+
+def test_replicated_loss_holds_every_logit_in_16_bits() -> None:
+    tp4 = Strategy(dp=1, tp=4, micro_batch=4, recompute=Recompute.FULL)
+    vocab_parallel = _estimate(PURE, tp4)
+    replicated = _estimate(replace(PURE, cross_entropy=CrossEntropy.REPLICATED), tp4)
+    # pytorch on the rank's vocabulary shard: 12 bytes a logit over V / 4, i.e. 3 T V;
+    # replicated: 6 bytes a logit over the whole V, 6 T V. The difference: 3 T V bytes.
+    diff = replicated.memory.activations - vocab_parallel.memory.activations
+    assert diff == pytest.approx(3 * TOKENS * VOCAB)  # 6.30 GB
+    assert replicated.step_time > vocab_parallel.step_time
+
+
+def test_replicated_loss_gathers_the_16_bit_logits_forward_only() -> None:
+    c = load_catalog()
+    tp4 = Strategy(dp=1, tp=4, micro_batch=4, recompute=Recompute.FULL)
+    training = replace(PURE, cross_entropy=CrossEntropy.REPLICATED)
+    plan = StepPlan(c.model("llama3-8b"), c.system("kempner-h200-4"), training, tp4)
+    forward = head_calls(plan, backward=False)
+    # sequence parallelism's gather of (b, s, h), then the logits' (b, s, V / 4 a rank, bf16)
+    assert [call[1] for call in forward] == [Collective.ALL_GATHER, Collective.ALL_GATHER]
+    assert forward[1][2] == TOKENS * VOCAB * 2 / 4
+    assert [call[1] for call in head_calls(plan, backward=True)] == [Collective.REDUCE_SCATTER]
+
+
+def test_frameworks_that_keep_master_weights_refuse_pure_bf16() -> None:
+    model = load_catalog().model("llama3-8b")
+    plan = Strategy(dp=8)
+    for framework in ("megatron", "deepspeed", "torchtitan"):
+        assert "master_weights false" in why_not(framework, model, PURE, plan)
+        assert "fsdp_no_sync" in why_not(
+            framework, model, replace(PURE, master_weights=True, fsdp_no_sync=True), plan)
+    assert why_not("any", model, PURE, plan) is None
+
+
+def test_planner_estimate_takes_the_three_options(capsys) -> None:
+    args = ["estimate", "--model", "llama3-8b", "--system", "kempner-h200-8", "--dp", "2",
+            "--tp", "4", "--fsdp", "--micro-batch", "4", "--global-batch", "16",
+            "--seq-len", "4096", "--recompute", "full", "--no-transformer-engine",
+            "--grad-bytes", "4", "--json"]
+    assert main(args) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert main([*args, "--no-master-weights", "--fsdp-no-sync",
+                 "--cross-entropy", "replicated"]) == 0
+    kempner = json.loads(capsys.readouterr().out)
+    assert kempner["memory"]["optimizer"] < base["memory"]["optimizer"]
+    assert kempner["memory"]["gradients"] > base["memory"]["gradients"]

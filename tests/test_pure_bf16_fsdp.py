@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from planner.catalog import load_catalog
 from planner.cli import main
+from planner.plan import make_plan, read_plan, write_plan
+from planner.study_config import load_study_config
 from search_spaces.frameworks import why_not
 from simcore import estimate
+from simcore.megatron.batched import estimate_many
 from simcore.megatron.calls import head_calls
 from simcore.megatron.plan import StepPlan, uses_fp32_shards
 from simcore.megatron.states import model_state_bytes
 from simcore.network import Collective
 from simcore.specs import (
+    Convention,
     CrossEntropy,
     Recompute,
     Strategy,
@@ -145,3 +150,68 @@ def test_planner_estimate_takes_the_three_options(capsys) -> None:
     kempner = json.loads(capsys.readouterr().out)
     assert kempner["memory"]["optimizer"] < base["memory"]["optimizer"]
     assert kempner["memory"]["gradients"] > base["memory"]["gradients"]
+
+
+STUDY = """model: llama3-8b
+system: kempner-h200-8
+framework: {framework}
+training:
+  global_batch: 32
+  seq_len: 4096
+  master_weights: {master}
+  fsdp_no_sync: true
+  cross_entropy: replicated
+space: {{tp: [1, 2, 4], pp: [1], zero: [3], recompute: [full]}}
+"""
+
+
+def test_a_study_takes_them_and_a_framework_that_cannot_run_them_says_why(
+        tmp_path: Path, capsys) -> None:
+    study = tmp_path / "study.yaml"
+    study.write_text(STUDY.format(framework="any", master="false"))
+    training = load_study_config(study).training
+    assert (training.master_weights, training.fsdp_no_sync) == (False, True)
+    assert training.cross_entropy is CrossEntropy.REPLICATED
+    assert main(["run", str(study), "--storage", str(tmp_path / "a.db")]) == 0
+    capsys.readouterr()
+    study.write_text(STUDY.format(framework="megatron", master="false"))
+    assert main(["run", str(study), "--storage", str(tmp_path / "m.db")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fsdp_no_sync" in err[0] and "framework any" in err[0]
+    study.write_text(STUDY.format(framework="any", master="2"))
+    assert main(["run", str(study), "--storage", str(tmp_path / "b.db")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "training.master_weights" in err[0]
+
+
+def test_a_plan_file_keeps_them_and_estimates_the_same(tmp_path: Path) -> None:
+    c = load_catalog()
+    training = replace(PURE, global_batch=16, bytes_per_param_grads=4, fsdp_no_sync=True,
+                       cross_entropy=CrossEntropy.REPLICATED)
+    strategy = Strategy(dp=2, tp=4, zero=ZeroStage.PARAMETERS, micro_batch=4,
+                        recompute=Recompute.FULL)
+    plan = make_plan(c.model("llama3-8b"), c.system("kempner-h200-8"), training, strategy,
+                     Convention.MEGATRON)
+    path = tmp_path / "plan.yaml"
+    write_plan(plan, path)
+    again = read_plan(path)
+    assert again.training == training
+    assert again.estimate.step_time == plan.estimate.step_time
+    assert again.estimate.memory == plan.estimate.memory
+
+
+def test_the_batched_estimate_prices_them_as_the_scalar_one(tmp_path: Path) -> None:
+    # A study's many plans go through the batched path: the same figures, plan by plan.
+    study = tmp_path / "study.yaml"
+    study.write_text(STUDY.format(framework="any", master="false").replace(
+        "space: {tp: [1, 2, 4], pp: [1], zero: [3], recompute: [full]}",
+        "space: {tp: [1, 2, 4], pp: [1, 2], zero: [0, 1, 3], recompute: [full, none],"
+        " micro_batch: [1, 2]}"))
+    config = load_study_config(study)
+    plans = config.space.valid
+    assert len(plans) > 20
+    result = estimate_many(config.model, config.system, config.training, plans)
+    for i, strategy in enumerate(plans):
+        est = estimate(config.model, config.system, config.training, strategy)
+        assert float(result.step_time[i]) == pytest.approx(est.step_time, rel=1e-9)
+        assert float(result.peak_memory[i]) == pytest.approx(est.memory.total, rel=1e-9)

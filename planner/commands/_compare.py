@@ -49,7 +49,7 @@ def _header(comparison: Comparison) -> str:
     systems = ", ".join(f"{s.name} ({s.devices} x {s.device.name})" for s in comparison.systems)
     config = comparison.cells[0].config
     how = ("exhaustive" if config.sampler == "exhaustive"
-           else f"{config.n_trials} trials of {config.sampler}")
+           else f"{counted(config.n_trials, 'trial')} of {config.sampler}")
     return (f"comparison {comparison.name}: {comparison.model} from {comparison.study_path}"
             f" ({config.convention} convention, {how})\n  systems: {systems}\n  HBM limits:"
             f" {limits} ({len(comparison.cells)} cells)")

@@ -14,7 +14,7 @@ from planner.commands._results import _study
 from planner.commands._run import _positive_int, add_storage_argument
 from planner.errors import PlannerUsageError
 from planner.exports import EXPORTERS, export_files
-from planner.outputs import RESULTS_DIR, atomic_write, slug, write_folders
+from planner.outputs import RESULTS_DIR, atomic_write, counted, slug, write_folders
 from planner.plan import Plan, plan_text, plans_from_study
 from planner.progress import progress_bar
 
@@ -52,7 +52,7 @@ def _listing(files: dict[str, str | bytes]) -> str:
     """The folder's files, sub-folders counted (``traces/ (17 files)``) instead of listed."""
     top = sorted({f.split("/", 1)[0] + "/" for f in files if "/" in f})
     counts = {t: sum(1 for f in files if f.startswith(t)) for t in top}
-    return ", ".join([*(f"{t} ({n} files)" for t, n in counts.items()),
+    return ", ".join([*(f"{t} ({counted(n, 'file')})" for t, n in counts.items()),
                       *sorted(f for f in files if "/" not in f)])
 
 

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from planner.commands._base import BaseCommand, add_storage_argument, at_least_one, hbm_gb, jobs
 from planner.errors import Interrupted, PlannerUsageError
+from planner.outputs import counted
 from planner.runner import RunReport, WorkerDied, run_study
 from planner.storage import is_url, open_storage, shown, storage_label, storage_option
 from planner.study_config import StudyConfig, load_study_config
@@ -106,7 +107,7 @@ class RunCommand(BaseCommand):
               f" ({config.system.devices} x {config.system.device.name}), {config.convention}"
               f" convention, {limit}")
         how = ("every one" if config.sampler == "exhaustive"
-               else f"{config.n_trials} trials of {config.sampler}")
+               else f"{counted(config.n_trials, 'trial')} of {config.sampler}")
         print(f"{valid:,} valid strategies (of {space.size:,} candidates); {how}")
         where = study_storage(label, config.name)  # the study's own journal in a folder
         storage = open_storage(where, create=True,
@@ -156,7 +157,7 @@ def _results(args: argparse.Namespace, config: StudyConfig, report: RunReport, l
         print(f"resumed: {report.requeued} trial(s) left RUNNING by a stopped process were"
               " failed and re-queued")
     total = len(report.study.get_trials(deepcopy=False))
-    print(f"{report.added:,} trials in {elapsed:.1f} s ({total:,} stored) in {where}")
+    print(f"{counted(report.added, 'trial')} in {elapsed:.1f} s ({total:,} stored) in {where}")
     pruning = _pruning_line(report.study, args.prune)
     if pruning:
         print(pruning)

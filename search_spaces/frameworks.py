@@ -196,18 +196,18 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
         refused = _torchtitan(model, strategy)
     else:
         return None  # any
-    refused = refused or _master_weights(framework, training)
+    refused = refused or _any_only(framework, training)
     return refused if refused is not None else _selective(framework, training, strategy)
 
 
-def _master_weights(framework: str, training: TrainingSpec) -> str | None:
-    """FSDP's ``no_sync`` accumulation (``fsdp_no_sync``): none of the three writes it
-    (torchtitan reduce-scatters every micro-batch's gradients, skipping only HSDP's all-reduce).
-    Pure 16-bit training (``master_weights: false``): none of the three frameworks writes
-    it. Megatron-LM keeps fp32 or fp16 main parameters (``--main-params-dtype``, d98e8a64
-    ``megatron/training/arguments.py``), DeepSpeed's bf16 and ZeRO optimizers keep fp32 master
-    weights, torchtitan keeps fp32 parameters under FSDP's mixed-precision policy
-    (``mixed_precision_param`` is the compute type)."""
+def _any_only(framework: str, training: TrainingSpec) -> str | None:
+    """Two trainings none of the three frameworks runs, so only an ``any`` study offers them.
+    FSDP's ``no_sync`` accumulation (``fsdp_no_sync``): torchtitan reduce-scatters every
+    micro-batch's gradients, skipping only HSDP's all-reduce. Pure 16-bit training
+    (``master_weights: false``): Megatron-LM keeps fp32 or fp16 main parameters
+    (``--main-params-dtype``, d98e8a64 ``megatron/training/arguments.py``), DeepSpeed's bf16 and
+    ZeRO optimizers keep fp32 master weights, torchtitan keeps fp32 parameters under FSDP's
+    mixed-precision policy (``mixed_precision_param`` is the compute type)."""
     if training.fsdp_no_sync:
         return (f"fsdp_no_sync (gradients accumulated unsharded, one reduce-scatter a step):"
                 f" {framework}'s ZeRO-3 reduces each micro-batch's gradients; use framework any")

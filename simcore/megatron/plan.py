@@ -139,8 +139,9 @@ class StepPlan:
         :func:`uses_fp32_shards`."""
         self.no_sync = (training.fsdp_no_sync and strategy.zero is ZeroStage.PARAMETERS
                         and self.m > 1)
-        """FSDP's ``no_sync`` accumulation: the whole 16-bit gradient kept through the step and
-        each layer's reduce-scatter once a step (:attr:`TrainingSpec.fsdp_no_sync`)."""
+        """FSDP's ``no_sync`` accumulation: the whole gradient kept through the step, in the
+        reduction's type, and each layer's reduce-scatter once a step
+        (:attr:`TrainingSpec.fsdp_no_sync`)."""
         self.per_op = (strategy.recompute is Recompute.SELECTIVE
                        and training.selective_recompute is SelectiveRecompute.OP)
         """Selective recompute is torchtitan's per-op checkpointing, not the attention core."""

@@ -19,7 +19,8 @@ from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import CrossEntropy, Recompute, ZeroStage
 
-__all__ = ["PYTORCH_LOGIT_BYTES", "REPLICATED_LOGIT_BYTES", "fp8_weight_params", "stage_activations", "stage_memory"]
+__all__ = ["PYTORCH_LOGIT_BYTES", "REPLICATED_LOGIT_BYTES", "fp8_weight_params",
+           "stage_activations", "stage_memory"]
 
 PYTORCH_LOGIT_BYTES = 12
 REPLICATED_LOGIT_BYTES = 6

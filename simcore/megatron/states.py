@@ -36,7 +36,8 @@ def model_state_bytes(params: float, training: TrainingSpec, zero: ZeroStage,
     data-parallel group of ``group`` ranks (``fp32_shards``: PyTorch FSDP's, above; with
     ``training.grad_copy`` the gradients add each parameter's 16-bit ``.grad``, unsharded;
     ``unsharded_grads``: FSDP's ``no_sync`` accumulation, the whole gradient kept beside the
-    shard in the reduction's type, ``bytes_per_param_grads``, :attr:`simcore.specs.TrainingSpec.fsdp_no_sync`)."""
+    shard in the reduction's type, ``bytes_per_param_grads``:
+    :attr:`simcore.specs.TrainingSpec.fsdp_no_sync`)."""
     weights = 0.0 if fp32_shards and zero >= ZeroStage.PARAMETERS else (
         params * training.bytes_per_param_weights)
     grads = params * (FP32_GRAD_BYTES if fp32_shards and zero >= ZeroStage.GRADIENTS

@@ -223,6 +223,7 @@ def specs_from_dict(path: Path, data: dict[str, Any]
     blocking = boolean(path, "training.launch_blocking", t.get("launch_blocking", False))
     master = boolean(path, "training.master_weights", t.get("master_weights", True))
     no_sync = boolean(path, "training.fsdp_no_sync", t.get("fsdp_no_sync", False))
+    swiglu = boolean(path, "training.swiglu_fusion", t.get("swiglu_fusion", True))
     flags = {k: t.get(k) for k in ("flash_attention", "transformer_engine",
                                    "recompute_early_stop", "grad_copy")}
     for key, value in flags.items():
@@ -232,7 +233,7 @@ def specs_from_dict(path: Path, data: dict[str, Any]
               for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
     ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
             if k not in ("overlap_grad_reduce", "launch_blocking", "master_weights", "fsdp_no_sync",
-                         "recompute_modules",
+                         "swiglu_fusion", "recompute_modules",
                          *TRAINING_CHOICES, *flags)}
     modules = t.get("recompute_modules")
     if modules is not None:
@@ -243,7 +244,7 @@ def specs_from_dict(path: Path, data: dict[str, Any]
     training = spec_or_fail(path, "training", lambda: TrainingSpec(
         **ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True),
         launch_blocking=blocking, master_weights=master,
-        fsdp_no_sync=no_sync, **chosen, **flags,
+        fsdp_no_sync=no_sync, swiglu_fusion=swiglu, **chosen, **flags,
         recompute_modules=modules))
     return model, system, training, convention
 

@@ -82,7 +82,7 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "launch_blocking",
-                      "master_weights", "fsdp_no_sync",
+                      "master_weights", "fsdp_no_sync", "swiglu_fusion",
                       "flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy",
                       "recompute_modules", *TRAINING_CHOICES}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
@@ -140,6 +140,7 @@ class StudyConfig:
             **({"grad_copy": True} if self.training.grad_copy else {}),
             **({"master_weights": False} if not self.training.master_weights else {}),
             **({"fsdp_no_sync": True} if self.training.fsdp_no_sync else {}),
+            **({"swiglu_fusion": False} if not self.training.swiglu_fusion else {}),
             **({"recompute_modules": [m.value for m in self.training.recompute_modules]}
                if self.training.recompute_modules is not None else {}),
             # torchtitan's own recompute and loss only: Megatron-LM's, named by a megatron or
@@ -373,7 +374,8 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
         launch_blocking=boolean(path, "training.launch_blocking",
                                 t.get("launch_blocking", False)),
         master_weights=boolean(path, "training.master_weights", t.get("master_weights", True)),
-        fsdp_no_sync=boolean(path, "training.fsdp_no_sync", t.get("fsdp_no_sync", False))))
+        fsdp_no_sync=boolean(path, "training.fsdp_no_sync", t.get("fsdp_no_sync", False)),
+        swiglu_fusion=boolean(path, "training.swiglu_fusion", t.get("swiglu_fusion", True))))
     refused = recompute_modules_problem(model, training)
     if refused is not None:
         raise fail(path, "training.recompute_modules", refused)

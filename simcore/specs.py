@@ -522,6 +522,14 @@ class TrainingSpec:
     reduce-scatters a layer's gradient once a step, not once a micro-batch. False: each
     micro-batch's backward reduce-scatters its gradients, as torchtitan and llm-foundry run
     FSDP. Plans with one micro-batch a step, or another ZeRO stage, are the same either way."""
+    swiglu_fusion: bool = True
+    """A SwiGLU MLP runs its gate's SiLU and the product in one fused kernel that saves only its
+    input (the gate and up projections' output) for the backward, as Megatron-LM's
+    ``--bias-swiglu-fusion`` (its default) does: 6 bytes an FFN element a token with FC2's
+    input. False: PyTorch's separate ``silu`` and multiply (torchtitan's and Hugging Face's
+    Llama, nanotron's ``GLUActivation``, Megatron-DeepSpeed's ``swiglu``), whose autograd keeps
+    the SiLU's output too (8 bytes) and which run two element-wise kernels, not one. Models
+    without SwiGLU are the same either way."""
     bytes_per_activation: int = 2
     launch_blocking: bool = False
     """The run sets ``CUDA_LAUNCH_BLOCKING=1`` (a debugging switch some clusters' scripts leave

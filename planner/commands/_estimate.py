@@ -178,6 +178,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--fsdp-no-sync", action="store_true",
                    help="ZeRO-3 accumulates the micro-batches' gradients unsharded and"
                    " reduce-scatters once a step (FSDP's no_sync)")
+    t.add_argument("--no-swiglu-fusion", dest="swiglu_fusion", action="store_false",
+                   help="a SwiGLU MLP runs PyTorch's separate silu and multiply (torchtitan,"
+                   " nanotron, Hugging Face), keeping the SiLU's output too")
 
 
 DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
@@ -305,6 +308,7 @@ class EstimateCommand(BaseCommand):
                                     launch_blocking=args.launch_blocking,
                                     master_weights=args.master_weights,
                                     fsdp_no_sync=args.fsdp_no_sync,
+                                    swiglu_fusion=args.swiglu_fusion,
                                     recompute_modules=None if args.recompute_modules is None
                                     else tuple(map(RecomputeModule, args.recompute_modules)),
                                     **{k: enum(getattr(args, k))

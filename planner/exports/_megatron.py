@@ -133,6 +133,9 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
                                plan.training.recompute_modules), _data_parallel_args(plan),
                 model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16),
                 megatron_moe_args(plan)]
+    if not plan.training.swiglu_fusion and plan.model.activation is Activation.SWIGLU:
+        # SiLU and the product as two kernels (arguments.py: --no-bias-swiglu-fusion)
+        sections.append(["--no-bias-swiglu-fusion"])
     if plan.strategy.precision is not Precision.BF16:
         sections.append(precision_args(
             plan.strategy.precision,

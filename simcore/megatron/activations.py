@@ -63,12 +63,14 @@ def layer_activations(
     ffn: int | None = None,
     per_op: bool = False,
     modules: frozenset[RecomputeModule] | None = None,
+    swiglu_fused: bool = True,
 ) -> LayerActivations:
     """``ffn``: the FFN's width when it is not the model's (an MoE layer's shared experts; 0:
     none; the routed experts' activations are counted apart, :mod:`simcore.megatron.moe`).
     ``per_op``: selective recompute is torchtitan's per-op checkpointing (:func:`_per_op`).
     ``modules``: selective recompute runs Megatron-LM's ``--recompute-modules`` again
-    (:func:`_module_drops`; ``mlp`` only on a dense layer, ``ffn`` None)."""
+    (:func:`_module_drops`; ``mlp`` only on a dense layer, ``ffn`` None). ``swiglu_fused``:
+    :attr:`simcore.specs.TrainingSpec.swiglu_fusion`."""
     h, a = model.hidden, model.heads
     f = model.ffn_hidden if ffn is None else ffn
     sbh = seq_len / sp * micro_batch * h  # elements of one (s/sp, b, h) tensor
@@ -84,7 +86,9 @@ def layer_activations(
     replicated = (4 + 4) * sbh + 2 * mask * sbh - saved * 2 * sbh
     # Split over tp: Q (2sbh), K and V (2sbh * kv each), the projection input (2sbh) and the MLP
     # (FC1's outputs and the activation's output, FC2's input: 2sbf each).
-    mlp_hidden = (6 if model.activation is Activation.SWIGLU else 4) * sbf
+    # An unfused SwiGLU (swiglu_fused false) keeps the SiLU's output for the multiply too.
+    swiglu = 6 if swiglu_fused else 8
+    mlp_hidden = (swiglu if model.activation is Activation.SWIGLU else 4) * sbf
     split = 2 * q * sbh + 4 * kv * sbh + 2 * q * sbh + mlp_hidden - saved * (q * sbh + sbf)
     if flash:
         core = 4 * a * (seq_len / sp) * micro_batch  # fp32 log-sum-exp per query and head

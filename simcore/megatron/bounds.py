@@ -137,7 +137,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                           micro_batch=mb, queries=training.seq_len / sp,
                           seq_len=training.seq_len, tp=tp, sequence_parallel=bool(seqpar),
                           flash=flash, act_bytes=training.bytes_per_activation,
-                          micro_batches=max(micro, 1))
+                          micro_batches=max(micro, 1), swiglu_fused=training.swiglu_fusion)
         recompute = recomputes[rc]
         # full recompute stopping early skips the forward's tail (recompute_early_stop)
         selective = (k.op_recompute if per_op else k.core_forward if modules is None
@@ -152,7 +152,8 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
             sequence_parallel=bool(seqpar), recompute=recompute, flash=flash,
             linear_input_bytes=1 if is_fp8 else 2,
             per_op=per_op and recompute is Recompute.SELECTIVE,
-            modules=modules if recompute is Recompute.SELECTIVE else None).stored
+            modules=modules if recompute is Recompute.SELECTIVE else None,
+            swiglu_fused=training.swiglu_fusion).stored
     return per_layer[inverse], stored[inverse]
 
 

@@ -224,13 +224,15 @@ def _linear_pair(costs: KernelCosts, m: float, n: float, k: float) -> tuple[floa
 
 def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, micro_batch: int,
                   queries: float, seq_len: int, tp: int, sequence_parallel: bool, flash: bool,
-                  act_bytes: int, micro_batches: int = 1, ffn: int | None = None) -> LayerKernels:
+                  act_bytes: int, micro_batches: int = 1, ffn: int | None = None,
+                  swiglu_fused: bool = True) -> LayerKernels:
     """The layer's kernels for one micro-batch of ``micro_batch`` sequences, each with
     ``queries`` tokens on this rank (the sequence split by context parallelism) attending over
     ``seq_len`` keys, on one of ``tp`` ranks; a step runs ``micro_batches`` of them (fp8 casts
     the weights once a step). ``ffn``: the FFN's width when it is not the model's (an MoE
     layer's shared experts; 0: none, the routed experts are priced apart,
-    :mod:`simcore.megatron.moe`)."""
+    :mod:`simcore.megatron.moe`). ``swiglu_fused`` false: a SwiGLU's SiLU and product run as two
+    kernels (:attr:`simcore.specs.TrainingSpec.swiglu_fusion`)."""
     h, t = model.hidden, tp
     f = model.ffn_hidden if ffn is None else ffn
     tokens = micro_batch * queries
@@ -259,10 +261,16 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     # adds its 1-byte mask.
     norm = 2 * outer
     residual = 3 * outer + (outer / a if shape.dropout else 0.0)
-    activation_fn = tokens * f / t * a * (3 if model.activation is Activation.SWIGLU else 2)
+    swiglu = model.activation is Activation.SWIGLU
+    # fused SwiGLU: read gate and up, write the product; unfused: the SiLU (read the gate, write
+    # its output), then the product (read both, write it) as a second kernel
+    activation_fn = tokens * f / t * a * (3 if swiglu and swiglu_fused else 2)
     elementwise = [norm, residual, norm, residual] + ([activation_fn] if f else [])
+    unfused_product = 3 * tokens * f / t * a if swiglu and not swiglu_fused and f else 0.0
     if rope:
         elementwise.append(2 * tokens * (q + kv) / t * a)  # RoPE on Q and K
+    if unfused_product:
+        elementwise.append(unfused_product)
 
     core_fwd: list[float] = []
     core_bwd: list[float] = []
@@ -301,7 +309,9 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     # layer's last saved tensor is FC2's input. Without an FFN here (an MoE layer, whose routed
     # experts are priced apart) the tail is not counted.
     tail = gemms[-1][0] + ew_fwd[3] if f else 0.0
-    mlp_forward = gemms[2][0] + gemms[3][0] + ew_fwd[4] if f else 0.0
+    mlp_forward = (gemms[2][0] + gemms[3][0] + ew_fwd[4]
+                   + (costs.elementwise(unfused_product) if unfused_product else 0.0)
+                   if f else 0.0)
     mla_up = 0.0
     if model.mla_latent is not None and model.mla_up_params is not None:
         mla_up = costs.linear(tokens, model.mla_up_params / (model.mla_latent * t),

@@ -177,12 +177,14 @@ class StepPlan:
         self.act = self._activations(s.recompute)
         self.kernels: LayerKernels = _shared(
             shared, ("kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
-                     self.te, self.m if self.fp8 else 0),  # fp8 casts the weights once per step (m)
+                     self.te, self.m if self.fp8 else 0,  # fp8 casts the weights once per step
+                     training.swiglu_fusion),
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
                 sequence_parallel=s.sequence_parallel, flash=self.flash,
                 act_bytes=training.bytes_per_activation, micro_batches=self.m,
+                swiglu_fused=training.swiglu_fusion,
             ))
         if self.moe is not None:
             self._moe_parts(shared)
@@ -238,12 +240,13 @@ class StepPlan:
         kind = "act" if ffn is None else "moe act"
         return _shared(
             self.shared, (kind, s.micro_batch, s.tp, s.sp, s.sequence_parallel, recompute,
-                          self.fp8),
+                          self.fp8, self.training.swiglu_fusion),
             lambda: layer_activations(
                 self.model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
                 sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=recompute,
                 flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2, ffn=ffn,
                 per_op=self.per_op, modules=self.modules,
+                swiglu_fused=self.training.swiglu_fusion,
             ))
 
     def _moe_parts(self, shared: dict[tuple[Any, ...], Any] | None) -> None:
@@ -261,12 +264,12 @@ class StepPlan:
         a = training.bytes_per_activation
         self.moe_kernels: LayerKernels = _shared(
             shared, ("moe kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
-                     self.te, self.m if self.fp8 else 0),
+                     self.te, self.m if self.fp8 else 0, training.swiglu_fusion),
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
                 sequence_parallel=s.sequence_parallel, flash=self.flash, act_bytes=a,
-                micro_batches=self.m, ffn=width,
+                micro_batches=self.m, ffn=width, swiglu_fused=training.swiglu_fusion,
             ))
         self.experts = _shared(
             shared, ("experts", s.micro_batch, s.sp, s.tp, s.ep, s.expert_tp, s.precision,

@@ -309,9 +309,9 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     # layer's last saved tensor is FC2's input. Without an FFN here (an MoE layer, whose routed
     # experts are priced apart) the tail is not counted.
     tail = gemms[-1][0] + ew_fwd[3] if f else 0.0
+    # with an unfused SwiGLU, its product is the last element-wise kernel
     mlp_forward = (gemms[2][0] + gemms[3][0] + ew_fwd[4]
-                   + (costs.elementwise(unfused_product) if unfused_product else 0.0)
-                   if f else 0.0)
+                   + (ew_fwd[-1] if unfused_product else 0.0) if f else 0.0)
     mla_up = 0.0
     if model.mla_latent is not None and model.mla_up_params is not None:
         mla_up = costs.linear(tokens, model.mla_up_params / (model.mla_latent * t),

@@ -3,6 +3,7 @@ file, the field and the fix (raised as PlannerUsageError)."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import reprlib
@@ -11,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerUsageError
-from simcore.specs import Axis
+from simcore.specs import Axis, TrainingSpec
 
-__all__ = ["boolean", "choice", "fail", "fields", "integer", "load", "number", "placement_axes"]
+__all__ = ["TRAINING_FLAGS", "boolean", "choice", "fail", "fields", "integer", "load", "number",
+           "placement_axes", "training_flags"]
 
 def fail(path: Path, field: str, message: str) -> PlannerUsageError:
     return PlannerUsageError(f"{path}: {field}: {message}")
@@ -119,6 +121,29 @@ def boolean(path: Path, field: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise fail(path, field, f"must be true or false, but got {_short(value)}")
     return value
+
+
+TRAINING_FLAGS: dict[str, bool | None] = {
+    f.name: f.default for f in dataclasses.fields(TrainingSpec) if f.type in ("bool", "bool | None")}
+""":class:`TrainingSpec`'s true-or-false options and their defaults; None: the device's or the
+stack's choice (flash attention, Transformer Engine, ...), which a file may also write as null."""
+
+
+def training_flags(path: Path, training: Mapping[str, Any]) -> dict[str, bool | None]:
+    """Every true-or-false training option of a study's or plan file's ``training``, its
+    default where the file leaves it out."""
+    flags: dict[str, bool | None] = {}
+    for key, default in TRAINING_FLAGS.items():
+        value = training.get(key, default)
+        if value is None and default is None:
+            flags[key] = None
+        elif not isinstance(value, bool):
+            also = ", or null for the default" if default is None else ""
+            raise fail(path, f"training.{key}", f"must be true or false{also}, but got"
+                       f" {_short(value)}")
+        else:
+            flags[key] = value
+    return flags
 
 
 def integer(path: Path, field: str, value: Any, *, minimum: int,

@@ -33,7 +33,7 @@ from planner.catalog import device_from_entry, model_from_entry, system_from_ent
 from planner.catalog_network import spec_or_fail
 from planner.catalog_write import device_entry, model_entry, system_entry
 from planner.errors import PlannerUsageError
-from planner.fields import boolean, choice, fail, integer, load
+from planner.fields import choice, fail, integer, load, training_flags
 from planner.fields import fields as check_fields
 from planner.record import strategy_attrs
 from search_spaces import strategy_label
@@ -218,23 +218,11 @@ def specs_from_dict(path: Path, data: dict[str, Any]
                      network=replace(system.network, congestion=congestion))
     t = check_fields(path, "training", data.get("training"), {"global_batch", "seq_len"},
                      {f.name for f in fields(TrainingSpec)})
-    if not isinstance(t.get("overlap_grad_reduce", True), bool):
-        raise fail(path, "training.overlap_grad_reduce", "must be true or false")
-    blocking = boolean(path, "training.launch_blocking", t.get("launch_blocking", False))
-    master = boolean(path, "training.master_weights", t.get("master_weights", True))
-    no_sync = boolean(path, "training.fsdp_no_sync", t.get("fsdp_no_sync", False))
-    swiglu = boolean(path, "training.swiglu_fusion", t.get("swiglu_fusion", True))
-    flags = {k: t.get(k) for k in ("flash_attention", "transformer_engine",
-                                   "recompute_early_stop", "grad_copy")}
-    for key, value in flags.items():
-        if value is not None and not isinstance(value, bool):
-            raise fail(path, f"training.{key}", "must be true, false or null (the default)")
+    flags = training_flags(path, t)
     chosen = {k: choice(path, f"training.{k}", t[k], enum)
               for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
     ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
-            if k not in ("overlap_grad_reduce", "launch_blocking", "master_weights", "fsdp_no_sync",
-                         "swiglu_fusion", "recompute_modules",
-                         *TRAINING_CHOICES, *flags)}
+            if k not in ("recompute_modules", *TRAINING_CHOICES, *flags)}
     modules = t.get("recompute_modules")
     if modules is not None:
         if not isinstance(modules, list) or not modules:
@@ -242,10 +230,7 @@ def specs_from_dict(path: Path, data: dict[str, Any]
         modules = tuple(choice(path, "training.recompute_modules", m, RecomputeModule)
                         for m in modules)
     training = spec_or_fail(path, "training", lambda: TrainingSpec(
-        **ints, overlap_grad_reduce=t.get("overlap_grad_reduce", True),
-        launch_blocking=blocking, master_weights=master,
-        fsdp_no_sync=no_sync, swiglu_fusion=swiglu, **chosen, **flags,
-        recompute_modules=modules))
+        **ints, **chosen, **flags, recompute_modules=modules))
     return model, system, training, convention
 
 

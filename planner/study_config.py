@@ -39,13 +39,13 @@ from planner.catalog_network import spec_or_fail
 from planner.errors import PlannerUsageError
 from planner.fields import (
     MAX_NUMBER,
-    boolean,
     choice,
     fail,
     fields,
     integer,
     number,
     placement_axes,
+    training_flags,
 )
 from planner.inputs import load
 from planner.record import Evaluator
@@ -351,14 +351,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
         system = with_congestion(system, choice(path, "congestion", e["congestion"], Congestion),
                                  convention, lambda m: fail(path, "congestion", m))
     t = fields(path, "training", e["training"], _TRAINING, _TRAINING_OPTIONAL)
-    overlap = t.get("overlap_grad_reduce", True)
-    if not isinstance(overlap, bool):
-        raise fail(path, "training.overlap_grad_reduce", f"must be true or false, got {overlap!r}")
-    flags = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy")
-    flash, te, early, copy = (t.get(key) for key in flags)
-    for key, value in zip(flags, (flash, te, early, copy)):
-        if value is not None and not isinstance(value, bool):
-            raise fail(path, f"training.{key}", f"must be true or false, got {value!r}")
+    flags = training_flags(path, t)
     chosen = {k: choice(path, f"training.{k}", t[k], enum)
               for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
     modules = (None if t.get("recompute_modules") is None else  # a list of names, or one
@@ -368,14 +361,8 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     seq_len = integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1)
     grad_bytes = integer(path, "training.grad_bytes", t.get("grad_bytes", 2), minimum=1)
     training = spec_or_fail(path, "training", lambda: TrainingSpec(
-        **chosen, flash_attention=flash, transformer_engine=te, recompute_early_stop=early,
-        grad_copy=copy, recompute_modules=modules, global_batch=batch, seq_len=seq_len,
-        bytes_per_param_grads=grad_bytes, overlap_grad_reduce=overlap,
-        launch_blocking=boolean(path, "training.launch_blocking",
-                                t.get("launch_blocking", False)),
-        master_weights=boolean(path, "training.master_weights", t.get("master_weights", True)),
-        fsdp_no_sync=boolean(path, "training.fsdp_no_sync", t.get("fsdp_no_sync", False)),
-        swiglu_fusion=boolean(path, "training.swiglu_fusion", t.get("swiglu_fusion", True))))
+        **chosen, **flags, recompute_modules=modules, global_batch=batch, seq_len=seq_len,
+        bytes_per_param_grads=grad_bytes))
     refused = recompute_modules_problem(model, training)
     if refused is not None:
         raise fail(path, "training.recompute_modules", refused)

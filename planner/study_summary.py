@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import PlannerUsageError
-from planner.outputs import atomic_write
+from planner.outputs import atomic_write, counted
 
 if TYPE_CHECKING:  # imported where a journal is read: cached rows need neither
     import optuna
@@ -62,7 +62,7 @@ def unfinished_note(study: optuna.Study) -> str | None:
     done = _estimated(study, results)
     if done is None or done >= plans:
         return None
-    return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its {plans:,} plans"
+    return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its {counted(plans, 'plan')}"
             " estimated, so its best is the best of those; `planner run STUDY.yaml --resume`"
             " finishes it")
 

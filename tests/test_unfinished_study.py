@@ -31,6 +31,11 @@ def test_a_whole_study_has_no_note() -> None:
     assert unfinished_note(_study(plans=10, done=10)) is None
 
 
+def test_a_one_plan_study_says_plan() -> None:
+    note = unfinished_note(_study(plans=1, done=0))
+    assert note is not None and "0 of its 1 plan estimated" in note
+
+
 def _front_best(tmp_path, plans: int, rows: int, pruned: int = 0) -> optuna.Study:
     # A study keeping its front and best as trials holds every plan it estimated as a row of
     # its results table (planner/results_parquet.py), and the plans its bounds ruled out in

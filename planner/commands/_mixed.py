@@ -17,7 +17,7 @@ from planner.commands._base import BaseCommand
 from planner.errors import PlannerUsageError
 from planner.exports.hetero import FRAMEWORKS, export_hetero, runs_on, why_not
 from planner.mixed_config import MixedStudy, load_mixed_study
-from planner.outputs import write_folders
+from planner.outputs import counted, write_folders
 from search_spaces.mixed import MixedResult, search_mixed, space_size
 from search_spaces.mixed_sample import sample_mixed
 from simcore.mixed.estimate import StageCosts
@@ -97,7 +97,7 @@ def report_lines(study: MixedStudy, s: dict[str, Any], top: pd.DataFrame) -> lis
         lines.append(f"layer costs measured (profile {study.space.profiles.name}); stage shapes"
                      " without a profile are left out")
     if s["sampled_trials"] is None:
-        lines.append(f"searched {s['plans']:,} plans ({s['layouts']:,} group orders and stage"
+        lines.append(f"searched {counted(s['plans'], 'plan')} ({s['layouts']:,} group orders and stage"
                      f" layouts x micro-batches x knobs, each layer split solved) in"
                      f" {s['search_s']:.2f} s: the whole space")
     else:

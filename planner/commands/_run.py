@@ -56,7 +56,7 @@ def _kept(study: optuna.Study, storage: BaseStorage) -> tuple[str, str]:
         return f"{kept:,} finished trials", ""
     rows = table_rows(results) or 0
     plans = int(results.get("plans", 0)) - int(results.get("pruned", 0))
-    return f"the estimates of {rows:,} of {plans:,} plans", " (its results table)"
+    return f"the estimates of {rows:,} of {counted(plans, 'plan')}", " (its results table)"
 
 
 def more_hint(name: str, label: str) -> str:
@@ -180,7 +180,7 @@ def _pruning_line(study: optuna.Study, asked: bool) -> str:
     results = study.user_attrs.get(RESULTS) or {}
     if results.get("prune"):
         pruned, plans = results.get("pruned", 0), results.get("plans", 0)
-        return (f"pruned {pruned:,} of {plans:,} plans by bounds ({results.get('seeds', 0):,}"
+        return (f"pruned {pruned:,} of {counted(plans, 'plan')} by bounds ({results.get('seeds', 0):,}"
                 " estimated first): the best plans and fronts are the whole space's; the"
                 " results table holds the other plans")
     if not asked:

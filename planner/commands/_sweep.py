@@ -81,7 +81,7 @@ class SweepCommand(BaseCommand):
         parser.add_argument("--csv", type=Path, metavar="PATH", help="also write the points here")
 
     def run(self, args: argparse.Namespace) -> int:
-        from planner.outputs import atomic_write, default_path
+        from planner.outputs import atomic_write, counted, default_path
         from planner.plots import figure_format, write_figure
         from planner.plots.sweep import sweep_figure, sweep_info
         from planner.study_config import load_study_config
@@ -100,7 +100,7 @@ class SweepCommand(BaseCommand):
         if args.out is None:
             out.parent.mkdir(parents=True, exist_ok=True)
         write_figure(sweep_figure(sweep_info(sweep)), out, fmt)
-        print(f"{len(sweep.points)} points from {sweep.estimated} plans in"
+        print(f"{counted(len(sweep.points), 'point')} from {counted(sweep.estimated, 'plan')} in"
               f" {time.perf_counter() - start:.1f} s")
         print(f"wrote {out}")
         if args.csv is not None:

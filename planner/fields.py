@@ -124,7 +124,8 @@ def boolean(path: Path, field: str, value: Any) -> bool:
 
 
 TRAINING_FLAGS: dict[str, bool | None] = {
-    f.name: f.default for f in dataclasses.fields(TrainingSpec) if f.type in ("bool", "bool | None")}
+    f.name: f.default for f in dataclasses.fields(TrainingSpec)
+    if f.type in ("bool", "bool | None")}
 """:class:`TrainingSpec`'s true-or-false options and their defaults; None: the device's or the
 stack's choice (flash attention, Transformer Engine, ...), which a file may also write as null."""
 

@@ -62,9 +62,9 @@ def unfinished_note(study: optuna.Study) -> str | None:
     done = _estimated(study, results)
     if done is None or done >= plans:
         return None
-    return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its {counted(plans, 'plan')}"
-            " estimated, so its best is the best of those; `planner run STUDY.yaml --resume`"
-            " finishes it")
+    return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its"
+            f" {counted(plans, 'plan')} estimated, so its best is the best of those;"
+            " `planner run STUDY.yaml --resume` finishes it")
 
 
 def _estimated(study: optuna.Study, results: dict[str, Any]) -> int | None:

@@ -97,8 +97,8 @@ def report_lines(study: MixedStudy, s: dict[str, Any], top: pd.DataFrame) -> lis
         lines.append(f"layer costs measured (profile {study.space.profiles.name}); stage shapes"
                      " without a profile are left out")
     if s["sampled_trials"] is None:
-        lines.append(f"searched {counted(s['plans'], 'plan')} ({s['layouts']:,} group orders and stage"
-                     f" layouts x micro-batches x knobs, each layer split solved) in"
+        lines.append(f"searched {counted(s['plans'], 'plan')} ({s['layouts']:,} group orders"
+                     f" and stage layouts x micro-batches x knobs, each layer split solved) in"
                      f" {s['search_s']:.2f} s: the whole space")
     else:
         lines.append(f"sampled {s['layouts']:,} group orders and layouts in"

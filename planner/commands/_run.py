@@ -180,9 +180,9 @@ def _pruning_line(study: optuna.Study, asked: bool) -> str:
     results = study.user_attrs.get(RESULTS) or {}
     if results.get("prune"):
         pruned, plans = results.get("pruned", 0), results.get("plans", 0)
-        return (f"pruned {pruned:,} of {counted(plans, 'plan')} by bounds ({results.get('seeds', 0):,}"
-                " estimated first): the best plans and fronts are the whole space's; the"
-                " results table holds the other plans")
+        return (f"pruned {pruned:,} of {counted(plans, 'plan')} by bounds"
+                f" ({results.get('seeds', 0):,} estimated first): the best plans and fronts are"
+                " the whole space's; the results table holds the other plans")
     if not asked:
         return ""
     from planner.results_parquet import TRIALS_KEPT

@@ -39,6 +39,7 @@ from planner.catalog_network import spec_or_fail
 from planner.errors import PlannerUsageError
 from planner.fields import (
     MAX_NUMBER,
+    TRAINING_FLAGS,
     choice,
     fail,
     fields,
@@ -81,10 +82,8 @@ _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
-_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "overlap_grad_reduce", "launch_blocking",
-                      "master_weights", "fsdp_no_sync", "swiglu_fusion",
-                      "flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy",
-                      "recompute_modules", *TRAINING_CHOICES}
+_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "recompute_modules", *TRAINING_FLAGS,
+                      *TRAINING_CHOICES}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
                 "ep", "etp", "ep_overlap", "ep_dedup", "recompute_layers"}

@@ -37,6 +37,8 @@ Columns (a header row, any order; names as below, case-insensitive):
   accumulates gradients unsharded and reduce-scatters once a step, FSDP's ``no_sync``; false),
   ``swiglu_fusion`` (true/false: false for PyTorch's separate SiLU and multiply, which keep
   the SiLU's output too, as torchtitan, nanotron and Hugging Face run a SwiGLU MLP; true),
+  ``vocab_parallel_embedding`` (true/false: false where every tp rank keeps the whole token
+  embedding, as KempnerForge does; true),
   ``hbm_gb`` (the memory of the part the run had, where it is not the catalog device's: what
   the estimate's fit is judged against), ``memory_measured`` (what ``peak_memory_gb`` counts:
   ``device``, the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
@@ -92,7 +94,7 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "sequence_parallel", 
             "transformer_engine", "recompute_early_stop", "selective_recompute",
             "cross_entropy", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
             "grad_copy", "launch_blocking", "master_weights", "fsdp_no_sync", "swiglu_fusion",
-            "hbm_gb",
+            "vocab_parallel_embedding", "hbm_gb",
             "memory_measured", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
@@ -317,6 +319,7 @@ def _training(row: dict[str, str]) -> TrainingSpec:
         master_weights=_boolean(row, "master_weights") is not False,
         fsdp_no_sync=bool(_boolean(row, "fsdp_no_sync")),
         swiglu_fusion=_boolean(row, "swiglu_fusion") is not False,
+        vocab_parallel_embedding=_boolean(row, "vocab_parallel_embedding") is not False,
         recompute_modules=_modules(row),
         **{k: _enum(row, k, enum, None) for k, enum in TRAINING_CHOICES.items()},
     ))

@@ -140,6 +140,8 @@ class StudyConfig:
             **({"master_weights": False} if not self.training.master_weights else {}),
             **({"fsdp_no_sync": True} if self.training.fsdp_no_sync else {}),
             **({"swiglu_fusion": False} if not self.training.swiglu_fusion else {}),
+            **({"vocab_parallel_embedding": False}
+               if not self.training.vocab_parallel_embedding else {}),
             **({"recompute_modules": [m.value for m in self.training.recompute_modules]}
                if self.training.recompute_modules is not None else {}),
             # torchtitan's own recompute and loss only: Megatron-LM's, named by a megatron or

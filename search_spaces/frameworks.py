@@ -201,13 +201,19 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
 
 
 def _any_only(framework: str, training: TrainingSpec) -> str | None:
-    """Two trainings none of the three frameworks runs, so only an ``any`` study offers them.
+    """Three trainings none of the three frameworks runs, so only an ``any`` study offers them.
     FSDP's ``no_sync`` accumulation (``fsdp_no_sync``): torchtitan reduce-scatters every
     micro-batch's gradients, skipping only HSDP's all-reduce. Pure 16-bit training
     (``master_weights: false``): Megatron-LM keeps fp32 or fp16 main parameters
     (``--main-params-dtype``, d98e8a64 ``megatron/training/arguments.py``), DeepSpeed's bf16 and
     ZeRO optimizers keep fp32 master weights, torchtitan keeps fp32 parameters under FSDP's
-    mixed-precision policy (``mixed_precision_param`` is the compute type)."""
+    mixed-precision policy (``mixed_precision_param`` is the compute type). A token embedding
+    kept whole on every tp rank (``vocab_parallel_embedding: false``): all three split it over
+    tp (Megatron-LM's and Megatron-DeepSpeed's ``VocabParallelEmbedding``, torchtitan's
+    ``RowwiseParallel`` on ``tok_embeddings``)."""
+    if not training.vocab_parallel_embedding:
+        return (f"vocab_parallel_embedding false (the token embedding whole on every tp rank):"
+                f" {framework} splits it over tp; use framework any")
     if training.fsdp_no_sync:
         return (f"fsdp_no_sync (gradients accumulated unsharded, one reduce-scatter a step):"
                 f" {framework}'s ZeRO-3 reduces each micro-batch's gradients; use framework any")

@@ -156,10 +156,14 @@ class CrossEntropy(_Named):
     runs it: KempnerInstitute/KempnerForge@5666d0d ``kempnerforge/distributed/
     tensor_parallel.py``, "split vocab, gather to Replicate for loss"), and the loss taken on
     the 16-bit logits as they come, with no fp32 copy (``kempnerforge/training/loss.py``
-    ``cross_entropy_loss``: ``F.cross_entropy(logits.view(...), ...)``): its log-softmax output
-    and, in its backward, the gradients of that output and of its input, 2 bytes each, 6 bytes
-    a logit of the whole vocabulary on every rank; each rank runs the loss's passes over all of
-    them, and the backward through the gather is a local slice."""
+    ``cross_entropy_loss``: ``F.cross_entropy(logits.view(...), ...)``): the logits, which the
+    training loop keeps through the backward (``scripts/train.py``: ``logits = model(...)``,
+    ``loss = loss_fn(logits, labels)``, ``scaled_loss.backward()``; torchtitan's loop deletes
+    them first, pytorch/torchtitan@31a17bfdb7 ``torchtitan/train.py``: "need to free pred before
+    bwd to avoid peaking memory"), its log-softmax output and, in its backward, the gradients
+    of that output and of its input, 2 bytes each, 8 bytes a logit of the whole vocabulary on
+    every rank; each rank runs the loss's passes over all of them, and the backward through
+    the gather is a local slice."""
 
     @classmethod
     def _label(cls) -> str:
@@ -519,7 +523,11 @@ class TrainingSpec:
     whole gradient (over tp, not over dp) through the step, in the reduction's type
     (``bytes_per_param_grads``: FSDP2 upcasts the accumulated gradient to its ``reduce_dtype``,
     ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``to_accumulated_grad_if_needed``), and
-    reduce-scatters a layer's gradient once a step, not once a micro-batch. False: each
+    reduce-scatters a layer's gradient once a step, not once a micro-batch. The shard is not
+    held beside it at the peak: the last micro-batch's backward frees each layer's whole
+    gradient as it makes its shard (``_fsdp_collectives.py`` ``foreach_reduce``:
+    ``unsharded_grads.clear()`` after the copy-in), and the step's ``zero_grad`` frees the
+    shards before the next step's micro-batches. False: each
     micro-batch's backward reduce-scatters its gradients, as torchtitan and llm-foundry run
     FSDP. Plans with one micro-batch a step, or another ZeRO stage, are the same either way."""
     swiglu_fusion: bool = True
@@ -530,6 +538,14 @@ class TrainingSpec:
     Llama, nanotron's ``GLUActivation``, Megatron-DeepSpeed's ``swiglu``), whose autograd keeps
     the SiLU's output too (8 bytes) and which run two element-wise kernels, not one. Models
     without SwiGLU are the same either way."""
+    vocab_parallel_embedding: bool = True
+    """The token embedding is split over tp, each rank holding V / tp rows, and its output
+    all-reduced (reduce-scattered with sequence parallelism), as Megatron-LM's
+    ``VocabParallelEmbedding``, Megatron-DeepSpeed's and torchtitan's (``RowwiseParallel``) do.
+    False: each tp rank keeps the whole table (its weights, gradients and optimizer state,
+    sharded only over dp) and looks its tokens up locally, with no collective, as KempnerForge
+    does (KempnerInstitute/KempnerForge@5666d0d ``kempnerforge/distributed/tensor_parallel.py``:
+    "Token embedding: Replicated"). Plans with tp 1 are the same either way."""
     bytes_per_activation: int = 2
     launch_blocking: bool = False
     """The run sets ``CUDA_LAUNCH_BLOCKING=1`` (a debugging switch some clusters' scripts leave

@@ -1,9 +1,11 @@
-"""How KempnerForge trains, as three training options: pure bf16 (``master_weights: false``),
-FSDP's ``no_sync`` accumulation (``fsdp_no_sync``) and the loss on gathered 16-bit logits
-(``cross_entropy: replicated``). Every figure is a hand calculation written here; the sources
+"""How KempnerForge trains, as four training options: pure bf16 (``master_weights: false``),
+FSDP's ``no_sync`` accumulation (``fsdp_no_sync``), the loss on gathered 16-bit logits
+(``cross_entropy: replicated``) and the token embedding whole on every tp rank
+(``vocab_parallel_embedding: false``). Every figure is a hand calculation written here; the sources
 are KempnerInstitute/KempnerForge@5666d0d (``scripts/train.py``, ``kempnerforge/training/
 grad.py``, ``kempnerforge/distributed/tensor_parallel.py``, ``kempnerforge/training/loss.py``)
-and PyTorch's FSDP2 (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``)."""
+and PyTorch's FSDP2 (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``,
+``_fsdp_collectives.py`` ``foreach_reduce``)."""
 
 from __future__ import annotations
 
@@ -15,16 +17,18 @@ import pytest
 
 from planner.catalog import load_catalog
 from planner.cli import main
+from planner.exports import export_files
 from planner.plan import make_plan, read_plan, write_plan
 from planner.study_config import load_study_config
 from search_spaces.frameworks import why_not
 from simcore import estimate
 from simcore.megatron.batched import estimate_many
-from simcore.megatron.calls import head_calls
+from simcore.megatron.calls import embedding_calls, head_calls
 from simcore.megatron.plan import StepPlan, uses_fp32_shards
 from simcore.megatron.states import model_state_bytes
 from simcore.network import Collective
 from simcore.specs import (
+    Axis,
     Convention,
     CrossEntropy,
     Recompute,
@@ -93,7 +97,11 @@ def test_no_sync_keeps_the_whole_gradient_in_the_reduction_s_type() -> None:
     plain, synced = _with_and_without_no_sync(global_batch=16)
     local = plain.memory.weights * 2 / 2  # the bf16 shard (2 bytes) is one of 2: the tp rank's
     assert local == pytest.approx(8.03e9 / 4, rel=0.01)  # parameters, Llama 3 8B over tp 4
-    assert synced.memory.gradients - plain.memory.gradients == pytest.approx(local * 4)
+    # each micro-batch reduce-scatters: the rank's half of the fp32 gradient, 4 / 2 bytes
+    assert plain.memory.gradients == pytest.approx(local * 4 / 2)
+    # no_sync: the whole fp32 gradient, 4 bytes, and not its shard beside it (the last
+    # micro-batch frees each layer's whole gradient as it makes the shard)
+    assert synced.memory.gradients == pytest.approx(local * 4)
     # one reduce-scatter a step, not one a micro-batch: the FSDP time falls, nothing else moves
     assert synced.time.compute == plain.time.compute
     assert synced.step_time < plain.step_time
@@ -110,9 +118,10 @@ def test_replicated_loss_holds_every_logit_in_16_bits() -> None:
     vocab_parallel = _estimate(PURE, tp4)
     replicated = _estimate(replace(PURE, cross_entropy=CrossEntropy.REPLICATED), tp4)
     # pytorch on the rank's vocabulary shard: 12 bytes a logit over V / 4, i.e. 3 T V;
-    # replicated: 6 bytes a logit over the whole V, 6 T V. The difference: 3 T V bytes.
+    # replicated: 8 bytes a logit over the whole V (the logits the loop holds, the
+    # log-softmax output, the two gradients), 8 T V. The difference: 5 T V bytes.
     diff = replicated.memory.activations - vocab_parallel.memory.activations
-    assert diff == pytest.approx(3 * TOKENS * VOCAB)  # 6.30 GB
+    assert diff == pytest.approx(5 * TOKENS * VOCAB)  # 10.5 GB
     assert replicated.step_time > vocab_parallel.step_time
 
 
@@ -128,6 +137,35 @@ def test_replicated_loss_gathers_the_16_bit_logits_forward_only() -> None:
     assert [call[1] for call in head_calls(plan, backward=True)] == [Collective.REDUCE_SCATTER]
 
 
+EMBEDDING = VOCAB * 4096  # Llama 3 8B's token embedding: 525,336,576 parameters
+
+
+def test_a_whole_token_embedding_on_every_tp_rank_keeps_all_its_states() -> None:
+    tp4 = Strategy(dp=1, tp=4, micro_batch=4, recompute=Recompute.FULL)
+    split = _estimate(PURE, tp4)
+    whole = _estimate(replace(PURE, vocab_parallel_embedding=False), tp4)
+    kept = EMBEDDING * (1 - 1 / 4)  # the three quarters a split table leaves to the others
+    assert whole.memory.weights - split.memory.weights == pytest.approx(kept * 2)  # bf16
+    assert whole.memory.gradients - split.memory.gradients == pytest.approx(kept * 2)
+    assert whole.memory.optimizer - split.memory.optimizer == pytest.approx(kept * 4)
+    assert whole.memory.activations == split.memory.activations
+    one = Strategy(dp=4, micro_batch=2, recompute=Recompute.FULL)  # tp 1: nothing to split
+    assert (_estimate(replace(PURE, vocab_parallel_embedding=False), one).memory
+            == _estimate(PURE, one).memory)
+
+
+def test_a_whole_token_embedding_needs_no_collective() -> None:
+    c = load_catalog()
+    tp4 = Strategy(dp=1, tp=4, micro_batch=4, recompute=Recompute.FULL,
+                   sequence_parallel=True)
+    split = StepPlan(c.model("llama3-8b"), c.system("kempner-h200-4"), PURE, tp4)
+    # Megatron-LM's VocabParallelEmbedding: the (b, s, h) output reduce-scattered under SP
+    assert embedding_calls(split) == [(Axis.TP, Collective.REDUCE_SCATTER, TOKENS * 4096 * 2)]
+    whole = StepPlan(c.model("llama3-8b"), c.system("kempner-h200-4"),
+                     replace(PURE, vocab_parallel_embedding=False), tp4)
+    assert embedding_calls(whole) == []
+
+
 def test_frameworks_that_keep_master_weights_refuse_pure_bf16() -> None:
     model = load_catalog().model("llama3-8b")
     plan = Strategy(dp=8)
@@ -135,10 +173,13 @@ def test_frameworks_that_keep_master_weights_refuse_pure_bf16() -> None:
         assert "master_weights false" in why_not(framework, model, PURE, plan)
         assert "fsdp_no_sync" in why_not(
             framework, model, replace(PURE, master_weights=True, fsdp_no_sync=True), plan)
+        assert "vocab_parallel_embedding false" in why_not(
+            framework, model, replace(PURE, master_weights=True,
+                                      vocab_parallel_embedding=False), plan)
     assert why_not("any", model, PURE, plan) is None
 
 
-def test_planner_estimate_takes_the_three_options(capsys) -> None:
+def test_planner_estimate_takes_the_four_options(capsys) -> None:
     args = ["estimate", "--model", "llama3-8b", "--system", "kempner-h200-8", "--dp", "2",
             "--tp", "4", "--fsdp", "--micro-batch", "4", "--global-batch", "16",
             "--seq-len", "4096", "--recompute", "full", "--no-transformer-engine",
@@ -150,6 +191,12 @@ def test_planner_estimate_takes_the_three_options(capsys) -> None:
     kempner = json.loads(capsys.readouterr().out)
     assert kempner["memory"]["optimizer"] < base["memory"]["optimizer"]
     assert kempner["memory"]["gradients"] > base["memory"]["gradients"]
+    assert main([*args, "--no-master-weights", "--fsdp-no-sync", "--cross-entropy", "replicated",
+                 "--no-vocab-parallel-embedding"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    # three quarters of the table's 2-byte weights over dp 2 more on each rank
+    assert whole["memory"]["weights"] - kempner["memory"]["weights"] == pytest.approx(
+        EMBEDDING * 3 / 4 * 2 / 2, rel=1e-6)
 
 
 STUDY = """model: llama3-8b
@@ -187,7 +234,7 @@ def test_a_study_takes_them_and_a_framework_that_cannot_run_them_says_why(
 def test_a_plan_file_keeps_them_and_estimates_the_same(tmp_path: Path) -> None:
     c = load_catalog()
     training = replace(PURE, global_batch=16, bytes_per_param_grads=4, fsdp_no_sync=True,
-                       cross_entropy=CrossEntropy.REPLICATED)
+                       cross_entropy=CrossEntropy.REPLICATED, vocab_parallel_embedding=False)
     strategy = Strategy(dp=2, tp=4, zero=ZeroStage.PARAMETERS, micro_batch=4,
                         recompute=Recompute.FULL)
     plan = make_plan(c.model("llama3-8b"), c.system("kempner-h200-8"), training, strategy,
@@ -198,16 +245,23 @@ def test_a_plan_file_keeps_them_and_estimates_the_same(tmp_path: Path) -> None:
     assert again.training == training
     assert again.estimate.step_time == plan.estimate.step_time
     assert again.estimate.memory == plan.estimate.memory
+    # no framework but any runs a whole embedding on every tp rank: the exports say so
+    for fmt in ("megatron", "torchtitan", "deepspeed"):
+        with pytest.raises(ValueError, match="vocab_parallel_embedding false"):
+            export_files(again, fmt)
 
 
 def test_the_batched_estimate_prices_them_as_the_scalar_one(tmp_path: Path) -> None:
     # A study's many plans go through the batched path: the same figures, plan by plan.
     study = tmp_path / "study.yaml"
     study.write_text(STUDY.format(framework="any", master="false").replace(
+        "  cross_entropy: replicated\n",
+        "  cross_entropy: replicated\n  vocab_parallel_embedding: false\n").replace(
         "space: {tp: [1, 2, 4], pp: [1], zero: [3], recompute: [full]}",
         "space: {tp: [1, 2, 4], pp: [1, 2], zero: [0, 1, 3], recompute: [full, none],"
         " micro_batch: [1, 2]}"))
     config = load_study_config(study)
+    assert not config.training.vocab_parallel_embedding
     plans = config.space.valid
     assert len(plans) > 20
     result = estimate_many(config.model, config.system, config.training, plans)

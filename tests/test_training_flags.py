@@ -17,7 +17,7 @@ from simcore.specs import Convention
 # The options as simcore/specs.py's TrainingSpec declares them: five switches with a default,
 # four left to the device or the stack (None) unless a file says.
 SWITCHES = {"overlap_grad_reduce": True, "launch_blocking": False, "master_weights": True,
-            "fsdp_no_sync": False, "swiglu_fusion": True}
+            "fsdp_no_sync": False, "swiglu_fusion": True, "vocab_parallel_embedding": True}
 STACK_CHOICES = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy")
 
 STUDY = """model: llama3-8b

@@ -181,6 +181,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--no-swiglu-fusion", dest="swiglu_fusion", action="store_false",
                    help="a SwiGLU MLP runs PyTorch's separate silu and multiply (torchtitan,"
                    " nanotron, Hugging Face), keeping the SiLU's output too")
+    t.add_argument("--no-vocab-parallel-embedding", dest="vocab_parallel_embedding",
+                   action="store_false",
+                   help="every tp rank keeps the whole token embedding (KempnerForge), not"
+                   " V / tp of it")
 
 
 DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
@@ -309,6 +313,7 @@ class EstimateCommand(BaseCommand):
                                     master_weights=args.master_weights,
                                     fsdp_no_sync=args.fsdp_no_sync,
                                     swiglu_fusion=args.swiglu_fusion,
+                                    vocab_parallel_embedding=args.vocab_parallel_embedding,
                                     recompute_modules=None if args.recompute_modules is None
                                     else tuple(map(RecomputeModule, args.recompute_modules)),
                                     **{k: enum(getattr(args, k))

@@ -43,8 +43,10 @@ def tp_pair_calls(p: StepPlan) -> list[Call]:
 
 
 def embedding_calls(p: StepPlan) -> list[Call]:
-    """The vocab-parallel embedding's output all-reduced (reduce-scattered with SP)."""
-    if p.s.tp == 1:
+    """The vocab-parallel embedding's output all-reduced (reduce-scattered with SP); none for a
+    table every tp rank keeps whole (:attr:`simcore.specs.TrainingSpec.vocab_parallel_embedding`),
+    whose output each rank computes itself (with SP, the first norm takes its share locally)."""
+    if p.s.tp == 1 or not p.training.vocab_parallel_embedding:
         return []
     kind = Collective.REDUCE_SCATTER if p.s.sequence_parallel else Collective.ALL_REDUCE
     return [(Axis.TP, kind, _activation(p))]

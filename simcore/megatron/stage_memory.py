@@ -23,12 +23,12 @@ __all__ = ["PYTORCH_LOGIT_BYTES", "REPLICATED_LOGIT_BYTES", "fp8_weight_params",
            "stage_activations", "stage_memory"]
 
 PYTORCH_LOGIT_BYTES = 12
-REPLICATED_LOGIT_BYTES = 6
-"""Bytes a logit of the loss on the 16-bit logits as they come (:attr:`CrossEntropy.REPLICATED`):
-its log-softmax output, and in its backward the gradients of that output and of its input, 2
-bytes each."""
 """Bytes a logit takes at the peak of PyTorch's cross-entropy on an fp32 copy
 (:attr:`simcore.specs.CrossEntropy.PYTORCH`)."""
+REPLICATED_LOGIT_BYTES = 8
+"""Bytes a logit of the loss on the 16-bit logits as they come (:attr:`CrossEntropy.REPLICATED`):
+the logits themselves, which the training loop holds through the backward, its log-softmax
+output, and in its backward the gradients of that output and of its input, 2 bytes each."""
 
 _F = TypeVar("_F", float, np.ndarray)
 

@@ -35,8 +35,8 @@ def model_state_bytes(params: float, training: TrainingSpec, zero: ZeroStage,
     """(weights, gradients, optimizer state) bytes of ``params`` parameters on one device of a
     data-parallel group of ``group`` ranks (``fp32_shards``: PyTorch FSDP's, above; with
     ``training.grad_copy`` the gradients add each parameter's 16-bit ``.grad``, unsharded;
-    ``unsharded_grads``: FSDP's ``no_sync`` accumulation, the whole gradient kept beside the
-    shard in the reduction's type, ``bytes_per_param_grads``:
+    ``unsharded_grads``: FSDP's ``no_sync`` accumulation, the whole gradient in the reduction's
+    type, ``bytes_per_param_grads``, in place of the shard:
     :attr:`simcore.specs.TrainingSpec.fsdp_no_sync`)."""
     weights = 0.0 if fp32_shards and zero >= ZeroStage.PARAMETERS else (
         params * training.bytes_per_param_weights)
@@ -51,6 +51,8 @@ def model_state_bytes(params: float, training: TrainingSpec, zero: ZeroStage,
         weights /= group
     if training.grad_copy and zero < ZeroStage.GRADIENTS:  # DeepSpeed's BF16_Optimizer
         grads += params * training.bytes_per_param_weights
-    if unsharded_grads:  # in the reduction's type (FSDP2 upcasts what it accumulates)
-        grads += params * training.bytes_per_param_grads
+    if unsharded_grads:  # in the reduction's type (FSDP2 upcasts what it accumulates); the
+        # shard is made in the last micro-batch's backward as each layer's whole gradient is
+        # freed, and freed by the step's zero_grad, so at the peak the two are not both held
+        grads = params * training.bytes_per_param_grads
     return weights, grads, optimizer

@@ -147,8 +147,8 @@ def _sums(p: StepPlan, layer: Layer, ends: Ends, layers: int, n_moe: int, first:
     params = n * shape.layer_params / t
     compute = n * layer.compute
     tp = n * (layer.tp_fwd + layer.tp_bwd)
-    if first:
-        params += shape.embedding_params / t
+    if first:  # the whole table on every tp rank where it is not split over them
+        params += shape.embedding_params / (t if p.training.vocab_parallel_embedding else 1)
         compute += ends.embedding_fwd + ends.embedding_bwd
         tp += p.comm.total(embedding_calls(p))
     if last:

@@ -72,8 +72,9 @@ ALL_CHECKS_MEDIAN = 0.055
 # H200 runs joined (10.4% on them: README, "KempnerForge's H200 runs"); 6.6% over 58 since
 # nanotron's 26 H100 runs joined (11.8% on them): over the issue's 5%, which the files before
 # them (4.1% over 32) still meet
-ALL_CHECKS_MEMORY_MEDIAN = 0.07
-EARLIER_CHECKS_MEMORY_MEDIAN = 0.045
+ALL_CHECKS_MEMORY_MEDIAN = 0.045  # measured 4.1% (6.6% before KempnerForge's rows were read as
+# its code runs: FSDP over one rank, no_sync, the whole embedding, the held logits)
+EARLIER_CHECKS_MEMORY_MEDIAN = 0.03  # measured 2.3% (4.1% before KempnerForge's reading)
 # Runs estimated over the memory they ran in (`fit:` in planner validate), held so that it does
 # not grow: measured 0 of 246. It was 54: the parts' capacity as
 # the driver reports it (80 GiB, not 80e9 bytes) took it to 39, MPT without dropout to 29, the
@@ -95,9 +96,9 @@ JEAN_ZAY_CHECK_MEDIAN = 0.07  # measured 6.6% (19.8% before)
 JEAN_ZAY_CHECK_REGRET = 0.03  # measured 2.6% over 6 groups (12.5% before)
 # KempnerForge's H200 runs (README, "KempnerForge's H200 runs"): the h200 entry is h100-sxm's
 # constants, not fit on any H200 run; held so that it does not get worse.
-KEMPNER_MEDIAN = 0.095  # measured 8.9% (plans without tp +6..+49%, with tp -1..-25%)
-KEMPNER_MEMORY_MEDIAN = 0.11  # measured 10.4% (29.7% read as torchtitan's FSDP stack, before
-# pure bf16, no_sync and the gathered loss)
+KEMPNER_MEDIAN = 0.095  # measured 8.8% (plans without tp +6..+41%, with tp -1..-25%)
+KEMPNER_MEMORY_MEDIAN = 0.03  # measured 2.7% (29.7% read as torchtitan's FSDP stack, 10.4% with
+# pure bf16, no_sync and the gathered loss; README: "KempnerForge's memory, read as its code runs")
 # nanotron's H100 runs (README, "nanotron's H100 runs"): nothing is fit on them; held so that
 # they do not get worse.
 NANOTRON_MEDIAN = 0.16  # measured 15.0% (14.1% with the fused SwiGLU)
@@ -130,14 +131,14 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     assert data["skipped"] == []
     assert data["step_time_runs"] == ALL_CHECKS_RUNS
     assert data["step_time_median_ape"] <= ALL_CHECKS_MEDIAN <= 0.08
-    assert data["memory_median_ape"] <= ALL_CHECKS_MEMORY_MEDIAN
+    assert data["memory_median_ape"] <= ALL_CHECKS_MEMORY_MEDIAN <= 0.05
     assert data["regret_mean"] <= ALL_CHECKS_REGRET
     assert data["over_memory_runs"] <= ALL_CHECKS_OVER_MEMORY
     earlier = [path for path in checks if "jean-zay" not in path]
     assert main(["validate", *earlier, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["regret_mean"] <= EARLIER_CHECKS_REGRET <= 0.03
-    # nanotron's runs miss the memory target (README, "nanotron's H100 runs"); the files before
-    # them meet it
+    # nanotron's runs miss the memory target on their own (README, "nanotron's H100 runs"); the
+    # files before them meet it by more
     before = [path for path in checks if "nanotron" not in path]
     assert main(["validate", *before, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -487,10 +488,13 @@ def test_kempnerforge_h200_runs(capsys) -> None:
     assert data["step_time_median_ape"] <= KEMPNER_MEDIAN
     assert data["memory_median_ape"] <= KEMPNER_MEMORY_MEDIAN
     errors = {row["name"]: row["step_time_error"] for row in data["rows"]}
-    # What is left (README): the one-GPU run, measured at about three quarters of the H200's peak with
-    # its recompute, is estimated 48% slower; the tp runs come out faster than measured.
+    # What is left (README): the one-GPU run, measured at about three quarters of the H200's peak
+    # with its recompute, is estimated 41% slower; the tp runs come out faster than measured.
     assert errors["KempnerForge 7B x1"] > 0.4
     assert all(error < 0.07 for name, error in errors.items() if "TP" in name)
+    # peak memory: every run within +0.8..+6.2% (README), none under what it measured
+    memory = [row["memory_error"] for row in data["rows"]]
+    assert all(0.0 < error < 0.07 for error in memory)
 
 
 def test_nanotron_h100_runs(capsys) -> None:

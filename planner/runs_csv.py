@@ -28,8 +28,10 @@ Columns (a header row, any order; names as below, case-insensitive):
   torchtitan's per-op checkpointing; ``attention``), ``recompute_modules`` (what a selective
   recompute runs again, Megatron-LM's ``--recompute-modules`` names separated by spaces or
   ``+``: ``core_attn``, ``mla_up_proj``, ``mlp``), ``cross_entropy`` (``fused``,
-  Megatron-LM's, or ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
-  at its peak, not 4; ``fused``), ``overlap_grad_reduce`` (true), ``grad_bytes`` (2),
+  Megatron-LM's; ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
+  at its peak, not 4; ``replicated``, KempnerForge's on the gathered 16-bit logits; ``nanotron``,
+  nanotron's fp32 logits and their shifted copy, 8 bytes; ``fused``), ``overlap_grad_reduce``
+  (true), ``grad_bytes`` (2),
   ``grad_copy`` (true/false: the 16-bit ``.grad`` kept beside the accumulation buffer, as
   DeepSpeed's BF16_Optimizer keeps it; false), ``launch_blocking`` (true/false: the run set
   ``CUDA_LAUNCH_BLOCKING=1``; false), ``master_weights`` (true/false: false for pure 16-bit

@@ -144,11 +144,12 @@ class StudyConfig:
                if not self.training.vocab_parallel_embedding else {}),
             **({"recompute_modules": [m.value for m in self.training.recompute_modules]}
                if self.training.recompute_modules is not None else {}),
-            # torchtitan's own recompute and loss only: Megatron-LM's, named by a megatron or
-            # deepspeed study, estimate as before, so those studies keep their fingerprints
-            **{k: v.value for k, v in (("selective_recompute", self.training.selective_recompute),
-                                       ("cross_entropy", self.training.cross_entropy))
-               if v in (SelectiveRecompute.OP, CrossEntropy.PYTORCH)},
+            # any recompute and loss but Megatron-LM's, which a megatron or deepspeed study names
+            # and which estimate as before, so those studies keep their fingerprints
+            **({"selective_recompute": SelectiveRecompute.OP.value}
+               if self.training.selective_recompute is SelectiveRecompute.OP else {}),
+            **({"cross_entropy": self.training.cross_entropy.value}
+               if self.training.cross_entropy not in (None, CrossEntropy.FUSED) else {}),
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
             **({"framework": sp.framework} if sp.framework != ANY else {}),

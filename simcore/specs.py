@@ -164,6 +164,13 @@ class CrossEntropy(_Named):
     of that output and of its input, 2 bytes each, 8 bytes a logit of the whole vocabulary on
     every rank; each rank runs the loss's passes over all of them, and the backward through
     the gather is a local slice."""
+    NANOTRON = "nanotron"
+    """nanotron's vocab-parallel loss (huggingface/nanotron@9055c664 ``src/nanotron/models/
+    llama.py``: the LM head's output cast to fp32 by the model, ``cast_to_fp32``, then
+    ``parallel/tensor_parallel/functional.py`` ``_ShardedCrossEntropy``: ``sharded_logits -
+    logits_max``, out of place): at its forward the fp32 copy the model returns and the shifted
+    one, 4 + 4 bytes a logit of the rank's vocabulary shard; the exponent and the softmax then
+    run in place on the shifted copy, which the backward keeps."""
 
     @classmethod
     def _label(cls) -> str:

@@ -19,12 +19,15 @@ from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import CrossEntropy, Recompute, ZeroStage
 
-__all__ = ["PYTORCH_LOGIT_BYTES", "REPLICATED_LOGIT_BYTES", "fp8_weight_params",
-           "stage_activations", "stage_memory"]
+__all__ = ["NANOTRON_LOGIT_BYTES", "PYTORCH_LOGIT_BYTES", "REPLICATED_LOGIT_BYTES",
+           "fp8_weight_params", "stage_activations", "stage_memory"]
 
 PYTORCH_LOGIT_BYTES = 12
 """Bytes a logit takes at the peak of PyTorch's cross-entropy on an fp32 copy
 (:attr:`simcore.specs.CrossEntropy.PYTORCH`)."""
+NANOTRON_LOGIT_BYTES = 8
+"""Bytes a logit of nanotron's loss at its forward: the fp32 logits and their shifted copy
+(:attr:`simcore.specs.CrossEntropy.NANOTRON`)."""
 REPLICATED_LOGIT_BYTES = 8
 """Bytes a logit of the loss on the 16-bit logits as they come (:attr:`CrossEntropy.REPLICATED`):
 the logits themselves, which the training loop holds through the backward, its log-softmax
@@ -69,6 +72,8 @@ def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
         activations += 4 * sbh / t * (1 + model.vocab / h)
         if p.training.cross_entropy is CrossEntropy.PYTORCH:
             activations += (PYTORCH_LOGIT_BYTES - 4) * p.tokens * model.vocab / t
+        elif p.training.cross_entropy is CrossEntropy.NANOTRON:
+            activations += (NANOTRON_LOGIT_BYTES - 4) * p.tokens * model.vocab / t
         elif p.training.cross_entropy is CrossEntropy.REPLICATED:  # 16-bit, every rank's logits
             activations += (REPLICATED_LOGIT_BYTES - 4 / t) * p.tokens * model.vocab
     return activations

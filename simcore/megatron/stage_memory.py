@@ -19,19 +19,16 @@ from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import CrossEntropy, Recompute, ZeroStage
 
-__all__ = ["NANOTRON_LOGIT_BYTES", "PYTORCH_LOGIT_BYTES", "REPLICATED_LOGIT_BYTES",
-           "fp8_weight_params", "stage_activations", "stage_memory"]
+__all__ = ["LOGIT_BYTES", "fp8_weight_params", "stage_activations", "stage_memory"]
 
-PYTORCH_LOGIT_BYTES = 12
-"""Bytes a logit takes at the peak of PyTorch's cross-entropy on an fp32 copy
-(:attr:`simcore.specs.CrossEntropy.PYTORCH`)."""
-NANOTRON_LOGIT_BYTES = 8
-"""Bytes a logit of nanotron's loss at its forward: the fp32 logits and their shifted copy
-(:attr:`simcore.specs.CrossEntropy.NANOTRON`)."""
-REPLICATED_LOGIT_BYTES = 8
-"""Bytes a logit of the loss on the 16-bit logits as they come (:attr:`CrossEntropy.REPLICATED`):
-the logits themselves, which the training loop holds through the backward, its log-softmax
-output, and in its backward the gradients of that output and of its input, 2 bytes each."""
+LOGIT_BYTES: dict[CrossEntropy, int] = {
+    CrossEntropy.FUSED: 4,  # the fp32 logits (Korthikanti et al. 2022, section 4.3)
+    CrossEntropy.PYTORCH: 12,  # its saved log-softmax output and, backward, two gradients
+    CrossEntropy.NANOTRON: 8,  # the fp32 logits and their shifted copy, at its forward
+    CrossEntropy.REPLICATED: 8,  # the held 16-bit logits, the log-softmax output, two gradients
+}
+"""Bytes a logit takes at the peak of each loss (:class:`simcore.specs.CrossEntropy`): logits
+of the rank's vocabulary shard, but of the whole vocabulary on every rank for ``replicated``."""
 
 _F = TypeVar("_F", float, np.ndarray)
 
@@ -67,15 +64,10 @@ def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
     if stage.index == 0 and p.shape.dropout:
         activations += sbh / t * flight  # embedding dropout output (Korthikanti section 4.3)
     if stage.index == head_stage(s.schedule, pp):
-        # Final norm output, LM head input and fp32 logits: 4sbh/t (1 + V/h) (section 4.3);
-        # PyTorch's cross-entropy on an fp32 copy holds 12 bytes a logit, not 4 (CrossEntropy).
-        activations += 4 * sbh / t * (1 + model.vocab / h)
-        if p.training.cross_entropy is CrossEntropy.PYTORCH:
-            activations += (PYTORCH_LOGIT_BYTES - 4) * p.tokens * model.vocab / t
-        elif p.training.cross_entropy is CrossEntropy.NANOTRON:
-            activations += (NANOTRON_LOGIT_BYTES - 4) * p.tokens * model.vocab / t
-        elif p.training.cross_entropy is CrossEntropy.REPLICATED:  # 16-bit, every rank's logits
-            activations += (REPLICATED_LOGIT_BYTES - 4 / t) * p.tokens * model.vocab
+        # Final norm output and LM head input, 4sbh/t (section 4.3), and the loss's logits
+        loss = p.training.cross_entropy or CrossEntropy.FUSED
+        shard = 1 if loss is CrossEntropy.REPLICATED else t
+        activations += 4 * sbh / t + LOGIT_BYTES[loss] * p.tokens * model.vocab / shard
     return activations
 
 

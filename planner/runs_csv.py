@@ -336,7 +336,14 @@ def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:
         raise _BadValue(str(e)) from None
 
 
+EXTRA_CELLS = "\0extra"
+"""The key under which :func:`_rows` keeps a row's non-empty cells past the header's columns
+(no column name can hold a NUL)."""
+
+
 def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+    """The header and each non-blank row as {column: cell}; a row's non-empty cells past the
+    last column are kept under :data:`EXTRA_CELLS` (an unquoted comma shifted them there)."""
     text = read_text(path, "CSV of measured runs", encoding="utf-8-sig")
     reader = csv.reader(io.StringIO(text))
     try:
@@ -347,7 +354,11 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
                 continue
             if len(rows) >= MAX_ROWS:
                 raise PlannerUsageError(f"{path}: more than {MAX_ROWS:,} runs; split the file")
-            rows.append((reader.line_num, {k: v.strip() for k, v in zip(header, record)}))
+            cells = {k: v.strip() for k, v in zip(header, record)}
+            extra = [v for v in record[len(header):] if v.strip()]
+            if extra:
+                cells[EXTRA_CELLS] = str(len(extra))
+            rows.append((reader.line_num, cells))
     except csv.Error as e:
         raise PlannerUsageError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
     return header, rows
@@ -404,6 +415,10 @@ def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[Ski
     for line, row in rows:
         name = row.get("name") or _default_name(line, row)
         try:
+            if EXTRA_CELLS in row:
+                raise _BadValue(f"{row[EXTRA_CELLS]} more filled cell(s) than the header's"
+                                f" {len(header)} columns: a comma in an unquoted cell shifts"
+                                " every cell after it; quote that cell or remove the comma")
             step = _positive(row, "step_time_s")
             memory = _positive(row, "peak_memory_gb")
             if step is None and memory is None:

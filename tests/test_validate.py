@@ -189,6 +189,23 @@ def test_rows_it_cannot_express_are_reported_not_fatal(tmp_path: Path, capsys) -
                                " out); the figures leave them out")
 
 
+def test_a_row_shifted_by_an_unquoted_comma_is_a_value_to_fix(tmp_path: Path) -> None:
+    # A comma inside an unquoted cell splits it in two: every cell after it moves one column
+    # right and the last spills past the header. Read by position, such a row would be priced
+    # on the wrong values (or lose its last cell unseen), so it is left out as a typo; empty
+    # trailing cells (a spreadsheet's) are not a shift.
+    path = _write(tmp_path, HEADER + ",step_time_s,source",
+                  "ok,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,paper",
+                  "trailing,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,paper,,",
+                  "shifted,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,a table, read again")
+    runs, skipped = read_runs(path, load_catalog())
+    assert [r.name for r in runs] == ["ok", "trailing"]
+    (row,) = skipped
+    assert row.name == "shifted" and row.bad_value
+    assert "1 more filled cell(s) than the header's 11 columns" in row.reason
+    assert "quote that cell" in row.reason
+
+
 def test_left_out_rows_name_their_file(tmp_path: Path, capsys) -> None:
     one = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
                  "b,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,-1")

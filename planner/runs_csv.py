@@ -97,7 +97,7 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "sequence_parallel", 
             "cross_entropy", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
             "grad_copy", "launch_blocking", "master_weights", "fsdp_no_sync", "swiglu_fusion",
             "vocab_parallel_embedding", "hbm_gb",
-            "memory_measured", "name", "source", "notes")
+            "memory_measured", "release", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""
@@ -126,13 +126,17 @@ class MeasuredRun:
     (``memory_measured``)."""
     file: str = ""
     """The CSV the run is in, as given on the command line."""
+    release: str = ""
+    """The software release (or stack) the run was measured on (``release``; empty: one for
+    every run): plans measured on different releases are not compared for plan choice, as a
+    release alone moves a step time by several percent."""
 
     @property
-    def group(self) -> tuple[str, str, int, int]:
-        """Runs of one model on one system at one batch and sequence length: the plans a study
-        of that question would choose between."""
+    def group(self) -> tuple[str, str, int, int, str]:
+        """Runs of one model on one system at one batch and sequence length, measured on one
+        release: the plans a study of that question would choose between."""
         return (self.model_ref, self.system_ref, self.training.global_batch,
-                self.training.seq_len)
+                self.training.seq_len, self.release)
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,7 +438,7 @@ def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[Ski
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
                 model=model, system=system, training=_training(row), strategy=_strategy(row),
                 step_time_s=step, peak_memory_gb=memory, memory_allocated=_allocated(row),
-                file=str(path)))
+                file=str(path), release=row.get("release", "")))
         except _RowError as e:
             skipped.append(SkippedRun(line, name, str(e), isinstance(e, _BadValue), str(path)))
     return runs, skipped

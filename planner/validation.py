@@ -60,7 +60,8 @@ class RunResult:
 
 @dataclass(frozen=True, slots=True)
 class GroupResult:
-    key: tuple[str, str, int, int]
+    key: tuple[str, str, int, int, str]
+    """(model, system, global batch, sequence length, release): :attr:`MeasuredRun.group`."""
     runs: tuple[RunResult, ...]
     """The group's runs with a measured step time, in the CSV's order."""
 
@@ -86,9 +87,13 @@ class GroupResult:
                            [r.run.step_time_s or 0.0 for r in self.runs])
 
     def to_dict(self) -> dict[str, object]:
-        model, system, batch, seq = self.key
+        model, system, batch, seq, release = self.key
+        key: dict[str, object] = {"model": model, "system": system, "global_batch": batch,
+                                  "seq_len": seq}
+        if release:
+            key["release"] = release
         return {
-            "key": {"model": model, "system": system, "global_batch": batch, "seq_len": seq},
+            "key": key,
             "runs": len(self.runs), "picked": self.picked.run.name,
             "fastest": self.fastest.run.name, "regret": self.regret,
             "kendall_tau": self.kendall_tau,
@@ -132,7 +137,7 @@ class Validation:
         """The groups of timed runs of one question with two or more plans to choose between,
         in the CSV's order (one plan measured twice, as by two releases of a stack, is no
         choice)."""
-        by_key: dict[tuple[str, str, int, int], list[RunResult]] = {}
+        by_key: dict[tuple[str, str, int, int, str], list[RunResult]] = {}
         for r in self.results:
             if r.run.step_time_s is not None:
                 by_key.setdefault(r.run.group, []).append(r)

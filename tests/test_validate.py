@@ -206,6 +206,30 @@ def test_a_row_shifted_by_an_unquoted_comma_is_a_value_to_fix(tmp_path: Path) ->
     assert "quote that cell" in row.reason
 
 
+def test_plans_of_different_releases_are_not_compared(tmp_path: Path, capsys) -> None:
+    # Two releases of one stack measured the same question with two plans each: each release
+    # is its own group (a release alone moves a step time by several percent, so ranking one
+    # release's plan against another's says little about the plans); no release column keeps
+    # every run in one group.
+    rows = ("{0},gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,{1}",
+            "{0},gpt-1.7b,dgx-a100-8,16,2048,4,2,1,1,1.1,{1}")
+    path = _write(tmp_path, HEADER + ",step_time_s,release",
+                  rows[0].format("a", "24.09"), rows[1].format("b", "24.09"),
+                  rows[0].format("c", "25.04"), rows[1].format("d", "25.04"))
+    assert main(["validate", str(path), "--json"]) == 0
+    groups = json.loads(capsys.readouterr().out)["groups"]
+    assert [g["key"]["release"] for g in groups] == ["24.09", "25.04"]
+    assert [g["runs"] for g in groups] == [2, 2]
+    assert main(["validate", str(path)]) == 0
+    assert "batch 16, seq 2048, release 25.04: 2 runs" in capsys.readouterr().out
+    plain = _write(tmp_path, HEADER + ",step_time_s",
+                   *(r.format(n, "")[:-1] for n, r in zip("ab", rows)))
+    runs, _ = read_runs(plain, load_catalog())
+    assert {r.release for r in runs} == {""}
+    (group,) = validate(runs).groups
+    assert "release" not in group.to_dict()["key"]
+
+
 def test_left_out_rows_name_their_file(tmp_path: Path, capsys) -> None:
     one = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
                  "b,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,-1")

@@ -56,7 +56,7 @@ LONG_CONTEXT_SHORT_ERROR = 0.035  # up to 8K on H100, 16K on B200: measured +3.0
 LONG_CONTEXT_MEDIAN = 0.13  # measured 12.6% (H100 25.0%, B200 11.5%)
 # Every *-check file together: the issue's targets are stated on the runs gathered and not fit
 # on, as one set.
-ALL_CHECKS_RUNS = 328
+ALL_CHECKS_RUNS = 432
 # measured 4.8% (5.4% before the SC21 paper's Table 1 and NeMo Megatron's 2022 A100 runs
 # joined; 5.3% with AutoModel's 70B read with no recompute, 5.1% with MPT's dropout kernels, 5.2%
 # before per-op recompute, 4.7% before long-context-check, 4.4% before b200-check)
@@ -65,7 +65,9 @@ ALL_CHECKS_RUNS = 328
 # 2024 runs"
 # 4.8% with KempnerForge's H200 runs (14 runs, 8.9%); 5.3% with nanotron's H100 runs (26 runs,
 # 15.0%: README, "nanotron's H100 runs"); the files before them 4.8%
-ALL_CHECKS_MEDIAN = 0.055
+# 5.6% with dgxc-benchmarking's 104 H100 runs (5.9% on them: README, "NVIDIA's DGX Cloud
+# benchmarks"); 5.3% before them
+ALL_CHECKS_MEDIAN = 0.06
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional
 # tests' two (-9.0%, -10.6%; the 16 before them: 1.4%); 4.1% over 32 since KempnerForge's 14
@@ -119,7 +121,7 @@ def test_every_row_is_expressed(capsys) -> None:
                  "h100-megatron-check.csv", "moe-check.csv", "a100-zb-check.csv",
                  "b200-fit.csv", "b200-check.csv", "long-context-check.csv",
                  "jean-zay-fit.csv", "jean-zay-check.csv", "megatron-ci-check.csv",
-                 "kempner-h200-check.csv", "nanotron-h100-check.csv"):
+                 "kempner-h200-check.csv", "nanotron-h100-check.csv", "dgxc-h100-check.csv"):
         assert _validate(capsys, name)["skipped"] == [], name
 
 
@@ -127,7 +129,7 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     # Issue 14: "on the runs you gather (not fit on): median step-time error <= 8%, memory
     # <= 5%, and the plan-choice regret mean <= 3%". Every check file joins (a new one too).
     checks = sorted(str(path) for path in DATA.glob("*-check.csv"))
-    assert len(checks) == 13
+    assert len(checks) == 14
     assert main(["validate", *checks, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == []
@@ -140,8 +142,9 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     assert main(["validate", *earlier, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["regret_mean"] <= EARLIER_CHECKS_REGRET <= 0.03
     # nanotron's runs miss the memory target on their own (README, "nanotron's H100 runs"); the
-    # files before them meet it by more
-    before = [path for path in checks if "nanotron" not in path]
+    # files before them meet it by more (dgxc-h100-check, which joined after them, has no peaks:
+    # its step times are held in tests/test_dgxc_runs.py)
+    before = [path for path in checks if "nanotron" not in path and "dgxc" not in path]
     assert main(["validate", *before, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["memory_median_ape"] <= EARLIER_CHECKS_MEMORY_MEDIAN <= 0.05

@@ -58,8 +58,9 @@ def report_lines(v: Validation) -> list[str]:
                      f" {s['picked_fastest']} of {len(v.groups)}; Kendall tau mean"
                      f" {_num(s['kendall_tau_mean'], '.2f')}")
         for g in v.groups:
-            model, system, batch, seq = g.key
-            lines.append(f"  {model} on {system}, batch {batch}, seq {seq}:"
+            model, system, batch, seq, release = g.key
+            on = f", release {release}" if release else ""
+            lines.append(f"  {model} on {system}, batch {batch}, seq {seq}{on}:"
                          f" {counted(len(g.runs), 'run')},"
                          f" regret {percent(g.regret)}, tau {g.kendall_tau:.2f}; picked"
                          f" {g.picked.run.name!r}, fastest {g.fastest.run.name!r}")

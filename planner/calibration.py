@@ -108,6 +108,7 @@ CONSTANTS = (
     Constant("attention_efficiency", "attention_efficiency", 1.0, 0.2, 1.0, "flash", 0.1),
     Constant("fused_attention_efficiency", "fused_attention_efficiency", 1.0, 0.2, 1.0, "te",
              0.1),
+    Constant("fused_matmul_efficiency", "fused_matmul_efficiency", 1.0, 0.3, 1.0, "te", 0.1),
     Constant("overlap_slowdown", "overlap_slowdown", 1.0, 0.0, 0.5, "comm", 0.1,
              by_default=False),
     Constant("memory_overhead_gb", "memory_overhead_bytes", GB, 0.0, 20.0, "memory", 3.0),

@@ -115,7 +115,8 @@ _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_g
                     "gemm_wave_us",
                     "overlap_slowdown", "fp8_peak_tflops",
                     "attention_efficiency", "flash_attention", "bf16",
-                    "fused_attention_efficiency", "transformer_engine"}
+                    "fused_attention_efficiency", "fused_matmul_efficiency",
+                    "transformer_engine"}
 
 
 def _flag(path: Path, name: str, entry: dict[str, Any], key: str, default: bool) -> bool:
@@ -133,6 +134,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         ("flash_attention", False), ("bf16", True), ("transformer_engine", False)))
     attention = e.get("attention_efficiency")
     fused = e.get("fused_attention_efficiency")
+    fused_matmul = e.get("fused_matmul_efficiency")
     fp8 = e.get("fp8_peak_tflops")
     sm_count = e.get("sm_count", 0)
     return spec_or_fail(path, name, lambda: DeviceSpec(
@@ -146,6 +148,8 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         attention_efficiency=None if attention is None else num("attention_efficiency"),
         flash_attention=flash,
         fused_attention_efficiency=None if fused is None else num("fused_attention_efficiency"),
+        fused_matmul_efficiency=(None if fused_matmul is None
+                                 else num("fused_matmul_efficiency")),
         transformer_engine=te,
         bf16=bf16,
         peak_flops_per_s=num("peak_tflops") * 1e12,

@@ -125,6 +125,8 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         entry["flash_attention"] = True
     if device.fused_attention_efficiency is not None:
         entry["fused_attention_efficiency"] = device.fused_attention_efficiency
+    if device.fused_matmul_efficiency is not None:
+        entry["fused_matmul_efficiency"] = device.fused_matmul_efficiency
     if device.transformer_engine:
         entry["transformer_engine"] = True
     if not device.bf16:

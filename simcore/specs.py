@@ -425,6 +425,9 @@ class DeviceSpec:
     fused_attention_efficiency: float | None = None
     """Achievable fraction of peak of Transformer Engine's fused attention (cuDNN) inside
     training; None uses attention_efficiency."""
+    fused_matmul_efficiency: float | None = None
+    """Achievable fraction of peak (16-bit and FP8) of the GEMMs of a Transformer Engine stack
+    inside training; None uses matmul_efficiency."""
     transformer_engine: bool = False
     """Plans with ZeRO 0-1 on this device train with Transformer Engine unless the training says
     otherwise (:attr:`TrainingSpec.transformer_engine`)."""
@@ -458,7 +461,8 @@ class DeviceSpec:
                 or self.sm_count < 0:
             raise ValueError(f"`sm_count >= 0` must hold (a whole number), but got"
                              f" sm_count={self.sm_count!r}")
-        for name in ("attention_efficiency", "fused_attention_efficiency"):
+        for name in ("attention_efficiency", "fused_attention_efficiency",
+                     "fused_matmul_efficiency"):
             if getattr(self, name) is not None:
                 _fraction(name, getattr(self, name))
         if not (self.memory_overhead_bytes >= 0 and math.isfinite(self.memory_overhead_bytes)):

@@ -103,10 +103,14 @@ class KernelCosts:
     @classmethod
     def of(cls, device: DeviceSpec, precision: Precision = Precision.BF16,
            transformer_engine: bool = False, launch_blocking: bool = False) -> KernelCosts:
-        """The device's costs; ``transformer_engine``: attention in TE's fused kernel, at the
-        device's ``fused_attention_efficiency`` where it has one; ``launch_blocking``: each
-        kernel waits for the host (:data:`BLOCKING_HOST_S`)."""
-        flop_rate = device.peak_flops_per_s * device.matmul_efficiency
+        """The device's costs; ``transformer_engine``: the GEMMs at the device's
+        ``fused_matmul_efficiency`` and attention in TE's fused kernel at its
+        ``fused_attention_efficiency``, each where it has one; ``launch_blocking``: each kernel
+        waits for the host (:data:`BLOCKING_HOST_S`)."""
+        matmul = device.matmul_efficiency
+        if transformer_engine and device.fused_matmul_efficiency is not None:
+            matmul = device.fused_matmul_efficiency
+        flop_rate = device.peak_flops_per_s * matmul
         attention = device.attention_efficiency
         if transformer_engine and device.fused_attention_efficiency is not None:
             attention = device.fused_attention_efficiency
@@ -116,7 +120,7 @@ class KernelCosts:
             if problem is not None:
                 raise ValueError(problem)
             assert device.fp8_peak_flops_per_s is not None
-            fp8_rate = device.fp8_peak_flops_per_s * device.matmul_efficiency
+            fp8_rate = device.fp8_peak_flops_per_s * matmul
         return cls(
             flop_rate=flop_rate,
             byte_rate=device.hbm_bandwidth_bytes_per_s * device.memory_efficiency,

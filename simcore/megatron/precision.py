@@ -9,8 +9,8 @@ defaults: ``fp8_wgrad = True`` (weight gradients in FP8), ``fp8_dot_product_atte
 (attention's score and context GEMMs stay 16-bit), ``fp8_output_proj`` only under MXFP8 (the LM
 head stays 16-bit); the embedding and the optimizer never run GEMMs in FP8.
 
-The FP8 GEMMs take the device's ``matmul_efficiency`` and wave fraction unchanged (calibrated
-on bf16 runs). Measured GEMMs reach a somewhat smaller fraction of the FP8 peak than of the bf16
+The FP8 GEMMs take the device's 16-bit GEMM efficiency and wave fraction unchanged (the TE
+stack's ``fused_matmul_efficiency`` where the device has one, else ``matmul_efficiency``). Measured GEMMs reach a somewhat smaller fraction of the FP8 peak than of the bf16
 one (stas00/ml-engineering@744d01e compute/accelerator, maximum achievable matmul FLOP/s: H100
 SXM 70.9% of FP8 peak against 80.3% of bf16), so fp8 GEMMs alone lean optimistic. The H100's
 Transformer Engine constant (``fused_attention_efficiency``) was fit on FP8 runs of Megatron-Core

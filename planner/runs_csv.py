@@ -106,6 +106,11 @@ _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
 
 
+GroupKey = tuple[str, str, int, int, str]
+"""(model, system, global batch, sequence length, release): the runs of one plan-choice
+question (:attr:`MeasuredRun.group`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class MeasuredRun:
     """One measured run: the plan as specs and what was measured."""
@@ -132,7 +137,7 @@ class MeasuredRun:
     release alone moves a step time by several percent."""
 
     @property
-    def group(self) -> tuple[str, str, int, int, str]:
+    def group(self) -> GroupKey:
         """Runs of one model on one system at one batch and sequence length, measured on one
         release: the plans a study of that question would choose between."""
         return (self.model_ref, self.system_ref, self.training.global_batch,
@@ -340,14 +345,9 @@ def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:
         raise _BadValue(str(e)) from None
 
 
-EXTRA_CELLS = "\0extra"
-"""The key under which :func:`_rows` keeps a row's non-empty cells past the header's columns
-(no column name can hold a NUL)."""
-
-
-def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
-    """The header and each non-blank row as {column: cell}; a row's non-empty cells past the
-    last column are kept under :data:`EXTRA_CELLS` (an unquoted comma shifted them there)."""
+def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]:
+    """The header and each non-blank row: its line, {column: cell} and how many filled cells
+    it has past the last column (an unquoted comma shifted them there)."""
     text = read_text(path, "CSV of measured runs", encoding="utf-8-sig")
     reader = csv.reader(io.StringIO(text))
     try:
@@ -358,11 +358,9 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
                 continue
             if len(rows) >= MAX_ROWS:
                 raise PlannerUsageError(f"{path}: more than {MAX_ROWS:,} runs; split the file")
-            cells = {k: v.strip() for k, v in zip(header, record)}
-            extra = [v for v in record[len(header):] if v.strip()]
-            if extra:
-                cells[EXTRA_CELLS] = str(len(extra))
-            rows.append((reader.line_num, cells))
+            spilled = sum(1 for v in record[len(header):] if v.strip())
+            rows.append((reader.line_num, {k: v.strip() for k, v in zip(header, record)},
+                         spilled))
     except csv.Error as e:
         raise PlannerUsageError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
     return header, rows
@@ -416,11 +414,11 @@ def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[Ski
     where = (path, "model")
     runs: list[MeasuredRun] = []
     skipped: list[SkippedRun] = []
-    for line, row in rows:
+    for line, row, spilled in rows:
         name = row.get("name") or _default_name(line, row)
         try:
-            if EXTRA_CELLS in row:
-                raise _BadValue(f"{row[EXTRA_CELLS]} more filled cell(s) than the header's"
+            if spilled:
+                raise _BadValue(f"{spilled} more filled cell(s) than the header's"
                                 f" {len(header)} columns: a comma in an unquoted cell shifts"
                                 " every cell after it; quote that cell or remove the comma")
             step = _positive(row, "step_time_s")

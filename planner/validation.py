@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from planner.runs_csv import MeasuredRun, SkippedRun
+from planner.runs_csv import GroupKey, MeasuredRun, SkippedRun
 from planner.units import GB
 from simcore import estimate
 from simcore.estimate import Estimate
@@ -60,8 +60,7 @@ class RunResult:
 
 @dataclass(frozen=True, slots=True)
 class GroupResult:
-    key: tuple[str, str, int, int, str]
-    """(model, system, global batch, sequence length, release): :attr:`MeasuredRun.group`."""
+    key: GroupKey
     runs: tuple[RunResult, ...]
     """The group's runs with a measured step time, in the CSV's order."""
 
@@ -137,7 +136,7 @@ class Validation:
         """The groups of timed runs of one question with two or more plans to choose between,
         in the CSV's order (one plan measured twice, as by two releases of a stack, is no
         choice)."""
-        by_key: dict[tuple[str, str, int, int, str], list[RunResult]] = {}
+        by_key: dict[GroupKey, list[RunResult]] = {}
         for r in self.results:
             if r.run.step_time_s is not None:
                 by_key.setdefault(r.run.group, []).append(r)

@@ -42,7 +42,8 @@ V100_CHECK_REGRET = 0.03  # measured 2.0%
 # Below issue 14's targets, held so that they do not get worse (README there: Megatron-Core with
 # Transformer Engine in FP8 on H100 runs faster than the llm-foundry-fit H100 says).
 H100_MEGATRON_FIT_MEDIAN = 0.045  # measured 3.3% (fit on these rows: fused_attention_efficiency)
-H100_MEGATRON_CHECK_MEDIAN = 0.10  # measured 9.1% (Llama 3 70B +12%, +10%; 405B -9%, -0.3%)
+H100_MEGATRON_CHECK_MEDIAN = 0.07  # measured 6.2% over 12 runs (4.9-7.9% before: 4 runs; Llama 3
+# 70B +5 to +8%, all slow; Llama 3.1 405B -5 to -13%, all fast)
 MOE_CHECK_MEDIAN = 0.10  # measured 9.6% (8.2% before Megatron-Bridge's DeepSeek-V3 row, -24.2%)
 MOE_CHECK_MAPE = 0.17  # measured 16.3%: DeepSeek-V3's report +42%, Megatron-Bridge's -24%
 ONE_NODE_REGRET = 0.01
@@ -50,6 +51,9 @@ ONE_NODE_REGRET = 0.01
 # (4.0 -> 1.1%) moves b200-check.csv from 11.4 to 12.5% MAPE, so the device keeps its constants.
 B200_FIT_MEDIAN = 0.055  # measured 4.0% (Llama 3 8B: +2.9%, +5.1%)
 B200_CHECK_MEDIAN = 0.11  # measured 9.9% (Llama 3.1 405B -9.5%, -9.9%; Qwen3-30B-A3B +14.9%)
+# GB200 (the b200 entry's constants, not calibrated; README, "GB200 NVL72"): measured 6.0% median,
+# 7.2% MAPE over 21 runs, 19 of them fast; the one-rack Llama 3 8B FP8-CS rows within 0.3%.
+GB200_CHECK_MEDIAN = 0.07
 # NeMo's long-context tables (4K-1M tokens): the attention constant is of a newer stack than
 # NeMo 24.03's (README there), so the long H100 rows come out fast.
 # up to 8K on H100, 16K on B200: measured -0.5, -4.1, -0.7, -0.6% (+3.0, -1.0 on H100 before the
@@ -58,7 +62,7 @@ LONG_CONTEXT_SHORT_ERROR = 0.045
 LONG_CONTEXT_MEDIAN = 0.13  # measured 12.6% (H100 25.0%, B200 11.5%)
 # Every *-check file together: the issue's targets are stated on the runs gathered and not fit
 # on, as one set.
-ALL_CHECKS_RUNS = 398
+ALL_CHECKS_RUNS = 427
 # measured 4.8% (5.4% before the SC21 paper's Table 1 and NeMo Megatron's 2022 A100 runs
 # joined; 5.3% with AutoModel's 70B read with no recompute, 5.1% with MPT's dropout kernels, 5.2%
 # before per-op recompute, 4.7% before long-context-check, 4.4% before b200-check)
@@ -69,7 +73,8 @@ ALL_CHECKS_RUNS = 398
 # 15.0%: README, "nanotron's H100 runs"); the files before them 4.8%
 # 5.5% with dgxc-benchmarking's 70 H100 check runs (6.0% on them: README, "NVIDIA's DGX Cloud
 # benchmarks"), 5.3% before them; 4.8% with the TE stack's GEMM rate fit on the benchmarks'
-# first release (fused_matmul_efficiency: 3.1% on them)
+# first release (fused_matmul_efficiency: 3.1% on them); 5.2% with Megatron-Bridge's 21 GB200
+# runs and 8 more H100 runs (6.0%, 6.2% on them)
 ALL_CHECKS_MEDIAN = 0.055
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional
@@ -89,8 +94,9 @@ EARLIER_CHECKS_MEMORY_MEDIAN = 0.03  # measured 2.3% (4.1% before KempnerForge's
 # with its recompute_modules (mla_up_proj and mlp: 95.5 -> 78.1 GB on 85.5) to 0. The fit files'
 # 29 went 11, 9, then 0 with PyTorch FSDP's fp32 shards.
 ALL_CHECKS_OVER_MEMORY = 0
-# measured 1.0% over 27 groups (the issue's target: 3%; 28 before moe-check's rows named their
-# releases, which keeps Qwen3-30B-A3B's two containers apart). It was 3.4% when Jean Zay's 2024
+# measured 1.0% over 26 groups (the issue's target: 3%; 28 before moe-check's rows named their
+# releases, which keeps Qwen3-30B-A3B's two containers apart, 27 before h100-megatron-check's
+# did, which keeps Megatron-Bridge's 70B from NeMo AutoModel's on 64 H100s). It was 3.4% when Jean Zay's 2024
 # sequence-4096 runs joined (their six groups 12.5%: a micro-batch-1 plan picked in each), 2.6%
 # on them since launch blocking's host time; the files before them 0.7% over 20 groups.
 ALL_CHECKS_REGRET = 0.015
@@ -125,7 +131,8 @@ def test_every_row_is_expressed(capsys) -> None:
                  "h100-megatron-check.csv", "moe-check.csv", "a100-zb-check.csv",
                  "b200-fit.csv", "b200-check.csv", "long-context-check.csv",
                  "jean-zay-fit.csv", "jean-zay-check.csv", "megatron-ci-check.csv",
-                 "kempner-h200-check.csv", "nanotron-h100-check.csv", "dgxc-h100-check.csv"):
+                 "kempner-h200-check.csv", "nanotron-h100-check.csv", "dgxc-h100-check.csv",
+                 "gb200-check.csv"):
         assert _validate(capsys, name)["skipped"] == [], name
 
 
@@ -133,12 +140,12 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     # Issue 14: "on the runs you gather (not fit on): median step-time error <= 8%, memory
     # <= 5%, and the plan-choice regret mean <= 3%". Every check file joins (a new one too).
     checks = sorted(str(path) for path in DATA.glob("*-check.csv"))
-    assert len(checks) == 14
+    assert len(checks) == 15
     assert main(["validate", *checks, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == []
     assert data["step_time_runs"] == ALL_CHECKS_RUNS
-    assert data["groups_count"] == 27
+    assert data["groups_count"] == 26
     assert data["step_time_median_ape"] <= ALL_CHECKS_MEDIAN <= 0.08
     assert data["memory_median_ape"] <= ALL_CHECKS_MEMORY_MEDIAN <= 0.05
     assert data["regret_mean"] <= ALL_CHECKS_REGRET
@@ -148,12 +155,15 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     assert json.loads(capsys.readouterr().out)["regret_mean"] <= EARLIER_CHECKS_REGRET <= 0.03
     # nanotron's runs miss the memory target on their own (README, "nanotron's H100 runs"); the
     # files before them meet it by more (dgxc-h100-check, which joined after them, has no peaks:
-    # its step times are held in tests/test_dgxc_runs.py)
-    before = [path for path in checks if "nanotron" not in path and "dgxc" not in path]
+    # its step times are held in tests/test_dgxc_runs.py, gb200-check's in test_gb200_check_error)
+    before = [path for path in checks
+              if "nanotron" not in path and "dgxc" not in path and "gb200" not in path]
     assert main(["validate", *before, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["memory_median_ape"] <= EARLIER_CHECKS_MEMORY_MEDIAN <= 0.05
-    assert data["step_time_median_ape"] <= 0.05
+    # measured 5.1% over 310 runs (under 5% before h100-megatron-check's 8 later Megatron-Bridge
+    # runs joined: its 70B rows are estimated 5-8% slow)
+    assert data["step_time_median_ape"] <= 0.055
 
 
 def test_a100_check_error(capsys) -> None:
@@ -273,10 +283,12 @@ def test_h100_megatron_fit_and_check_error(capsys) -> None:
     assert fit["step_time_runs"] == 9
     assert fit["step_time_median_ape"] <= H100_MEGATRON_FIT_MEDIAN
     check = _validate(capsys, "h100-megatron-check.csv")
-    assert check["step_time_runs"] == 4
+    assert check["step_time_runs"] == 12 and check["groups"] == []  # a release each
     assert check["step_time_median_ape"] <= H100_MEGATRON_CHECK_MEDIAN
     seventy = [row for row in check["rows"] if "llama3-70b" in row["name"]]
-    assert len(seventy) == 2 and all(row["step_time_error"] > 0 for row in seventy)  # slow
+    assert len(seventy) == 6 and all(row["step_time_error"] > 0 for row in seventy)  # slow
+    big = [row for row in check["rows"] if "405b" in row["name"]]
+    assert len(big) == 5 and all(row["step_time_error"] < 0 for row in big)  # fast
 
 
 def test_b200_fit_and_check_error(capsys) -> None:
@@ -292,6 +304,18 @@ def test_b200_fit_and_check_error(capsys) -> None:
     assert check["step_time_median_ape"] <= B200_CHECK_MEDIAN
     big = [row for row in check["rows"] if "405b" in row["name"]]
     assert len(big) == 2 and all(row["step_time_error"] < 0 for row in big)
+
+
+def test_gb200_check_error(capsys) -> None:
+    """Megatron-Bridge's DGX-GB200 rows (README, "GB200 NVL72"): the device keeps the b200
+    entry's constants; the runs of one NVLink domain (8 and 64 GPUs) and of four racks (256)
+    come out within the median, fast as the B200's 405B rows do."""
+    data = _validate(capsys, "gb200-check.csv")
+    assert data["step_time_runs"] == 21 and data["skipped"] == [] and data["groups"] == []
+    assert data["step_time_median_ape"] <= GB200_CHECK_MEDIAN
+    fp8_cs_8b = [row for row in data["rows"] if "8b" in row["name"] and "fp8-cs" in row["name"]]
+    assert len(fp8_cs_8b) == 2 and all(abs(row["step_time_error"]) <= 0.01 for row in fp8_cs_8b)
+    assert sum(row["step_time_error"] < 0 for row in data["rows"]) == 19
 
 
 def test_long_context_check(capsys) -> None:

@@ -1,0 +1,59 @@
+"""The GB200 NVL72 entries (studies/catalog/devices/gpus.yaml ``gb200``,
+studies/catalog/systems/gb200.yaml): the datasheet's rack figures divided by its 72 GPUs, a job
+of up to 64 GPUs in one NVLink domain, a larger one in racks of 64 joined by InfiniBand."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.catalog import load_catalog
+from planner.errors import PlannerUsageError
+from simcore import estimate
+from simcore.specs import Strategy, TrainingSpec
+
+GB = 1e9
+
+
+@pytest.fixture(autouse=True)
+def no_user_catalog(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLANNER_CATALOG", str(tmp_path / "user-catalog"))
+
+
+def test_the_device_is_the_nvl72_datasheet_per_gpu() -> None:
+    """GB200 NVL72 datasheet, per rack of 72 GPUs: 360 PFLOPS FP16/BF16 and 720 PFLOPS FP8, both
+    with 2:4 sparsity (half dense), 13.4 TB of HBM3e at 576 TB/s."""
+    gpu = load_catalog().device("gb200")
+    assert gpu.peak_flops_per_s == pytest.approx(360e15 / 2 / 72, rel=1e-3)  # 2,500 TFLOPS
+    assert gpu.fp8_peak_flops_per_s == pytest.approx(720e15 / 2 / 72, rel=1e-3)
+    assert gpu.hbm_bytes == pytest.approx(13.4e12 / 72, rel=1e-3)  # 186 GB
+    assert gpu.hbm_bandwidth_bytes_per_s == pytest.approx(576e12 / 72)
+    b200 = load_catalog().device("b200")  # the same chip: its constants, not fitted anew
+    assert (gpu.matmul_efficiency, gpu.fused_attention_efficiency, gpu.sm_count) == (
+        b200.matmul_efficiency, b200.fused_attention_efficiency, b200.sm_count)
+
+
+def test_up_to_64_gpus_are_one_nvlink_domain_and_more_are_racks_of_64() -> None:
+    catalog = load_catalog()
+    rack = catalog.system("dgx-gb200-64")
+    assert [d.npus for d in rack.network.dims] == [64]
+    assert rack.network.dims[0].bandwidth_bytes_per_s == pytest.approx(965 * GB)  # DGX B200's
+    four = catalog.system("dgx-gb200-256")
+    assert [d.npus for d in four.network.dims] == [64, 4]
+    assert four.network.dims[1].bandwidth_bytes_per_s == pytest.approx(42.5 * GB)
+    assert [d.npus for d in catalog.system("dgx-gb200-8").network.dims] == [8]
+    with pytest.raises(PlannerUsageError, match="64"):
+        catalog.system("dgx-gb200-96")  # one and a half racks
+
+
+def test_tp_16_stays_on_nvlink_in_a_rack_but_crosses_infiniband_between_two_dgx_b200s() -> None:
+    """GPT-3 175B (96 heads) at tp 16: on an NVL72 rack its all-gathers and reduce-scatters stay
+    on NVLink (965 GB/s a GPU); between two DGX B200 nodes each adds a phase over InfiniBand
+    (42.5 GB/s a GPU) to the same in-node phase, so the tp time is longer there, and the step."""
+    catalog = load_catalog()
+    model = catalog.model("gpt3-175b")
+    training = TrainingSpec(global_batch=64, seq_len=2048)
+    plan = Strategy(dp=4, tp=16, pp=1, micro_batch=1)
+    rack = estimate(model, catalog.system("dgx-gb200-64"), training, plan)
+    boxes = estimate(model, catalog.system("dgx-b200-64"), training, plan)
+    assert rack.time.tp < boxes.time.tp
+    assert rack.step_time < boxes.step_time

@@ -96,9 +96,10 @@ EARLIER_CHECKS_MEMORY_MEDIAN = 0.03  # measured 2.3% (4.1% before KempnerForge's
 ALL_CHECKS_OVER_MEMORY = 0
 # measured 1.0% over 26 groups (the target: 3%; 28 before moe-check's rows named their
 # releases, which keeps Qwen3-30B-A3B's two containers apart, 27 before h100-megatron-check's
-# did, which keeps Megatron-Bridge's 70B from NeMo AutoModel's on 64 H100s). It was 3.4% when Jean Zay's 2024
-# sequence-4096 runs joined (their six groups 12.5%: a micro-batch-1 plan picked in each), 2.6%
-# on them since launch blocking's host time; the files before them 0.7% over 20 groups.
+# did, which keeps Megatron-Bridge's 70B from NeMo AutoModel's on 64 H100s). It was 3.4% when
+# Jean Zay's 2024 sequence-4096 runs joined (their six groups 12.5%: a micro-batch-1 plan picked
+# in each), 2.6% on them since launch blocking's host time; the files before them 0.7% over 20
+# groups.
 ALL_CHECKS_REGRET = 0.015
 EARLIER_CHECKS_REGRET = 0.015
 # Jean Zay's 2024 runs (README, "Jean Zay's 2024 runs"): what the estimate reaches on them,

@@ -48,6 +48,7 @@ def test_up_to_64_gpus_are_one_nvlink_domain_and_more_are_racks_of_64() -> None:
     assert [d.npus for d in four.network.dims] == [64, 4]
     assert four.network.dims[1].bandwidth_bytes_per_s == pytest.approx(42.5 * GB)
     assert [d.npus for d in catalog.system("dgx-gb200-8").network.dims] == [8]
+    assert [d.npus for d in catalog.system("dgx-gb200-72").network.dims] == [72]  # a whole rack
     with pytest.raises(PlannerUsageError, match="64"):
         catalog.system("dgx-gb200-96")  # one and a half racks
 

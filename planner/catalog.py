@@ -87,10 +87,8 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
     kv = e.get("kv_heads")
     if kv is not None:
         kv = integer(path, f"{name}.kv_heads", kv, minimum=1)
-    default_act = {Family.LLAMA: Activation.SWIGLU, Family.MLP: Activation.RELU,
-                   Family.STAGE: Activation.NONE}.get(family, Activation.GELU)
-    activation = choice(path, f"{name}.activation", e.get("activation", default_act.value),
-                        Activation)
+    activation = (choice(path, f"{name}.activation", e["activation"], Activation)
+                  if "activation" in e else None)  # None: the family's (ModelSpec)
     tied = e.get("tied_embeddings", family is Family.GPT)
     if not isinstance(tied, bool):
         raise fail(path, f"{name}.tied_embeddings", f"must be true or false, but got {tied!r}")

@@ -31,7 +31,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   Megatron-LM's; ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
   at its peak, not 4; ``replicated``, KempnerForge's on the gathered 16-bit logits; ``nanotron``,
   nanotron's fp32 logits and their shifted copy, 8 bytes; ``fused``), ``overlap_grad_reduce``
-  (true), ``grad_bytes`` (2),
+  (true), ``grad_bytes`` (2), ``optimizer_bytes`` (the optimizer state's bytes a parameter with
+  master weights: 12, Adam's fp32 master copy, momentum and variance; 6 for Apex's
+  DistributedFusedAdam with ``dtype: bf16``, its parameter copy and both moments in bf16),
   ``grad_copy`` (true/false: the 16-bit ``.grad`` kept beside the accumulation buffer, as
   DeepSpeed's BF16_Optimizer keeps it; false), ``launch_blocking`` (true/false: the run set
   ``CUDA_LAUNCH_BLOCKING=1``; false), ``master_weights`` (true/false: false for pure 16-bit
@@ -95,6 +97,7 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "sequence_parallel", 
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
             "transformer_engine", "recompute_early_stop", "selective_recompute",
             "cross_entropy", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
+            "optimizer_bytes",
             "grad_copy", "launch_blocking", "master_weights", "fsdp_no_sync", "swiglu_fusion",
             "vocab_parallel_embedding", "hbm_gb",
             "memory_measured", "release", "name", "source", "notes")
@@ -321,6 +324,7 @@ def _training(row: dict[str, str]) -> TrainingSpec:
     return _built(lambda: TrainingSpec(
         global_batch=_integer(row, "global_batch"), seq_len=_integer(row, "seq_len"),
         bytes_per_param_grads=_integer(row, "grad_bytes", 2),
+        bytes_per_param_optimizer=_integer(row, "optimizer_bytes", 12),
         overlap_grad_reduce=True if overlap is None else overlap,
         flash_attention=_boolean(row, "flash_attention"),
         transformer_engine=_boolean(row, "transformer_engine"),

@@ -82,8 +82,8 @@ _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
-_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "recompute_modules", *TRAINING_FLAGS,
-                      *TRAINING_CHOICES}
+_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "optimizer_bytes", "recompute_modules",
+                      *TRAINING_FLAGS, *TRAINING_CHOICES}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
                 "ep", "etp", "ep_overlap", "ep_dedup", "recompute_layers"}
@@ -137,6 +137,10 @@ class StudyConfig:
             **({"recompute_early_stop": self.training.recompute_early_stop}
                if self.training.recompute_early_stop is not None else {}),
             **({"grad_copy": True} if self.training.grad_copy else {}),
+            **({"grad_bytes": self.training.bytes_per_param_grads}
+               if self.training.bytes_per_param_grads != 2 else {}),
+            **({"optimizer_bytes": self.training.bytes_per_param_optimizer}
+               if self.training.bytes_per_param_optimizer != 12 else {}),
             **({"master_weights": False} if not self.training.master_weights else {}),
             **({"fsdp_no_sync": True} if self.training.fsdp_no_sync else {}),
             **({"swiglu_fusion": False} if not self.training.swiglu_fusion else {}),
@@ -362,9 +366,11 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     batch = integer(path, "training.global_batch", t["global_batch"], minimum=1)
     seq_len = integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1)
     grad_bytes = integer(path, "training.grad_bytes", t.get("grad_bytes", 2), minimum=1)
+    optimizer_bytes = integer(path, "training.optimizer_bytes", t.get("optimizer_bytes", 12),
+                              minimum=1)
     training = spec_or_fail(path, "training", lambda: TrainingSpec(
         **chosen, **flags, recompute_modules=modules, global_batch=batch, seq_len=seq_len,
-        bytes_per_param_grads=grad_bytes))
+        bytes_per_param_grads=grad_bytes, bytes_per_param_optimizer=optimizer_bytes))
     refused = recompute_modules_problem(model, training)
     if refused is not None:
         raise fail(path, "training.recompute_modules", refused)

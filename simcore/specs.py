@@ -88,6 +88,11 @@ class Activation(_Named):
     NONE = "none"
 
 
+_FAMILY_ACTIVATION = {Family.LLAMA: Activation.SWIGLU, Family.MLP: Activation.RELU,
+                      Family.STAGE: Activation.NONE}
+"""A family's MLP activation where a model does not name one (GPT's GELU otherwise)."""
+
+
 class Recompute(_Named):
     """Activation recomputation (Korthikanti et al. 2022)."""
 
@@ -318,7 +323,9 @@ class ModelSpec:
     """Sequence length the model is trained at (training may override)."""
     kv_heads: int | None = None
     """Key/value heads for grouped-query attention; None means heads (multi-head attention)."""
-    activation: Activation = Activation.GELU
+    activation: Activation | None = None
+    """The MLP's activation; None takes the family's: SwiGLU for Llama (three matrices), ReLU
+    for the DistIR MLP, none for STAGE's transformer, GELU for GPT."""
     tied_embeddings: bool = False
     """True if the LM head reuses the input embedding matrix (GPT); False for Llama."""
     moe: MoESpec | None = None
@@ -346,6 +353,9 @@ class ModelSpec:
     ``attn_pdrop`` default to 0, and PyTorch's dropout at p = 0 returns its input)."""
 
     def __post_init__(self) -> None:
+        if self.activation is None:
+            object.__setattr__(self, "activation", _FAMILY_ACTIVATION.get(self.family,
+                                                                          Activation.GELU))
         for name in ("layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"):
             _positive(name, getattr(self, name))
         for name in ("attention_head_dim", "attention_params", "mla_latent", "mla_up_params"):

@@ -162,6 +162,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
+    t.add_argument("--optimizer-bytes", type=int, default=12,
+                   help="optimizer state bytes per parameter with master weights (12: Adam's"
+                   " fp32 master copy, momentum and variance, the default; 6: Apex's"
+                   " DistributedFusedAdam with dtype bf16, as NeMo's Nemotron recipes run it)")
     t.add_argument("--recompute-modules", nargs="+", metavar="MODULE", default=None,
                    choices=[m.value for m in RecomputeModule],
                    help="what --recompute selective runs again, as Megatron-LM's"
@@ -306,6 +310,7 @@ class EstimateCommand(BaseCommand):
             training = TrainingSpec(global_batch=args.global_batch,
                                     seq_len=args.seq_len if args.seq_len is not None else model.seq_len,
                                     bytes_per_param_grads=args.grad_bytes,
+                                    bytes_per_param_optimizer=args.optimizer_bytes,
                                     flash_attention=args.flash_attention,
                                     transformer_engine=args.transformer_engine,
                                     recompute_early_stop=args.recompute_early_stop,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simcore.specs import Family, ModelSpec
+from simcore.specs import Activation, Family, ModelSpec
 
 __all__ = ["LayerShape", "layer_shape"]
 
@@ -53,13 +53,13 @@ def layer_shape(model: ModelSpec) -> LayerShape:
                    else 2 * h * q + 2 * h * kv)  # Q, O and the (grouped) K, V
     if model.family is Family.LLAMA:
         attention = projections  # no biases
-        mlp = 3 * h * f  # gate, up and down projections (SwiGLU)
+        mlp = (3 if model.activation is Activation.SWIGLU else 2) * h * f  # SwiGLU: gate, up, down
         other = 2 * h  # two RMSNorm weights
         embedding = model.vocab * h
         head = model.vocab * h + h  # untied LM head + final RMSNorm
     else:
         attention = projections
-        mlp = (3 if model.activation.value == "swiglu" else 2) * h * f
+        mlp = (3 if model.activation is Activation.SWIGLU else 2) * h * f
         other = (q + 2 * kv) + h + f + h + 4 * h  # QKV, proj, fc1, fc2 biases; two LayerNorms
         embedding = model.vocab * h + model.seq_len * h  # learned positions (Narayanan Eq. 2)
         head = model.vocab * h + 2 * h  # tied or not, the last stage holds V x h and a LayerNorm

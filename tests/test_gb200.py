@@ -34,9 +34,12 @@ def test_the_device_is_the_nvl72_datasheet_per_gpu() -> None:
     assert gpu.fp8_peak_flops_per_s == pytest.approx(720e15 / 2 / 72, rel=1e-3)
     assert gpu.hbm_bytes == pytest.approx(13.4e12 / 72, rel=1e-3)  # 186 GB
     assert gpu.hbm_bandwidth_bytes_per_s == pytest.approx(576e12 / 72)
-    b200 = load_catalog().device("b200")  # the same chip: its constants, not fitted anew
+    b200 = load_catalog().device("b200")  # the same chip: its constants but the TE GEMM rate
     assert (gpu.matmul_efficiency, gpu.fused_attention_efficiency, gpu.sm_count) == (
         b200.matmul_efficiency, b200.fused_attention_efficiency, b200.sm_count)
+    # fit on gb200-fit.csv (tests/test_validation_set.py): about the B200 entry's GEMM rate a GPU
+    assert gpu.fused_matmul_efficiency * gpu.peak_flops_per_s == pytest.approx(
+        b200.matmul_efficiency * b200.peak_flops_per_s, rel=0.02)
 
 
 def test_up_to_64_gpus_are_one_nvlink_domain_and_more_are_racks_of_64() -> None:
@@ -69,9 +72,10 @@ def test_tp_16_stays_on_nvlink_in_a_rack_but_crosses_infiniband_between_two_dgx_
 
 def test_the_rack_study_holds_megatron_bridges_plan_and_finds_none_slower(capsys) -> None:
     """studies/llama3-405b-gb200-256.yaml: Megatron-Bridge's recipe for Llama 3.1 405B on 256
-    GB200s (tp 4 x pp 16 x vp 4, FP8, the first and last stages 7 layers) measured 56.89 s a step
-    in container 26.04.01 (gb200-check.csv: 1536 x 8192 / (864 x 256)); the estimate of it is
-    within 6% of that, and the exhaustive study's best plan is estimated no slower."""
+    GB200s (tp 4 x pp 16 x vp 4, FP8 current scaling, the first and last stages 7 layers)
+    measured 56.89 s a step in container 26.04.01 (1536 x 8192 / (864 x 256)) and up to 61.98 s in
+    the five other releases of gb200-fit.csv (the device's GEMM rate is fit on them); the estimate
+    of it lies in that range, and the exhaustive study's best plan is estimated no slower."""
     assert main(["estimate", "--model", "llama3-405b", "--system", "dgx-gb200-256", "--dp", "4",
                  "--tp", "4", "--pp", "16", "--micro-batch", "1", "--zero", "1",
                  "--recompute", "none", "--schedule", "interleaved", "--v", "4",
@@ -79,7 +83,7 @@ def test_the_rack_study_holds_megatron_bridges_plan_and_finds_none_slower(capsys
                  "--global-batch", "1536", "--seq-len", "8192", "--grad-bytes", "2",
                  "--json"]) == 0
     recipe = json.loads(capsys.readouterr().out)["step_time"]
-    assert recipe == pytest.approx(1536 * 8192 / (864 * 256), rel=0.06)
+    assert 1536 * 8192 / (864 * 256) <= recipe <= 1536 * 8192 / (793 * 256)  # 56.89-61.98 s
     config = load_study_config(ROOT / "studies" / "llama3-405b-gb200-256.yaml")
     indices = config.space.valid_indices()
     assert indices is not None

@@ -114,7 +114,7 @@ _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_g
                     "overlap_slowdown", "fp8_peak_tflops",
                     "attention_efficiency", "flash_attention", "bf16",
                     "fused_attention_efficiency", "fused_matmul_efficiency",
-                    "transformer_engine"}
+                    "transformer_engine", "host_bandwidth_gbps"}
 
 
 def _flag(path: Path, name: str, entry: dict[str, Any], key: str, default: bool) -> bool:
@@ -134,6 +134,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
     fused = e.get("fused_attention_efficiency")
     fused_matmul = e.get("fused_matmul_efficiency")
     fp8 = e.get("fp8_peak_tflops")
+    host = e.get("host_bandwidth_gbps")
     sm_count = e.get("sm_count", 0)
     return spec_or_fail(path, name, lambda: DeviceSpec(
         name=name,
@@ -149,6 +150,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         fused_matmul_efficiency=(None if fused_matmul is None
                                  else num("fused_matmul_efficiency")),
         transformer_engine=te,
+        host_bandwidth_bytes_per_s=None if host is None else num("host_bandwidth_gbps") * GB,
         bf16=bf16,
         peak_flops_per_s=num("peak_tflops") * 1e12,
         hbm_bytes=num("hbm_gb") * GB,

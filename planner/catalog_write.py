@@ -129,6 +129,8 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         entry["fused_matmul_efficiency"] = device.fused_matmul_efficiency
     if device.transformer_engine:
         entry["transformer_engine"] = True
+    if device.host_bandwidth_bytes_per_s is not None:
+        entry["host_bandwidth_gbps"] = _scaled(device.host_bandwidth_bytes_per_s, GB)
     if not device.bf16:
         entry["bf16"] = False
     return entry

@@ -167,7 +167,8 @@ def strategy_from_attrs(a: dict[str, Any]) -> Strategy:
                     ep=_layers(a.get("ep")) or 1, etp=_layers(a.get("etp")),
                     ep_overlap=_flag(a.get("ep_overlap")), ep_dedup=_flag(a.get("ep_dedup")),
                     layout=_layout(a.get("layout")),
-                    recompute_layers=_layers(a.get("recompute_layers")))
+                    recompute_layers=_layers(a.get("recompute_layers")),
+                    offload_layers=_layers(a.get("offload_layers")))
 
 
 def _layout(value: Any) -> tuple[int, ...] | None:
@@ -178,7 +179,8 @@ def _layout(value: Any) -> tuple[int, ...] | None:
 
 
 def _layers(value: Any) -> int | None:
-    """A stored first/last stage's layer count, HSDP shard group or recompute_layers; plans
+    """A stored first/last stage's layer count, HSDP shard group, recompute_layers or
+    offload_layers; plans
     without one hold none (pandas: NaN)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
@@ -250,7 +252,7 @@ _STRATEGY_FIELDS = set(strategy_dict(Strategy()))
 _UNEVEN = {"first_stage_layers", "last_stage_layers", "layout"}
 _COUNTS = ("dp", "tp", "pp", "sp", "zero", "micro_batch", "v")
 _WHOLE = _COUNTS + ("first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp",
-                    "recompute_layers")
+                    "recompute_layers", "offload_layers")
 """The strategy's counts (``_COUNTS`` always, the others where set): a plan file's must be whole
 numbers (YAML's 4.9 or true is refused, not truncated)."""
 

@@ -41,7 +41,8 @@ def strategy_attrs(s: Strategy) -> dict[str, Any]:
     """The strategy as a trial stores it; ``precision`` only when it is not bf16, so bf16
     trials are stored as before fp8 (and read back as bf16), and ``first_stage_layers`` /
     ``last_stage_layers`` only when set (even stages are stored as before), and ``shard_group``
-    (HSDP), ``ep`` and ``etp`` (experts) and ``recompute_layers`` only when set."""
+    (HSDP), ``ep`` and ``etp`` (experts), ``recompute_layers`` and ``offload_layers`` only
+    when set."""
     out = {"dp": s.dp, "tp": s.tp, "pp": s.pp, "sp": s.sp, "zero": int(s.zero),
            "recompute": s.recompute.value, "micro_batch": s.micro_batch,
            "schedule": s.schedule.value, "v": s.v,
@@ -50,7 +51,7 @@ def strategy_attrs(s: Strategy) -> dict[str, Any]:
     if s.precision is not Precision.BF16:
         out["precision"] = s.precision.value
     for name in ("first_stage_layers", "last_stage_layers", "shard_group", "etp",
-                 "recompute_layers"):
+                 "recompute_layers", "offload_layers"):
         if getattr(s, name) is not None:  # only when set
             out[name] = getattr(s, name)
     if s.layout is not None:  # Megatron's layout string

@@ -55,10 +55,11 @@ def frame(evaluator: Evaluator, strategies: Sequence[Strategy]) -> pd.DataFrame:
 _KNOBS = ("dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
           "placement", "sequence_parallel", "precision", "first_stage_layers",
           "last_stage_layers", "shard_group", "ep", "etp", "ep_overlap", "ep_dedup",
-          "recompute_layers")
+          "recompute_layers", "offload_layers")
 _OPTIONAL = {"precision": Precision.BF16.value, "first_stage_layers": None,
              "last_stage_layers": None, "shard_group": None, "ep": 1, "etp": None,
-             "ep_overlap": None, "ep_dedup": None, "recompute_layers": None}
+             "ep_overlap": None, "ep_dedup": None, "recompute_layers": None,
+             "offload_layers": None}
 """Attributes a trial stores only when they differ from this
 (:func:`planner.record.strategy_attrs`)."""
 _NOT_ATTRS = ("number", "state")
@@ -89,6 +90,7 @@ def _strategy_columns(strategies: Sequence[Strategy]) -> dict[str, Any]:
                                dtype="Int64"),  # 1 or none, as the nullable columns beside it
         "ep_dedup": pd.array([1 if o else None for o in cols["ep_dedup"]], dtype="Int64"),
         "recompute_layers": pd.array(list(cols["recompute_layers"]), dtype="Int64"),
+        "offload_layers": pd.array(list(cols["offload_layers"]), dtype="Int64"),
     }
 
 

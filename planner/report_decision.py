@@ -34,6 +34,7 @@ PARTS = {
     "bubble": "the pipeline bubble",
     "optimizer": "the optimizer step",
     "comm": "exposed communication",
+    "offload": "activation offloading's copies",
 }
 """Each time part of a stored trial (``time_<part>_s``) in words."""
 

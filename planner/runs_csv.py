@@ -9,7 +9,9 @@ Columns (a header row, any order; names as below, case-insensitive):
 - optional: ``sp`` (context parallel, 1), ``zero`` (0-3 or ``fsdp``; 0), ``recompute`` (none,
   selective, full; none), ``recompute_layers`` (with ``recompute`` full: the layers of each
   pipeline stage, or model chunk, that recompute, Megatron-LM's ``--recompute-method block
-  --recompute-num-layers``; empty: all), ``sequence_parallel`` (true/false; true),
+  --recompute-num-layers``; empty: all), ``offload_layers`` (with pp 1 and no recompute: the
+  layers that offload their activations to host memory, Megatron-Core's
+  ``--cpu-offloading-num-layers``; empty: none), ``sequence_parallel`` (true/false; true),
   ``schedule`` (1f1b, gpipe,
   interleaved, zb-h1, zbv; interleaved when ``v`` > 1, else 1f1b), ``v`` (1; 2 for zbv),
   ``placement`` (axes innermost first, e.g. ``tp-sp-dp-pp``; commas need the field quoted),
@@ -92,7 +94,8 @@ __all__ = ["MEASURED", "OPTIONAL", "REQUIRED", "MeasuredRun", "SkippedRun", "rea
 
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
 MEASURED = ("step_time_s", "peak_memory_gb")
-OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "sequence_parallel", "schedule", "v",
+OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "offload_layers",
+            "sequence_parallel", "schedule", "v",
             "placement", "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
             "transformer_engine", "recompute_early_stop", "selective_recompute",
@@ -297,6 +300,7 @@ def _strategy(row: dict[str, str]) -> Strategy:
         ep_overlap=bool(_boolean(row, "ep_overlap")),
         ep_dedup=bool(_boolean(row, "ep_dedup")), layout=layout,
         recompute_layers=_optional_integer(row, "recompute_layers"),
+        offload_layers=_optional_integer(row, "offload_layers"),
     ))
 
 

@@ -86,7 +86,7 @@ _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "optimizer_bytes", "recompute_mod
                       *TRAINING_FLAGS, *TRAINING_CHOICES}
 _SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
                 "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
-                "ep", "etp", "ep_overlap", "ep_dedup", "recompute_layers"}
+                "ep", "etp", "ep_overlap", "ep_dedup", "recompute_layers", "offload_layers"}
 _POWERS = ("powers_of_two", "powers of two")
 DEFAULT_N_TRIALS = 200
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
@@ -172,6 +172,8 @@ class StudyConfig:
                 **({"shard_group": list(sp.shard_group)} if sp.shard_group != (0,) else {}),
                 **({"recompute_layers": list(sp.recompute_layers)}
                    if sp.recompute_layers != (0,) else {}),
+                **({"offload_layers": list(sp.offload_layers)}
+                   if sp.offload_layers != (0,) else {}),
                 **({"ep": list(sp.ep)} if sp.ep != (1,) else {}),
                 **({"etp": ["tp" if e is None else e for e in sp.etp]}
                    if sp.etp != (None,) else {}),
@@ -295,6 +297,14 @@ def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training:
                 and Recompute.FULL not in kw.get("recompute", (Recompute.NONE,))):
             raise fail(path, "space.recompute_layers", "it applies to full recompute; add full"
                        " to space.recompute, e.g. recompute: [none, full]")
+    if "offload_layers" in e:  # layers that offload their activations to host memory; 0: none
+        kw["offload_layers"] = tuple(dict.fromkeys(
+            integer(path, "space.offload_layers", k, minimum=0)
+            for k in _list(path, "space.offload_layers", e["offload_layers"])))
+        if any(kw["offload_layers"]) and system.device.host_bandwidth_bytes_per_s is None:
+            raise fail(path, "space.offload_layers", f"device {system.device.name} has no"
+                       " host_bandwidth_gbps in its catalog entry (its link to host memory);"
+                       " add it or drop offload_layers")
     _experts(path, e, model, n, kw)
     space = StrategySpace(model=model, system=system, training=training, convention=convention,
                           framework=framework, **kw)

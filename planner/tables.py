@@ -18,10 +18,10 @@ __all__ = ["KNOBS", "PLACEMENTS", "OPTIONAL_KNOBS", "best_frame", "format_best",
 KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
          "placement", "sequence_parallel", "precision"]
 OPTIONAL_KNOBS = ["first_stage_layers", "last_stage_layers", "shard_group", "ep", "etp",
-                  "ep_overlap", "ep_dedup", "recompute_layers"]
-"""Stored only on plans with uneven pipeline stages, an HSDP shard group, expert parallelism or
-partial recompute (:func:`planner.record.strategy_attrs`), so a study's table has these columns
-only when it holds such plans."""
+                  "ep_overlap", "ep_dedup", "recompute_layers", "offload_layers"]
+"""Stored only on plans with uneven pipeline stages, an HSDP shard group, expert parallelism,
+partial recompute or activation offloading (:func:`planner.record.strategy_attrs`), so a
+study's table has these columns only when it holds such plans."""
 _FIRST = ["number", "state", "plan", *KNOBS, *OPTIONAL_KNOBS, "feasible", "step_time_s",
           "peak_memory_gb"]
 _LAST = ["reason"]

@@ -67,11 +67,14 @@ def _layout_label(s: Strategy) -> str:
 def strategy_label(s: Strategy) -> str:
     """One line naming every knob, e.g. ``dp8-tp8-pp16-sp1 mb1 interleaved-v5 selective zero1``
     (``first7 last7``: uneven pipeline stages; ``shard16``: HSDP shard group; ``ep8 etp1``:
-    expert parallelism; ``full-of4``: four layers of each stage or chunk recompute)."""
+    expert parallelism; ``full-of4``: four layers of each stage or chunk recompute;
+    ``offload40``: forty layers offload their activations)."""
     parts = [_layout_text(s.dp, s.tp, s.pp, s.sp), f"mb{s.micro_batch}",
              _pipeline_text(s.schedule, s.v), _knobs_text(s.recompute, s.zero)]
     if s.recompute_layers is not None:
         parts[-1] = parts[-1].replace("full", f"full-of{s.recompute_layers}", 1)
+    if s.offload_layers is not None:
+        parts.append(f"offload{s.offload_layers}")
     if not s.sequence_parallel:
         parts.append("no-seqpar")
     if s.precision is not Precision.BF16:
@@ -138,6 +141,7 @@ class LayoutEncoding:
             "ep_overlap": list(sp.ep_overlap),
             "ep_dedup": list(sp.ep_dedup),
             "recompute_layers": list(sp.recompute_layers),
+            "offload_layers": list(sp.offload_layers),
         }
         return {k: v for k, v in knobs.items() if len(v) > 1}
 
@@ -167,6 +171,8 @@ class LayoutEncoding:
             full["ep_dedup"] = s.ep_dedup
         if "recompute_layers" in self._choices:
             full["recompute_layers"] = s.recompute_layers or 0
+        if "offload_layers" in self._choices:
+            full["offload_layers"] = s.offload_layers or 0
         return {k: full[k] for k in self._choices}
 
     def suggest(self, trial: optuna.Trial) -> Strategy:

@@ -287,6 +287,15 @@ def _deepspeed_layers(model: ModelSpec) -> str | None:
     return None
 
 
+_NO_OFFLOAD = ("offload_layers {n}: {framework} has no option to offload the first layers'"
+               " activations to host memory (Megatron-Core's --cpu-offloading-num-layers);"
+               " export for megatron")
+"""Activation offloading of some layers is Megatron-Core's (``model_parallel_config.py``
+``cpu_offloading_num_layers``, d98e8a64); torchtitan (b5bcd76c) offloads nothing of a layer's
+activations, DeepSpeed's ``cpu_checkpointing`` only the checkpointed layer inputs of a full
+recompute."""
+
+
 def _megatron(s: Strategy) -> str | None:
     # megatron/core/pipeline_parallel/schedules.py (d98e8a64) get_forward_backward_func: no
     # pipelining, 1F1B (forward_backward_pipelining_without_interleaving) or interleaved 1F1B;
@@ -301,6 +310,8 @@ def _megatron(s: Strategy) -> str | None:
 
 
 def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
+    if s.offload_layers is not None:
+        return _NO_OFFLOAD.format(n=s.offload_layers, framework="torchtitan")
     # torchtitan/distributed/pipeline_parallel.py (b5bcd76c): a multi-stage schedule class (its
     # zero-bubble ones) "requires at least 2 stages per rank"; ZB-H1 has one.
     if s.schedule is Schedule.ZB_H1:
@@ -336,6 +347,8 @@ def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
 
 
 def _deepspeed(s: Strategy, bf16: bool) -> str | None:
+    if s.offload_layers is not None:
+        return _NO_OFFLOAD.format(n=s.offload_layers, framework="Megatron-DeepSpeed")
     # deepspeed/runtime/pipe/engine.py (edaa7221): ZeRO-2 and ZeRO-3 are incompatible with the
     # pipeline engine.
     offers = "ZeRO 1 (in bf16; ZeRO 0 too in fp16)" if bf16 else "ZeRO 0 or 1"

@@ -161,6 +161,11 @@ class StrategySpace:
     """Partial full recompute (:attr:`simcore.specs.Strategy.recompute_layers`): the layers of
     each model chunk that recompute; 0 recomputes them all. A count applies to recompute=full
     plans whose even chunk (layers / (pp v)) holds more layers than it (else it is the 0 plan)."""
+    offload_layers: tuple[int, ...] = (0,)
+    """Activation offloading (:attr:`simcore.specs.Strategy.offload_layers`): the layers that
+    copy their activations to host memory; 0 offloads none. A count applies to plans Megatron
+    offloads in (pp 1, no recompute, fewer than the model's layers) on a device whose entry
+    gives its host link, in the megatron convention."""
 
     @property
     def devices(self) -> int:
@@ -198,23 +203,34 @@ class StrategySpace:
     def candidates(self) -> Iterator[Strategy]:
         """Every combination of the allowed values with the right product, valid or not."""
         for (layout, zero, rc, mb, pipe, place, seqpar, precision, short, group, expert,
-             partial) in itertools.product(
+             partial, offload) in itertools.product(
                 self.layouts(), self.zero, self.recompute, self.micro_batch, self.pipelines(),
                 self.placement, self.sequence_parallel, self.precision, self.uneven,
-                self.shard_group, self.experts(), self.recompute_layers):
+                self.shard_group, self.experts(), self.recompute_layers, self.offload_layers):
             ends = self._ends(layout.pp, short)
             ep, etp, ov, dedup = expert
             if (ends == -1 or not _shard_group_ok(layout, zero, group)
                     or not _experts_ok(layout, ep, etp, self.etp)
-                    or not self._partial_ok(layout.pp, pipe.v, rc, partial)):
+                    or not self._partial_ok(layout.pp, pipe.v, rc, partial)
+                    or not self._offload_ok(layout.pp, rc, offload)):
                 continue  # no split with the ends this much shorter, no such shard group,
-                # expert grid or partial recompute
+                # expert grid, partial recompute or offloading
             yield Strategy(dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=zero,
                            recompute=rc, micro_batch=mb, schedule=pipe.schedule, v=pipe.v,
                            placement=place, sequence_parallel=seqpar, precision=precision,
                            first_stage_layers=ends, last_stage_layers=ends,
                            shard_group=group or None, ep=ep, etp=etp, ep_overlap=ov,
-                           ep_dedup=dedup, recompute_layers=partial or None)
+                           ep_dedup=dedup, recompute_layers=partial or None,
+                           offload_layers=offload or None)
+
+    def _offload_ok(self, pp: int, recompute: Recompute, offload: int) -> bool:
+        """Whether ``offload_layers`` = ``offload`` makes a plan: 0 always; else with pp 1, no
+        recompute and fewer than the model's layers, on a device with a host link, in the
+        megatron convention (:func:`simcore.megatron.checks.check_plan` says why not)."""
+        return offload == 0 or (pp == 1 and recompute is Recompute.NONE
+                                and self.convention is Convention.MEGATRON
+                                and offload < self.model.layers
+                                and self.system.device.host_bandwidth_bytes_per_s is not None)
 
     def _partial_ok(self, pp: int, v: int, recompute: Recompute, partial: int) -> bool:
         """Whether ``recompute_layers`` = ``partial`` makes a plan of its own: 0 always; else
@@ -237,7 +253,8 @@ class StrategySpace:
         return (len(self.layouts()) * len(self.zero) * len(self.recompute)
                 * len(self.micro_batch) * len(self.pipelines()) * len(self.placement)
                 * len(self.sequence_parallel) * len(self.precision) * len(self.uneven)
-                * len(self.shard_group) * len(self.experts()) * len(self.recompute_layers))
+                * len(self.shard_group) * len(self.experts()) * len(self.recompute_layers)
+                * len(self.offload_layers))
 
     # -- validity ------------------------------------------------------------------------------
     def reason_invalid(self, strategy: Strategy) -> str | None:
@@ -288,7 +305,7 @@ class StrategySpace:
         from simcore.megatron.bounds import PARTIAL_RECOMPUTE, RECOMPUTE_CODES, SCHEDULE_CODES
 
         layouts, pipes = self.layouts(), self.pipelines()
-        li, zi, ri, mi, pi, _, si, qi, ui, hi, _, ki = np.unravel_index(
+        li, zi, ri, mi, pi, _, si, qi, ui, hi, _, ki, oi = np.unravel_index(
             np.asarray(flat, np.int64), self._shape())
         lay = np.array([(x.dp, x.tp, x.pp, x.sp) for x in layouts], np.int64)[li]
         zero = np.array([int(z) for z in self.zero], np.int64)[zi]
@@ -308,6 +325,7 @@ class StrategySpace:
             "sequence_parallel": np.asarray(self.sequence_parallel, bool)[si],
             "fp8": np.array([q is Precision.FP8 for q in self.precision], bool)[qi],
             "first_stage_layers": np.maximum(ends, 0),
+            "offload_layers": np.asarray(self.offload_layers, np.int64)[oi],
         }
 
     def valid_layouts(self) -> list[Layout]:
@@ -333,7 +351,8 @@ class StrategySpace:
         return (len(self.layouts()), len(self.zero), len(self.recompute),
                 len(self.micro_batch), len(self.pipelines()), len(self.placement),
                 len(self.sequence_parallel), len(self.precision), len(self.uneven),
-                len(self.shard_group), len(self.experts()), len(self.recompute_layers))
+                len(self.shard_group), len(self.experts()), len(self.recompute_layers),
+                len(self.offload_layers))
 
     def _valid_indices(self) -> np.ndarray:
         """Flat indices (into :meth:`_shape`) of the valid candidates, ascending (computed once
@@ -368,22 +387,27 @@ class StrategySpace:
         if self.uneven != (0,):
             shorts = np.asarray(self.uneven, np.int64)[ui]
             ok &= (ends >= 0) & ((shorts == 0) | (self.convention is Convention.MEGATRON))
-        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4], 1, 1, 1)
-        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1, 1, 1, 1)
+        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4], 1, 1, 1, 1)
+        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1, 1, 1, 1, 1)
         hsdp = np.array([[[_shard_group_ok(x, z, k) for k in self.shard_group] for z in self.zero]
                          for x in layouts], bool)
-        ok = ok & hsdp.reshape(len(layouts), len(self.zero), 1, 1, 1, 1, 1, 1, 1, -1, 1, 1)
+        ok = ok & hsdp.reshape(len(layouts), len(self.zero), 1, 1, 1, 1, 1, 1, 1, -1, 1, 1, 1)
         # a dense model (the only kind listed here): no expert parallelism
         dense = np.array([[ep == 1 and (etp is None or etp == x.tp)
                            and _experts_ok(x, ep, etp, self.etp)
                            for ep, etp, _, _ in self.experts()] for x in layouts], bool)
-        ok = ok & dense.reshape(len(layouts), 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, 1)
+        ok = ok & dense.reshape(len(layouts), 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, 1, 1)
         if self.recompute_layers != (0,):
             partial = np.array([[[[self._partial_ok(x.pp, p.v, r, k)
                                    for k in self.recompute_layers] for p in pipes]
                                  for r in self.recompute] for x in layouts], bool)
             ok = ok & partial.reshape(len(layouts), 1, len(self.recompute), 1, len(pipes),
-                                      1, 1, 1, 1, 1, 1, -1)
+                                      1, 1, 1, 1, 1, 1, -1, 1)
+        if self.offload_layers != (0,):
+            offload = np.array([[[self._offload_ok(x.pp, r, k) for k in self.offload_layers]
+                                 for r in self.recompute] for x in layouts], bool)
+            ok = ok & offload.reshape(len(layouts), 1, len(self.recompute), 1, 1, 1, 1, 1, 1,
+                                      1, 1, 1, -1)
         found = np.flatnonzero(np.broadcast_to(ok, self._shape()))
         found.flags.writeable = False
         return found
@@ -399,7 +423,7 @@ class StrategySpace:
         layouts, pipes = self.layouts(), self.pipelines()
         shape = self._shape()
         experts = self.experts()
-        for li, zi, ri, mi, pi, ci, si, qi, ui, hi, ei, ki in zip(
+        for li, zi, ri, mi, pi, ci, si, qi, ui, hi, ei, ki, oi in zip(
                 *(a.tolist() for a in np.unravel_index(flat, shape))):
             layout, pipe = layouts[li], pipes[pi]
             ep, etp, overlap, dedup = experts[ei]
@@ -412,7 +436,8 @@ class StrategySpace:
                            precision=self.precision[qi], first_stage_layers=ends,
                            last_stage_layers=ends, shard_group=self.shard_group[hi] or None,
                            ep=ep, etp=etp, ep_overlap=overlap, ep_dedup=dedup,
-                           recompute_layers=self.recompute_layers[ki] or None)
+                           recompute_layers=self.recompute_layers[ki] or None,
+                           offload_layers=self.offload_layers[oi] or None)
 
     def enumerate(self) -> tuple[Strategy, ...]:
         """Every valid strategy exactly once."""

@@ -39,12 +39,15 @@ class TimeParts:
     comm: float = 0.0
     """Exposed communication not split by kind: the ``stage`` convention replays a trace and,
     as ASTRA-sim, reports its exposure as one figure."""
+    offload: float = 0.0
+    """Exposed activation offloading: copies to host memory and reloads that outlast the
+    layers they run beside."""
 
     @property
     def total(self) -> float:
         # the fields in order, spelled out (a loop over them costs a tenth of an estimate)
         return (self.compute + self.tp + self.sp + self.dp + self.pp + self.fsdp + self.ep
-                + self.bubble + self.optimizer + self.comm)
+                + self.bubble + self.optimizer + self.comm + self.offload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -441,6 +441,10 @@ class DeviceSpec:
     transformer_engine: bool = False
     """Plans with ZeRO 0-1 on this device train with Transformer Engine unless the training says
     otherwise (:attr:`TrainingSpec.transformer_engine`)."""
+    host_bandwidth_bytes_per_s: float | None = None
+    """The device's link to its host's memory, each way (PCIe, or a Grace superchip's
+    NVLink-C2C): what activation offloading copies over (:attr:`Strategy.offload_layers`). None:
+    not known; such a device offloads nothing."""
     overlap_slowdown: float = 0.0
     """Fraction by which compute slows while a collective runs beside it (the two share the SMs
     and HBM: Lee et al. 2025, arXiv:2507.03114, measured 18.9% on average on A100, H100, MI250
@@ -487,6 +491,8 @@ class DeviceSpec:
                              f" overlap_slowdown={self.overlap_slowdown!r}")
         if self.fp8_peak_flops_per_s is not None:
             _positive("fp8_peak_flops_per_s", self.fp8_peak_flops_per_s)
+        if self.host_bandwidth_bytes_per_s is not None:
+            _positive("host_bandwidth_bytes_per_s", self.host_bandwidth_bytes_per_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -724,6 +730,15 @@ class Strategy:
     --recompute-method block --recompute-num-layers N`` runs (``megatron/core/recompute.py``,
     d98e8a64: layer i of a block is checkpointed when i < N, so a chunk of fewer layers
     recomputes them all). None: every layer. Needs recompute=full."""
+    offload_layers: int | None = None
+    """Activation offloading: the first ``offload_layers`` transformer layers copy the
+    activations they keep for backward to host memory as the forward goes on and back before
+    their backward, as Megatron-Core's ``--cpu-offloading --cpu-offloading-num-layers N`` runs
+    (Transformer Engine's ``get_cpu_offload_context``: each layer's copy runs beside the next
+    layer's compute, each reload beside the backward of the layer after it). Megatron-Core
+    refuses it with pipeline parallelism or any activation recompute, and for all the layers
+    (``megatron/core/transformer/transformer_config.py``, d98e8a64), so it needs pp=1,
+    recompute=none and fewer than the model's layers. None: no offloading."""
 
     def __post_init__(self) -> None:
         # The common case in one expression (a million-plan space builds a million of these);
@@ -752,6 +767,8 @@ class Strategy:
             self._check_shard_group()
         if self.recompute_layers is not None:
             self._check_recompute_layers()
+        if self.offload_layers is not None:
+            self._check_offload_layers()
         if self.etp is not None or self.ep > 1:
             self._check_experts()
         if not _is_placement(self.placement):
@@ -789,6 +806,20 @@ class Strategy:
         if self.first_stage_layers is not None or self.last_stage_layers is not None:
             raise ValueError("layout cannot be combined with first_stage_layers /"
                              " last_stage_layers (Megatron refuses both); give one of them")
+
+    def _check_offload_layers(self) -> None:
+        n = self.offload_layers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"`offload_layers >= 1` must hold, but got offload_layers={n!r}"
+                             " (for no offloading leave it unset)")
+        if self.pp != 1:
+            raise ValueError(f"offload_layers={n} needs pp=1 (Megatron-Core offloads"
+                             f" activations only without pipeline parallelism), but got"
+                             f" pp={self.pp}")
+        if self.recompute is not Recompute.NONE:
+            raise ValueError(f"offload_layers={n} needs recompute=none (Megatron-Core does not"
+                             f" offload with activation recompute), but got"
+                             f" recompute={self.recompute}")
 
     def _check_recompute_layers(self) -> None:
         n = self.recompute_layers

@@ -87,11 +87,12 @@ __all__ = [
 ]
 
 PHASES = ("forward", "backward", "recompute", "tp", "sp", "fsdp", "p2p", "dp", "dp overlapped",
-          "optimizer", "compute", "comm", "weight grad", "ep")
+          "optimizer", "compute", "comm", "weight grad", "ep", "offload")
 """What a span of the timeline is; ``Timeline.phase`` indexes this tuple. ``dp overlapped`` is
 the gradient reduction hidden behind the last backward, ``compute`` and ``comm`` the ``stage``
 convention's two totals, ``weight grad`` a zero-bubble schedule's W pass, ``ep`` an MoE
-layer's expert all-to-alls (dispatch and combine)."""
+layer's expert all-to-alls (dispatch and combine), ``offload`` activation offloading's copies
+that outlast the compute beside them."""
 
 _PHASE = {name: i for i, name in enumerate(PHASES)}
 
@@ -428,7 +429,7 @@ class _Spans:
         return tuple(labels[i] for i in used), cols
 
 
-_OP_PARTS = ("recompute", "compute", "tp", "sp", "fsdp", "ep", "p2p")
+_OP_PARTS = ("recompute", "compute", "tp", "sp", "fsdp", "ep", "p2p", "offload")
 """The parts of an op in the order they are drawn (recompute before the backward it feeds)."""
 
 
@@ -525,8 +526,8 @@ def _mlp_timeline(training: TrainingSpec, strategy: Strategy, est: Estimate) -> 
     m = training.global_batch // (strategy.dp * strategy.micro_batch)
     pp, t = strategy.pp, est.time
     compute, tp, p2p = t.compute / m, t.tp / m, t.pp / m
-    fwd = [0.0, compute / 3, tp / 2, 0.0, 0.0, 0.0, p2p / 2]  # backward = 2 x forward
-    bwd = [0.0, 2 * compute / 3, tp / 2, 0.0, 0.0, 0.0, p2p / 2]
+    fwd = [0.0, compute / 3, tp / 2, 0.0, 0.0, 0.0, p2p / 2, 0.0]  # backward = 2 x forward
+    bwd = [0.0, 2 * compute / 3, tp / 2, 0.0, 0.0, 0.0, p2p / 2, 0.0]
     parts = np.broadcast_to(np.array([[fwd], [bwd]]), (pp, 2, 1, len(_OP_PARTS)))
     totals = parts.sum(axis=3)
     schedule = Schedule.GPIPE if strategy.schedule is Schedule.GPIPE else Schedule.ONE_F_ONE_B

@@ -98,6 +98,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="0 none, 1 distributed optimizer / ZeRO-1, 2 ZeRO-2, 3 ZeRO-3 / FSDP")
     g.add_argument("--fsdp", action="store_true", help="same as --zero 3")
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    g.add_argument("--offload-layers", type=int, metavar="N", default=None,
+                   help="the first N layers copy their activations to host memory and back"
+                   " (Megatron-Core's --cpu-offloading --cpu-offloading-num-layers N; needs"
+                   " --pp 1, no recompute and the device's host link; default: none)")
     g.add_argument("--recompute-layers", type=int, metavar="N", default=None,
                    help="with --recompute full: recompute only the first N layers of each"
                    " pipeline stage (of each model chunk with --v > 1), Megatron-LM's"
@@ -193,7 +197,8 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
-                "last_stage_layers", "shard_group", "ep", "etp", "recompute_layers")
+                "last_stage_layers", "shard_group", "ep", "etp", "recompute_layers",
+                "offload_layers")
 """Flags that take a degree or a count: each must be >= 1 when given."""
 
 
@@ -228,6 +233,7 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
             last_stage_layers=args.last_stage_layers, shard_group=args.shard_group,
             ep=args.ep, etp=args.etp, ep_overlap=args.ep_overlap, ep_dedup=args.ep_dedup,
             layout=layout, recompute_layers=args.recompute_layers,
+            offload_layers=args.offload_layers,
         )
     except ValueError as e:
         raise PlannerUsageError(f"strategy: {e}") from None
@@ -378,6 +384,8 @@ def _describe(s: Strategy, layers: int) -> str:
              f"recompute {s.recompute.value}"
              + ("" if s.recompute_layers is None else
                 f" ({s.recompute_layers} layers a {'chunk' if s.v > 1 else 'stage'})")]
+    if s.offload_layers is not None:
+        parts.append(f"{s.offload_layers} layers offload activations")
     if s.zero:
         parts.append("FSDP" if s.zero is ZeroStage.PARAMETERS else f"ZeRO-{int(s.zero)}")
     if s.shard_group is not None:

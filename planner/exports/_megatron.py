@@ -133,6 +133,10 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
                                plan.training.recompute_modules), _data_parallel_args(plan),
                 model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16),
                 megatron_moe_args(plan)]
+    if s.offload_layers is not None:
+        # model_parallel_config.py (d98e8a64): cpu_offloading_num_layers > 0 sets cpu_offloading
+        sections.append([f"# the first {s.offload_layers} layers offload their activations to"
+                         " host memory", f"--cpu-offloading-num-layers {s.offload_layers}"])
     if not plan.training.swiglu_fusion and plan.model.activation is Activation.SWIGLU:
         # SiLU and the product as two kernels (arguments.py: --no-bias-swiglu-fusion)
         sections.append(["--no-bias-swiglu-fusion"])

@@ -27,11 +27,12 @@ PART_NAMES = {
     "dp": "dp comm (exposed)", "pp": "pp comm (exposed)", "fsdp": "fsdp comm (exposed)",
     "ep": "expert all-to-all (exposed)",
     "bubble": "pipeline bubble", "optimizer": "optimizer", "comm": "comm (exposed, all kinds)",
+    "offload": "activation offload (exposed)",
 }
 _COLORS = {
     "compute": "#4C78A8", "tp": "#F58518", "sp": "#E45756", "dp": "#72B7B2", "pp": "#54A24B",
     "fsdp": "#EECA3B", "bubble": "#B279A2", "optimizer": "#9D755D", "comm": "#FF9DA6",
-    "ep": "#D67195",
+    "ep": "#D67195", "offload": "#BAB0AC",
 }
 NO_PLAN = "no feasible plan"
 

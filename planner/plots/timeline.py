@@ -33,7 +33,7 @@ _COLOURS = {
     "forward": "#4C78A8", "backward": "#F58518", "recompute": "#B279A2", "tp": "#54A24B",
     "sp": "#72B7B2", "fsdp": "#EECA3B", "p2p": "#9D755D", "dp": "#E45756",
     "dp overlapped": "#F2A6A7", "optimizer": "#79706E", "compute": "#4C78A8", "comm": "#E45756",
-    "weight grad": "#FFBF79", "ep": "#FF9DA6",
+    "weight grad": "#FFBF79", "ep": "#FF9DA6", "offload": "#BAB0AC",
 }
 _MERGED = "#8C8C8C"
 LEGEND_ROW_PX = 22

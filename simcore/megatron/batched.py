@@ -85,7 +85,7 @@ FIRST, MIDDLE, LAST = 0, 1, 2
 """The stage types (columns of the per-type arrays): stage 0, stage 1 (the middle stages'
 peak, when pp >= 3) and stage pp - 1 (when pp >= 2; with pp = 1 the first stage is the last)."""
 
-_STAGE_FIELDS = ("compute", "tp", "sp", "fsdp", "wgrad", "bwd")
+_STAGE_FIELDS = ("compute", "tp", "sp", "fsdp", "wgrad", "bwd", "offload")
 _MEMORY_FIXED = ("weights", "gradients", "optimizer", "gathered_weights", "comm_buffers",
                  "overhead", "tracked")
 """The memory parts that do not depend on the schedule (activations do, through in-flight)."""
@@ -210,10 +210,12 @@ class _Groups:
         sends = self._sends(g, v)
         stage = self.stage
         present = self.present[g]
-        # _Stage.time: compute + tp + sp + pp + fsdp, per stage type (the first three per group).
+        # _Stage.time: compute + tp + sp + pp + fsdp + offload, per stage type (the first three
+        # per group).
         times = (stage["compute"] + stage["tp"] + stage["sp"])[g]
         times += sends
         times += stage["fsdp"][g]
+        times += stage["offload"][g]
         times[~present] = -np.inf
         slowest = np.argmax(times, axis=1)  # the first of the slowest, as max() picks
         rows = np.arange(len(g))
@@ -239,10 +241,11 @@ class _Groups:
             compute=critical("compute"), tp=critical("tp"), sp=critical("sp"), dp=self.dp[g],
             pp=m * sends[rows, slowest], fsdp=critical("fsdp"), ep=np.zeros(len(g)),
             bubble=pipe - m * t_max,
-            optimizer=self.optimizer[g], comm=np.zeros(len(g)),
+            optimizer=self.optimizer[g], comm=np.zeros(len(g)), offload=critical("offload"),
         )
         step = _sum(getattr(time, name) for name in ("compute", "tp", "sp", "dp", "pp", "fsdp",
-                                                     "ep", "bubble", "optimizer", "comm"))
+                                                     "ep", "bubble", "optimizer", "comm",
+                                                     "offload"))
         memory, peak_memory, peak_stage, fits = self._memory(g, pp, present)
         hbm = self.system.device.hbm_bytes
         capacity = self.peak_flops[g] * step

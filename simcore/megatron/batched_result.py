@@ -27,6 +27,7 @@ class TimeColumns:
     bubble: np.ndarray
     optimizer: np.ndarray
     comm: np.ndarray
+    offload: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)

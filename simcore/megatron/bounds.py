@@ -81,7 +81,7 @@ def lower_bounds(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     ``first_stage_layers`` (0: even stages; else the first and last stages' layers),
     ``recompute`` and ``schedule`` (:data:`RECOMPUTE_CODES` or :data:`PARTIAL_RECOMPUTE`,
     :data:`SCHEDULE_CODES`), and bool
-    arrays ``sequence_parallel`` and ``fp8``."""
+    arrays ``sequence_parallel`` and ``fp8``; optionally ``offload_layers`` (0: none)."""
     if model.moe is not None:
         raise ValueError(f"{model.name}: the bounds cover dense models only")
     c = {k: np.asarray(v) for k, v in columns.items()}
@@ -99,8 +99,11 @@ def lower_bounds(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     step = np.where((schedule == _ZB_H1) | (schedule == _ZBV), m * t_max,
                     (m - 1 / v) * t_max + layers * per_layer / v)
     fp32 = np.array([uses_fp32_shards(system, training, ZeroStage(z)) for z in range(4)])
+    # activation offloading (pp 1): the offloaded layers keep one prefetched layer's
+    offload = c.get("offload_layers", np.zeros_like(first))
+    kept = first - offload + (offload > 0)
     memory = (_states(model, training, c, first, fp32[c["zero"]])
-              + first * stored * _in_flight(c, m))
+              + kept * stored * _in_flight(c, m))
     memory += system.device.memory_overhead_bytes
     return Bounds(step * SAFETY, memory * SAFETY)
 

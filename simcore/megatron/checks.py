@@ -94,6 +94,8 @@ def check_plan(
         problem = fp8_problem(system.device)
         if problem is not None:
             raise ValueError(problem)
+    if s.offload_layers is not None:
+        _check_offload(model, system, s.offload_layers)
     if s.schedule is Schedule.ZB_H1 and s.pp < 2:
         raise ValueError("schedule=zb-h1 needs pp >= 2; use 1f1b with pp=1")
     if s.schedule is Schedule.ZBV:
@@ -107,6 +109,18 @@ def check_plan(
                 f"schedule=interleaved needs the micro-batch count ({m}) to be a multiple of"
                 f" pp={s.pp}; change micro_batch or dp, or use schedule=1f1b"
             )
+
+
+def _check_offload(model: ModelSpec, system: SystemSpec, n: int) -> None:
+    """Activation offloading (:attr:`Strategy.offload_layers`): fewer layers than the model's
+    (Megatron-Core refuses all of them), over a host link the device's entry states."""
+    if n >= model.layers:
+        raise ValueError(f"offload_layers={n} must be below the model's {model.layers} layers"
+                         " (Megatron-Core offloads fewer than all of them)")
+    if system.device.host_bandwidth_bytes_per_s is None:
+        raise ValueError(f"offload_layers needs the device's link to host memory, but"
+                         f" {system.device.name} has no host_bandwidth_gbps in its catalog"
+                         " entry; add it (GB/s each way) or drop offload_layers")
 
 
 def _check_zbv(training: TrainingSpec, s: Strategy) -> None:

@@ -20,7 +20,7 @@ from simcore.megatron.plan import StepPlan
 from simcore.megatron.recompute import modules_again
 from simcore.specs import ZERO_BUBBLE, Recompute, ZeroStage
 
-__all__ = ["dense_layer", "hidden_cost", "layer_of", "moe_layer", "tp_layer_comm"]
+__all__ = ["dense_layer", "hidden_cost", "layer_of", "moe_layer", "tp_layer_comm", "with_offload"]
 
 
 def hidden_cost(p: StepPlan, comm: float, compute: float) -> float:
@@ -39,11 +39,12 @@ def dense_layer(p: StepPlan, plain: bool = False) -> Layer:
     kernels = p.kernels
     # FC2's tp collective is the pair's last call (its all-reduce, or its reduce-scatter)
     tail_comm = p.comm.total(tp_pair_calls(p)[-1:]) if p.early_stop else 0.0
-    return layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
-                    tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
-                    tail=kernels.forward_tail, tail_comm=tail_comm,
-                    per_op=kernels.op_recompute, plain=plain,
-                    modules=modules_again(p, kernels, dense=True))
+    layer = layer_of(p, kernels.forward, kernels.backward, kernels.wgrad, kernels.core_forward,
+                     tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
+                     tail=kernels.forward_tail, tail_comm=tail_comm,
+                     per_op=kernels.op_recompute, plain=plain,
+                     modules=modules_again(p, kernels, dense=True))
+    return with_offload(p, layer, p.act.stored) if p.s.offload_layers else layer
 
 
 def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
@@ -65,8 +66,28 @@ def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
     again = ep if p.s.recompute is Recompute.FULL and not plain else 0.0
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
         hidden = hidden_cost(p, 2 * ep + again, layer.compute)
-        return replace(layer, ep_fwd=0.0, ep_bwd=hidden)
-    return replace(layer, ep_fwd=ep, ep_bwd=ep + again)
+        layer = replace(layer, ep_fwd=0.0, ep_bwd=hidden)
+    else:
+        layer = replace(layer, ep_fwd=ep, ep_bwd=ep + again)
+    if p.s.offload_layers:
+        return with_offload(p, layer, p.moe_act.stored + p.expert_act)
+    return layer
+
+
+def with_offload(p: StepPlan, layer: Layer, stored: float) -> Layer:
+    """``layer`` as the average layer of a model whose first ``offload_layers`` copy the
+    ``stored`` bytes they keep for backward to host memory and back
+    (:attr:`simcore.specs.Strategy.offload_layers`). Each copy runs on a copy engine over the
+    device's host link, beside the next layer's forward; each reload beside the backward of the
+    layer after it (Transformer Engine's ``cpu_offload``: one layer prefetched). What outlasts
+    that compute is exposed; the copy engines take no SMs, so nothing slows beside them."""
+    bandwidth = p.system.device.host_bandwidth_bytes_per_s
+    n = p.s.offload_layers
+    assert bandwidth is not None and n is not None  # checks.check_plan
+    copy = stored / bandwidth
+    share = n / p.model.layers
+    return replace(layer, offload_fwd=share * max(0.0, copy - layer.fwd_compute),
+                   offload_bwd=share * max(0.0, copy - layer.bwd_compute - layer.recompute))
 
 
 def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,

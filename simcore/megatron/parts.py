@@ -33,6 +33,11 @@ class Layer:
     """An MoE layer's all-to-alls (and expert-tp collectives) forward, on the critical path."""
     ep_bwd: float = 0.0
     """Backward (and, under full recompute, the forward's again)."""
+    offload_fwd: float = 0.0
+    """Activation offloading's copies to host memory that outlast the next layer's forward
+    (the average layer's share: :func:`simcore.megatron.layer_step.with_offload`)."""
+    offload_bwd: float = 0.0
+    """Its reloads that outlast the backward they run beside."""
 
     @property
     def compute(self) -> float:
@@ -41,7 +46,8 @@ class Layer:
     @property
     def total(self) -> float:
         return (self.compute + self.tp_fwd + self.tp_bwd + self.sp_fwd + self.sp_bwd
-                + self.fsdp_fwd + self.fsdp_bwd + self.ep_fwd + self.ep_bwd)
+                + self.fsdp_fwd + self.fsdp_bwd + self.ep_fwd + self.ep_bwd
+                + self.offload_fwd + self.offload_bwd)
 
 
 @dataclass(slots=True)
@@ -80,7 +86,9 @@ class Stage:
     """The routed experts' parameters this device holds (split by ep and etp; not in params:
     their states are sharded, and their gradients reduced, over the expert data-parallel
     group)."""
+    offload: float = 0.0
+    """Its activation offloading's exposed copies and reloads."""
 
     @property
     def time(self) -> float:
-        return self.compute + self.tp + self.sp + self.pp + self.fsdp + self.ep
+        return self.compute + self.tp + self.sp + self.pp + self.fsdp + self.ep + self.offload

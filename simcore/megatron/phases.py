@@ -48,11 +48,14 @@ class OpTime:
     runs as a pass of its own (W)."""
     ep: float = 0.0
     """An MoE model's expert all-to-alls (dispatch and combine) on the critical path."""
+    offload: float = 0.0
+    """Activation offloading's copies (forward) or reloads (backward) that outlast the
+    compute they run beside."""
 
     @property
     def total(self) -> float:
         return (self.compute + self.recompute + self.tp + self.sp + self.fsdp + self.p2p
-                + self.ep)
+                + self.ep + self.offload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,20 +87,25 @@ def _chunk_ops(p: StepPlan, layer: Layer, ends: Ends, i: int, compute: float,
     chunks = p.chunk_layers[i]  # layers of each chunk of this stage
     p2p = pp_exposed(p, compute) if s.pp > 1 else 0.0  # ``compute``: the stage's kernels
     fwd = [OpTime(compute=k * layer.fwd_compute, tp=k * layer.tp_fwd, sp=k * layer.sp_fwd,
-                  fsdp=k * layer.fsdp_fwd, p2p=p2p) for k in chunks]
+                  fsdp=k * layer.fsdp_fwd, p2p=p2p, offload=k * layer.offload_fwd)
+           for k in chunks]
     bwd = [OpTime(compute=k * layer.bwd_compute, recompute=k * layer.recompute,
                   tp=k * layer.tp_bwd, sp=k * layer.sp_bwd, fsdp=k * layer.fsdp_bwd, p2p=p2p,
-                  wgrad=k * p.kernels.wgrad) for k in chunks]
+                  wgrad=k * p.kernels.wgrad, offload=k * layer.offload_bwd) for k in chunks]
     if moe is not None and p.stage_moe_layers[i]:
         n = p.stage_moe_layers[i] / v  # of each chunk's layers, MoE ones
         fwd = [replace(op, compute=(k - n) * layer.fwd_compute + n * moe.fwd_compute,
                        tp=(k - n) * layer.tp_fwd + n * moe.tp_fwd, sp=(k - n) * layer.sp_fwd
-                       + n * moe.sp_fwd, ep=n * moe.ep_fwd) for k, op in zip(chunks, fwd)]
+                       + n * moe.sp_fwd, ep=n * moe.ep_fwd,
+                       offload=(k - n) * layer.offload_fwd + n * moe.offload_fwd)
+               for k, op in zip(chunks, fwd)]
         bwd = [replace(op, compute=(k - n) * layer.bwd_compute + n * moe.bwd_compute,
                        recompute=(k - n) * layer.recompute + n * moe.recompute,
                        tp=(k - n) * layer.tp_bwd + n * moe.tp_bwd, sp=(k - n) * layer.sp_bwd
                        + n * moe.sp_bwd, wgrad=(k - n) * p.kernels.wgrad + n * moe.wgrad,
-                       ep=n * moe.ep_bwd) for k, op in zip(chunks, bwd)]
+                       ep=n * moe.ep_bwd,
+                       offload=(k - n) * layer.offload_bwd + n * moe.offload_bwd)
+               for k, op in zip(chunks, bwd)]
     if i == 0:
         embedding = p.comm.total(embedding_calls(p))
         fwd[0] = replace(fwd[0], compute=fwd[0].compute + ends.embedding_fwd,

@@ -49,6 +49,13 @@ def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
             + (n_moe * (p.moe_act_plain.stored + p.expert_act_full - p.moe_act.stored
                         - p.expert_act) if n_moe else 0.0))
         kept += plain
+    if s.offload_layers is not None:
+        # pp 1, one micro-batch at a time: the offloaded layers' copies are done and freed by
+        # the end of the forward, but for the last one, freed as the last layer's forward
+        # ends (Transformer Engine's cpu_offload_v1.py, d0067d0: layer_window_map spreads the
+        # frees over the forward, the last at layer L - 1); the LM head's logits come after it
+        per_layer = kept / stage.layers
+        kept = (stage.layers - s.offload_layers) * per_layer
     activations = kept * flight
     if s.recompute is Recompute.FULL or p.per_op:
         # the layer being recomputed: what it adds to what it keeps (per-op keeps its experts')
@@ -67,7 +74,10 @@ def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
         # Final norm output and LM head input, 4sbh/t (section 4.3), and the loss's logits
         loss = p.training.cross_entropy or CrossEntropy.FUSED
         shard = 1 if loss is CrossEntropy.REPLICATED else t
-        activations += 4 * sbh / t + LOGIT_BYTES[loss] * p.tokens * model.vocab / shard
+        head = 4 * sbh / t + LOGIT_BYTES[loss] * p.tokens * model.vocab / shard
+        if s.offload_layers is not None:  # the last offloaded layer, freed before the head
+            head = max(head, per_layer)
+        activations += head
     return activations
 
 

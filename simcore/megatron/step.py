@@ -161,8 +161,10 @@ def _sums(p: StepPlan, layer: Layer, ends: Ends, layers: int, n_moe: int, first:
         bwd += ends.embedding_bwd
     wgrad = n * p.kernels.wgrad + (ends.head_wgrad if last else 0.0)
     sp, fsdp = n * (layer.sp_fwd + layer.sp_bwd), n * (layer.fsdp_fwd + layer.fsdp_bwd)
+    offload = n * (layer.offload_fwd + layer.offload_bwd)
     if not n_moe:
-        return (layers, params, compute, tp, sp, _sends(p, pp_time, compute), fsdp, bwd, wgrad)
+        return (layers, params, compute, tp, sp, _sends(p, pp_time, compute), fsdp, bwd, wgrad,
+                0.0, 0, 0.0, offload)
     assert moe is not None
     m = n_moe
     ms = p.moe_shape
@@ -174,7 +176,8 @@ def _sums(p: StepPlan, layer: Layer, ends: Ends, layers: int, n_moe: int, first:
             tp + m * (moe.tp_fwd + moe.tp_bwd), sp + m * (moe.sp_fwd + moe.sp_bwd),
             _sends(p, pp_time, compute),
             fsdp, bwd + m * (moe.bwd_compute + moe.recompute + moe.tp_bwd),
-            wgrad + m * moe.wgrad, m * (moe.ep_fwd + moe.ep_bwd), m, experts)
+            wgrad + m * moe.wgrad, m * (moe.ep_fwd + moe.ep_bwd), m, experts,
+            offload + m * (moe.offload_fwd + moe.offload_bwd))
 
 
 def _sends(p: StepPlan, pp_time: float | None, compute: float) -> float:
@@ -295,7 +298,7 @@ def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPl
     time = TimeParts(
         compute=m * critical.compute, tp=m * critical.tp, sp=m * critical.sp,
         dp=dp_exposed, pp=m * critical.pp, fsdp=m * critical.fsdp, ep=m * critical.ep,
-        bubble=pipe - m * times[slowest], optimizer=optimizer,
+        bubble=pipe - m * times[slowest], optimizer=optimizer, offload=m * critical.offload,
     )
     memories = [stage_memory(sp, st, pp) for sp, st in stages]
     hbms = [sp.system.device.hbm_bytes for sp, _ in stages]

@@ -14,11 +14,13 @@ import pytest
 from planner.catalog import load_catalog
 from planner.cli import main
 from planner.errors import PlannerUsageError
+from planner.exports import export_files
+from planner.plan import make_plan
 from planner.study_config import load_study_config
 from search_spaces.frameworks import why_not
 from simcore import estimate
 from simcore.megatron.batched import estimate_many
-from simcore.specs import Precision, Recompute, Strategy, TrainingSpec, ZeroStage
+from simcore.specs import Convention, Precision, Recompute, Strategy, TrainingSpec, ZeroStage
 
 DATA = Path(__file__).parent / "data" / "validation"
 GB = 1e9
@@ -123,7 +125,7 @@ def test_planner_estimate_and_its_plan_file(tmp_path, capsys) -> None:
     assert "needs pp=1" in capsys.readouterr().err
 
 
-def test_a_study_searches_it_and_exports_it_for_megatron_only(tmp_path, capsys) -> None:
+def test_a_study_searches_it_and_exports_it_for_megatron_only(tmp_path) -> None:
     study = tmp_path / "offload.yaml"
     study.write_text(
         "model: llama3-70b\nsystem: dgx-gb200-64\ntraining: {global_batch: 256, seq_len: 8192}\n"
@@ -140,11 +142,12 @@ def test_a_study_searches_it_and_exports_it_for_megatron_only(tmp_path, capsys) 
     assert why_not("torchtitan", config.model, config.training, plan) is not None
     assert why_not("deepspeed", config.model, config.training, plan) is not None
     assert why_not("megatron", config.model, config.training, plan) is None
-    assert main(["run", str(study), "--storage", f"sqlite:///{tmp_path / 's.db'}"]) == 0
-    capsys.readouterr()
-    out = tmp_path / "export"
-    assert main(["export", "offload", "--storage", f"sqlite:///{tmp_path / 's.db'}",
-                 "--format", "megatron", "--out", str(out)]) == 0
+    catalog = load_catalog()
+    made = make_plan(catalog.model("llama3-70b"), catalog.system("dgx-gb200-64"), TRAINING,
+                     _fsdp(40), Convention.MEGATRON)
+    script = "\n".join(export_files(made, "megatron").values())
+    # model_parallel_config.py (d98e8a64): cpu_offloading_num_layers > 0 turns offloading on
+    assert "--cpu-offloading-num-layers 40" in script and "--use-megatron-fsdp" in script
 
 
 def test_a_device_without_a_host_link_is_refused_by_name(tmp_path) -> None:

@@ -259,8 +259,8 @@ numbers (YAML's 4.9 or true is refused, not truncated)."""
 
 def _strategy(path: Path, data: Any) -> Strategy:
     e = check_fields(path, "strategy", data, _STRATEGY_FIELDS,
-                     {"precision", "shard_group", "ep", "etp", "ep_overlap", "ep_dedup"}
-                     | _UNEVEN)
+                     {"precision", "shard_group", "ep", "etp", "ep_overlap", "ep_dedup",
+                      "recompute_layers", "offload_layers"} | _UNEVEN)
     if not isinstance(e["placement"], list):
         raise fail(path, "strategy.placement", "must be a list of dp, tp, pp, sp, innermost first")
     for field in _WHOLE:

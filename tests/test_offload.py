@@ -201,3 +201,22 @@ def test_the_rack_study_picks_megatron_bridges_offloading_plan() -> None:
                                                    s.recompute) == (
         2, 4, 5, 1, ZeroStage.OPTIMIZER, Recompute.NONE))
     assert 1.08 <= times[tp2] / min(times) <= 1.12  # 8.57 / 7.85 s
+
+
+@pytest.mark.parametrize("strategy", [
+    _fsdp(40),
+    # a plan file of partial recompute was refused on reading ("strategy.recompute_layers:
+    # unknown field") before offloading joined the optional fields
+    Strategy(dp=64, micro_batch=2, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL,
+             recompute_layers=10),
+])
+def test_plan_files_keep_it(tmp_path, strategy: Strategy, capsys) -> None:
+    catalog = load_catalog()
+    plan = make_plan(catalog.model("llama3-70b"), catalog.system("dgx-gb200-64"), TRAINING,
+                     strategy, Convention.MEGATRON)
+    path = tmp_path / "plan.yaml"
+    path.write_text(export_files(plan, "plan")["plan.yaml"])
+    assert main(["estimate", "--plan", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["step_time"] == pytest.approx(plan.estimate.step_time, rel=1e-12)
+    assert data["strategy"].get("offload_layers") == strategy.offload_layers

@@ -34,8 +34,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   at its peak, not 4; ``replicated``, KempnerForge's on the gathered 16-bit logits; ``nanotron``,
   nanotron's fp32 logits and their shifted copy, 8 bytes; ``fused``), ``overlap_grad_reduce``
   (true), ``grad_bytes`` (2), ``optimizer_bytes`` (the optimizer state's bytes a parameter with
-  master weights: 12, Adam's fp32 master copy, momentum and variance; 6 for Apex's
-  DistributedFusedAdam with ``dtype: bf16``, its parameter copy and both moments in bf16),
+  master weights: 12, Adam's fp32 master copy, momentum and variance; NeMo's Apex
+  DistributedFusedAdam keeps 10 for a bf16 model, the fp32 master's 16-bit remainders, and
+  with ``dtype: bf16`` 4, the moments alone, or 6 with FP8 parameters, a bf16 copy too),
   ``grad_copy`` (true/false: the 16-bit ``.grad`` kept beside the accumulation buffer, as
   DeepSpeed's BF16_Optimizer keeps it; false), ``launch_blocking`` (true/false: the run set
   ``CUDA_LAUNCH_BLOCKING=1``; false), ``master_weights`` (true/false: false for pure 16-bit

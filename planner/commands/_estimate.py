@@ -168,8 +168,8 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " gradients as Megatron-LM keeps them)")
     t.add_argument("--optimizer-bytes", type=int, default=12,
                    help="optimizer state bytes per parameter with master weights (12: Adam's"
-                   " fp32 master copy, momentum and variance, the default; 6: Apex's"
-                   " DistributedFusedAdam with dtype bf16, as NeMo's Nemotron recipes run it)")
+                   " fp32 master copy, momentum and variance, the default; 4: NeMo's Apex"
+                   " DistributedFusedAdam with dtype bf16 on a bf16 model, the moments alone)")
     t.add_argument("--recompute-modules", nargs="+", metavar="MODULE", default=None,
                    choices=[m.value for m in RecomputeModule],
                    help="what --recompute selective runs again, as Megatron-LM's"

@@ -99,7 +99,8 @@ def lower_bounds(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     step = np.where((schedule == _ZB_H1) | (schedule == _ZBV), m * t_max,
                     (m - 1 / v) * t_max + layers * per_layer / v)
     fp32 = np.array([uses_fp32_shards(system, training, ZeroStage(z)) for z in range(4)])
-    # activation offloading (pp 1): the offloaded layers keep one prefetched layer's
+    # activation offloading (pp 1): L - N layers, and at least one more layer's or the LM
+    # head's activations at the peak (stage_activations)
     offload = c.get("offload_layers", np.zeros_like(first))
     kept = first - offload + (offload > 0)
     memory = (_states(model, training, c, first, fp32[c["zero"]])

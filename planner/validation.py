@@ -126,6 +126,17 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+BREAKDOWNS: dict[str, Callable[[MeasuredRun], str]] = {
+    "release": lambda run: run.release or "-",
+    "model": lambda run: run.model_ref,
+    "system": lambda run: run.system_ref,
+    "device": lambda run: run.system.device.name,
+    "precision": lambda run: run.strategy.precision.value,
+    "file": lambda run: run.file,
+}
+"""What ``planner validate --by`` splits the runs by: each run's value of it."""
+
+
 @dataclass(frozen=True)
 class Validation:
     results: tuple[RunResult, ...]
@@ -170,6 +181,25 @@ class Validation:
             "over_memory_runs": sum(1 for r in self.results if not r.fits),
             "kendall_tau_mean": _mean([g.kendall_tau for g in self.groups]),
         }
+
+    def breakdown(self, by: str) -> list[dict[str, object]]:
+        """The runs split by one of :data:`BREAKDOWNS`, in the order each value first comes:
+        per value, its runs' step-time MAPE, median error and mean signed error (whether they
+        are estimated fast or slow as a body), and its memory MAPE."""
+        key = BREAKDOWNS[by]
+        parts: dict[str, list[RunResult]] = {}
+        for r in self.results:
+            parts.setdefault(key(r.run), []).append(r)
+        out = []
+        for value, results in parts.items():
+            errors = [e for e in (r.step_time_error for r in results) if e is not None]
+            memory = _ape(r.memory_error for r in results)
+            out.append({by: value, "step_time_runs": len(errors),
+                        "step_time_mape": _mean([abs(e) for e in errors]),
+                        "step_time_median_ape": _median([abs(e) for e in errors]),
+                        "step_time_mean_error": _mean(errors),
+                        "memory_runs": len(memory), "memory_mape": _mean(memory)})
+        return out
 
     def to_dict(self) -> dict[str, object]:
         return {

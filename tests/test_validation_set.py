@@ -604,3 +604,23 @@ def test_nanotron_h100_runs(capsys) -> None:
     assert all(row["step_time_error"] > 0 for name, row in errors.items() if " x8 " in name)
     assert all(row["memory_error"] < -0.1 for name, row in errors.items()
                if " pp1 " in name and (" tp4 " in name or " tp8 " in name) and " x512 " not in name)
+
+
+def test_validate_splits_the_figures_by_a_column(capsys) -> None:
+    """`planner validate --by device`: nemotron-check's 73 H100 runs and 6 GB200 runs apart, the
+    GB200 ones estimated fast as a body (-7.2 to -19.6% each, README "Nemotron-4"); the parts'
+    runs and absolute errors add up to the whole file's."""
+    assert main(["validate", str(DATA / "nemotron-check.csv"), "--by", "device",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["device"]: r for r in data["by"]["rows"]}
+    assert data["by"]["field"] == "device" and list(rows) == ["h100-sxm", "gb200"]
+    assert (rows["h100-sxm"]["step_time_runs"], rows["gb200"]["step_time_runs"]) == (73, 6)
+    assert -0.20 <= rows["gb200"]["step_time_mean_error"] <= -0.07
+    total = sum(r["step_time_mape"] * r["step_time_runs"] for r in rows.values())
+    assert total == pytest.approx(data["step_time_mape"] * data["step_time_runs"], rel=1e-12)
+    assert main(["validate", str(DATA / "nemotron-check.csv"), "--by", "release"]) == 0
+    text = capsys.readouterr().out
+    assert "by release:" in text and "nemotron-4 report" in text
+    assert main(["validate", str(DATA / "nemotron-check.csv"), "--by", "color"]) == 2
+    assert "invalid choice: 'color'" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand
 from planner.outputs import counted
 from planner.runs_csv import read_runs_files
-from planner.validation import Validation, validate
+from planner.validation import BREAKDOWNS, Validation, validate
 
 
 def percent(value: float | int | None, signed: bool = False) -> str:
@@ -75,6 +75,21 @@ def report_lines(v: Validation) -> list[str]:
     return lines
 
 
+def breakdown_lines(v: Validation, by: str) -> list[str]:
+    """The figures per value of ``by`` (``--by``): runs, MAPE, median and mean signed error."""
+    rows = v.breakdown(by)
+    width = min(max([len(str(r[by])) for r in rows] + [len(by)]), 60)
+    lines = ["", f"by {by}:", f"  {by:<{width}}  {'runs':>5} {'MAPE':>7} {'median':>7}"
+             f" {'mean':>7}  {'mem runs':>8} {'mem MAPE':>8}"]
+    for r in rows:
+        lines.append(f"  {str(r[by])[:width]:<{width}}  {r['step_time_runs']:>5}"
+                     f" {percent(r['step_time_mape']):>7}"
+                     f" {percent(r['step_time_median_ape']):>7}"
+                     f" {percent(r['step_time_mean_error'], True):>7}"
+                     f"  {r['memory_runs']:>8} {percent(r['memory_mape']):>8}")
+    return lines
+
+
 class ValidateCommand(BaseCommand):
     name = "validate"
     help = "Estimate measured runs (a CSV) and report the error and the plan-choice regret."
@@ -85,13 +100,23 @@ class ValidateCommand(BaseCommand):
                             " pp, micro_batch, step_time_s and/or peak_memory_gb (see the"
                             " README for the optional columns); several files are read as one")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--by", choices=sorted(BREAKDOWNS), default=None,
+                            help="also split the figures by the runs' release, model, system,"
+                            " device, precision or file: per value its runs, MAPE, median and"
+                            " mean signed error (fast or slow as a body)")
 
     def run(self, args: argparse.Namespace) -> int:
         result = validate(*read_runs_files(args.runs, load_catalog()))
         if args.json:
-            print(json.dumps(result.to_dict(), indent=2))
+            data = result.to_dict()
+            if args.by is not None:
+                data["by"] = {"field": args.by, "rows": result.breakdown(args.by)}
+            print(json.dumps(data, indent=2))
         else:
-            print("\n".join(report_lines(result)))
+            lines = report_lines(result)
+            if args.by is not None:
+                lines += breakdown_lines(result, args.by)
+            print("\n".join(lines))
         bad = sum(sk.bad_value for sk in result.skipped)
         if bad:
             print(f"planner validate: {counted(bad, 'row')} with a value to fix (listed as left"

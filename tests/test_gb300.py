@@ -64,15 +64,17 @@ def test_the_gemm_rate_is_the_fit_on_its_fit_file() -> None:
 
 def test_fit_and_check_error(capsys) -> None:
     """Megatron-Bridge's GB300 runs (README, "GB300 NVL72"): fit on containers 26.04 and
-    26.04.01 (4.0% MAPE), checked on 26.02 and 26.02.01 (with the gb200 entry's rate every run
-    was 12-28% slow); MXFP8, priced as FP8, the furthest (-10 to -12% at 405B)."""
+    26.04.01 (4.0% MAPE), checked on 25.11, 26.02 and 26.02.01 (with the gb200 entry's rate the
+    26.0x runs were 12-28% slow); MXFP8, priced as FP8, the furthest (-10 to -12% at 405B)."""
     assert main(["validate", str(DATA / "gb300-fit.csv"), "--json"]) == 0
     fit = json.loads(capsys.readouterr().out)
     assert fit["step_time_runs"] == 8 and fit["step_time_mape"] <= 0.045
     assert main(["validate", str(DATA / "gb300-check.csv"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["step_time_runs"] == 7 and data["skipped"] == [] and data["over_memory_runs"] == 0
-    assert data["step_time_median_ape"] <= 0.04  # measured 3.1%
-    assert data["step_time_mape"] <= 0.06  # measured 5.1%
+    assert data["step_time_runs"] == 11 and data["skipped"] == []
+    assert data["over_memory_runs"] == 0
+    assert data["step_time_median_ape"] <= 0.06  # measured 5.1%
+    assert data["step_time_mape"] <= 0.065  # measured 5.6%
     errors = {r["name"]: r["step_time_error"] for r in data["rows"]}
-    assert all(abs(e) <= 0.06 for n, e in errors.items() if "mxfp8" not in n)
+    # FP8-CS within -9.4 (25.11's 70B, 16% slower than 26.04's) to +7.5% (25.11's 8B)
+    assert all(abs(e) <= 0.10 for n, e in errors.items() if "mxfp8" not in n)

@@ -67,7 +67,7 @@ LONG_CONTEXT_SHORT_ERROR = 0.045
 LONG_CONTEXT_MEDIAN = 0.13  # measured 12.6% (H100 25.0%, B200 11.5%)
 # Every *-check file together: the issue's targets are stated on the runs gathered and not fit
 # on, as one set.
-ALL_CHECKS_RUNS = 525
+ALL_CHECKS_RUNS = 529
 # measured 4.8% (5.4% before the SC21 paper's Table 1 and NeMo Megatron's 2022 A100 runs
 # joined; 5.3% with AutoModel's 70B read with no recompute, 5.1% with MPT's dropout kernels, 5.2%
 # before per-op recompute, 4.7% before long-context-check, 4.4% before b200-check)
@@ -83,7 +83,7 @@ ALL_CHECKS_RUNS = 525
 # 4.6% with Nemotron-4's 79 runs (2.7% on them: README, "Nemotron-4"); 4.4% with Megatron-Bridge's
 # 21 GB200 runs moved to gb200-fit.csv and the GB200's GEMM rate fit on them; 4.5% with GPT-3 175B's
 # 20 H100 runs (9.0% on them: README, "GPT-3 175B on H100"), and with Megatron-Bridge's 7 GB200
-# runs that offload activations (README, "Activation offloading"), and with 7 GB300 runs
+# runs that offload activations (README, "Activation offloading"), and with 11 GB300 runs
 ALL_CHECKS_MEDIAN = 0.05
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional

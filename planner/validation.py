@@ -193,10 +193,11 @@ class Validation:
         out = []
         for value, results in parts.items():
             errors = [e for e in (r.step_time_error for r in results) if e is not None]
+            apes = _ape(errors)
             memory = _ape(r.memory_error for r in results)
             out.append({by: value, "step_time_runs": len(errors),
-                        "step_time_mape": _mean([abs(e) for e in errors]),
-                        "step_time_median_ape": _median([abs(e) for e in errors]),
+                        "step_time_mape": _mean(apes),
+                        "step_time_median_ape": _median(apes),
                         "step_time_mean_error": _mean(errors),
                         "memory_runs": len(memory), "memory_mape": _mean(memory)})
         return out

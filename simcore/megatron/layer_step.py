@@ -86,8 +86,9 @@ def with_offload(p: StepPlan, layer: Layer, stored: float) -> Layer:
     assert bandwidth is not None and n is not None  # checks.check_plan
     copy = stored / bandwidth
     share = n / p.model.layers
+    # no recompute beside offloading (Strategy.offload_layers): the backward is bwd_compute
     return replace(layer, offload_fwd=share * max(0.0, copy - layer.fwd_compute),
-                   offload_bwd=share * max(0.0, copy - layer.bwd_compute - layer.recompute))
+                   offload_bwd=share * max(0.0, copy - layer.bwd_compute))
 
 
 def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,

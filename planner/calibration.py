@@ -33,7 +33,7 @@ from planner.units import GB
 from planner.validation import RunResult, Validation, validate
 from simcore.megatron import uses_flash_attention
 from simcore.megatron.plan import uses_transformer_engine
-from simcore.specs import DeviceSpec, SystemSpec
+from simcore.specs import DeviceSpec, Precision, SystemSpec
 
 __all__ = ["CONSTANTS", "DEFAULT_TRIALS", "RUN_ERROR", "Constant", "CrossValidation", "Fit",
            "calibrate"]
@@ -75,8 +75,9 @@ class Constant:
     low: float
     high: float
     needs: str
-    """Which runs tell it apart: ``time``, ``flash`` (timed with flash attention), ``comm`` (timed
-    on more than one device) or ``memory``."""
+    """Which runs tell it apart: ``time``, ``flash`` (timed with flash attention), ``te`` (timed
+    with Transformer Engine), ``mxfp8`` (timed in MXFP8), ``comm`` (timed on more than one
+    device) or ``memory``."""
     spread: float
     """The prior's standard deviation (catalog units): how far a team's cluster and stack
     plausibly sit from the starting value before any run is seen."""
@@ -88,6 +89,8 @@ class Constant:
         raw = getattr(device, self.field)
         if raw is None and self.field == "fused_attention_efficiency":
             raw = device.attention_efficiency  # which defaults to matmul_efficiency
+        if raw is None and self.field == "mxfp8_matmul_efficiency":
+            raw = device.fused_matmul_efficiency  # the per-tensor FP8 GEMMs' rate
         if raw is None:  # attention_efficiency defaults to matmul_efficiency
             raw = device.matmul_efficiency
         return raw / self.scale
@@ -109,6 +112,7 @@ CONSTANTS = (
     Constant("fused_attention_efficiency", "fused_attention_efficiency", 1.0, 0.2, 1.0, "te",
              0.1),
     Constant("fused_matmul_efficiency", "fused_matmul_efficiency", 1.0, 0.3, 1.0, "te", 0.1),
+    Constant("mxfp8_matmul_efficiency", "mxfp8_matmul_efficiency", 1.0, 0.3, 1.0, "mxfp8", 0.1),
     Constant("overlap_slowdown", "overlap_slowdown", 1.0, 0.0, 0.5, "comm", 0.1,
              by_default=False),
     Constant("memory_overhead_gb", "memory_overhead_bytes", GB, 0.0, 20.0, "memory", 3.0),
@@ -154,8 +158,9 @@ def _identifiable(runs: Sequence[MeasuredRun]) -> tuple[Constant, ...]:
     # the allowance shows only in the device's use, not in PyTorch's allocated peak
     memory = [r for r in runs if r.peak_memory_gb is not None and not r.memory_allocated]
     comm = [r for r in timed if r.strategy.devices > 1]
+    mxfp8 = [r for r in timed if r.strategy.precision is Precision.MXFP8]
     have = {"time": bool(timed), "flash": bool(classic), "te": bool(te), "memory": bool(memory),
-            "comm": bool(comm)}
+            "comm": bool(comm), "mxfp8": bool(mxfp8)}
     return tuple(c for c in CONSTANTS if have[c.needs])
 
 

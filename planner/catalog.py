@@ -114,7 +114,7 @@ _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_g
                     "overlap_slowdown", "fp8_peak_tflops",
                     "attention_efficiency", "flash_attention", "bf16",
                     "fused_attention_efficiency", "fused_matmul_efficiency",
-                    "transformer_engine", "host_bandwidth_gbps"}
+                    "transformer_engine", "host_bandwidth_gbps", "mxfp8_matmul_efficiency"}
 
 
 def _flag(path: Path, name: str, entry: dict[str, Any], key: str, default: bool) -> bool:
@@ -134,6 +134,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
     fused = e.get("fused_attention_efficiency")
     fused_matmul = e.get("fused_matmul_efficiency")
     fp8 = e.get("fp8_peak_tflops")
+    mxfp8 = e.get("mxfp8_matmul_efficiency")
     host = e.get("host_bandwidth_gbps")
     sm_count = e.get("sm_count", 0)
     return spec_or_fail(path, name, lambda: DeviceSpec(
@@ -142,6 +143,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         collective_launch_s=num("collective_launch_us", 0.0, strict=False) * 1e-6,
         overlap_slowdown=num("overlap_slowdown", 0.0, strict=False),
         fp8_peak_flops_per_s=None if fp8 is None else num("fp8_peak_tflops") * 1e12,
+        mxfp8_matmul_efficiency=None if mxfp8 is None else num("mxfp8_matmul_efficiency"),
         sm_count=integer(path, f"{name}.sm_count", sm_count, minimum=0),
         gemm_wave_s=num("gemm_wave_us", 0.0, strict=False) * 1e-6,
         attention_efficiency=None if attention is None else num("attention_efficiency"),

@@ -119,7 +119,7 @@ def precision_problem(device: DeviceSpec, convention: Convention,
     if convention is not Convention.MEGATRON:
         return (f"precision {precision.value} needs the megatron convention, but the plan uses"
                 f" the {convention.value} convention (16-bit only); use precision bf16")
-    return fp8_problem(device)
+    return fp8_problem(device, precision)
 
 
 def _check_precision(system: SystemSpec, strategy: Strategy, convention: Convention) -> None:

@@ -229,6 +229,15 @@ class Precision(_Named):
     """The linear layers' GEMMs (QKV, projection, FC1, FC2: forward, input and weight gradients)
     in FP8 as Transformer Engine runs them; attention, LM head, embedding and optimizer stay
     16-bit (:mod:`simcore.megatron.precision`). Megatron convention only."""
+    MXFP8 = "mxfp8"
+    """The same GEMMs in MXFP8: FP8 with one power-of-two scale per 32 elements, which only
+    Blackwell's tensor cores apply in hardware (TE's ``MXFP8BlockScaling``, Megatron-LM's
+    ``--fp8-recipe mxfp8``); needs a device with ``mxfp8_matmul_efficiency``."""
+
+    @property
+    def eight_bit(self) -> bool:
+        """The linear layers' GEMMs run in an 8-bit format (FP8 or MXFP8)."""
+        return self is not Precision.BF16
 
 
 class Convention(_Named):
@@ -456,6 +465,10 @@ class DeviceSpec:
     fp8_peak_flops_per_s: float | None = None
     """Peak dense FP8 FLOP/s (2 FLOP per multiply-accumulate); None: the part has no FP8 tensor
     cores (A100, V100 and older), so a plan in fp8 cannot run on it."""
+    mxfp8_matmul_efficiency: float | None = None
+    """Achievable fraction of the FP8 peak of the linear layers' MXFP8 (block-scaled) GEMMs in a
+    Transformer Engine stack; None: the part cannot run MXFP8 (its tensor cores do not scale
+    blocks)."""
 
     def __post_init__(self) -> None:
         for name in ("peak_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s"):
@@ -476,7 +489,7 @@ class DeviceSpec:
             raise ValueError(f"`sm_count >= 0` must hold (a whole number), but got"
                              f" sm_count={self.sm_count!r}")
         for name in ("attention_efficiency", "fused_attention_efficiency",
-                     "fused_matmul_efficiency"):
+                     "fused_matmul_efficiency", "mxfp8_matmul_efficiency"):
             if getattr(self, name) is not None:
                 _fraction(name, getattr(self, name))
         if not (self.memory_overhead_bytes >= 0 and math.isfinite(self.memory_overhead_bytes)):
@@ -491,6 +504,9 @@ class DeviceSpec:
                              f" overlap_slowdown={self.overlap_slowdown!r}")
         if self.fp8_peak_flops_per_s is not None:
             _positive("fp8_peak_flops_per_s", self.fp8_peak_flops_per_s)
+        elif self.mxfp8_matmul_efficiency is not None:
+            raise ValueError("mxfp8_matmul_efficiency needs fp8_peak_flops_per_s (MXFP8 runs at"
+                             " the FP8 peak); set both or neither")
         if self.host_bandwidth_bytes_per_s is not None:
             _positive("host_bandwidth_bytes_per_s", self.host_bandwidth_bytes_per_s)
 

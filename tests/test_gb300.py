@@ -14,6 +14,7 @@ from planner.calibration import calibrate
 from planner.catalog import load_catalog
 from planner.cli import main
 from planner.runs_csv import read_runs
+from simcore.specs import Precision
 
 DATA = Path(__file__).parent / "data" / "validation"
 
@@ -50,11 +51,13 @@ def test_racks_of_64_and_800g_between_them() -> None:
 def test_the_gemm_rate_is_the_fit_on_its_fit_file() -> None:
     """`planner calibrate tests/data/validation/gb300-fit.csv --device gb300 --fit
     fused_matmul_efficiency` from the gb200 entry's rate (0.532) lands on the catalog's 0.723
-    and passes its cross-validation."""
+    and passes its cross-validation, its MXFP8 runs priced as FP8 as they were then (with their
+    own rate, tests/test_mxfp8.py, it would land on 0.730)."""
     catalog = load_catalog()
     device = catalog.device("gb300")
     runs, skipped = read_runs(DATA / "gb300-fit.csv", catalog)
     assert len(runs) == 8 and skipped == []
+    runs = [replace(r, strategy=replace(r.strategy, precision=Precision.FP8)) for r in runs]
     start = replace(device, fused_matmul_efficiency=catalog.device("gb200").fused_matmul_efficiency)
     fit = calibrate(runs, start, "gb300-refit", only=("fused_matmul_efficiency",))
     assert not fit.kept
@@ -65,7 +68,8 @@ def test_the_gemm_rate_is_the_fit_on_its_fit_file() -> None:
 def test_fit_and_check_error(capsys) -> None:
     """Megatron-Bridge's GB300 runs (README, "GB300 NVL72"): fit on containers 26.04 and
     26.04.01 (4.0% MAPE), checked on 25.11, 26.02 and 26.02.01 (with the gb200 entry's rate the
-    26.0x runs were 12-28% slow); MXFP8, priced as FP8, the furthest (-10 to -12% at 405B)."""
+    26.0x runs were 12-28% slow); MXFP8 the furthest (-8 to -10% at 405B; -10 to -12% when it was
+    priced as FP8: tests/test_mxfp8.py)."""
     assert main(["validate", str(DATA / "gb300-fit.csv"), "--json"]) == 0
     fit = json.loads(capsys.readouterr().out)
     assert fit["step_time_runs"] == 8 and fit["step_time_mape"] <= 0.045
@@ -74,7 +78,7 @@ def test_fit_and_check_error(capsys) -> None:
     assert data["step_time_runs"] == 11 and data["skipped"] == []
     assert data["over_memory_runs"] == 0
     assert data["step_time_median_ape"] <= 0.06  # measured 5.1%
-    assert data["step_time_mape"] <= 0.065  # measured 5.6%
+    assert data["step_time_mape"] <= 0.065  # measured 5.2%
     errors = {r["name"]: r["step_time_error"] for r in data["rows"]}
     # FP8-CS within -9.4 (25.11's 70B, 16% slower than 26.04's) to +7.5% (25.11's 8B)
     assert all(abs(e) <= 0.10 for n, e in errors.items() if "mxfp8" not in n)

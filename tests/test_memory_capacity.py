@@ -142,7 +142,8 @@ def _columns(plans: list[Strategy]) -> dict[str, np.ndarray]:
         "recompute": np.array([RECOMPUTE_CODES[s.recompute] for s in plans]),
         "schedule": np.full(len(plans), SCHEDULE_CODES["1f1b"]),
         "sequence_parallel": np.array([s.sequence_parallel for s in plans]),
-        "fp8": np.array([s.precision is Precision.FP8 for s in plans]),
+        "fp8": np.array([s.precision.eight_bit for s in plans]),
+        "mxfp8": np.array([s.precision is Precision.MXFP8 for s in plans]),
     }
 
 
@@ -155,18 +156,21 @@ def _columns(plans: list[Strategy]) -> dict[str, np.ndarray]:
 ])
 def test_the_bounds_stay_below_the_estimates(stack: dict) -> None:
     # lower_bounds prunes plans: a bound over its plan's estimate drops a plan that may win.
-    # Llama 3 70B at 2,048 tokens, little activation memory, so the states decide.
-    model, system = CATALOG.model("llama3-70b"), CATALOG.system("dgx-h100-64")
+    # Llama 3 70B at 2,048 tokens, little activation memory, so the states decide; MXFP8 on
+    # the part that runs it.
+    model = CATALOG.model("llama3-70b")
     training = TrainingSpec(global_batch=64, seq_len=2048, bytes_per_param_grads=4, **stack)
-    plans = [Strategy(dp=dp, tp=8, pp=pp, zero=ZeroStage(z), recompute=r, micro_batch=1,
-                      precision=precision)
-             for dp, pp in ((8, 1), (4, 2)) for z in (2, 3)
-             for r in (Recompute.NONE, Recompute.FULL) for precision in Precision]
-    bounds = lower_bounds(model, system, training, _columns(plans))
-    for plan, bound in zip(plans, bounds.memory_bytes):
-        est = estimate(model, system, training, plan).memory
-        assert est.weights >= 0
-        assert bound <= est.total, plan
+    for system, precisions in ((CATALOG.system("dgx-h100-64"), (Precision.BF16, Precision.FP8)),
+                               (CATALOG.system("dgx-gb200-64"), tuple(Precision))):
+        plans = [Strategy(dp=dp, tp=8, pp=pp, zero=ZeroStage(z), recompute=r, micro_batch=1,
+                          precision=precision)
+                 for dp, pp in ((8, 1), (4, 2)) for z in (2, 3)
+                 for r in (Recompute.NONE, Recompute.FULL) for precision in precisions]
+        bounds = lower_bounds(model, system, training, _columns(plans))
+        for plan, bound in zip(plans, bounds.memory_bytes):
+            est = estimate(model, system, training, plan).memory
+            assert est.weights >= 0
+            assert bound <= est.total, plan
 
 
 def test_the_bounds_drop_the_16_bit_shard_as_the_estimate_does() -> None:

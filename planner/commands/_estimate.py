@@ -114,7 +114,8 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--placement", default="tp,sp,dp,pp",
                    help="axes onto network dimensions, innermost first (default tp,sp,dp,pp)")
     g.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
-                   help="bf16 (default) or fp8 GEMMs (Transformer Engine)")
+                   help="bf16 (default), fp8 (per-tensor scaling) or mxfp8 (a scale per 32"
+                        " elements, Blackwell) GEMMs of the linear layers (Transformer Engine)")
     g.add_argument("--first-stage-layers", type=int, metavar="N",
                    help="layers on the first pipeline stage (Megatron-LM's"
                    " --decoder-first-pipeline-num-layers; default: an equal share)")

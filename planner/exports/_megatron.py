@@ -39,7 +39,9 @@ Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
   (``tests/data/validation``: h100-megatron-check, moe-check). The MoE layer's FP8 costs are
   that recipe's (:data:`simcore.megatron.moe.QUANTIZE_KERNELS`); Megatron-LM's default,
   delayed scaling, fuses the experts' casts. Transformer Engine runs the linear layers in FP8;
-  ``--transformer-impl transformer_engine`` is the default.
+  ``--transformer-impl transformer_engine`` is the default. mxfp8: ``--fp8-format e4m3
+  --fp8-recipe mxfp8`` with ``--fp8-param-gather --reuse-grad-buf-for-mxfp8-param-ag`` under
+  the distributed optimizer, Megatron-Bridge's ``bf16_with_mxfp8_mixed``.
 
 Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.frameworks.why_not`.
 """
@@ -53,7 +55,7 @@ from planner.units import GB
 from search_spaces.frameworks import why_not
 from simcore.layout import format_layout
 from simcore.megatron import uses_flash_attention
-from simcore.megatron.plan import uses_fp8_param_gather, uses_transformer_engine
+from simcore.megatron.plan import uses_quantized_params, uses_transformer_engine
 from simcore.specs import (
     Activation,
     Family,
@@ -143,7 +145,7 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
     if plan.strategy.precision is not Precision.BF16:
         sections.append(precision_args(
             plan.strategy.precision,
-            param_gather=uses_fp8_param_gather(plan.system, plan.training, plan.strategy)))
+            param_gather=uses_quantized_params(plan.system, plan.training, plan.strategy)))
     for section in filter(None, sections):
         lines += [f"  {a}" for a in section] + [""]
     lines[-1] = ")"
@@ -325,9 +327,22 @@ def _hsdp_args(plan: Plan) -> list[str]:
 
 def precision_args(precision: Precision, *, param_gather: bool = False) -> list[str]:
     """Megatron-LM's FP8 options (none in bf16), with a comment line; ``param_gather``: the
-    linear layers' weights kept and all-gathered in FP8 (``--fp8-param-gather``)."""
+    linear layers' weights kept only in their 8-bit form (``--fp8-param-gather``)."""
     if precision is Precision.BF16:
         return []
+    if precision is Precision.MXFP8:
+        # Megatron-Bridge's bf16_with_mxfp8_mixed (v0.4.0 training/mixed_precision.py): e4m3,
+        # mxfp8, fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag
+        args = ["# mxfp8: Transformer Engine runs the linear layers' GEMMs in MXFP8 (a scale per",
+                "# 32 elements), as estimated; attention, LM head and optimizer stay bf16",
+                "--fp8-format e4m3",
+                "--fp8-recipe mxfp8"]
+        if param_gather:
+            args += ["# the weights kept only in MXFP8, gathered in bf16 into the gradient",
+                     "# buffer and quantised there, as estimated",
+                     "--fp8-param-gather",
+                     "--reuse-grad-buf-for-mxfp8-param-ag"]
+        return args
     args = ["# fp8: Transformer Engine runs the linear layers' GEMMs in FP8 with per-tensor",
             "# current scaling, as estimated; attention, LM head and optimizer stay bf16",
             "--fp8-format hybrid",

@@ -81,7 +81,8 @@ def lower_bounds(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     ``first_stage_layers`` (0: even stages; else the first and last stages' layers),
     ``recompute`` and ``schedule`` (:data:`RECOMPUTE_CODES` or :data:`PARTIAL_RECOMPUTE`,
     :data:`SCHEDULE_CODES`), and bool
-    arrays ``sequence_parallel`` and ``fp8``; optionally ``offload_layers`` (0: none)."""
+    arrays ``sequence_parallel`` and ``fp8`` (any 8-bit format); optionally ``mxfp8`` (those of
+    the 8-bit plans in MXFP8) and ``offload_layers`` (0: none)."""
     if model.moe is not None:
         raise ValueError(f"{model.name}: the bounds cover dense models only")
     c = {k: np.asarray(v) for k, v in columns.items()}
@@ -115,12 +116,14 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     recompute) and its kept activation bytes, computed once per distinct set of knobs they
     read."""
     fp8 = c["fp8"].astype(bool)
+    # 0 bf16, 1 fp8, 2 mxfp8
+    code = fp8.astype(int) + (fp8 & c.get("mxfp8", np.zeros_like(fp8)).astype(bool))
     te = np.array([uses_transformer_engine(system, training, ZeroStage(z))
                    for z in range(4)])[c["zero"]]
     early = np.array([uses_recompute_early_stop(system, training, ZeroStage(z))
                       for z in range(4)])[c["zero"]]
     keys = np.stack([c["micro_batch"], c["tp"], c["sp"], c["sequence_parallel"].astype(int),
-                     fp8.astype(int), c["recompute"], np.where(fp8, m, 0), te.astype(int),
+                     code, c["recompute"], np.where(fp8, m, 0), te.astype(int),
                      early.astype(int)], axis=1)
     distinct, inverse = _distinct_rows(keys)
     shape = layer_shape(model)
@@ -132,9 +135,9 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                else frozenset(training.recompute_modules))
     per_layer = np.empty(len(distinct))
     stored = np.empty(len(distinct))
-    for i, (mb, tp, sp, seqpar, is_fp8, rc, micro, with_te, stops_early) in enumerate(
+    for i, (mb, tp, sp, seqpar, fmt, rc, micro, with_te, stops_early) in enumerate(
             distinct.tolist()):
-        precision = Precision.FP8 if is_fp8 else Precision.BF16
+        precision = (Precision.BF16, Precision.FP8, Precision.MXFP8)[fmt]
         costs = KernelCosts.of(system.device, precision, bool(with_te),
                               training.launch_blocking)
         k = layer_kernels(model, shape, costs,
@@ -154,7 +157,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
         stored[i] = layer_activations(
             model, shape, micro_batch=mb, seq_len=training.seq_len, tp=tp, sp=sp,
             sequence_parallel=bool(seqpar), recompute=recompute, flash=flash,
-            linear_input_bytes=1 if is_fp8 else 2,
+            linear_input_bytes=1 if fmt else 2,
             per_op=per_op and recompute is Recompute.SELECTIVE,
             modules=modules if recompute is Recompute.SELECTIVE else None,
             swiglu_fused=training.swiglu_fusion).stored

@@ -11,7 +11,6 @@ from simcore.megatron.precision import fp8_problem
 from simcore.specs import (
     Axis,
     ModelSpec,
-    Precision,
     Recompute,
     RecomputeModule,
     Schedule,
@@ -90,8 +89,8 @@ def check_plan(
         problem = recompute_modules_problem(model, training)
         if problem is not None:
             raise ValueError(problem)
-    if s.precision is Precision.FP8:
-        problem = fp8_problem(system.device)
+    if s.precision.eight_bit:
+        problem = fp8_problem(system.device, s.precision)
         if problem is not None:
             raise ValueError(problem)
     if s.offload_layers is not None:

@@ -42,7 +42,13 @@ import math
 from dataclasses import dataclass
 
 from simcore.megatron.layers import LayerShape
-from simcore.megatron.precision import FP8_BYTES, fp8_overheads, fp8_problem
+from simcore.megatron.precision import (
+    CAST_BYTES,
+    FP8_BYTES,
+    MX_CAST_BYTES,
+    fp8_overheads,
+    fp8_problem,
+)
 from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, Precision, RecomputeModule
 
 __all__ = [
@@ -94,6 +100,11 @@ class KernelCosts:
     sm_count: int
     fp8_rate: float | None = None
     """Achievable FP8 FLOP/s of the linear layers' GEMMs; None runs them in 16-bit."""
+    cast_bytes: float = CAST_BYTES
+    """Bytes an element moved by a cast to the 8-bit format (:mod:`simcore.megatron.precision`):
+    per-tensor FP8's row-wise and transposed copies, or MXFP8's two scaled copies."""
+    scale_update: bool = True
+    """Each FP8 cast's per-tensor scale is updated by a kernel of its own (not in MXFP8)."""
     gemm_wave: float = 0.0
     """Fixed time of each wave of a 16-bit GEMM's output tiles (the device's gemm_wave_s)."""
     host: float = 0.0
@@ -115,11 +126,16 @@ class KernelCosts:
         if transformer_engine and device.fused_attention_efficiency is not None:
             attention = device.fused_attention_efficiency
         fp8_rate = None
-        if precision is Precision.FP8:
-            problem = fp8_problem(device)
+        cast_bytes = CAST_BYTES
+        if precision.eight_bit:
+            problem = fp8_problem(device, precision)
             if problem is not None:
                 raise ValueError(problem)
             assert device.fp8_peak_flops_per_s is not None
+            if precision is Precision.MXFP8:
+                assert device.mxfp8_matmul_efficiency is not None
+                matmul = device.mxfp8_matmul_efficiency
+                cast_bytes = MX_CAST_BYTES
             fp8_rate = device.fp8_peak_flops_per_s * matmul
         return cls(
             flop_rate=flop_rate,
@@ -129,6 +145,8 @@ class KernelCosts:
             launch=device.kernel_launch_s,
             sm_count=device.sm_count,
             fp8_rate=fp8_rate,
+            cast_bytes=cast_bytes,
+            scale_update=precision is not Precision.MXFP8,
             gemm_wave=device.gemm_wave_s,
             host=BLOCKING_HOST_S if launch_blocking else 0.0,
         )

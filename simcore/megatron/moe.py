@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 from simcore.megatron.calls import Call
 from simcore.megatron.kernels import BACKWARD_KERNELS, KernelCosts
 from simcore.megatron.placement import ExpertPart
-from simcore.megatron.precision import CAST_BYTES
 from simcore.network import Collective
 from simcore.specs import Activation, ModelSpec, MoESpec, Recompute, Strategy, ZeroStage
 
@@ -134,9 +133,12 @@ class ExpertKernels:
 
 def _quantize(costs: KernelCosts, elements: float) -> float:
     """One tensor's FP8 quantisation (:data:`QUANTIZE_KERNELS`): the amax reads it in 16 bits,
-    the cast writes it twice in FP8 (row- and column-wise), two kernels at the launch floor."""
-    return (2 * costs.launch + costs.elementwise(2 * elements)
-            + costs.elementwise(CAST_BYTES * elements))
+    the cast writes it in FP8, two kernels at the launch floor. In MXFP8 (no per-tensor scale:
+    ``costs.scale_update`` false) the cast alone, which finds each block's scale as it reads."""
+    cast = costs.elementwise(costs.cast_bytes * elements)
+    if not costs.scale_update:
+        return cast
+    return 2 * costs.launch + costs.elementwise(2 * elements) + cast
 
 
 def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: int, etp: int,
@@ -192,11 +194,13 @@ def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: i
         if transformer_engine:
             forward += local * sum(_quantize(costs, x) for x in fwd_inputs)
             backward += local * sum(_quantize(costs, x) for x in bwd_inputs)
-            n_fwd += 2 * QUANTIZE_KERNELS * local
-            n_bwd += 2 * QUANTIZE_KERNELS * local
+            per_tensor = QUANTIZE_KERNELS if costs.scale_update else 1
+            n_fwd += 2 * per_tensor * local
+            n_bwd += 2 * per_tensor * local
         else:
-            forward += sum(costs.elementwise(CAST_BYTES * local * x) for x in fwd_inputs)
-            backward += sum(costs.elementwise(CAST_BYTES * local * x) for x in bwd_inputs)
+            forward += sum(costs.elementwise(costs.cast_bytes * local * x) for x in fwd_inputs)
+            backward += sum(costs.elementwise(costs.cast_bytes * local * x)
+                            for x in bwd_inputs)
             n_fwd += 2
             n_bwd += 2
     return ExpertKernels(forward=forward, backward=backward, wgrad=router[2] + expert_wgrad,

@@ -30,6 +30,7 @@ from simcore.specs import (
 )
 
 __all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_fp32_shards", "uses_fp8_param_gather",
+           "uses_quantized_params",
            "uses_recompute_early_stop", "uses_transformer_engine"]
 
 _T = TypeVar("_T")
@@ -149,8 +150,15 @@ class StepPlan:
                         if strategy.recompute is Recompute.SELECTIVE
                         and training.recompute_modules is not None else None)
         """Selective recompute runs Megatron-LM's ``recompute_modules`` again."""
-        self.fp8 = strategy.precision is Precision.FP8
-        """The linear layers run in FP8 (:mod:`simcore.megatron.precision`)."""
+        self.fp8 = strategy.precision.eight_bit
+        """The linear layers run in FP8 or MXFP8 (:mod:`simcore.megatron.precision`)."""
+        self.mx = strategy.precision is Precision.MXFP8
+        """... in MXFP8: their weights kept as row- and column-wise scaled copies."""
+        self.mx_params = self.mx and uses_quantized_params(system, training, strategy)
+        """The MXFP8 copies are the weights' only compute copy: Megatron-LM's
+        ``--fp8-param-gather`` with ``--reuse-grad-buf-for-mxfp8-param-ag`` (Megatron-Bridge's
+        ``bf16_with_mxfp8_mixed``) gathers them in 16-bit into the gradient buffer and
+        quantises them there, so no 16-bit weight buffer stays."""
         self.fp8_params = uses_fp8_param_gather(system, training, strategy)
         """The linear layers' weights are kept in FP8 only and all-gathered in FP8."""
         self.dp_group = strategy.dp * strategy.sp
@@ -353,6 +361,15 @@ def uses_fp32_shards(system: SystemSpec, training: TrainingSpec, zero: ZeroStage
             and _pytorch_fsdp_default(system, training, zero))
 
 
+def uses_quantized_params(system: SystemSpec, training: TrainingSpec,
+                          strategy: Strategy) -> bool:
+    """Whether an 8-bit plan keeps its linear layers' weights only in their 8-bit form
+    (``--fp8-param-gather``): Transformer Engine plans with ZeRO 1-3, as Megatron-LM's FP8
+    example, NeMo 2's and Megatron-Bridge's FP8 and MXFP8 recipes set it."""
+    return (strategy.precision.eight_bit and strategy.zero >= ZeroStage.OPTIMIZER
+            and uses_transformer_engine(system, training, strategy.zero))
+
+
 def uses_fp8_param_gather(system: SystemSpec, training: TrainingSpec, strategy: Strategy) -> bool:
     """Whether an FP8 plan keeps its linear layers' weights in FP8 only and all-gathers them in
     FP8: Megatron-LM's ``--fp8-param-gather`` ("Keep the compute param in fp8 ... and perform
@@ -361,8 +378,8 @@ def uses_fp8_param_gather(system: SystemSpec, training: TrainingSpec, strategy: 
     (``examples/llama/train_llama3_8b_h100_fp8.sh``), NeMo 2's FP8 recipes
     (``bf16_with_fp8_mixed``) and Megatron-Bridge's set: Transformer Engine's FP8 plans with
     ZeRO 1-3 (:mod:`simcore.megatron.precision`)."""
-    return (strategy.precision is Precision.FP8 and strategy.zero >= ZeroStage.OPTIMIZER
-            and uses_transformer_engine(system, training, strategy.zero))
+    return (strategy.precision is Precision.FP8
+            and uses_quantized_params(system, training, strategy))
 
 
 def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:

@@ -36,12 +36,29 @@ bandwidth, with the launch floor of every kernel):
   Transformer Engine does not fuse under that recipe, are counted apart
   (:data:`simcore.megatron.moe.QUANTIZE_KERNELS`).
 
+Blackwell's FP8 GEMMs take any layout, and Transformer Engine then writes a per-tensor FP8 cast
+once (``Float8TensorStorage.update_usage`` drops the transpose when
+``is_non_tn_fp8_gemm_supported()``, TransformerEngine@d0067d0: 3 bytes an element, not 4). It is
+not modelled: counted, with the GB200 GEMM rate refit on gb200-fit.csv (0.532 -> 0.557), it made
+the checks worse (gb200-check 6.0 -> 8.6% MAPE; tests/data/validation/README.md, "MXFP8").
+
+MXFP8 (``Precision.MXFP8``, TE's ``MXFP8BlockScaling``): each block of 32 elements along one
+axis shares a power-of-two (E8M0) scale, so the row-wise blocks of a tensor cannot serve the
+GEMM that reads it column-wise: every cast writes both copies, each with its scales (2 + 2 x
+(1 + 1/32) bytes an element), whatever the device. The scale is the block's own, computed as
+the cast reads it: no amax history and no scale-update kernel. The GEMMs run at the device's
+``mxfp8_matmul_efficiency`` of the FP8 peak (block-scaled GEMMs load their scales beside the
+operands; fit per device on MXFP8 runs, studies/catalog/devices/gpus.yaml).
+
 Memory: TE keeps an FP8 copy of each linear layer's weight (1 byte per parameter, on top of the
 16-bit weights and fp32 master weights); each linear layer saves its input for the weight
 gradient in FP8 (1 byte per element instead of 2). With the distributed optimizer or FSDP under
 Transformer Engine (ZeRO 1-3), Megatron-LM's ``--fp8-param-gather`` keeps the FP8 copy as the
 only compute weight (no 16-bit one) and all-gathers it in FP8
-(:func:`simcore.megatron.plan.uses_fp8_param_gather`). These are in
+(:func:`simcore.megatron.plan.uses_fp8_param_gather`). MXFP8 keeps both scaled copies of each
+weight (:data:`MX_WEIGHT_BYTES`); with ``--fp8-param-gather`` and
+``--reuse-grad-buf-for-mxfp8-param-ag`` they are the only compute copy, gathered in 16-bit into
+the gradient buffer and quantised there (Megatron-LM ``param_and_grad_buffer.py``). These are in
 :mod:`simcore.megatron.activations`, :mod:`simcore.megatron.stage_memory` and
 :mod:`simcore.megatron.calls`.
 """
@@ -52,7 +69,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from simcore.specs import DeviceSpec
+from simcore.specs import DeviceSpec, Precision
 
 if TYPE_CHECKING:
     from simcore.megatron.kernels import KernelCosts
@@ -60,6 +77,9 @@ if TYPE_CHECKING:
 __all__ = [
     "AMAX_HISTORY_LEN",
     "CAST_BYTES",
+    "MX_BLOCK",
+    "MX_CAST_BYTES",
+    "MX_WEIGHT_BYTES",
     "FP8_BYTES",
     "Fp8Overheads",
     "fp8_overheads",
@@ -72,6 +92,17 @@ FP8_BYTES = 1
 CAST_BYTES = 2 + 2 * FP8_BYTES
 """Bytes moved per element by a cast to FP8: the 16-bit read, then the row-wise and column-wise
 FP8 copies written (see the module docstring)."""
+
+MX_BLOCK = 32
+"""Elements that share one E8M0 scale in MXFP8 (OCP Microscaling Formats v1.0; TE's
+``MXFP8BlockScaling``)."""
+
+MX_WEIGHT_BYTES = 2 * (FP8_BYTES + 1 / MX_BLOCK)
+"""Bytes per element of an MXFP8 tensor kept for both GEMM directions: the row-wise and the
+column-wise FP8 copies, each with a 1-byte scale per :data:`MX_BLOCK` elements."""
+
+MX_CAST_BYTES = 2 + MX_WEIGHT_BYTES
+"""Bytes moved per element by an MXFP8 cast: the 16-bit read and both scaled copies."""
 
 AMAX_HISTORY_LEN = 1024
 """Entries of each FP8 tensor's amax history: ``--fp8-amax-history-len 1024`` as Megatron-LM's
@@ -98,20 +129,27 @@ def fp8_overheads(costs: KernelCosts, linears: Sequence[tuple[float, float, floa
                   micro_batches: int) -> Fp8Overheads:
     """The overheads of the linear GEMMs ``y = x @ w``, given as (m, n, k) with x (m x k) and
     w (k x n); a step of ``micro_batches`` micro-batches casts each weight once."""
+    cast = costs.cast_bytes
+    # MXFP8's scales are each block's own: no amax history to update
+    update = costs.elementwise(SCALE_UPDATE_BYTES) if costs.scale_update else 0.0
     forward = backward = 0.0
     for m, n, k in linears:
-        forward += (costs.elementwise(CAST_BYTES * m * k)                  # x
-                    + costs.elementwise(CAST_BYTES * k * n) / micro_batches  # w, once a step
-                    + costs.elementwise(SCALE_UPDATE_BYTES))
-        backward += costs.elementwise(CAST_BYTES * m * n) + costs.elementwise(SCALE_UPDATE_BYTES)
-    n_linears = len(linears)
-    return Fp8Overheads(forward, backward, 2 * n_linears, 2 * n_linears)
+        forward += (costs.elementwise(cast * m * k)                  # x
+                    + costs.elementwise(cast * k * n) / micro_batches  # w, once a step
+                    + update)
+        backward += costs.elementwise(cast * m * n) + update
+    kernels = (2 if costs.scale_update else 1) * len(linears)
+    return Fp8Overheads(forward, backward, kernels, kernels)
 
 
-def fp8_problem(device: DeviceSpec) -> str | None:
-    """Why ``device`` cannot run a plan in fp8, or None if it can."""
+def fp8_problem(device: DeviceSpec, precision: Precision = Precision.FP8) -> str | None:
+    """Why ``device`` cannot run a plan in ``precision`` (fp8 or mxfp8), or None if it can."""
     if device.fp8_peak_flops_per_s is None:
-        return (f"precision fp8 needs FP8 tensor cores, but device {device.name} has none (no"
-                " fp8_peak_tflops in its catalog entry); use precision bf16, or an H100-class"
-                " device")
+        return (f"precision {precision.value} needs FP8 tensor cores, but device {device.name}"
+                " has none (no fp8_peak_tflops in its catalog entry); use precision bf16, or"
+                " an H100-class device")
+    if precision is Precision.MXFP8 and device.mxfp8_matmul_efficiency is None:
+        return (f"precision mxfp8 needs tensor cores that scale 32-element blocks (Blackwell),"
+                f" but device {device.name} has no mxfp8_matmul_efficiency in its catalog entry;"
+                " use precision fp8 (per-tensor scaling)")
     return None

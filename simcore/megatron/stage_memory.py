@@ -14,7 +14,7 @@ from simcore.estimate import MemoryParts
 from simcore.megatron.parts import Stage
 from simcore.megatron.pipeline import head_stage, in_flight
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.precision import FP8_BYTES
+from simcore.megatron.precision import FP8_BYTES, MX_WEIGHT_BYTES
 from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import CrossEntropy, Recompute, ZeroStage
@@ -107,12 +107,13 @@ def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
                                     fp32_shards=p.fp32_shards, unsharded_grads=p.no_sync)
         weights, grads, optimizer = weights + w, grads + g, optimizer + o
     if p.fp8:
-        # Transformer Engine's FP8 copy of the linear layers' weights, sharded as the weights
-        # are; with --fp8-param-gather it is their only compute copy (no 16-bit one).
+        # Transformer Engine's FP8 copy of the linear layers' weights (MXFP8's: row- and
+        # column-wise), sharded as the weights are; with --fp8-param-gather it is their only
+        # compute copy (no 16-bit one).
         linear = _linear_params(p, stage)
         shard = group if zero >= ZeroStage.PARAMETERS else 1
-        weights += linear * FP8_BYTES / shard
-        if p.fp8_params:
+        weights += linear * (MX_WEIGHT_BYTES if p.mx else FP8_BYTES) / shard
+        if p.fp8_params or p.mx_params:
             weights -= linear * tr.bytes_per_param_weights / shard
     h, t = model.hidden, s.tp
     sbh = p.tokens * h

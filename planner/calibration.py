@@ -76,8 +76,8 @@ class Constant:
     high: float
     needs: str
     """Which runs tell it apart: ``time``, ``flash`` (timed with flash attention), ``te`` (timed
-    with Transformer Engine), ``mxfp8`` (timed in MXFP8), ``comm`` (timed on more than one
-    device) or ``memory``."""
+    with Transformer Engine), ``mxfp8`` / ``nvfp4`` (timed in MXFP8 / NVFP4), ``comm`` (timed on
+    more than one device) or ``memory``."""
     spread: float
     """The prior's standard deviation (catalog units): how far a team's cluster and stack
     plausibly sit from the starting value before any run is seen."""
@@ -89,7 +89,7 @@ class Constant:
         raw = getattr(device, self.field)
         if raw is None and self.field == "fused_attention_efficiency":
             raw = device.attention_efficiency  # which defaults to matmul_efficiency
-        if raw is None and self.field == "mxfp8_matmul_efficiency":
+        if raw is None and self.field in ("mxfp8_matmul_efficiency", "nvfp4_matmul_efficiency"):
             raw = device.fused_matmul_efficiency  # the per-tensor FP8 GEMMs' rate
         if raw is None:  # attention_efficiency defaults to matmul_efficiency
             raw = device.matmul_efficiency
@@ -113,6 +113,7 @@ CONSTANTS = (
              0.1),
     Constant("fused_matmul_efficiency", "fused_matmul_efficiency", 1.0, 0.3, 1.0, "te", 0.1),
     Constant("mxfp8_matmul_efficiency", "mxfp8_matmul_efficiency", 1.0, 0.3, 1.0, "mxfp8", 0.1),
+    Constant("nvfp4_matmul_efficiency", "nvfp4_matmul_efficiency", 1.0, 0.1, 1.0, "nvfp4", 0.1),
     Constant("overlap_slowdown", "overlap_slowdown", 1.0, 0.0, 0.5, "comm", 0.1,
              by_default=False),
     Constant("memory_overhead_gb", "memory_overhead_bytes", GB, 0.0, 20.0, "memory", 3.0),
@@ -159,8 +160,9 @@ def _identifiable(runs: Sequence[MeasuredRun]) -> tuple[Constant, ...]:
     memory = [r for r in runs if r.peak_memory_gb is not None and not r.memory_allocated]
     comm = [r for r in timed if r.strategy.devices > 1]
     mxfp8 = [r for r in timed if r.strategy.precision is Precision.MXFP8]
+    nvfp4 = [r for r in timed if r.strategy.precision is Precision.NVFP4]
     have = {"time": bool(timed), "flash": bool(classic), "te": bool(te), "memory": bool(memory),
-            "comm": bool(comm), "mxfp8": bool(mxfp8)}
+            "comm": bool(comm), "mxfp8": bool(mxfp8), "nvfp4": bool(nvfp4)}
     return tuple(c for c in CONSTANTS if have[c.needs])
 
 

@@ -114,7 +114,8 @@ _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_g
                     "overlap_slowdown", "fp8_peak_tflops",
                     "attention_efficiency", "flash_attention", "bf16",
                     "fused_attention_efficiency", "fused_matmul_efficiency",
-                    "transformer_engine", "host_bandwidth_gbps", "mxfp8_matmul_efficiency"}
+                    "transformer_engine", "host_bandwidth_gbps", "mxfp8_matmul_efficiency",
+                    "fp4_peak_tflops", "nvfp4_matmul_efficiency"}
 
 
 def _flag(path: Path, name: str, entry: dict[str, Any], key: str, default: bool) -> bool:
@@ -135,6 +136,8 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
     fused_matmul = e.get("fused_matmul_efficiency")
     fp8 = e.get("fp8_peak_tflops")
     mxfp8 = e.get("mxfp8_matmul_efficiency")
+    fp4 = e.get("fp4_peak_tflops")
+    nvfp4 = e.get("nvfp4_matmul_efficiency")
     host = e.get("host_bandwidth_gbps")
     sm_count = e.get("sm_count", 0)
     return spec_or_fail(path, name, lambda: DeviceSpec(
@@ -144,6 +147,8 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         overlap_slowdown=num("overlap_slowdown", 0.0, strict=False),
         fp8_peak_flops_per_s=None if fp8 is None else num("fp8_peak_tflops") * 1e12,
         mxfp8_matmul_efficiency=None if mxfp8 is None else num("mxfp8_matmul_efficiency"),
+        fp4_peak_flops_per_s=None if fp4 is None else num("fp4_peak_tflops") * 1e12,
+        nvfp4_matmul_efficiency=None if nvfp4 is None else num("nvfp4_matmul_efficiency"),
         sm_count=integer(path, f"{name}.sm_count", sm_count, minimum=0),
         gemm_wave_s=num("gemm_wave_us", 0.0, strict=False) * 1e-6,
         attention_efficiency=None if attention is None else num("attention_efficiency"),

@@ -117,6 +117,10 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         entry["fp8_peak_tflops"] = _scaled(device.fp8_peak_flops_per_s, 1e12)
     if device.mxfp8_matmul_efficiency is not None:
         entry["mxfp8_matmul_efficiency"] = device.mxfp8_matmul_efficiency
+    if device.fp4_peak_flops_per_s is not None:
+        entry["fp4_peak_tflops"] = _scaled(device.fp4_peak_flops_per_s, 1e12)
+    if device.nvfp4_matmul_efficiency is not None:
+        entry["nvfp4_matmul_efficiency"] = device.nvfp4_matmul_efficiency
     if device.sm_count:
         entry["sm_count"] = device.sm_count
     if device.gemm_wave_s:

@@ -314,10 +314,10 @@ def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
         return _NO_OFFLOAD.format(n=s.offload_layers, framework="torchtitan")
     # The estimate prices Transformer Engine's MXFP8 (simcore.megatron.precision); torchtitan's
     # MX training goes through torchao's own kernels, which nothing here is checked on.
-    if s.precision is Precision.MXFP8:
-        return ("precision mxfp8: the estimate prices Transformer Engine's MXFP8 recipe, which"
-                " torchtitan does not run (its float8 converter is fp8's); export for megatron,"
-                " or use precision fp8")
+    if s.precision in (Precision.MXFP8, Precision.NVFP4):
+        return (f"precision {s.precision.value}: the estimate prices Transformer Engine's"
+                f" {s.precision.value.upper()} recipe, which torchtitan does not run (its float8"
+                " converter is fp8's); export for megatron, or use precision fp8")
     # torchtitan/distributed/pipeline_parallel.py (b5bcd76c): a multi-stage schedule class (its
     # zero-bubble ones) "requires at least 2 stages per rank"; ZB-H1 has one.
     if s.schedule is Schedule.ZB_H1:
@@ -374,7 +374,7 @@ def _deepspeed(s: Strategy, bf16: bool) -> str | None:
     # deepspeedai/DeepSpeed#6908 (maintainer, 2025-01-02): FP8 training is "with the Transformer
     # Engine on H100s", i.e. TE layers in the user's model; the engine's own mixed precision
     # (ds_config, planner/exports/_deepspeed.py) is fp16 or bf16.
-    if s.precision.eight_bit:
+    if s.precision.quantized:
         return (f"precision {s.precision.value}: DeepSpeed has no FP8 training mode of its"
                 " own; it offers bf16 and fp16 (export for megatron or torchtitan to train in"
                 " fp8)")

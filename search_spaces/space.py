@@ -323,8 +323,9 @@ class StrategySpace:
                                  np.int64)[pi],
             "v": np.array([p.v for p in pipes], np.int64)[pi],
             "sequence_parallel": np.asarray(self.sequence_parallel, bool)[si],
-            "fp8": np.array([q.eight_bit for q in self.precision], bool)[qi],
+            "fp8": np.array([q.quantized for q in self.precision], bool)[qi],
             "mxfp8": np.array([q is Precision.MXFP8 for q in self.precision], bool)[qi],
+            "nvfp4": np.array([q is Precision.NVFP4 for q in self.precision], bool)[qi],
             "first_stage_layers": np.maximum(ends, 0),
             "offload_layers": np.asarray(self.offload_layers, np.int64)[oi],
         }

@@ -234,9 +234,15 @@ class Precision(_Named):
     Blackwell's tensor cores apply in hardware (TE's ``MXFP8BlockScaling``, Megatron-LM's
     ``--fp8-recipe mxfp8``); needs a device with ``mxfp8_matmul_efficiency``."""
 
+    NVFP4 = "nvfp4"
+    """The same GEMMs in NVFP4: 4-bit E2M1 values with an FP8 (E4M3) scale per 16 elements and
+    an fp32 one per tensor, Transformer Engine's ``NVFP4BlockScaling`` (Megatron-LM's
+    ``--fp4-format e2m1 --fp4-recipe nvfp4``); needs a device with ``nvfp4_matmul_efficiency``
+    (Blackwell)."""
+
     @property
-    def eight_bit(self) -> bool:
-        """The linear layers' GEMMs run in an 8-bit format (FP8 or MXFP8)."""
+    def quantized(self) -> bool:
+        """The linear layers' GEMMs run in a quantised format (FP8, MXFP8 or NVFP4)."""
         return self is not Precision.BF16
 
 
@@ -469,6 +475,11 @@ class DeviceSpec:
     """Achievable fraction of the FP8 peak of the linear layers' MXFP8 (block-scaled) GEMMs in a
     Transformer Engine stack; None: the part cannot run MXFP8 (its tensor cores do not scale
     blocks)."""
+    fp4_peak_flops_per_s: float | None = None
+    """Peak dense FP4 FLOP/s; None: the part has no FP4 tensor cores (before Blackwell)."""
+    nvfp4_matmul_efficiency: float | None = None
+    """Achievable fraction of the FP4 peak of the linear layers' NVFP4 GEMMs in a Transformer
+    Engine stack; None: the part cannot run NVFP4."""
 
     def __post_init__(self) -> None:
         for name in ("peak_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s"):
@@ -489,7 +500,8 @@ class DeviceSpec:
             raise ValueError(f"`sm_count >= 0` must hold (a whole number), but got"
                              f" sm_count={self.sm_count!r}")
         for name in ("attention_efficiency", "fused_attention_efficiency",
-                     "fused_matmul_efficiency", "mxfp8_matmul_efficiency"):
+                     "fused_matmul_efficiency", "mxfp8_matmul_efficiency",
+                     "nvfp4_matmul_efficiency"):
             if getattr(self, name) is not None:
                 _fraction(name, getattr(self, name))
         if not (self.memory_overhead_bytes >= 0 and math.isfinite(self.memory_overhead_bytes)):
@@ -507,6 +519,11 @@ class DeviceSpec:
         elif self.mxfp8_matmul_efficiency is not None:
             raise ValueError("mxfp8_matmul_efficiency needs fp8_peak_flops_per_s (MXFP8 runs at"
                              " the FP8 peak); set both or neither")
+        if self.fp4_peak_flops_per_s is not None:
+            _positive("fp4_peak_flops_per_s", self.fp4_peak_flops_per_s)
+        elif self.nvfp4_matmul_efficiency is not None:
+            raise ValueError("nvfp4_matmul_efficiency needs fp4_peak_flops_per_s (NVFP4 runs at"
+                             " the FP4 peak); set both or neither")
         if self.host_bandwidth_bytes_per_s is not None:
             _positive("host_bandwidth_bytes_per_s", self.host_bandwidth_bytes_per_s)
 

@@ -142,8 +142,9 @@ def _columns(plans: list[Strategy]) -> dict[str, np.ndarray]:
         "recompute": np.array([RECOMPUTE_CODES[s.recompute] for s in plans]),
         "schedule": np.full(len(plans), SCHEDULE_CODES["1f1b"]),
         "sequence_parallel": np.array([s.sequence_parallel for s in plans]),
-        "fp8": np.array([s.precision.eight_bit for s in plans]),
+        "fp8": np.array([s.precision.quantized for s in plans]),
         "mxfp8": np.array([s.precision is Precision.MXFP8 for s in plans]),
+        "nvfp4": np.array([s.precision is Precision.NVFP4 for s in plans]),
     }
 
 

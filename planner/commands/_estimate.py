@@ -114,8 +114,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--placement", default="tp,sp,dp,pp",
                    help="axes onto network dimensions, innermost first (default tp,sp,dp,pp)")
     g.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
-                   help="bf16 (default), fp8 (per-tensor scaling) or mxfp8 (a scale per 32"
-                        " elements, Blackwell) GEMMs of the linear layers (Transformer Engine)")
+                   help="bf16 (default), fp8 (per-tensor scaling), mxfp8 (a scale per 32"
+                        " elements) or nvfp4 (4-bit, a scale per 16; both Blackwell) GEMMs of the"
+                        " linear layers (Transformer Engine)")
     g.add_argument("--first-stage-layers", type=int, metavar="N",
                    help="layers on the first pipeline stage (Megatron-LM's"
                    " --decoder-first-pipeline-num-layers; default: an equal share)")
@@ -240,9 +241,12 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
         raise PlannerUsageError(f"strategy: {e}") from None
 
 
-def _table(est: Estimate) -> str:
+def _table(est: Estimate, quantized: bool = False) -> str:
+    """``quantized``: the GEMMs ran below 16 bits, so MFU (against the bf16 peak, as
+    Megatron-LM and Megatron-Bridge report it) may pass 100%; the line says so."""
+    of = " of the bf16 peak" if quantized else ""
     lines = [(f"step time      {est.step_time:10.4f} s   ({est.tokens_per_s:,.0f} tokens/s,"
-              f" MFU {est.mfu:.1%}, HFU {est.hfu:.1%})")]
+              f" MFU {est.mfu:.1%}, HFU {est.hfu:.1%}{of})")]
     for f in fields(est.time):
         value = getattr(est.time, f.name)
         if value:
@@ -376,7 +380,7 @@ class EstimateCommand(BaseCommand):
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
                   f"{', congestion-aware' if aware else ''}, {stack}):"
                   f" {_describe(strategy, model.layers)}")
-            print(_table(est))
+            print(_table(est, strategy.precision.quantized))
 
 
 def _describe(s: Strategy, layers: int) -> str:

@@ -41,7 +41,8 @@ Option names were checked in NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
   delayed scaling, fuses the experts' casts. Transformer Engine runs the linear layers in FP8;
   ``--transformer-impl transformer_engine`` is the default. mxfp8: ``--fp8-format e4m3
   --fp8-recipe mxfp8`` with ``--fp8-param-gather --reuse-grad-buf-for-mxfp8-param-ag`` under
-  the distributed optimizer, Megatron-Bridge's ``bf16_with_mxfp8_mixed``.
+  the distributed optimizer, Megatron-Bridge's ``bf16_with_mxfp8_mixed``; nvfp4: ``--fp4-format
+  e2m1 --fp4-recipe nvfp4``, its ``bf16_with_nvfp4_mixed``.
 
 Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.frameworks.why_not`.
 """
@@ -330,6 +331,14 @@ def precision_args(precision: Precision, *, param_gather: bool = False) -> list[
     linear layers' weights kept only in their 8-bit form (``--fp8-param-gather``)."""
     if precision is Precision.BF16:
         return []
+    if precision is Precision.NVFP4:
+        # Megatron-Bridge's bf16_with_nvfp4_mixed (v0.4.0 training/mixed_precision.py): fp4
+        # e2m1, fp4_recipe nvfp4, no param gather in FP4
+        return ["# nvfp4: Transformer Engine runs the linear layers' GEMMs in NVFP4 (a scale per",
+                "# 16 elements and one per tensor), as estimated; attention, LM head and",
+                "# optimizer stay bf16, and the weights are kept and gathered in bf16",
+                "--fp4-format e2m1",
+                "--fp4-recipe nvfp4"]
     if precision is Precision.MXFP8:
         # Megatron-Bridge's bf16_with_mxfp8_mixed (v0.4.0 training/mixed_precision.py): e4m3,
         # mxfp8, fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag

@@ -35,6 +35,7 @@ import numpy as np
 from simcore.megatron.activations import layer_activations
 from simcore.megatron.kernels import KernelCosts, layer_kernels, modules_forward
 from simcore.megatron.layers import layer_shape
+from simcore.megatron.precision import saved_input_bytes
 from simcore.megatron.plan import (
     uses_flash_attention,
     uses_fp32_shards,
@@ -81,8 +82,9 @@ def lower_bounds(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     ``first_stage_layers`` (0: even stages; else the first and last stages' layers),
     ``recompute`` and ``schedule`` (:data:`RECOMPUTE_CODES` or :data:`PARTIAL_RECOMPUTE`,
     :data:`SCHEDULE_CODES`), and bool
-    arrays ``sequence_parallel`` and ``fp8`` (any 8-bit format); optionally ``mxfp8`` (those of
-    the 8-bit plans in MXFP8) and ``offload_layers`` (0: none)."""
+    arrays ``sequence_parallel`` and ``fp8`` (any quantised format); optionally ``mxfp8`` and
+    ``nvfp4`` (those of the quantised plans in MXFP8, in NVFP4) and ``offload_layers`` (0:
+    none)."""
     if model.moe is not None:
         raise ValueError(f"{model.name}: the bounds cover dense models only")
     c = {k: np.asarray(v) for k, v in columns.items()}
@@ -116,8 +118,9 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     recompute) and its kept activation bytes, computed once per distinct set of knobs they
     read."""
     fp8 = c["fp8"].astype(bool)
-    # 0 bf16, 1 fp8, 2 mxfp8
-    code = fp8.astype(int) + (fp8 & c.get("mxfp8", np.zeros_like(fp8)).astype(bool))
+    # 0 bf16, 1 fp8, 2 mxfp8, 3 nvfp4
+    code = (fp8.astype(int) + (fp8 & c.get("mxfp8", np.zeros_like(fp8)).astype(bool))
+            + 2 * (fp8 & c.get("nvfp4", np.zeros_like(fp8)).astype(bool)))
     te = np.array([uses_transformer_engine(system, training, ZeroStage(z))
                    for z in range(4)])[c["zero"]]
     early = np.array([uses_recompute_early_stop(system, training, ZeroStage(z))
@@ -137,7 +140,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     stored = np.empty(len(distinct))
     for i, (mb, tp, sp, seqpar, fmt, rc, micro, with_te, stops_early) in enumerate(
             distinct.tolist()):
-        precision = (Precision.BF16, Precision.FP8, Precision.MXFP8)[fmt]
+        precision = (Precision.BF16, Precision.FP8, Precision.MXFP8, Precision.NVFP4)[fmt]
         costs = KernelCosts.of(system.device, precision, bool(with_te),
                               training.launch_blocking)
         k = layer_kernels(model, shape, costs,
@@ -157,7 +160,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
         stored[i] = layer_activations(
             model, shape, micro_batch=mb, seq_len=training.seq_len, tp=tp, sp=sp,
             sequence_parallel=bool(seqpar), recompute=recompute, flash=flash,
-            linear_input_bytes=1 if fmt else 2,
+            linear_input_bytes=saved_input_bytes(precision),
             per_op=per_op and recompute is Recompute.SELECTIVE,
             modules=modules if recompute is Recompute.SELECTIVE else None,
             swiglu_fused=training.swiglu_fusion).stored

@@ -89,7 +89,7 @@ def check_plan(
         problem = recompute_modules_problem(model, training)
         if problem is not None:
             raise ValueError(problem)
-    if s.precision.eight_bit:
+    if s.precision.quantized:
         problem = fp8_problem(system.device, s.precision)
         if problem is not None:
             raise ValueError(problem)

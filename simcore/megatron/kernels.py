@@ -46,6 +46,8 @@ from simcore.megatron.precision import (
     CAST_BYTES,
     FP8_BYTES,
     MX_CAST_BYTES,
+    NV_CAST_BYTES,
+    NV_ELEMENT_BYTES,
     fp8_overheads,
     fp8_problem,
 )
@@ -99,12 +101,18 @@ class KernelCosts:
     launch: float
     sm_count: int
     fp8_rate: float | None = None
-    """Achievable FP8 FLOP/s of the linear layers' GEMMs; None runs them in 16-bit."""
+    """Achievable FLOP/s of the linear layers' quantised GEMMs (FP8, MXFP8 or NVFP4); None runs
+    them in 16-bit."""
     cast_bytes: float = CAST_BYTES
     """Bytes an element moved by a cast to the 8-bit format (:mod:`simcore.megatron.precision`):
     per-tensor FP8's row-wise and transposed copies, or MXFP8's two scaled copies."""
     scale_update: bool = True
-    """Each FP8 cast's per-tensor scale is updated by a kernel of its own (not in MXFP8)."""
+    """Each FP8 cast's per-tensor scale is updated by a kernel of its own (not in MXFP8 or
+    NVFP4)."""
+    amax_pass: bool = False
+    """Each cast reads its tensor once more first for a per-tensor amax (NVFP4's global scale)."""
+    operand_bytes: float = FP8_BYTES
+    """Bytes an element of a quantised GEMM's inputs (NVFP4: the 4-bit value and its scale)."""
     gemm_wave: float = 0.0
     """Fixed time of each wave of a 16-bit GEMM's output tiles (the device's gemm_wave_s)."""
     host: float = 0.0
@@ -127,16 +135,21 @@ class KernelCosts:
             attention = device.fused_attention_efficiency
         fp8_rate = None
         cast_bytes = CAST_BYTES
-        if precision.eight_bit:
+        if precision.quantized:
             problem = fp8_problem(device, precision)
             if problem is not None:
                 raise ValueError(problem)
-            assert device.fp8_peak_flops_per_s is not None
-            if precision is Precision.MXFP8:
-                assert device.mxfp8_matmul_efficiency is not None
-                matmul = device.mxfp8_matmul_efficiency
-                cast_bytes = MX_CAST_BYTES
-            fp8_rate = device.fp8_peak_flops_per_s * matmul
+            if precision is Precision.NVFP4:
+                assert device.fp4_peak_flops_per_s and device.nvfp4_matmul_efficiency
+                fp8_rate = device.fp4_peak_flops_per_s * device.nvfp4_matmul_efficiency
+                cast_bytes = NV_CAST_BYTES
+            else:
+                assert device.fp8_peak_flops_per_s is not None
+                if precision is Precision.MXFP8:
+                    assert device.mxfp8_matmul_efficiency is not None
+                    matmul = device.mxfp8_matmul_efficiency
+                    cast_bytes = MX_CAST_BYTES
+                fp8_rate = device.fp8_peak_flops_per_s * matmul
         return cls(
             flop_rate=flop_rate,
             byte_rate=device.hbm_bandwidth_bytes_per_s * device.memory_efficiency,
@@ -146,7 +159,9 @@ class KernelCosts:
             sm_count=device.sm_count,
             fp8_rate=fp8_rate,
             cast_bytes=cast_bytes,
-            scale_update=precision is not Precision.MXFP8,
+            scale_update=precision in (Precision.BF16, Precision.FP8),
+            amax_pass=precision is Precision.NVFP4,
+            operand_bytes=NV_ELEMENT_BYTES if precision is Precision.NVFP4 else FP8_BYTES,
             gemm_wave=device.gemm_wave_s,
             host=BLOCKING_HOST_S if launch_blocking else 0.0,
         )
@@ -175,11 +190,12 @@ class KernelCosts:
 
     def linear(self, m: float, n: float, k: float, batch: float = 1) -> float:
         """A linear layer's GEMM (``batch`` of them in one kernel: a grouped GEMM of experts):
-        :meth:`gemm` in 16-bit, or in FP8 (1-byte inputs, a 16-bit output) at the FP8 rate."""
+        :meth:`gemm` in 16-bit, or quantised (FP8: 1-byte inputs, a 16-bit output) at the
+        quantised rate."""
         if self.fp8_rate is None:
             return self.gemm(m, n, k, batch)
         flops = 2 * m * n * k * batch
-        moved = batch * (FP8_BYTES * (m * k + k * n) + 2 * m * n)
+        moved = batch * (self.operand_bytes * (m * k + k * n) + 2 * m * n)
         work = max(flops / (self.fp8_rate * self.waves(m, n, batch)), moved / self.byte_rate)
         return self.host + max(self.launch, work)
 

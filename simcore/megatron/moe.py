@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 from simcore.megatron.calls import Call
 from simcore.megatron.kernels import BACKWARD_KERNELS, KernelCosts
 from simcore.megatron.placement import ExpertPart
+from simcore.megatron.precision import quantize_time
 from simcore.network import Collective
 from simcore.specs import Activation, ModelSpec, MoESpec, Recompute, Strategy, ZeroStage
 
@@ -134,11 +135,12 @@ class ExpertKernels:
 def _quantize(costs: KernelCosts, elements: float) -> float:
     """One tensor's FP8 quantisation (:data:`QUANTIZE_KERNELS`): the amax reads it in 16 bits,
     the cast writes it in FP8, two kernels at the launch floor. In MXFP8 (no per-tensor scale:
-    ``costs.scale_update`` false) the cast alone, which finds each block's scale as it reads."""
-    cast = costs.elementwise(costs.cast_bytes * elements)
+    ``costs.scale_update`` false) the cast alone, which finds each block's scale as it reads; in
+    NVFP4 the cast after its amax pass."""
     if not costs.scale_update:
-        return cast
-    return 2 * costs.launch + costs.elementwise(2 * elements) + cast
+        return quantize_time(costs, elements)  # MXFP8; NVFP4 with its amax pass
+    return (2 * costs.launch + costs.elementwise(2 * elements)
+            + costs.elementwise(costs.cast_bytes * elements))
 
 
 def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: int, etp: int,
@@ -194,7 +196,8 @@ def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: i
         if transformer_engine:
             forward += local * sum(_quantize(costs, x) for x in fwd_inputs)
             backward += local * sum(_quantize(costs, x) for x in bwd_inputs)
-            per_tensor = QUANTIZE_KERNELS if costs.scale_update else 1
+            per_tensor = (QUANTIZE_KERNELS if costs.scale_update
+                          else 1 + costs.amax_pass)
             n_fwd += 2 * per_tensor * local
             n_bwd += 2 * per_tensor * local
         else:

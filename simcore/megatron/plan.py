@@ -13,7 +13,7 @@ from simcore.megatron.checks import micro_batches
 from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
 from simcore.megatron.layers import LayerShape, layer_shape
 from simcore.megatron.placement import AxisLike, AxisNetworks, axis_networks
-from simcore.megatron.precision import FP8_BYTES
+from simcore.megatron.precision import saved_input_bytes
 from simcore.megatron.states import model_state_bytes
 from simcore.network import Collective
 from simcore.specs import (
@@ -150,7 +150,7 @@ class StepPlan:
                         if strategy.recompute is Recompute.SELECTIVE
                         and training.recompute_modules is not None else None)
         """Selective recompute runs Megatron-LM's ``recompute_modules`` again."""
-        self.fp8 = strategy.precision.eight_bit
+        self.fp8 = strategy.precision.quantized
         """The linear layers run in FP8 or MXFP8 (:mod:`simcore.megatron.precision`)."""
         self.mx = strategy.precision is Precision.MXFP8
         """... in MXFP8: their weights kept as row- and column-wise scaled copies."""
@@ -248,11 +248,11 @@ class StepPlan:
         kind = "act" if ffn is None else "moe act"
         return _shared(
             self.shared, (kind, s.micro_batch, s.tp, s.sp, s.sequence_parallel, recompute,
-                          self.fp8, self.training.swiglu_fusion),
+                          s.precision, self.training.swiglu_fusion),
             lambda: layer_activations(
                 self.model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
                 sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=recompute,
-                flash=self.flash, linear_input_bytes=FP8_BYTES if self.fp8 else 2, ffn=ffn,
+                flash=self.flash, linear_input_bytes=saved_input_bytes(s.precision), ffn=ffn,
                 per_op=self.per_op, modules=self.modules,
                 swiglu_fused=self.training.swiglu_fusion,
             ))
@@ -286,7 +286,7 @@ class StepPlan:
                                    etp=s.expert_tp, act_bytes=a, dedup=s.ep_dedup,
                                    transformer_engine=self.te))
         self.moe_act = self._activations(s.recompute, width)
-        saved = FP8_BYTES if self.fp8 else a
+        saved = saved_input_bytes(s.precision) if self.fp8 else a
         self.expert_act = expert_activations(model, tokens=self.expert_tokens, etp=s.expert_tp,
                                              act_bytes=a, recompute=s.recompute,
                                              linear_input_bytes=saved)
@@ -363,10 +363,13 @@ def uses_fp32_shards(system: SystemSpec, training: TrainingSpec, zero: ZeroStage
 
 def uses_quantized_params(system: SystemSpec, training: TrainingSpec,
                           strategy: Strategy) -> bool:
-    """Whether an 8-bit plan keeps its linear layers' weights only in their 8-bit form
+    """Whether an FP8 or MXFP8 plan keeps its linear layers' weights only in their 8-bit form
     (``--fp8-param-gather``): Transformer Engine plans with ZeRO 1-3, as Megatron-LM's FP8
-    example, NeMo 2's and Megatron-Bridge's FP8 and MXFP8 recipes set it."""
-    return (strategy.precision.eight_bit and strategy.zero >= ZeroStage.OPTIMIZER
+    example, NeMo 2's and Megatron-Bridge's FP8 and MXFP8 recipes set it. Megatron-Bridge's
+    NVFP4 recipe (``bf16_with_nvfp4_mixed``: ``fp8_param_gather False``) keeps the 16-bit
+    weights and the NVFP4 copies beside them."""
+    return (strategy.precision in (Precision.FP8, Precision.MXFP8)
+            and strategy.zero >= ZeroStage.OPTIMIZER
             and uses_transformer_engine(system, training, strategy.zero))
 
 

@@ -50,6 +50,14 @@ the cast reads it: no amax history and no scale-update kernel. The GEMMs run at 
 ``mxfp8_matmul_efficiency`` of the FP8 peak (block-scaled GEMMs load their scales beside the
 operands; fit per device on MXFP8 runs, studies/catalog/devices/gpus.yaml).
 
+NVFP4 (``Precision.NVFP4``, TE's ``NVFP4BlockScaling``): E2M1 values (half a byte) with an E4M3
+scale per 16 elements and an fp32 scale per tensor; the GEMMs at the device's
+``nvfp4_matmul_efficiency`` of its FP4 peak. The per-tensor scale needs the tensor's amax before
+the cast, a pass of its own (one read); the cast then writes both copies, the column-wise one
+(the weight gradient's) through a 16 x 16 random Hadamard transform and, for gradients, with
+stochastic rounding, in the same kernel (priced as its memory traffic). Megatron-Bridge's NVFP4
+recipe gathers no FP4 parameters: the 16-bit weights stay beside both NVFP4 copies.
+
 Memory: TE keeps an FP8 copy of each linear layer's weight (1 byte per parameter, on top of the
 16-bit weights and fp32 master weights); each linear layer saves its input for the weight
 gradient in FP8 (1 byte per element instead of 2). With the distributed optimizer or FSDP under
@@ -80,6 +88,12 @@ __all__ = [
     "MX_BLOCK",
     "MX_CAST_BYTES",
     "MX_WEIGHT_BYTES",
+    "NV_BLOCK",
+    "NV_CAST_BYTES",
+    "NV_ELEMENT_BYTES",
+    "NV_WEIGHT_BYTES",
+    "FP4_BYTES",
+    "saved_input_bytes",
     "FP8_BYTES",
     "Fp8Overheads",
     "fp8_overheads",
@@ -103,6 +117,24 @@ column-wise FP8 copies, each with a 1-byte scale per :data:`MX_BLOCK` elements."
 
 MX_CAST_BYTES = 2 + MX_WEIGHT_BYTES
 """Bytes moved per element by an MXFP8 cast: the 16-bit read and both scaled copies."""
+
+NV_BLOCK = 16
+"""Elements that share one E4M3 scale in NVFP4 (TE's ``NVFP4BlockScaling``: "each group of 16
+consecutive values is scaled together")."""
+
+FP4_BYTES = 0.5
+"""Bytes of an E2M1 element (two a byte)."""
+
+NV_ELEMENT_BYTES = FP4_BYTES + 1 / NV_BLOCK
+"""Bytes per element of one NVFP4 copy: the 4-bit value and its share of the 1-byte scale."""
+
+NV_WEIGHT_BYTES = 2 * NV_ELEMENT_BYTES
+"""Bytes per element of an NVFP4 tensor kept for both GEMM directions (row- and column-wise)."""
+
+NV_CAST_BYTES = 2 + NV_WEIGHT_BYTES
+"""Bytes moved per element by an NVFP4 cast, after its amax pass: the 16-bit read and both
+copies (the column-wise one through the 16 x 16 random Hadamard transform, in the same
+kernel)."""
 
 AMAX_HISTORY_LEN = 1024
 """Entries of each FP8 tensor's amax history: ``--fp8-amax-history-len 1024`` as Megatron-LM's
@@ -129,21 +161,43 @@ def fp8_overheads(costs: KernelCosts, linears: Sequence[tuple[float, float, floa
                   micro_batches: int) -> Fp8Overheads:
     """The overheads of the linear GEMMs ``y = x @ w``, given as (m, n, k) with x (m x k) and
     w (k x n); a step of ``micro_batches`` micro-batches casts each weight once."""
-    cast = costs.cast_bytes
-    # MXFP8's scales are each block's own: no amax history to update
+    # MXFP8's and NVFP4's block scales are each block's own: no amax history to update
     update = costs.elementwise(SCALE_UPDATE_BYTES) if costs.scale_update else 0.0
     forward = backward = 0.0
     for m, n, k in linears:
-        forward += (costs.elementwise(cast * m * k)                  # x
-                    + costs.elementwise(cast * k * n) / micro_batches  # w, once a step
+        forward += (quantize_time(costs, m * k)                  # x
+                    + quantize_time(costs, k * n) / micro_batches  # w, once a step
                     + update)
-        backward += costs.elementwise(cast * m * n) + update
-    kernels = (2 if costs.scale_update else 1) * len(linears)
+        backward += quantize_time(costs, m * n) + update
+    kernels = (1 + costs.scale_update + costs.amax_pass) * len(linears)
     return Fp8Overheads(forward, backward, kernels, kernels)
 
 
+def quantize_time(costs: KernelCosts, elements: float) -> float:
+    """One tensor's cast to the GEMMs' format; NVFP4's (``costs.amax_pass``) reads it once more
+    first, for its per-tensor scale (and the Hadamard-transformed copy's)."""
+    cast = costs.elementwise(costs.cast_bytes * elements)
+    return cast + costs.elementwise(2 * elements) if costs.amax_pass else cast
+
+
+def saved_input_bytes(precision: Precision) -> float:
+    """Bytes an element of a linear layer's input kept for its weight gradient: 16-bit, or the
+    column-wise copy the quantised GEMM reads (FP8 1; MXFP8 1 and its scales; NVFP4 0.5 and its
+    scales)."""
+    return {Precision.BF16: 2.0, Precision.FP8: float(FP8_BYTES),
+            Precision.MXFP8: FP8_BYTES + 1 / MX_BLOCK,
+            Precision.NVFP4: NV_ELEMENT_BYTES}[precision]
+
+
 def fp8_problem(device: DeviceSpec, precision: Precision = Precision.FP8) -> str | None:
-    """Why ``device`` cannot run a plan in ``precision`` (fp8 or mxfp8), or None if it can."""
+    """Why ``device`` cannot run a plan in ``precision`` (fp8, mxfp8 or nvfp4), or None if it
+    can."""
+    if precision is Precision.NVFP4:
+        if device.fp4_peak_flops_per_s is None or device.nvfp4_matmul_efficiency is None:
+            return (f"precision nvfp4 needs FP4 tensor cores (Blackwell), but device"
+                    f" {device.name} has no fp4_peak_tflops and nvfp4_matmul_efficiency in its"
+                    " catalog entry; use precision fp8, or a Blackwell device")
+        return None
     if device.fp8_peak_flops_per_s is None:
         return (f"precision {precision.value} needs FP8 tensor cores, but device {device.name}"
                 " has none (no fp8_peak_tflops in its catalog entry); use precision bf16, or"

@@ -1,0 +1,158 @@
+"""precision: nvfp4 (simcore/megatron/precision.py): the linear GEMMs at the FP4 peak, NVFP4's
+casts (an amax pass, then both 4-bit copies with their scales), its weight copies and saved
+inputs, the devices that refuse it, the space's knob, the exports' flags, and Megatron-Bridge's
+NVFP4 runs on GB200 and GB300 (tests/data/validation/README.md, "NVFP4"). Hand calculations in
+comments."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import simcore
+from planner.calibration import calibrate
+from planner.catalog import load_catalog
+from planner.cli import main
+from planner.exports import export_files
+from planner.plan import make_plan, strategy_dict, strategy_from_attrs
+from planner.runs_csv import read_runs
+from search_spaces.frameworks import why_not
+from search_spaces.space import StrategySpace
+from simcore.megatron.kernels import KernelCosts
+from simcore.megatron.precision import fp8_overheads
+from simcore.specs import Convention, DeviceSpec, Precision, Schedule, Strategy
+from simcore.specs import TrainingSpec, ZeroStage
+from tests.space_checks import assert_batched_and_bounds_hold
+
+CATALOG = load_catalog()
+DATA = Path(__file__).parent / "data" / "validation"
+GB300, GB200 = CATALOG.device("gb300"), CATALOG.device("gb200")
+NV, FP8 = Precision.NVFP4, Precision.FP8
+RACK = CATALOG.system("dgx-gb300-64")
+LLAMA70 = CATALOG.model("llama3-70b")
+TRAINING = TrainingSpec(global_batch=256, seq_len=8192)
+RECIPE = Strategy(dp=16, tp=1, pp=4, v=5, schedule=Schedule.INTERLEAVED, zero=ZeroStage.OPTIMIZER,
+                  sequence_parallel=False, precision=NV)
+"""Llama 3 70B on one GB300 rack as Megatron-Bridge's NVFP4 preset lays it out
+(LLAMA3_70B_PRETRAIN_CONFIG_GB300_NVFP4_V2: tp 1 x pp 4 x vp 5, the distributed optimizer)."""
+
+
+@pytest.fixture(autouse=True)
+def no_user_catalog(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLANNER_CATALOG", str(tmp_path / "user-catalog"))
+
+
+# -- (a) time ---------------------------------------------------------------------------------
+def test_nvfp4_gemms_run_at_the_fp4_peak() -> None:
+    # GB300: 15 PFLOPS FP4 dense (verda.com's per-GPU table) x 0.682 (gpus.yaml) = 10.2 PF/s,
+    # against FP8's 5 x 0.723 = 3.6: a compute-bound linear (16384 x 8192 x 8192, 2.2 TFLOP)
+    # runs in 0.22 ms, not 0.62 ms (its 128 x 64 output tiles in 52 waves over 160 SMs, the
+    # last one 20% empty: busy 8192 / 8320); its inputs take 0.5 bytes and a 1-byte scale per 16.
+    nv, fp8 = KernelCosts.of(GB300, NV, True), KernelCosts.of(GB300, FP8, True)
+    assert nv.fp8_rate == pytest.approx(15000e12 * 0.682)
+    assert nv.operand_bytes == 0.5 + 1 / 16
+    m, n, k = 16384, 8192, 8192
+    assert nv.linear(m, n, k) == pytest.approx(
+        2 * m * n * k / (15000e12 * 0.682 * 8192 / 8320), rel=1e-9)
+    assert fp8.linear(m, n, k) / nv.linear(m, n, k) == pytest.approx(
+        15000 * 0.682 / (5000 * 0.723), rel=1e-9)
+    # attention's and the LM head's 16-bit GEMMs keep the bf16 rate
+    assert nv.gemm(m, n, k) == fp8.gemm(m, n, k)
+
+
+def test_nvfp4_casts_read_twice() -> None:
+    # One linear (4096, 8192, 8192), 8 micro-batches: each cast is an amax pass (2 bytes read)
+    # and the cast (2 read + 2 x (0.5 + 1/16) written), two kernels; no scale update.
+    costs = KernelCosts.of(GB300, NV, True)
+    rate = GB300.hbm_bandwidth_bytes_per_s * GB300.memory_efficiency
+    cast = 2 + 2 + 2 * (0.5 + 1 / 16)
+    over = fp8_overheads(costs, [(4096, 8192, 8192)], micro_batches=8)
+    assert over.forward == pytest.approx(cast * 4096 * 8192 / rate
+                                         + cast * 8192 * 8192 / rate / 8)
+    assert over.backward == pytest.approx(cast * 4096 * 8192 / rate)
+    assert (over.kernels_forward, over.kernels_backward) == (2, 2)
+
+
+# -- (b) memory -------------------------------------------------------------------------------
+def test_nvfp4_keeps_the_16_bit_weights_and_both_copies() -> None:
+    # The recipe plan's stage 0: 20 of the 70B's layers at tp 1, 855,638,016 linear parameters
+    # each (q, o 8192^2; k, v 8192 x 1024; the MLP 3 x 8192 x 28672): 17,112,760,320. bf16 keeps
+    # them in 2 bytes; NVFP4 adds both 4-bit copies with their scales, 2 x (0.5 + 1/16) = 1.125
+    # bytes (Megatron-Bridge's NVFP4 recipe gathers no FP4 params: the 16-bit ones stay).
+    linear = 20 * (2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672)
+    assert linear == 17_112_760_320
+    nv = simcore.estimate(LLAMA70, RACK, TRAINING, RECIPE)
+    bf16 = simcore.estimate(LLAMA70, RACK, TRAINING, replace(RECIPE, precision=Precision.BF16))
+    assert nv.memory.weights - bf16.memory.weights == pytest.approx(1.125 * linear)
+    # each saved linear input: 2 bytes an element in bf16, 1 in FP8, 0.5 + 1/16 in NVFP4
+    fp8 = simcore.estimate(LLAMA70, RACK, TRAINING, replace(RECIPE, precision=FP8))
+    saved_fp8 = bf16.memory.activations - fp8.memory.activations
+    assert bf16.memory.activations - nv.memory.activations == pytest.approx(
+        (2 - 0.5625) * saved_fp8, rel=1e-9)
+
+
+# -- (c) who runs it --------------------------------------------------------------------------
+def test_devices_without_fp4_refuse_nvfp4() -> None:
+    for system in ("dgx-h100-64", "dgx-a100-64"):
+        with pytest.raises(ValueError, match="precision nvfp4 needs FP4 tensor cores"):
+            simcore.estimate(LLAMA70, CATALOG.system(system), TRAINING, RECIPE)
+    with pytest.raises(ValueError, match="nvfp4_matmul_efficiency needs fp4_peak"):
+        DeviceSpec(name="x", peak_flops_per_s=1e15, hbm_bytes=8e10,
+                   hbm_bandwidth_bytes_per_s=3e12, nvfp4_matmul_efficiency=0.5)
+
+
+def test_the_space_searches_nvfp4_where_it_runs() -> None:
+    kw = {"model": LLAMA70, "training": TRAINING, "convention": Convention.MEGATRON,
+          "tp": (1, 2), "pp": (4,), "zero": (ZeroStage.OPTIMIZER,),
+          "precision": (FP8, Precision.MXFP8, NV)}
+    blackwell = StrategySpace(system=RACK, **kw)  # type: ignore[arg-type]
+    hopper = StrategySpace(system=CATALOG.system("dgx-h100-64"), **kw)  # type: ignore[arg-type]
+    assert {s.precision for s in blackwell.valid} == {FP8, Precision.MXFP8, NV}
+    assert {s.precision for s in hopper.valid} == {FP8}
+    assert_batched_and_bounds_hold(blackwell)
+    assert strategy_from_attrs(strategy_dict(RECIPE)) == RECIPE
+
+
+def test_megatron_export_writes_the_nvfp4_recipe_and_others_refuse() -> None:
+    # Megatron-Bridge v0.4.0 bf16_with_nvfp4_mixed: fp4 "e2m1", fp4_recipe "nvfp4",
+    # fp8_param_gather False
+    plan = make_plan(LLAMA70, RACK, TRAINING, RECIPE, Convention.MEGATRON)
+    script = export_files(plan, "megatron")["megatron.sh"]
+    assert "  --fp4-format e2m1\n" in script and "  --fp4-recipe nvfp4\n" in script
+    assert "--fp8-" not in script and "param-gather" not in script
+    s = Strategy(dp=64, precision=NV)
+    assert "torchtitan does not run" in (why_not("torchtitan", LLAMA70, TRAINING, s) or "")
+    assert "DeepSpeed has no FP8" in (why_not("deepspeed", LLAMA70, TRAINING, s) or "")
+
+
+# -- (d) the fit and its check ----------------------------------------------------------------
+def test_the_nvfp4_rates_are_the_fits_from_the_fp8_rates() -> None:
+    """`planner calibrate tests/data/validation/nvfp4-fit.csv --device D --fit
+    nvfp4_matmul_efficiency`, each from the device's per-tensor FP8 fraction (the prior: the
+    same fraction of the FP4 peak): GB300 0.723 -> 0.682; GB200 stays at 0.532 (its four runs
+    do not move it)."""
+    runs, skipped = read_runs(DATA / "nvfp4-fit.csv", CATALOG)
+    assert len(runs) == 8 and skipped == []
+    for device, fitted in ((GB300, 0.682), (GB200, 0.532)):
+        on = [r for r in runs if r.system.device.name == device.name]  # as --device does
+        assert len(on) == 4
+        start = replace(device, nvfp4_matmul_efficiency=device.fused_matmul_efficiency)
+        fit = calibrate(on, start, f"{device.name}-refit", only=("nvfp4_matmul_efficiency",))
+        assert fit.device.nvfp4_matmul_efficiency == pytest.approx(fitted, abs=0.003)
+        assert device.nvfp4_matmul_efficiency == fitted
+
+
+def test_nvfp4_check(capsys) -> None:
+    """nvfp4-check.csv (containers 26.02, 26.02.01 and 26.06, not fit on): every run estimated
+    fast, most of all the 405B on GB300 (-18.7 to -23.3%: its fit runs are -17 to -18%, where
+    the 70B's are within 1.4%); GB200 -0.4 to -17.6%."""
+    assert main(["validate", str(DATA / "nvfp4-check.csv"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["step_time_runs"] == 9 and data["skipped"] == []
+    assert data["over_memory_runs"] == 0
+    assert data["step_time_mape"] <= 0.14  # measured 13.4%
+    errors = [r["step_time_error"] for r in data["rows"]]
+    assert all(-0.24 <= e <= 0 for e in errors)

@@ -132,8 +132,8 @@ def test_megatron_export_writes_the_nvfp4_recipe_and_others_refuse() -> None:
 def test_the_nvfp4_rates_are_the_fits_from_the_fp8_rates() -> None:
     """`planner calibrate tests/data/validation/nvfp4-fit.csv --device D --fit
     nvfp4_matmul_efficiency`, each from the device's per-tensor FP8 fraction (the prior: the
-    same fraction of the FP4 peak): GB300 0.723 -> 0.682; GB200 stays at 0.532 (its four runs
-    do not move it)."""
+    same fraction of the FP4 peak): GB300 0.723 -> 0.682 (6.5 -> 5.4% MAPE); GB200 stays at
+    0.532 (its four runs do not move it)."""
     runs, skipped = read_runs(DATA / "nvfp4-fit.csv", CATALOG)
     assert len(runs) == 8 and skipped == []
     for device, fitted in ((GB300, 0.682), (GB200, 0.532)):
@@ -146,13 +146,32 @@ def test_the_nvfp4_rates_are_the_fits_from_the_fp8_rates() -> None:
 
 
 def test_nvfp4_check(capsys) -> None:
-    """nvfp4-check.csv (containers 26.02, 26.02.01 and 26.06, not fit on): every run estimated
-    fast, most of all the 405B on GB300 (-18.7 to -23.3%: its fit runs are -17 to -18%, where
-    the 70B's are within 1.4%); GB200 -0.4 to -17.6%."""
+    """nvfp4-check.csv (containers 26.02, 26.02.01 and 26.06, not fit on): 9.7% MAPE; the 405B
+    on GB300 11-16% fast (its fit runs 10-11%, where the 70B's are within 1.4%), GB200's 70B
+    13-15% fast, its 405B -2.9..+5.2% (13.4% MAPE with TE's userbuffers tp overlap assumed)."""
     assert main(["validate", str(DATA / "nvfp4-check.csv"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["step_time_runs"] == 9 and data["skipped"] == []
     assert data["over_memory_runs"] == 0
-    assert data["step_time_mape"] <= 0.14  # measured 13.4%
+    assert data["step_time_mape"] <= 0.10  # measured 9.7%
     errors = [r["step_time_error"] for r in data["rows"]]
-    assert all(-0.24 <= e <= 0 for e in errors)
+    assert all(-0.17 <= e <= 0.06 for e in errors)
+
+
+def test_nvfp4_tp_collectives_are_not_overlapped() -> None:
+    # Transformer Engine's userbuffers take no NVFP4 all-gather (module/base.py at d0067d0):
+    # the 405B at tp 4 on GB300 prices its forward tp collectives exposed in NVFP4, behind the
+    # GEMMs (only their slowdown shows) in FP8; and the export leaves --tp-comm-overlap out.
+    model, system = CATALOG.model("llama3-405b"), CATALOG.system("dgx-gb300-256")
+    training = TrainingSpec(global_batch=1536, seq_len=8192)
+    s = Strategy(dp=8, tp=4, pp=8, v=4, schedule=Schedule.INTERLEAVED, zero=ZeroStage.OPTIMIZER,
+                 first_stage_layers=15, last_stage_layers=15, precision=NV)  # the recipe's
+    nv = simcore.estimate(model, system, training, s)
+    fp8 = simcore.estimate(model, system, training, replace(s, precision=FP8))
+    assert nv.time.tp > 2 * fp8.time.tp
+    script = export_files(make_plan(model, system, training, s, Convention.MEGATRON),
+                          "megatron")["megatron.sh"]
+    assert "  --sequence-parallel\n" in script and "--tp-comm-overlap" not in script
+    fp8_script = export_files(make_plan(model, system, training, replace(s, precision=FP8),
+                                        Convention.MEGATRON), "megatron")["megatron.sh"]
+    assert "  --tp-comm-overlap\n" in fp8_script

@@ -56,7 +56,7 @@ from planner.units import GB
 from search_spaces.frameworks import why_not
 from simcore.layout import format_layout
 from simcore.megatron import uses_flash_attention
-from simcore.megatron.plan import uses_quantized_params, uses_transformer_engine
+from simcore.megatron.plan import uses_quantized_params, uses_tp_comm_overlap
 from simcore.specs import (
     Activation,
     Family,
@@ -183,9 +183,10 @@ def _parallel_args(plan: Plan) -> list[str]:
             f"--context-parallel-size {s.sp}"]
     if s.tp > 1 and s.sequence_parallel:
         args.append("--sequence-parallel")
-        if uses_transformer_engine(plan.system, plan.training, s.zero):
+        if uses_tp_comm_overlap(plan.system, plan.training, s):
             # model_parallel_config.py tp_comm_overlap (d98e8a64; arguments.py: needs
-            # --sequence-parallel): the estimate hides tp behind the GEMMs as TE does
+            # --sequence-parallel): the estimate hides tp behind the GEMMs as TE does (not in
+            # NVFP4, whose all-gathers TE's userbuffers do not take)
             args += [("# tp all-gathers / reduce-scatters overlapped with the GEMMs"
                       " (TE userbuffers)"), "--tp-comm-overlap"]
     if s.pp > 1 and s.schedule is Schedule.ONE_F_ONE_B:

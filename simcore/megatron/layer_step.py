@@ -107,7 +107,7 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     seconds, and whether the MLP's tp pair runs again with it."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
-    if p.te and s.tp > 1 and s.sequence_parallel:
+    if p.tp_overlap:
         # Transformer Engine's userbuffers (--tp-comm-overlap) split each tp all-gather and
         # reduce-scatter into chunks run beside the GEMMs that consume or produce them: the
         # forward's behind the forward GEMMs, the backward's behind the input- and

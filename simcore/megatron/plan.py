@@ -30,7 +30,7 @@ from simcore.specs import (
 )
 
 __all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_fp32_shards", "uses_fp8_param_gather",
-           "uses_quantized_params",
+           "uses_quantized_params", "uses_tp_comm_overlap",
            "uses_recompute_early_stop", "uses_transformer_engine"]
 
 _T = TypeVar("_T")
@@ -129,6 +129,8 @@ class StepPlan:
         device = system.device
         self.te = uses_transformer_engine(system, training, strategy.zero)
         """Megatron-Core with Transformer Engine (fused attention, tp overlap)."""
+        self.tp_overlap = uses_tp_comm_overlap(system, training, strategy)
+        """TE's userbuffers run the tp all-gathers and reduce-scatters beside the GEMMs."""
         self.costs = KernelCosts.of(device, strategy.precision, self.te,
                                     training.launch_blocking)
         self.flash = uses_flash_attention(model, system, training)
@@ -359,6 +361,19 @@ def uses_fp32_shards(system: SystemSpec, training: TrainingSpec, zero: ZeroStage
     weights (``master_weights: false``): FSDP then shards the 16-bit parameter itself."""
     return (training.master_weights and training.recompute_early_stop is not False
             and _pytorch_fsdp_default(system, training, zero))
+
+
+def uses_tp_comm_overlap(system: SystemSpec, training: TrainingSpec, strategy: Strategy) -> bool:
+    """Whether the plan's tp all-gathers and reduce-scatters run beside the linear layers' GEMMs
+    in Transformer Engine's userbuffers (``--tp-comm-overlap``): Transformer Engine plans with
+    tp > 1 and sequence parallelism, but in NVFP4, whose quantised all-gather userbuffers do not
+    take (TransformerEngine@d0067d0 ``module/base.py`` ``fill_userbuffers_buffer_for_all_gather``:
+    per-tensor FP8 and MXFP8 only, else "Unsupported quantizer for Userbuffers"); Megatron-Bridge
+    turns it off for NVFP4 (``tp_comm_overlap = False if precision == "nvfp4"``, v0.4.2
+    ``scripts/performance/configs/llama/llama3_llm_pretrain.py``)."""
+    return (strategy.tp > 1 and strategy.sequence_parallel
+            and strategy.precision is not Precision.NVFP4
+            and uses_transformer_engine(system, training, strategy.zero))
 
 
 def uses_quantized_params(system: SystemSpec, training: TrainingSpec,

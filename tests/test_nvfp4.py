@@ -197,3 +197,12 @@ def test_the_gb300_study_picks_nvfp4_and_orders_the_three_recipes() -> None:
     assert set(recipe) == {FP8, Precision.MXFP8, NV}
     times = {p: result.step_time[plans.index(s)] for p, s in recipe.items()}
     assert times[NV] < 0.7 * min(times[FP8], times[Precision.MXFP8])  # measured 0.71
+
+
+def test_the_catalog_lists_each_devices_precisions(capsys) -> None:
+    # the FP8 peak makes fp8 (H100), the block-scaled and FP4 constants mxfp8 and nvfp4
+    # (Blackwell); A100 has none of them
+    assert main(["catalog", "devices"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "bf16,fp8,mxfp8,nvfp4" in rows["gb300"]
+    assert "bf16,fp8" in rows["h100-sxm"] and "bf16" in rows["a100-80gb"]

@@ -10,7 +10,8 @@ from planner.commands._base import BaseCommand
 from planner.outputs import text_table
 from planner.units import GB
 from simcore.megatron.layers import layer_shape
-from simcore.specs import Family, ModelSpec
+from simcore.megatron.precision import fp8_problem
+from simcore.specs import DeviceSpec, Family, ModelSpec, Precision
 
 
 def _params_b(m: ModelSpec) -> str:
@@ -71,6 +72,14 @@ class CatalogCommand(BaseCommand):
         else:
             rows = [{"name": n, "peak TFLOP/s": d.peak_flops_per_s / 1e12,
                      "HBM GB": d.hbm_bytes / GB, "HBM GB/s": d.hbm_bandwidth_bytes_per_s / GB,
+                     "precisions": _precisions(d),
                      "file": _where(c, "device", n)} for n, d in c.devices.items()]
         print(text_table(rows))
         return 0
+
+
+def _precisions(device: DeviceSpec) -> str:
+    """The precisions a megatron-convention plan may use on ``device`` (the study's
+    ``space.precision`` values)."""
+    return ",".join(p.value for p in Precision if fp8_problem(device, p) is None
+                    or p is Precision.BF16)

@@ -222,3 +222,15 @@ def test_mxfp8_rows_of_the_gb300_check(capsys) -> None:
     errors = [r["step_time_error"] for r in data["rows"] if "mxfp8" in r["name"]]
     assert len(errors) == 4
     assert all(-0.105 <= e <= 0.05 for e in errors)
+
+
+def test_megatron_fsdp_mxfp8_export_leaves_the_grad_buffer_reuse_out() -> None:
+    # Megatron-LM arguments.py sets reuse_grad_buf_for_mxfp8_param_ag False under Megatron-FSDP
+    # (no gradient buffer of the distributed optimizer's to gather into): a ZeRO-3 TE plan keeps
+    # --fp8-param-gather and leaves the reuse flag out.
+    s = Strategy(dp=64, zero=ZeroStage.PARAMETERS, precision=MX)
+    training = replace(TRAINING, transformer_engine=True)
+    script = export_files(make_plan(LLAMA70, RACK, training, s, Convention.MEGATRON),
+                          "megatron")["megatron.sh"]
+    assert "  --fp8-param-gather\n" in script
+    assert "reuse-grad-buf" not in script

@@ -146,7 +146,8 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
     if plan.strategy.precision is not Precision.BF16:
         sections.append(precision_args(
             plan.strategy.precision,
-            param_gather=uses_quantized_params(plan.system, plan.training, plan.strategy)))
+            param_gather=uses_quantized_params(plan.system, plan.training, plan.strategy),
+            fsdp=plan.strategy.zero is ZeroStage.PARAMETERS))
     for section in filter(None, sections):
         lines += [f"  {a}" for a in section] + [""]
     lines[-1] = ")"
@@ -327,9 +328,12 @@ def _hsdp_args(plan: Plan) -> list[str]:
             "--outer-dp-sharding-strategy no_shard"]
 
 
-def precision_args(precision: Precision, *, param_gather: bool = False) -> list[str]:
+def precision_args(precision: Precision, *, param_gather: bool = False,
+                   fsdp: bool = False) -> list[str]:
     """Megatron-LM's FP8 options (none in bf16), with a comment line; ``param_gather``: the
-    linear layers' weights kept only in their 8-bit form (``--fp8-param-gather``)."""
+    linear layers' weights kept only in their 8-bit form (``--fp8-param-gather``); ``fsdp``:
+    under Megatron-FSDP, which has no gradient buffer for MXFP8's gather to reuse (arguments.py
+    sets ``reuse_grad_buf_for_mxfp8_param_ag`` False there)."""
     if precision is Precision.BF16:
         return []
     if precision is Precision.NVFP4:
@@ -348,10 +352,12 @@ def precision_args(precision: Precision, *, param_gather: bool = False) -> list[
                 "--fp8-format e4m3",
                 "--fp8-recipe mxfp8"]
         if param_gather:
-            args += ["# the weights kept only in MXFP8, gathered in bf16 into the gradient",
-                     "# buffer and quantised there, as estimated",
-                     "--fp8-param-gather",
-                     "--reuse-grad-buf-for-mxfp8-param-ag"]
+            args += ["# the weights kept only in MXFP8, gathered in bf16 and quantised, as",
+                     "# estimated",
+                     "--fp8-param-gather"]
+            if not fsdp:
+                args += ["# the gather writes into the gradient buffer",
+                         "--reuse-grad-buf-for-mxfp8-param-ag"]
         return args
     args = ["# fp8: Transformer Engine runs the linear layers' GEMMs in FP8 with per-tensor",
             "# current scaling, as estimated; attention, LM head and optimizer stay bf16",

@@ -15,10 +15,11 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``schedule`` (1f1b, gpipe,
   interleaved, zb-h1, zbv; interleaved when ``v`` > 1, else 1f1b), ``v`` (1; 2 for zbv),
   ``placement`` (axes innermost first, e.g. ``tp-sp-dp-pp``; commas need the field quoted),
-  ``precision`` (bf16, fp8, mxfp8, nvfp4; bf16), ``first_stage_layers`` and ``last_stage_layers`` (uneven
-  pipeline stages, as Megatron-LM's ``--decoder-first/last-pipeline-num-layers``; empty: an
-  equal share), ``pipeline_layout`` (Megatron-LM's ``--pipeline-model-parallel-layout``
-  string, e.g. ``Et*2|(t*2|)*34,t*3|(t*2|)*3,tL``; ``v`` defaults to its stages / pp),
+  ``precision`` (bf16, fp8, mxfp8, nvfp4; bf16), ``first_stage_layers`` and
+  ``last_stage_layers`` (uneven pipeline stages, as Megatron-LM's
+  ``--decoder-first/last-pipeline-num-layers``; empty: an equal share), ``pipeline_layout``
+  (Megatron-LM's ``--pipeline-model-parallel-layout`` string, e.g.
+  ``Et*2|(t*2|)*34,t*3|(t*2|)*3,tL``; ``v`` defaults to its stages / pp),
   ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp),
   ``ep`` and ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp),
   ``ep_overlap`` and ``ep_dedup`` (true/false; false), ``flash_attention`` (true/false; the

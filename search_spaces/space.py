@@ -302,7 +302,12 @@ class StrategySpace:
     def columns_at(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """The knobs of the strategies at these flat indices as arrays, in the form
         :func:`simcore.megatron.bounds.lower_bounds` reads (codes for the enums)."""
-        from simcore.megatron.bounds import PARTIAL_RECOMPUTE, RECOMPUTE_CODES, SCHEDULE_CODES
+        from simcore.megatron.bounds import (
+            PARTIAL_RECOMPUTE,
+            PRECISION_CODES,
+            RECOMPUTE_CODES,
+            SCHEDULE_CODES,
+        )
 
         layouts, pipes = self.layouts(), self.pipelines()
         li, zi, ri, mi, pi, _, si, qi, ui, hi, _, ki, oi = np.unravel_index(
@@ -323,9 +328,7 @@ class StrategySpace:
                                  np.int64)[pi],
             "v": np.array([p.v for p in pipes], np.int64)[pi],
             "sequence_parallel": np.asarray(self.sequence_parallel, bool)[si],
-            "fp8": np.array([q.quantized for q in self.precision], bool)[qi],
-            "mxfp8": np.array([q is Precision.MXFP8 for q in self.precision], bool)[qi],
-            "nvfp4": np.array([q is Precision.NVFP4 for q in self.precision], bool)[qi],
+            "precision": np.array([PRECISION_CODES[q] for q in self.precision], np.int64)[qi],
             "first_stage_layers": np.maximum(ends, 0),
             "offload_layers": np.asarray(self.offload_layers, np.int64)[oi],
         }

@@ -27,7 +27,7 @@ from planner.catalog import load_catalog, model_from_entry
 from planner.catalog_write import model_entry
 from planner.runs_csv import read_runs
 from simcore import estimate
-from simcore.megatron.bounds import RECOMPUTE_CODES, SCHEDULE_CODES, lower_bounds
+from simcore.megatron.bounds import PRECISION_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, lower_bounds
 from simcore.megatron.layers import layer_shape
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import Precision, Recompute, Strategy, TrainingSpec, ZeroStage
@@ -142,9 +142,7 @@ def _columns(plans: list[Strategy]) -> dict[str, np.ndarray]:
         "recompute": np.array([RECOMPUTE_CODES[s.recompute] for s in plans]),
         "schedule": np.full(len(plans), SCHEDULE_CODES["1f1b"]),
         "sequence_parallel": np.array([s.sequence_parallel for s in plans]),
-        "fp8": np.array([s.precision.quantized for s in plans]),
-        "mxfp8": np.array([s.precision is Precision.MXFP8 for s in plans]),
-        "nvfp4": np.array([s.precision is Precision.NVFP4 for s in plans]),
+        "precision": np.array([PRECISION_CODES[s.precision] for s in plans]),
     }
 
 

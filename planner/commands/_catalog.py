@@ -10,8 +10,8 @@ from planner.commands._base import BaseCommand
 from planner.outputs import text_table
 from planner.units import GB
 from simcore.megatron.layers import layer_shape
-from simcore.megatron.precision import fp8_problem
-from simcore.specs import DeviceSpec, Family, ModelSpec, Precision
+from simcore import precision_problem
+from simcore.specs import Convention, DeviceSpec, Family, ModelSpec, Precision
 
 
 def _params_b(m: ModelSpec) -> str:
@@ -81,5 +81,5 @@ class CatalogCommand(BaseCommand):
 def _precisions(device: DeviceSpec) -> str:
     """The precisions a megatron-convention plan may use on ``device`` (the study's
     ``space.precision`` values)."""
-    return ",".join(p.value for p in Precision if fp8_problem(device, p) is None
-                    or p is Precision.BF16)
+    return ",".join(p.value for p in Precision
+                    if precision_problem(device, Convention.MEGATRON, p) is None)

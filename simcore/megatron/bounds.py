@@ -53,11 +53,14 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["PARTIAL_RECOMPUTE", "RECOMPUTE_CODES", "SCHEDULE_CODES", "Bounds", "lower_bounds"]
+__all__ = ["PARTIAL_RECOMPUTE", "PRECISION_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "Bounds",
+           "lower_bounds"]
 
 SAFETY = 1 - 1e-9
 RECOMPUTE_CODES = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3, "zbv": 4}
+PRECISION_CODES = {p: i for i, p in enumerate(Precision)}
+"""Codes of the ``precision`` column (bf16 0, then fp8, mxfp8, nvfp4)."""
 """Integer codes of the columns ``recompute`` and ``schedule`` (by :class:`Schedule` value)."""
 PARTIAL_RECOMPUTE = 3
 """The ``recompute`` code of a full recompute of some layers (``recompute_layers``): bounded
@@ -82,9 +85,8 @@ def lower_bounds(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     ``first_stage_layers`` (0: even stages; else the first and last stages' layers),
     ``recompute`` and ``schedule`` (:data:`RECOMPUTE_CODES` or :data:`PARTIAL_RECOMPUTE`,
     :data:`SCHEDULE_CODES`), and bool
-    arrays ``sequence_parallel`` and ``fp8`` (any quantised format); optionally ``mxfp8`` and
-    ``nvfp4`` (those of the quantised plans in MXFP8, in NVFP4) and ``offload_layers`` (0:
-    none)."""
+    array ``sequence_parallel``, and either ``precision`` (:data:`PRECISION_CODES`) or the bool
+    ``fp8`` (bf16 or fp8 plans only); optionally ``offload_layers`` (0: none)."""
     if model.moe is not None:
         raise ValueError(f"{model.name}: the bounds cover dense models only")
     c = {k: np.asarray(v) for k, v in columns.items()}
@@ -117,10 +119,8 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     """Per plan: one layer's kernel seconds for one micro-batch (forward, backward and
     recompute) and its kept activation bytes, computed once per distinct set of knobs they
     read."""
-    fp8 = c["fp8"].astype(bool)
-    # 0 bf16, 1 fp8, 2 mxfp8, 3 nvfp4
-    code = (fp8.astype(int) + (fp8 & c.get("mxfp8", np.zeros_like(fp8)).astype(bool))
-            + 2 * (fp8 & c.get("nvfp4", np.zeros_like(fp8)).astype(bool)))
+    code = _precision_codes(c)
+    fp8 = code > 0
     te = np.array([uses_transformer_engine(system, training, ZeroStage(z))
                    for z in range(4)])[c["zero"]]
     early = np.array([uses_recompute_early_stop(system, training, ZeroStage(z))
@@ -140,7 +140,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     stored = np.empty(len(distinct))
     for i, (mb, tp, sp, seqpar, fmt, rc, micro, with_te, stops_early) in enumerate(
             distinct.tolist()):
-        precision = (Precision.BF16, Precision.FP8, Precision.MXFP8, Precision.NVFP4)[fmt]
+        precision = list(Precision)[fmt]
         costs = KernelCosts.of(system.device, precision, bool(with_te),
                               training.launch_blocking)
         k = layer_kernels(model, shape, costs,
@@ -167,6 +167,13 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     return per_layer[inverse], stored[inverse]
 
 
+def _precision_codes(c: dict[str, np.ndarray]) -> np.ndarray:
+    """The ``precision`` column's codes, or the ``fp8`` column's as codes."""
+    if "precision" in c:
+        return c["precision"].astype(np.int64)
+    return np.where(c["fp8"].astype(bool), PRECISION_CODES[Precision.FP8], 0)
+
+
 def _distinct_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(keys, axis=0, return_inverse=True)`` through one int64 code per row (each
     column's distinct values numbered, then mixed-radix): sorting rows as void is 20x slower."""
@@ -187,7 +194,7 @@ def _states(model: ModelSpec, training: TrainingSpec, c: dict[str, np.ndarray],
     shape = layer_shape(model)
     params = (first * shape.layer_params + shape.embedding_params) / c["tp"]
     group, zero = c["shard_ranks"], c["zero"]
-    linear = np.where(c["fp8"].astype(bool), first * shape.matmul_params / c["tp"], 0)
+    linear = np.where(_precision_codes(c) > 0, first * shape.matmul_params / c["tp"], 0)
     weights = (params - linear) * training.bytes_per_param_weights / np.where(zero >= 3, group, 1)
     weights = np.where(fp32_shards & (zero >= 3), 0.0, weights)
     grad_bytes = np.where(fp32_shards, FP32_GRAD_BYTES, training.bytes_per_param_grads)

@@ -104,8 +104,9 @@ class KernelCosts:
     """Achievable FLOP/s of the linear layers' quantised GEMMs (FP8, MXFP8 or NVFP4); None runs
     them in 16-bit."""
     cast_bytes: float = CAST_BYTES
-    """Bytes an element moved by a cast to the 8-bit format (:mod:`simcore.megatron.precision`):
-    per-tensor FP8's row-wise and transposed copies, or MXFP8's two scaled copies."""
+    """Bytes an element moved by a cast to the quantised format
+    (:mod:`simcore.megatron.precision`): per-tensor FP8's row-wise and transposed copies, or
+    MXFP8's or NVFP4's two scaled copies."""
     scale_update: bool = True
     """Each FP8 cast's per-tensor scale is updated by a kernel of its own (not in MXFP8 or
     NVFP4)."""

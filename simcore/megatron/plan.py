@@ -153,14 +153,12 @@ class StepPlan:
                         and training.recompute_modules is not None else None)
         """Selective recompute runs Megatron-LM's ``recompute_modules`` again."""
         self.fp8 = strategy.precision.quantized
-        """The linear layers run in FP8 or MXFP8 (:mod:`simcore.megatron.precision`)."""
-        self.mx = strategy.precision is Precision.MXFP8
-        """... in MXFP8: their weights kept as row- and column-wise scaled copies."""
-        self.mx_params = self.mx and uses_quantized_params(system, training, strategy)
-        """The MXFP8 copies are the weights' only compute copy: Megatron-LM's
-        ``--fp8-param-gather`` with ``--reuse-grad-buf-for-mxfp8-param-ag`` (Megatron-Bridge's
-        ``bf16_with_mxfp8_mixed``) gathers them in 16-bit into the gradient buffer and
-        quantises them there, so no 16-bit weight buffer stays."""
+        """The linear layers run in a quantised format, FP8, MXFP8 or NVFP4
+        (:mod:`simcore.megatron.precision`)."""
+        self.quantized_params = uses_quantized_params(system, training, strategy)
+        """The linear layers' quantised copies are their only compute weights (no 16-bit one):
+        ``--fp8-param-gather`` (in MXFP8 with ``--reuse-grad-buf-for-mxfp8-param-ag``, which
+        gathers them in 16-bit into the gradient buffer and quantises them there)."""
         self.fp8_params = uses_fp8_param_gather(system, training, strategy)
         """The linear layers' weights are kept in FP8 only and all-gathered in FP8."""
         self.dp_group = strategy.dp * strategy.sp

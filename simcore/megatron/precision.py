@@ -94,6 +94,7 @@ __all__ = [
     "NV_WEIGHT_BYTES",
     "FP4_BYTES",
     "saved_input_bytes",
+    "weight_copy_bytes",
     "FP8_BYTES",
     "Fp8Overheads",
     "fp8_overheads",
@@ -187,6 +188,13 @@ def saved_input_bytes(precision: Precision) -> float:
     return {Precision.BF16: 2.0, Precision.FP8: float(FP8_BYTES),
             Precision.MXFP8: FP8_BYTES + 1 / MX_BLOCK,
             Precision.NVFP4: NV_ELEMENT_BYTES}[precision]
+
+
+def weight_copy_bytes(precision: Precision) -> float:
+    """Bytes a linear parameter of the quantised weight copy Transformer Engine keeps: FP8's one
+    (its transpose made when needed), MXFP8's and NVFP4's row- and column-wise copies."""
+    return {Precision.FP8: float(FP8_BYTES), Precision.MXFP8: MX_WEIGHT_BYTES,
+            Precision.NVFP4: NV_WEIGHT_BYTES}[precision]
 
 
 def fp8_problem(device: DeviceSpec, precision: Precision = Precision.FP8) -> str | None:

@@ -14,10 +14,10 @@ from simcore.estimate import MemoryParts
 from simcore.megatron.parts import Stage
 from simcore.megatron.pipeline import head_stage, in_flight
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.precision import FP8_BYTES, MX_WEIGHT_BYTES, NV_WEIGHT_BYTES
+from simcore.megatron.precision import weight_copy_bytes
 from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.states import model_state_bytes
-from simcore.specs import CrossEntropy, Precision, Recompute, ZeroStage
+from simcore.specs import CrossEntropy, Recompute, ZeroStage
 
 __all__ = ["LOGIT_BYTES", "fp8_weight_params", "stage_activations", "stage_memory"]
 
@@ -112,8 +112,8 @@ def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
         # only compute copy (no 16-bit one).
         linear = _linear_params(p, stage)
         shard = group if zero >= ZeroStage.PARAMETERS else 1
-        weights += linear * _copy_bytes(p.s.precision) / shard
-        if p.fp8_params or p.mx_params:
+        weights += linear * weight_copy_bytes(p.s.precision) / shard
+        if p.quantized_params:
             weights -= linear * tr.bytes_per_param_weights / shard
     h, t = model.hidden, s.tp
     sbh = p.tokens * h
@@ -129,12 +129,6 @@ def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
     return MemoryParts(weights=weights, gradients=grads, optimizer=optimizer,
                        activations=0.0, gathered_weights=gathered, comm_buffers=comm,
                        overhead=p.system.device.memory_overhead_bytes)
-
-
-def _copy_bytes(precision: Precision) -> float:
-    """Bytes a linear parameter of the quantised weight copy Transformer Engine keeps."""
-    return {Precision.FP8: FP8_BYTES, Precision.MXFP8: MX_WEIGHT_BYTES,
-            Precision.NVFP4: NV_WEIGHT_BYTES}[precision]
 
 
 def _linear_params(p: StepPlan, stage: Stage) -> float:

@@ -23,7 +23,7 @@ from planner.plots.breakdown import breakdown_figure
 from planner.plots.pareto import pareto_figure
 from planner.plots.timeline import timeline_figure
 from planner.report_decision import Decision, decide, decision_html
-from planner.tables import PLACEMENTS, best_frame, trials_frame
+from planner.tables import PLACEMENTS, best_frame, mfu_note, trials_frame
 
 __all__ = ["Report", "build_report", "report_html"]
 
@@ -108,7 +108,9 @@ def _best_table(best: pd.DataFrame) -> str:
             f"{r['mfu']:.1%}", f"{r['peak_memory_gb']:.1f}", same or "-", r["number"])) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("#", "plan", "step s", "tokens/s", "MFU",
                                             "peak GB", "same figures with placement", "trial"))
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    note = mfu_note(best)
+    caption = f"<p>{html.escape(note)}</p>" if note else ""
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>{caption}"
 
 
 def _values(values: object) -> str:

@@ -12,8 +12,8 @@ import pandas as pd
 
 from planner.results_parquet import ALL, RESULTS, ResultsTable, pareto_mask
 
-__all__ = ["KNOBS", "PLACEMENTS", "OPTIONAL_KNOBS", "best_frame", "format_best", "results_table",
-           "trials_frame"]
+__all__ = ["KNOBS", "PLACEMENTS", "OPTIONAL_KNOBS", "best_frame", "format_best", "mfu_note",
+           "results_table", "trials_frame"]
 
 KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
          "placement", "sequence_parallel", "precision"]
@@ -142,11 +142,16 @@ def format_best(df: pd.DataFrame) -> str:
     if any(others):
         columns["same figures"] = [_others(n) for n in others]
     show = pd.DataFrame(columns, index=range(1, len(df) + 1))
-    text = show.to_string()
+    note = mfu_note(df)
+    return show.to_string() + (f"\n{note}" if note else "")
+
+
+def mfu_note(df: pd.DataFrame) -> str | None:
+    """What MFU is measured against, when a quantised plan among ``df`` can pass 100%."""
     if "precision" in df.columns and (df["precision"].fillna("bf16") != "bf16").any():
-        text += ("\nMFU against the bf16 peak (as Megatron-LM reports it): fp8, mxfp8 and nvfp4"
-                 " plans can pass 100%")
-    return text
+        return ("MFU against the bf16 peak (as Megatron-LM reports it): fp8, mxfp8 and nvfp4"
+                " plans can pass 100%")
+    return None
 
 
 def _others(n: int) -> str:

@@ -212,15 +212,25 @@ def test_the_best_table_says_what_mfu_is_against(tmp_path, capsys, monkeypatch) 
     # MFU is model FLOPs over the bf16 peak, so NVFP4 plans show 140-190%: the table says so
     # under it, and only when a quantised plan is in it.
     monkeypatch.chdir(tmp_path)
-    study = tmp_path / "s.yaml"
+    assert main(["run", str(_rack_study(tmp_path, "both", "[bf16, nvfp4]"))]) == 0
+    out = capsys.readouterr().out
+    assert "MFU against the bf16 peak" in out and "nvfp4" in out
+    assert main(["run", str(_rack_study(tmp_path, "bf16", "[bf16]"))]) == 0
+    assert "MFU against the bf16 peak" not in capsys.readouterr().out
+
+
+def test_the_html_report_says_it_too(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(_rack_study(tmp_path, "s", "[nvfp4]")), "--quiet"]) == 0
+    assert main(["report", "s", "--out", str(tmp_path / "r.html")]) == 0
+    assert "MFU against the bf16 peak" in (tmp_path / "r.html").read_text()
+
+
+def _rack_study(folder: Path, name: str, precisions: str) -> Path:
+    """A study file of the 70B's NVFP4 recipe layout on one GB300 rack, in ``precisions``."""
+    study = folder / f"{name}.yaml"
     study.write_text("model: llama3-70b\nsystem: dgx-gb300-64\n"
                      "training: {global_batch: 256, seq_len: 8192}\nsampler: exhaustive\n"
                      "space: {tp: [1], pp: [4], v: [5], schedule: [interleaved], zero: [1],"
-                     " precision: [bf16, nvfp4]}\n")
-    assert main(["run", str(study)]) == 0
-    out = capsys.readouterr().out
-    assert "MFU against the bf16 peak" in out and "nvfp4" in out
-    bf16 = tmp_path / "bf16.yaml"
-    bf16.write_text(study.read_text().replace("[bf16, nvfp4]", "[bf16]"))
-    assert main(["run", str(bf16)]) == 0
-    assert "MFU against the bf16 peak" not in capsys.readouterr().out
+                     f" precision: {precisions}}}\n")
+    return study

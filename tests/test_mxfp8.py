@@ -1,7 +1,7 @@
-"""precision: mxfp8 and Blackwell's one-copy FP8 casts (simcore/megatron/precision.py): the
-block-scaled GEMM rate, the casts' bytes by device and recipe, MXFP8's two weight copies, the
-devices that refuse it, the space's knob, the exports' flags and the GB200 fit (README in
-tests/data/validation, "MXFP8"). Hand calculations in comments."""
+"""precision: mxfp8 (simcore/megatron/precision.py): the block-scaled GEMM rate, the casts'
+bytes by recipe, MXFP8's two weight copies, the devices that refuse it, the space's knob, the
+exports' flags, the GB200 fit and the Blackwell checks (README in tests/data/validation,
+"MXFP8"). Hand calculations in comments."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def no_user_catalog(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
 # -- (a) time ---------------------------------------------------------------------------------
 def test_cast_bytes_by_recipe() -> None:
     # Per-tensor FP8: a cast reads 2 bytes and writes the row-wise and the transposed FP8
-    # copies (2 + 1 + 1; Hopper's FP8 GEMMs take only "TN"). MXFP8 writes both copies, each
-    # with a 1-byte scale per 32 elements: 2 + 2 x (1 + 1/32).
+    # copies (2 + 1 + 1; Hopper's FP8 GEMMs take only "TN"; Blackwell's one-copy casts are not
+    # modelled, README "MXFP8"). MXFP8 writes both copies, each with a 1-byte scale per 32
+    # elements: 2 + 2 x (1 + 1/32).
     assert KernelCosts.of(CATALOG.device("h100-sxm"), FP8, True).cast_bytes == 4
     assert KernelCosts.of(GB200, FP8, True).cast_bytes == 4
     assert KernelCosts.of(GB200, MX, True).cast_bytes == 2 + 2 * (1 + 1 / 32)
@@ -112,7 +113,7 @@ def test_mxfp8_keeps_both_weight_copies() -> None:
     # 855,638,016 parameters, x 20 / 2 = 8,556,380,160 on the rank. Per-tensor FP8 with
     # --fp8-param-gather keeps them in 1 byte; MXFP8 (with the gradient buffer reused for the
     # gather) keeps the row- and column-wise copies with their scales, 2 x (1 + 1/32) bytes:
-    # 1.0625 bytes a parameter more. Everything else is the same.
+    # 1.0625 bytes a parameter more; the gradients are the same.
     linear = 20 * (2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672) // 2
     assert linear == 8_556_380_160
     mx = simcore.estimate(LLAMA70, RACK, TRAINING, RECIPE)

@@ -59,9 +59,9 @@ def test_cast_bytes_by_recipe() -> None:
     # copies (2 + 1 + 1; Hopper's FP8 GEMMs take only "TN"; Blackwell's one-copy casts are not
     # modelled, README "MXFP8"). MXFP8 writes both copies, each with a 1-byte scale per 32
     # elements: 2 + 2 x (1 + 1/32).
-    assert KernelCosts.of(CATALOG.device("h100-sxm"), FP8, True).cast_bytes == 4
-    assert KernelCosts.of(GB200, FP8, True).cast_bytes == 4
-    assert KernelCosts.of(GB200, MX, True).cast_bytes == 2 + 2 * (1 + 1 / 32)
+    assert KernelCosts.of(CATALOG.device("h100-sxm"), FP8, True).fmt.cast_bytes == 4
+    assert KernelCosts.of(GB200, FP8, True).fmt.cast_bytes == 4
+    assert KernelCosts.of(GB200, MX, True).fmt.cast_bytes == 2 + 2 * (1 + 1 / 32)
 
 
 def test_mxfp8_gemms_run_at_the_block_scaled_rate() -> None:

@@ -56,7 +56,7 @@ def test_nvfp4_gemms_run_at_the_fp4_peak() -> None:
     # last one 20% empty: busy 8192 / 8320); its inputs take 0.5 bytes and a 1-byte scale per 16.
     nv, fp8 = KernelCosts.of(GB300, NV, True), KernelCosts.of(GB300, FP8, True)
     assert nv.fp8_rate == pytest.approx(15000e12 * 0.682)
-    assert nv.operand_bytes == 0.5 + 1 / 16
+    assert nv.fmt.operand_bytes == 0.5 + 1 / 16
     m, n, k = 16384, 8192, 8192
     assert nv.linear(m, n, k) == pytest.approx(
         2 * m * n * k / (15000e12 * 0.682 * 8192 / 8320), rel=1e-9)

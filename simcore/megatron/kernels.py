@@ -43,13 +43,11 @@ from dataclasses import dataclass
 
 from simcore.megatron.layers import LayerShape
 from simcore.megatron.precision import (
-    CAST_BYTES,
-    FP8_BYTES,
-    MX_CAST_BYTES,
-    NV_CAST_BYTES,
-    NV_ELEMENT_BYTES,
+    FORMATS,
+    QuantFormat,
     fp8_overheads,
     fp8_problem,
+    quantized_rate,
 )
 from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, Precision, RecomputeModule
 
@@ -103,17 +101,8 @@ class KernelCosts:
     fp8_rate: float | None = None
     """Achievable FLOP/s of the linear layers' quantised GEMMs (FP8, MXFP8 or NVFP4); None runs
     them in 16-bit."""
-    cast_bytes: float = CAST_BYTES
-    """Bytes an element moved by a cast to the quantised format
-    (:mod:`simcore.megatron.precision`): per-tensor FP8's row-wise and transposed copies, or
-    MXFP8's or NVFP4's two scaled copies."""
-    scale_update: bool = True
-    """Each FP8 cast's per-tensor scale is updated by a kernel of its own (not in MXFP8 or
-    NVFP4)."""
-    amax_pass: bool = False
-    """Each cast reads its tensor once more first for a per-tensor amax (NVFP4's global scale)."""
-    operand_bytes: float = FP8_BYTES
-    """Bytes an element of a quantised GEMM's inputs (NVFP4: the 4-bit value and its scale)."""
+    fmt: QuantFormat = FORMATS[Precision.FP8]
+    """What the quantised GEMMs' format moves and keeps (:mod:`simcore.megatron.precision`)."""
     gemm_wave: float = 0.0
     """Fixed time of each wave of a 16-bit GEMM's output tiles (the device's gemm_wave_s)."""
     host: float = 0.0
@@ -135,22 +124,11 @@ class KernelCosts:
         if transformer_engine and device.fused_attention_efficiency is not None:
             attention = device.fused_attention_efficiency
         fp8_rate = None
-        cast_bytes = CAST_BYTES
         if precision.quantized:
             problem = fp8_problem(device, precision)
             if problem is not None:
                 raise ValueError(problem)
-            if precision is Precision.NVFP4:
-                assert device.fp4_peak_flops_per_s and device.nvfp4_matmul_efficiency
-                fp8_rate = device.fp4_peak_flops_per_s * device.nvfp4_matmul_efficiency
-                cast_bytes = NV_CAST_BYTES
-            else:
-                assert device.fp8_peak_flops_per_s is not None
-                if precision is Precision.MXFP8:
-                    assert device.mxfp8_matmul_efficiency is not None
-                    matmul = device.mxfp8_matmul_efficiency
-                    cast_bytes = MX_CAST_BYTES
-                fp8_rate = device.fp8_peak_flops_per_s * matmul
+            fp8_rate = quantized_rate(device, precision, matmul)
         return cls(
             flop_rate=flop_rate,
             byte_rate=device.hbm_bandwidth_bytes_per_s * device.memory_efficiency,
@@ -159,10 +137,7 @@ class KernelCosts:
             launch=device.kernel_launch_s,
             sm_count=device.sm_count,
             fp8_rate=fp8_rate,
-            cast_bytes=cast_bytes,
-            scale_update=precision in (Precision.BF16, Precision.FP8),
-            amax_pass=precision is Precision.NVFP4,
-            operand_bytes=NV_ELEMENT_BYTES if precision is Precision.NVFP4 else FP8_BYTES,
+            fmt=FORMATS.get(precision, FORMATS[Precision.FP8]),
             gemm_wave=device.gemm_wave_s,
             host=BLOCKING_HOST_S if launch_blocking else 0.0,
         )
@@ -196,7 +171,7 @@ class KernelCosts:
         if self.fp8_rate is None:
             return self.gemm(m, n, k, batch)
         flops = 2 * m * n * k * batch
-        moved = batch * (self.operand_bytes * (m * k + k * n) + 2 * m * n)
+        moved = batch * (self.fmt.operand_bytes * (m * k + k * n) + 2 * m * n)
         work = max(flops / (self.fp8_rate * self.waves(m, n, batch)), moved / self.byte_rate)
         return self.host + max(self.launch, work)
 

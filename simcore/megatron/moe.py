@@ -135,12 +135,12 @@ class ExpertKernels:
 def _quantize(costs: KernelCosts, elements: float) -> float:
     """One tensor's FP8 quantisation (:data:`QUANTIZE_KERNELS`): the amax reads it in 16 bits,
     the cast writes it in FP8, two kernels at the launch floor. In MXFP8 (no per-tensor scale:
-    ``costs.scale_update`` false) the cast alone, which finds each block's scale as it reads; in
+    ``costs.fmt.scale_update`` false) the cast alone, which finds each block's scale as it reads; in
     NVFP4 the cast after its amax pass."""
-    if not costs.scale_update:
+    if not costs.fmt.scale_update:
         return quantize_time(costs, elements)  # MXFP8; NVFP4 with its amax pass
     return (2 * costs.launch + costs.elementwise(2 * elements)
-            + costs.elementwise(costs.cast_bytes * elements))
+            + costs.elementwise(costs.fmt.cast_bytes * elements))
 
 
 def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: int, etp: int,
@@ -196,14 +196,14 @@ def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: i
         if transformer_engine:
             forward += local * sum(_quantize(costs, x) for x in fwd_inputs)
             backward += local * sum(_quantize(costs, x) for x in bwd_inputs)
-            per_tensor = (QUANTIZE_KERNELS if costs.scale_update
-                          else 1 + costs.amax_pass)
+            per_tensor = (QUANTIZE_KERNELS if costs.fmt.scale_update
+                          else 1 + costs.fmt.amax_pass)
             n_fwd += 2 * per_tensor * local
             n_bwd += 2 * per_tensor * local
         else:
-            forward += sum(costs.elementwise(costs.cast_bytes * local * x) for x in fwd_inputs)
-            backward += sum(costs.elementwise(costs.cast_bytes * local * x)
-                            for x in bwd_inputs)
+            cast = costs.fmt.cast_bytes
+            forward += sum(costs.elementwise(cast * local * x) for x in fwd_inputs)
+            backward += sum(costs.elementwise(cast * local * x) for x in bwd_inputs)
             n_fwd += 2
             n_bwd += 2
     return ExpertKernels(forward=forward, backward=backward, wgrad=router[2] + expert_wgrad,

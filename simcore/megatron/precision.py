@@ -94,7 +94,9 @@ __all__ = [
     "NV_WEIGHT_BYTES",
     "FP4_BYTES",
     "saved_input_bytes",
-    "weight_copy_bytes",
+    "FORMATS",
+    "QuantFormat",
+    "quantized_rate",
     "FP8_BYTES",
     "Fp8Overheads",
     "fp8_overheads",
@@ -149,6 +151,40 @@ SCALE_UPDATE_BYTES = 2 * TENSORS_PER_LINEAR * AMAX_HISTORY_LEN * 4
 
 
 @dataclass(frozen=True, slots=True)
+class QuantFormat:
+    """What a quantised format moves and keeps, per element (the module docstring)."""
+
+    operand_bytes: float
+    """A GEMM input's element with its share of the scales."""
+    cast_bytes: float
+    """Moved by one cast: the 16-bit read and the copies written."""
+    saved_bytes: float
+    """A linear layer's input kept for the weight gradient (its column-wise copy)."""
+    weight_bytes: float
+    """The weight copy Transformer Engine keeps, a linear parameter."""
+    scale_update: bool
+    """Each cast's per-tensor scale is updated by a kernel of its own (delayed scaling's)."""
+    amax_pass: bool
+    """Each cast reads its tensor once more first, for a per-tensor amax (NVFP4's)."""
+
+
+FORMATS = {
+    Precision.FP8: QuantFormat(operand_bytes=FP8_BYTES, cast_bytes=CAST_BYTES,
+                               saved_bytes=FP8_BYTES, weight_bytes=FP8_BYTES,
+                               scale_update=True, amax_pass=False),
+    Precision.MXFP8: QuantFormat(operand_bytes=FP8_BYTES, cast_bytes=MX_CAST_BYTES,
+                                 saved_bytes=FP8_BYTES + 1 / MX_BLOCK,
+                                 weight_bytes=MX_WEIGHT_BYTES, scale_update=False,
+                                 amax_pass=False),
+    Precision.NVFP4: QuantFormat(operand_bytes=NV_ELEMENT_BYTES, cast_bytes=NV_CAST_BYTES,
+                                 saved_bytes=NV_ELEMENT_BYTES, weight_bytes=NV_WEIGHT_BYTES,
+                                 scale_update=False, amax_pass=True),
+}
+"""The quantised precisions' formats (MXFP8's and NVFP4's block scales are each block's own,
+so they update no amax history)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Fp8Overheads:
     """Seconds of one layer's FP8 casts and scale updates for one micro-batch, and their count."""
 
@@ -162,39 +198,43 @@ def fp8_overheads(costs: KernelCosts, linears: Sequence[tuple[float, float, floa
                   micro_batches: int) -> Fp8Overheads:
     """The overheads of the linear GEMMs ``y = x @ w``, given as (m, n, k) with x (m x k) and
     w (k x n); a step of ``micro_batches`` micro-batches casts each weight once."""
-    # MXFP8's and NVFP4's block scales are each block's own: no amax history to update
-    update = costs.elementwise(SCALE_UPDATE_BYTES) if costs.scale_update else 0.0
+    fmt = costs.fmt
+    update = costs.elementwise(SCALE_UPDATE_BYTES) if fmt.scale_update else 0.0
     forward = backward = 0.0
     for m, n, k in linears:
         forward += (quantize_time(costs, m * k)                  # x
                     + quantize_time(costs, k * n) / micro_batches  # w, once a step
                     + update)
         backward += quantize_time(costs, m * n) + update
-    kernels = (1 + costs.scale_update + costs.amax_pass) * len(linears)
+    kernels = (1 + fmt.scale_update + fmt.amax_pass) * len(linears)
     return Fp8Overheads(forward, backward, kernels, kernels)
 
 
 def quantize_time(costs: KernelCosts, elements: float) -> float:
-    """One tensor's cast to the GEMMs' format; NVFP4's (``costs.amax_pass``) reads it once more
-    first, for its per-tensor scale (and the Hadamard-transformed copy's)."""
-    cast = costs.elementwise(costs.cast_bytes * elements)
-    return cast + costs.elementwise(2 * elements) if costs.amax_pass else cast
+    """One tensor's cast to the GEMMs' format; NVFP4's (:attr:`QuantFormat.amax_pass`) reads it
+    once more first, for its per-tensor scale (and the Hadamard-transformed copy's)."""
+    cast = costs.elementwise(costs.fmt.cast_bytes * elements)
+    return cast + costs.elementwise(2 * elements) if costs.fmt.amax_pass else cast
 
 
 def saved_input_bytes(precision: Precision) -> float:
     """Bytes an element of a linear layer's input kept for its weight gradient: 16-bit, or the
-    column-wise copy the quantised GEMM reads (FP8 1; MXFP8 1 and its scales; NVFP4 0.5 and its
-    scales)."""
-    return {Precision.BF16: 2.0, Precision.FP8: float(FP8_BYTES),
-            Precision.MXFP8: FP8_BYTES + 1 / MX_BLOCK,
-            Precision.NVFP4: NV_ELEMENT_BYTES}[precision]
+    column-wise copy the quantised GEMM reads (:attr:`QuantFormat.saved_bytes`)."""
+    return 2.0 if precision is Precision.BF16 else FORMATS[precision].saved_bytes
 
 
-def weight_copy_bytes(precision: Precision) -> float:
-    """Bytes a linear parameter of the quantised weight copy Transformer Engine keeps: FP8's one
-    (its transpose made when needed), MXFP8's and NVFP4's row- and column-wise copies."""
-    return {Precision.FP8: float(FP8_BYTES), Precision.MXFP8: MX_WEIGHT_BYTES,
-            Precision.NVFP4: NV_WEIGHT_BYTES}[precision]
+def quantized_rate(device: DeviceSpec, precision: Precision, matmul: float) -> float:
+    """Achievable FLOP/s of the linear layers' GEMMs in ``precision`` (fp8, mxfp8 or nvfp4) on a
+    device that runs it; ``matmul``: the stack's 16-bit GEMM efficiency, which per-tensor FP8
+    keeps."""
+    if precision is Precision.NVFP4:
+        assert device.fp4_peak_flops_per_s and device.nvfp4_matmul_efficiency
+        return device.fp4_peak_flops_per_s * device.nvfp4_matmul_efficiency
+    assert device.fp8_peak_flops_per_s is not None
+    if precision is Precision.MXFP8:
+        assert device.mxfp8_matmul_efficiency is not None
+        matmul = device.mxfp8_matmul_efficiency
+    return device.fp8_peak_flops_per_s * matmul
 
 
 def fp8_problem(device: DeviceSpec, precision: Precision = Precision.FP8) -> str | None:

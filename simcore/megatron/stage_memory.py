@@ -14,7 +14,7 @@ from simcore.estimate import MemoryParts
 from simcore.megatron.parts import Stage
 from simcore.megatron.pipeline import head_stage, in_flight
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.precision import weight_copy_bytes
+from simcore.megatron.precision import FORMATS
 from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.states import model_state_bytes
 from simcore.specs import CrossEntropy, Recompute, ZeroStage
@@ -112,7 +112,7 @@ def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
         # only compute copy (no 16-bit one).
         linear = _linear_params(p, stage)
         shard = group if zero >= ZeroStage.PARAMETERS else 1
-        weights += linear * weight_copy_bytes(p.s.precision) / shard
+        weights += linear * FORMATS[p.s.precision].weight_bytes / shard
         if p.quantized_params:
             weights -= linear * tr.bytes_per_param_weights / shard
     h, t = model.hidden, s.tp

@@ -1,0 +1,91 @@
+"""MLPerf Training's GPT-3 175B (v4.0, v4.1) and Llama 3.1 405B (v5.0, v5.1) runs as a check
+(tests/data/validation/mlperf-check.csv; README there, "MLPerf Training"). Nothing is fit on them.
+v3.1's GPT-3 results are issue 14's held-out check and are in neither file.
+
+Each row's step time is read from its submission's result logs; the hand calculations below
+redo the reading for two rows from the figures the README copies out of the logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from planner.cli import main
+
+DATA = Path(__file__).parent / "data" / "validation"
+
+# What the estimate reaches on the 29 runs (held so that a modelling change that loses accuracy
+# fails): measured 7.5% MAPE, 5.7% median error.
+MLPERF_MAPE = 0.08
+MLPERF_MEDIAN = 0.065
+
+
+def _rows(capsys) -> dict[str, dict]:
+    assert main(["validate", str(DATA / "mlperf-check.csv"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["skipped"] == [] and data["step_time_runs"] == 29
+    assert data["step_time_mape"] <= MLPERF_MAPE
+    assert data["step_time_median_ape"] <= MLPERF_MEDIAN
+    return {row["name"]: row for row in data["rows"]}
+
+
+def test_step_times_as_read_from_the_logs() -> None:
+    """v4.0's 512-GPU GPT-3 log (result_0.txt): each block of training between evaluations is
+    51,904,512 tokens = 11 steps of 2,304 sequences of 2,048, and took 119.86-119.98 s, so a
+    step 10.90 s; the file keeps the median of the three runs (10.903, 10.983, 10.982 s). v5.0's
+    logs print each step's train_step_time; the 256-node H100 run's after its first three
+    steps have the median 14.2216 s (its three runs: 14.2066, 14.2268, 14.2216)."""
+    assert 11 * 2304 * 2048 == 51_904_512
+    assert round(119.86 / 11, 2) == 10.90
+    rows = {}
+    with (DATA / "mlperf-check.csv").open() as f:
+        header = f.readline().strip().split(",")
+        for line in f:
+            values = line.split(",")
+            rows[values[0]] = dict(zip(header, values))
+    assert float(rows["mlperf v4.0 nvidia gpt3-175b h100 x512"]["step_time_s"]) == 10.982
+    assert float(rows["mlperf v5.0 nvidia llama31-405b h100 x2048"]["step_time_s"]) == 14.2216
+
+
+def test_gpt3_fp8_as_nvidia_submits_it(capsys) -> None:
+    """NVIDIA's own GPT-3 FP8 submissions on H100 (256 to 11,616 GPUs, two releases) are
+    estimated +0.5 to +4.7%: the 10-24% by which dgxc-benchmarking's GPT-3 FP8 runs are
+    estimated fast (gpt3-h100-check.csv) is not a property of GPT-3 in FP8 on H100. Supermicro's
+    run of the same recipe at 12 virtual stages (a layer a chunk) measured 10% slower a sample
+    than NVIDIA's at 4 and is estimated 9% fast; dgxc's runs also ran 6 or 12."""
+    rows = _rows(capsys)
+    nvidia = [row["step_time_error"] for name, row in rows.items()
+              if name.startswith(("mlperf v4.0 nvidia gpt3", "mlperf v4.1 nvidia gpt3"))
+              and "h100" in name]
+    assert len(nvidia) == 5 and all(0.0 <= e <= 0.05 for e in nvidia)
+    assert -0.10 <= rows["mlperf v4.0 supermicro gpt3-175b h100 x512"]["step_time_error"] < -0.08
+    per_sample_nvidia = 10.982 / 2304
+    per_sample_smc = 10.764 / 2048
+    assert 1.09 < per_sample_smc / per_sample_nvidia < 1.11  # measured 10% slower
+    smc = rows["mlperf v4.0 supermicro gpt3-175b h100 x512"]["predicted_step_time_s"] / 2048
+    ours = rows["mlperf v4.0 nvidia gpt3-175b h100 x512"]["predicted_step_time_s"] / 2304
+    assert abs(smc / ours - 1) < 0.01  # the estimate prices the two alike
+
+
+def test_llama31_405b_by_device(capsys) -> None:
+    """Llama 3.1 405B in FP8: NVIDIA's H100 runs (512-8,192 GPUs) -3.8 to -5.7%, Nebius's H200
+    -5.3 to -5.4%, the GB200 runs of NVIDIA and CoreWeave (256-2,496 GPUs) -2.3 to -9.0%, the
+    University of Florida's DGX B200 -14.2 and -14.9% (b200-check.csv's Megatron-Bridge 405B
+    runs -9.5 and -9.9% too). In NVFP4 (v5.1): GB200 -9.5 to -13.5%, GB300 -24.7%
+    (nvfp4-check.csv's Megatron-Bridge 405B on GB300 -10 to -16%)."""
+    rows = _rows(capsys)
+
+    def errors(part: str, precision: str = "") -> list[float]:
+        return [row["step_time_error"] for name, row in rows.items()
+                if "llama31-405b" in name and f" {part} " in name and name.endswith(precision)]
+
+    fp8 = {part: [e for e in errors(part) if e is not None] for part in ("h100", "h200", "b200")}
+    assert len(fp8["h100"]) == 5 and all(-0.065 <= e <= -0.03 for e in fp8["h100"])
+    assert len(fp8["h200"]) == 2 and all(-0.065 <= e <= -0.045 for e in fp8["h200"])
+    assert len(fp8["b200"]) == 2 and all(-0.16 <= e <= -0.13 for e in fp8["b200"])
+    gb200_fp8 = [row["step_time_error"] for name, row in rows.items()
+                 if " gb200 " in name and not name.endswith("nvfp4")]
+    assert len(gb200_fp8) == 7 and all(-0.10 <= e <= -0.02 for e in gb200_fp8)
+    gb200_fp4 = errors("gb200", "nvfp4")
+    assert len(gb200_fp4) == 3 and all(-0.14 <= e <= -0.09 for e in gb200_fp4)
+    assert -0.26 <= errors("gb300", "nvfp4")[0] <= -0.23

@@ -1,4 +1,4 @@
-"""MLPerf Training's GPT-3 175B (v4.0, v4.1) and Llama 3.1 405B (v5.0, v5.1) runs as a check
+"""MLPerf Training's GPT-3 175B (v4.0, v4.1) and Llama 3.1 405B and 8B (v5.0, v5.1) runs as a check
 (tests/data/validation/mlperf-check.csv; README there, "MLPerf Training"). Nothing is fit on them.
 v3.1's GPT-3 results are issue 14's held-out check and are in neither file.
 
@@ -14,16 +14,16 @@ from planner.cli import main
 
 DATA = Path(__file__).parent / "data" / "validation"
 
-# What the estimate reaches on the 29 runs (held so that a modelling change that loses accuracy
-# fails): measured 7.5% MAPE, 5.7% median error.
-MLPERF_MAPE = 0.08
-MLPERF_MEDIAN = 0.065
+# What the estimate reaches on the 37 runs (held so that a modelling change that loses accuracy
+# fails): measured 9.9% MAPE, 7.8% median error (the 29 GPT-3 and 405B runs: 7.5%, 5.7%).
+MLPERF_MAPE = 0.105
+MLPERF_MEDIAN = 0.085
 
 
 def _rows(capsys) -> dict[str, dict]:
     assert main(["validate", str(DATA / "mlperf-check.csv"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["skipped"] == [] and data["step_time_runs"] == 29
+    assert data["skipped"] == [] and data["step_time_runs"] == 37
     assert data["step_time_mape"] <= MLPERF_MAPE
     assert data["step_time_median_ape"] <= MLPERF_MEDIAN
     return {row["name"]: row for row in data["rows"]}
@@ -84,8 +84,28 @@ def test_llama31_405b_by_device(capsys) -> None:
     assert len(fp8["h200"]) == 2 and all(-0.065 <= e <= -0.045 for e in fp8["h200"])
     assert len(fp8["b200"]) == 2 and all(-0.16 <= e <= -0.13 for e in fp8["b200"])
     gb200_fp8 = [row["step_time_error"] for name, row in rows.items()
-                 if " gb200 " in name and not name.endswith("nvfp4")]
+                 if "llama31-405b gb200 " in name and not name.endswith("nvfp4")]
     assert len(gb200_fp8) == 7 and all(-0.10 <= e <= -0.02 for e in gb200_fp8)
     gb200_fp4 = errors("gb200", "nvfp4")
     assert len(gb200_fp4) == 3 and all(-0.14 <= e <= -0.09 for e in gb200_fp4)
     assert -0.26 <= errors("gb300", "nvfp4")[0] <= -0.23
+
+
+def test_llama31_8b_one_micro_batch_a_replica(capsys) -> None:
+    """MLPerf's Llama 3.1 8B steps are one micro-batch a replica (global batch 16-64). The
+    estimate is fast as the data-parallel group grows: one NVL72 rack (dp 36) -6.9 and -8.5%,
+    512 GB200 / GB300 (tp 2 x cp 4, dp 64) -34.9 and -40.3%, Cisco's 64 and 128 H100s -9.6 and
+    -28.3%; on 8 GPUs in NVFP4 (FP8 attention, not modelled) it is slow, +8.6 and +10.8%. Held as
+    measured, a known weak spot (README, "MLPerf Training")."""
+    rows = _rows(capsys)
+    errors = {name.removeprefix("mlperf v5.1 "): row["step_time_error"]
+              for name, row in rows.items() if "llama31-8b" in name}
+    assert len(errors) == 8
+    assert all(0.08 <= errors[f"nvidia llama31-8b {part} x8 nvfp4"] <= 0.12
+               for part in ("gb200", "gb300"))
+    assert all(-0.10 <= errors[f"nvidia llama31-8b {part} x72"] <= -0.06
+               for part in ("gb200", "gb300"))
+    assert all(-0.42 <= errors[f"nvidia llama31-8b {part} x512"] <= -0.33
+               for part in ("gb200", "gb300"))
+    assert -0.11 <= errors["cisco llama31-8b h100 x64"] <= -0.08
+    assert -0.30 <= errors["cisco llama31-8b h100 x128"] <= -0.26

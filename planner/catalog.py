@@ -115,11 +115,24 @@ _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_g
                     "attention_efficiency", "flash_attention", "bf16",
                     "fused_attention_efficiency", "fused_matmul_efficiency",
                     "transformer_engine", "host_bandwidth_gbps", "mxfp8_matmul_efficiency",
-                    "fp4_peak_tflops", "nvfp4_matmul_efficiency"}
+                    "fp4_peak_tflops", "nvfp4_matmul_efficiency", "fp8_attention_speedup"}
 
 
 def _flag(path: Path, name: str, entry: dict[str, Any], key: str, default: bool) -> bool:
     return boolean(path, f"{name}.{key}", entry.get(key, default))
+
+
+def _speedup_points(path: Path, name: str, value: Any) -> tuple[tuple[int, float], ...]:
+    """A device's ``fp8_attention_speedup``: a mapping of sequence lengths to speed-ups."""
+    where = f"{name}.fp8_attention_speedup"
+    if not isinstance(value, Mapping) or not value:
+        raise fail(path, where, "must map sequence lengths to speed-ups, e.g. {2048: 1.01,"
+                   f" 8192: 1.14}}, but got {value!r}"[:200])
+    # a JSON plan file's keys are strings: "2048"
+    return tuple(sorted((integer(path, f"{where} key", int(length) if isinstance(length, str)
+                                 and length.isdigit() else length, minimum=1),
+                         number(path, f"{where}[{length}]", ratio, minimum=0, strict=True))
+                        for length, ratio in value.items()))
 
 
 def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
@@ -149,6 +162,8 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         mxfp8_matmul_efficiency=None if mxfp8 is None else num("mxfp8_matmul_efficiency"),
         fp4_peak_flops_per_s=None if fp4 is None else num("fp4_peak_tflops") * 1e12,
         nvfp4_matmul_efficiency=None if nvfp4 is None else num("nvfp4_matmul_efficiency"),
+        fp8_attention_speedup=(() if "fp8_attention_speedup" not in e else
+                               _speedup_points(path, name, e["fp8_attention_speedup"])),
         sm_count=integer(path, f"{name}.sm_count", sm_count, minimum=0),
         gemm_wave_s=num("gemm_wave_us", 0.0, strict=False) * 1e-6,
         attention_efficiency=None if attention is None else num("attention_efficiency"),

@@ -121,6 +121,8 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         entry["fp4_peak_tflops"] = _scaled(device.fp4_peak_flops_per_s, 1e12)
     if device.nvfp4_matmul_efficiency is not None:
         entry["nvfp4_matmul_efficiency"] = device.nvfp4_matmul_efficiency
+    if device.fp8_attention_speedup:
+        entry["fp8_attention_speedup"] = dict(device.fp8_attention_speedup)
     if device.sm_count:
         entry["sm_count"] = device.sm_count
     if device.gemm_wave_s:

@@ -46,7 +46,8 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``swiglu_fusion`` (true/false: false for PyTorch's separate SiLU and multiply, which keep
   the SiLU's output too, as torchtitan, nanotron and Hugging Face run a SwiGLU MLP; true),
   ``vocab_parallel_embedding`` (true/false: false where every tp rank keeps the whole token
-  embedding, as KempnerForge does; true),
+  embedding, as KempnerForge does; true), ``fp8_attention`` (true/false: Transformer Engine's
+  fused attention in FP8 too in a quantised plan, ``fp8_dot_product_attention``; false),
   ``hbm_gb`` (the memory of the part the run had, where it is not the catalog device's: what
   the estimate's fit is judged against), ``memory_measured`` (what ``peak_memory_gb`` counts:
   ``device``, the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
@@ -104,7 +105,7 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "offload_layers",
             "cross_entropy", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
             "optimizer_bytes",
             "grad_copy", "launch_blocking", "master_weights", "fsdp_no_sync", "swiglu_fusion",
-            "vocab_parallel_embedding", "hbm_gb",
+            "vocab_parallel_embedding", "fp8_attention", "hbm_gb",
             "memory_measured", "release", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
@@ -337,6 +338,7 @@ def _training(row: dict[str, str]) -> TrainingSpec:
         recompute_early_stop=_boolean(row, "recompute_early_stop"),
         grad_copy=_boolean(row, "grad_copy"),
         launch_blocking=bool(_boolean(row, "launch_blocking")),
+        fp8_attention=bool(_boolean(row, "fp8_attention")),
         master_weights=_boolean(row, "master_weights") is not False,
         fsdp_no_sync=bool(_boolean(row, "fsdp_no_sync")),
         swiglu_fusion=_boolean(row, "swiglu_fusion") is not False,

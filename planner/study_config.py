@@ -54,6 +54,7 @@ from planner.units import GB
 from search_spaces import StrategySpace, powers_of_two
 from search_spaces.frameworks import ANY, FRAMEWORKS, with_framework_defaults
 from simcore.megatron.checks import recompute_modules_problem
+from simcore.megatron.precision import fp8_attention_problem
 from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
@@ -144,6 +145,7 @@ class StudyConfig:
             **({"master_weights": False} if not self.training.master_weights else {}),
             **({"fsdp_no_sync": True} if self.training.fsdp_no_sync else {}),
             **({"swiglu_fusion": False} if not self.training.swiglu_fusion else {}),
+            **({"fp8_attention": True} if self.training.fp8_attention else {}),
             **({"vocab_parallel_embedding": False}
                if not self.training.vocab_parallel_embedding else {}),
             **({"recompute_modules": [m.value for m in self.training.recompute_modules]}
@@ -410,6 +412,10 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
                    f" {', '.join(FRAMEWORKS)}")
     training = with_framework_defaults(training, framework, system.device.transformer_engine)
     space = _space(path, e["space"], model, system, training, convention, framework)
+    if training.fp8_attention and any(q.quantized for q in space.precision):
+        problem = fp8_attention_problem(system.device)
+        if problem is not None:
+            raise fail(path, "training.fp8_attention", problem)
     description = e.get("description", "")
     return StudyConfig(name=name, path=path, model=model, system=system, training=training,
                        convention=convention, hbm_gb=limit, objectives=objectives,

@@ -196,8 +196,22 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
         refused = _torchtitan(model, strategy)
     else:
         return None  # any
-    refused = refused or _any_only(framework, training)
+    refused = refused or _fp8_attention(framework, training, strategy) or _any_only(framework,
+                                                                                     training)
     return refused if refused is not None else _selective(framework, training, strategy)
+
+
+def _fp8_attention(framework: str, training: TrainingSpec, strategy: Strategy) -> str | None:
+    """FP8 attention in a quantised plan (``fp8_attention``): Megatron-LM's command line has no
+    flag for Megatron-Core's ``fp8_dot_product_attention`` (d98e8a64
+    ``megatron/training/arguments.py`` leaves it out of the TransformerConfig arguments: "no CLI
+    argument exists for these"; Megatron-Bridge and NeMo set it in their recipes); torchtitan's
+    float8 converter swaps the linear layers only; DeepSpeed trains in bf16."""
+    if not (training.fp8_attention and strategy.precision.quantized):
+        return None
+    return (f"fp8_attention (the fused attention in FP8): {framework}'s command line cannot set it"
+            " (Megatron-Core's fp8_dot_product_attention, which Megatron-Bridge and NeMo recipes"
+            " set); use framework any, or fp8_attention false")
 
 
 def _any_only(framework: str, training: TrainingSpec) -> str | None:

@@ -480,6 +480,12 @@ class DeviceSpec:
     nvfp4_matmul_efficiency: float | None = None
     """Achievable fraction of the FP4 peak of the linear layers' NVFP4 GEMMs in a Transformer
     Engine stack; None: the part cannot run NVFP4."""
+    fp8_attention_speedup: tuple[tuple[int, float], ...] = ()
+    """Transformer Engine's fused attention in FP8 against its 16-bit kernel on this part, its
+    forward and backward together: (sequence length, speed-up) points in increasing length, as
+    cuDNN's own benchmark measures them (``studies/catalog/devices/gpus.yaml``); between points
+    the speed-up is read on a log scale of the length, beyond them the nearest point's. Empty:
+    the entry names none, and :attr:`TrainingSpec.fp8_attention` is refused on the part."""
 
     def __post_init__(self) -> None:
         for name in ("peak_flops_per_s", "hbm_bytes", "hbm_bandwidth_bytes_per_s"):
@@ -526,6 +532,12 @@ class DeviceSpec:
                              " the FP4 peak); set both or neither")
         if self.host_bandwidth_bytes_per_s is not None:
             _positive("host_bandwidth_bytes_per_s", self.host_bandwidth_bytes_per_s)
+        lengths = [length for length, _ in self.fp8_attention_speedup]
+        if lengths != sorted(set(lengths)) or any(
+                not (length >= 1 and ratio > 0 and math.isfinite(ratio))
+                for length, ratio in self.fp8_attention_speedup):
+            raise ValueError("fp8_attention_speedup must be (length >= 1, speed-up > 0) points in"
+                             f" increasing length, but got {self.fp8_attention_speedup!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -607,6 +619,14 @@ class TrainingSpec:
     does (KempnerInstitute/KempnerForge@5666d0d ``kempnerforge/distributed/tensor_parallel.py``:
     "Token embedding: Replicated"). Plans with tp 1 are the same either way."""
     bytes_per_activation: int = 2
+    fp8_attention: bool = False
+    """Transformer Engine's fused attention runs in FP8 too (``fp8_dot_product_attention`` of
+    Megatron-Core's TransformerConfig, which Megatron-Bridge and NeMo recipes set and MLPerf's
+    2025 NVIDIA submissions run), in plans whose linear layers are quantised (``precision``
+    fp8, mxfp8 or nvfp4) and that run TE's fused attention: the kernel at the device's
+    :attr:`DeviceSpec.fp8_attention_speedup` over its 16-bit time, Q, K and V kept for the
+    backward in 1 byte. Plans in bf16 are the same either way. Megatron-LM's command line has
+    no flag for it (its arguments leave the field out)."""
     launch_blocking: bool = False
     """The run sets ``CUDA_LAUNCH_BLOCKING=1`` (a debugging switch some clusters' scripts leave
     on): each kernel launch waits for the kernel, so the host's time per kernel adds to the

@@ -15,9 +15,10 @@ from planner.cli import main
 DATA = Path(__file__).parent / "data" / "validation"
 
 # What the estimate reaches on the 37 runs (held so that a modelling change that loses accuracy
-# fails): measured 9.9% MAPE, 7.8% median error (the 29 GPT-3 and 405B runs: 7.5%, 5.7%).
-MLPERF_MAPE = 0.105
-MLPERF_MEDIAN = 0.085
+# fails): measured 9.6% MAPE, 7.1% median error (the 29 GPT-3 and 405B runs: 7.5%, 5.7%;
+# 9.9% and 7.8% with the 8B's FP8 attention priced in 16-bit).
+MLPERF_MAPE = 0.10
+MLPERF_MEDIAN = 0.08
 
 
 def _rows(capsys) -> dict[str, dict]:
@@ -95,14 +96,15 @@ def test_llama31_8b_one_micro_batch_a_replica(capsys) -> None:
     """MLPerf's Llama 3.1 8B steps are one micro-batch a replica (global batch 16-64). The
     estimate is fast as the data-parallel group grows: one NVL72 rack (dp 36) -6.9 and -8.5%,
     512 GB200 / GB300 (tp 2 x cp 4, dp 64) -34.9 and -40.3%, Cisco's 64 and 128 H100s -9.6 and
-    -28.3%; on 8 GPUs in NVFP4 (FP8 attention, not modelled) it is slow, +8.6 and +10.8%. Held as
+    -28.3%; on 8 GPUs in NVFP4 with FP8 attention it is slow, +7.8% (GB200) and +1.8% (GB300;
+    +10.8 and +8.6% with the attention priced in 16-bit: tests/test_fp8_attention.py). Held as
     measured, a known weak spot (README, "MLPerf Training")."""
     rows = _rows(capsys)
     errors = {name.removeprefix("mlperf v5.1 "): row["step_time_error"]
               for name, row in rows.items() if "llama31-8b" in name}
     assert len(errors) == 8
-    assert all(0.08 <= errors[f"nvidia llama31-8b {part} x8 nvfp4"] <= 0.12
-               for part in ("gb200", "gb300"))
+    assert 0.07 <= errors["nvidia llama31-8b gb200 x8 nvfp4"] <= 0.09
+    assert 0.01 <= errors["nvidia llama31-8b gb300 x8 nvfp4"] <= 0.03
     assert all(-0.10 <= errors[f"nvidia llama31-8b {part} x72"] <= -0.06
                for part in ("gb200", "gb300"))
     assert all(-0.42 <= errors[f"nvidia llama31-8b {part} x512"] <= -0.33

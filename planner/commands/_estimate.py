@@ -180,6 +180,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="each parameter's 16-bit .grad stays beside the accumulation buffer,"
                    " as DeepSpeed's BF16_Optimizer keeps it (bf16 with fp32 accumulation,"
                    " ZeRO 0-1; default: off)")
+    t.add_argument("--fp8-attention", action="store_true",
+                   help="Transformer Engine's fused attention in FP8 too, in a quantised plan"
+                   " (Megatron-Core's fp8_dot_product_attention), at the device's measured"
+                   " speed-up over 16-bit by sequence length")
     t.add_argument("--launch-blocking", action="store_true",
                    help="the run sets CUDA_LAUNCH_BLOCKING=1: every kernel waits for the host's"
                    " time (200 us a kernel, fit on Jean Zay's runs)")
@@ -327,6 +331,7 @@ class EstimateCommand(BaseCommand):
                                     recompute_early_stop=args.recompute_early_stop,
                                     grad_copy=args.grad_copy,
                                     launch_blocking=args.launch_blocking,
+                                    fp8_attention=args.fp8_attention,
                                     master_weights=args.master_weights,
                                     fsdp_no_sync=args.fsdp_no_sync,
                                     swiglu_fusion=args.swiglu_fusion,
@@ -374,6 +379,8 @@ class EstimateCommand(BaseCommand):
                 stack += ", recompute stops at each layer's last saved tensor"
             if fp32:
                 stack += ", PyTorch FSDP's fp32 shards"
+            if training.fp8_attention and strategy.precision.quantized and te:
+                stack += ", attention in FP8"
             if (est.convention == "megatron" and strategy.recompute is Recompute.SELECTIVE
                     and training.selective_recompute is SelectiveRecompute.OP):
                 stack += ", per-op selective recompute"

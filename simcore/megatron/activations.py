@@ -64,13 +64,16 @@ def layer_activations(
     per_op: bool = False,
     modules: frozenset[RecomputeModule] | None = None,
     swiglu_fused: bool = True,
+    fp8_attention: bool = False,
 ) -> LayerActivations:
     """``ffn``: the FFN's width when it is not the model's (an MoE layer's shared experts; 0:
     none; the routed experts' activations are counted apart, :mod:`simcore.megatron.moe`).
     ``per_op``: selective recompute is torchtitan's per-op checkpointing (:func:`_per_op`).
     ``modules``: selective recompute runs Megatron-LM's ``--recompute-modules`` again
     (:func:`_module_drops`; ``mlp`` only on a dense layer, ``ffn`` None). ``swiglu_fused``:
-    :attr:`simcore.specs.TrainingSpec.swiglu_fusion`."""
+    :attr:`simcore.specs.TrainingSpec.swiglu_fusion`. ``fp8_attention``: the fused attention
+    runs in FP8 and keeps Q, K and V for its backward in 1 byte, not 2
+    (:attr:`simcore.specs.TrainingSpec.fp8_attention`)."""
     h, a = model.hidden, model.heads
     f = model.ffn_hidden if ffn is None else ffn
     sbh = seq_len / sp * micro_batch * h  # elements of one (s/sp, b, h) tensor
@@ -90,6 +93,8 @@ def layer_activations(
     swiglu = 6 if swiglu_fused else 8
     mlp_hidden = (swiglu if model.activation is Activation.SWIGLU else 4) * sbf
     split = 2 * q * sbh + 4 * kv * sbh + 2 * q * sbh + mlp_hidden - saved * (q * sbh + sbf)
+    if fp8_attention:
+        split -= (q + 2 * kv) * sbh
     if flash:
         core = 4 * a * (seq_len / sp) * micro_batch  # fp32 log-sum-exp per query and head
     else:

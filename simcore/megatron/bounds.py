@@ -141,8 +141,10 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     for i, (mb, tp, sp, seqpar, fmt, rc, micro, with_te, stops_early) in enumerate(
             distinct.tolist()):
         precision = list(Precision)[fmt]
+        fp8_attention = (training.fp8_attention and precision.quantized and bool(with_te)
+                         and flash)
         costs = KernelCosts.of(system.device, precision, bool(with_te),
-                              training.launch_blocking)
+                              training.launch_blocking, fp8_attention)
         k = layer_kernels(model, shape, costs,
                           micro_batch=mb, queries=training.seq_len / sp,
                           seq_len=training.seq_len, tp=tp, sequence_parallel=bool(seqpar),
@@ -163,7 +165,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
             linear_input_bytes=saved_input_bytes(precision),
             per_op=per_op and recompute is Recompute.SELECTIVE,
             modules=modules if recompute is Recompute.SELECTIVE else None,
-            swiglu_fused=training.swiglu_fusion).stored
+            swiglu_fused=training.swiglu_fusion, fp8_attention=fp8_attention).stored
     return per_layer[inverse], stored[inverse]
 
 

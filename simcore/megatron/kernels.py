@@ -45,6 +45,8 @@ from simcore.megatron.layers import LayerShape
 from simcore.megatron.precision import (
     FORMATS,
     QuantFormat,
+    fp8_attention_problem,
+    fp8_attention_speedup,
     fp8_overheads,
     fp8_problem,
     quantized_rate,
@@ -108,14 +110,20 @@ class KernelCosts:
     host: float = 0.0
     """Host time added to every kernel: :data:`BLOCKING_HOST_S` under launch blocking, else 0
     (the host runs ahead and its time hides under the kernels before)."""
+    attention_fp8: tuple[tuple[int, float], ...] = ()
+    """The fused attention runs in FP8: the device's speed-up points by sequence length
+    (:attr:`simcore.specs.DeviceSpec.fp8_attention_speedup`); empty: in 16-bit."""
 
     @classmethod
     def of(cls, device: DeviceSpec, precision: Precision = Precision.BF16,
-           transformer_engine: bool = False, launch_blocking: bool = False) -> KernelCosts:
+           transformer_engine: bool = False, launch_blocking: bool = False,
+           fp8_attention: bool = False) -> KernelCosts:
         """The device's costs; ``transformer_engine``: the GEMMs at the device's
         ``fused_matmul_efficiency`` and attention in TE's fused kernel at its
         ``fused_attention_efficiency``, each where it has one; ``launch_blocking``: each kernel
-        waits for the host (:data:`BLOCKING_HOST_S`)."""
+        waits for the host (:data:`BLOCKING_HOST_S`); ``fp8_attention``: TE's fused attention in
+        FP8 (:attr:`simcore.specs.TrainingSpec.fp8_attention`), where the plan is quantised and
+        runs TE."""
         matmul = device.matmul_efficiency
         if transformer_engine and device.fused_matmul_efficiency is not None:
             matmul = device.fused_matmul_efficiency
@@ -129,6 +137,12 @@ class KernelCosts:
             if problem is not None:
                 raise ValueError(problem)
             fp8_rate = quantized_rate(device, precision, matmul)
+        attention_fp8: tuple[tuple[int, float], ...] = ()
+        if fp8_attention and precision.quantized and transformer_engine:
+            problem = fp8_attention_problem(device)
+            if problem is not None:
+                raise ValueError(problem)
+            attention_fp8 = device.fp8_attention_speedup
         return cls(
             flop_rate=flop_rate,
             byte_rate=device.hbm_bandwidth_bytes_per_s * device.memory_efficiency,
@@ -140,6 +154,7 @@ class KernelCosts:
             fmt=FORMATS.get(precision, FORMATS[Precision.FP8]),
             gemm_wave=device.gemm_wave_s,
             host=BLOCKING_HOST_S if launch_blocking else 0.0,
+            attention_fp8=attention_fp8,
         )
 
     def waves(self, m: float, n: float, batch: float = 1) -> float:
@@ -290,7 +305,9 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     core_bwd: list[float] = []
     batch = micro_batch * heads  # attention problems: sequences x local heads
     if flash:
-        flops = 4 * tokens * seq_len * q / t * CAUSAL_FRACTION
+        # in FP8 (fp8_attention) at the device's measured speed-up for this query length
+        flops = (4 * tokens * seq_len * q / t * CAUSAL_FRACTION
+                 / fp8_attention_speedup(costs.attention_fp8, queries))
         core_fwd.append(costs.attention(flops))
         core_bwd.append(costs.attention(FLASH_BACKWARD_FLOPS * flops))
     else:

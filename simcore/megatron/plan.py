@@ -131,9 +131,12 @@ class StepPlan:
         """Megatron-Core with Transformer Engine (fused attention, tp overlap)."""
         self.tp_overlap = uses_tp_comm_overlap(system, training, strategy)
         """TE's userbuffers run the tp all-gathers and reduce-scatters beside the GEMMs."""
-        self.costs = KernelCosts.of(device, strategy.precision, self.te,
-                                    training.launch_blocking)
         self.flash = uses_flash_attention(model, system, training)
+        self.fp8_attention = (training.fp8_attention and strategy.precision.quantized
+                              and self.te and self.flash)
+        """TE's fused attention runs in FP8 (:attr:`TrainingSpec.fp8_attention`)."""
+        self.costs = KernelCosts.of(device, strategy.precision, self.te,
+                                    training.launch_blocking, self.fp8_attention)
         self.early_stop = (strategy.recompute is Recompute.FULL
                            and uses_recompute_early_stop(system, training, strategy.zero))
         """Full recompute stops at the layer's last saved tensor (PyTorch's checkpointing)."""
@@ -186,7 +189,7 @@ class StepPlan:
         self.kernels: LayerKernels = _shared(
             shared, ("kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
                      self.te, self.m if self.fp8 else 0,  # fp8 casts the weights once per step
-                     training.swiglu_fusion),
+                     training.swiglu_fusion, self.fp8_attention),
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
@@ -248,13 +251,13 @@ class StepPlan:
         kind = "act" if ffn is None else "moe act"
         return _shared(
             self.shared, (kind, s.micro_batch, s.tp, s.sp, s.sequence_parallel, recompute,
-                          s.precision, self.training.swiglu_fusion),
+                          s.precision, self.training.swiglu_fusion, self.fp8_attention),
             lambda: layer_activations(
                 self.model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
                 sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=recompute,
                 flash=self.flash, linear_input_bytes=saved_input_bytes(s.precision), ffn=ffn,
                 per_op=self.per_op, modules=self.modules,
-                swiglu_fused=self.training.swiglu_fusion,
+                swiglu_fused=self.training.swiglu_fusion, fp8_attention=self.fp8_attention,
             ))
 
     def _moe_parts(self, shared: dict[tuple[Any, ...], Any] | None) -> None:
@@ -272,7 +275,8 @@ class StepPlan:
         a = training.bytes_per_activation
         self.moe_kernels: LayerKernels = _shared(
             shared, ("moe kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
-                     self.te, self.m if self.fp8 else 0, training.swiglu_fusion),
+                     self.te, self.m if self.fp8 else 0, training.swiglu_fusion,
+                     self.fp8_attention),
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,

@@ -58,6 +58,12 @@ the cast, a pass of its own (one read); the cast then writes both copies, the co
 stochastic rounding, in the same kernel (priced as its memory traffic). Megatron-Bridge's NVFP4
 recipe gathers no FP4 parameters: the 16-bit weights stay beside both NVFP4 copies.
 
+FP8 attention (:attr:`simcore.specs.TrainingSpec.fp8_attention`, Megatron-Core's
+``fp8_dot_product_attention``): TE's fused attention kernel in FP8 too, at the device's
+``fp8_attention_speedup`` over its 16-bit time for the plan's local query length
+(:func:`fp8_attention_speedup`; cuDNN's own benchmark, not fit on training runs), Q, K and V kept
+for its backward in 1 byte (:mod:`simcore.megatron.activations`).
+
 Memory: TE keeps an FP8 copy of each linear layer's weight (1 byte per parameter, on top of the
 16-bit weights and fp32 master weights); each linear layer saves its input for the weight
 gradient in FP8 (1 byte per element instead of 2). With the distributed optimizer or FSDP under
@@ -73,6 +79,7 @@ the gradient buffer and quantised there (Megatron-LM ``param_and_grad_buffer.py`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -101,6 +108,8 @@ __all__ = [
     "Fp8Overheads",
     "fp8_overheads",
     "fp8_problem",
+    "fp8_attention_problem",
+    "fp8_attention_speedup",
 ]
 
 FP8_BYTES = 1
@@ -255,3 +264,26 @@ def fp8_problem(device: DeviceSpec, precision: Precision = Precision.FP8) -> str
                 f" but device {device.name} has no mxfp8_matmul_efficiency in its catalog entry;"
                 " use precision fp8 (per-tensor scaling)")
     return None
+
+
+def fp8_attention_problem(device: DeviceSpec) -> str | None:
+    """Why ``device`` cannot price FP8 attention (:attr:`TrainingSpec.fp8_attention`), or None."""
+    if device.fp8_attention_speedup:
+        return None
+    return (f"fp8_attention needs the device's FP8 attention throughput, but device {device.name}"
+            " has no fp8_attention_speedup in its catalog entry (cuDNN's FP8 against 16-bit"
+            " attention by sequence length); add it, or set fp8_attention false")
+
+
+def fp8_attention_speedup(points: Sequence[tuple[int, float]], length: float) -> float:
+    """The FP8 attention's speed-up at a sequence of ``length`` tokens, from a device's
+    :attr:`DeviceSpec.fp8_attention_speedup` points: linear in the logarithm of the length
+    between points, the nearest point's beyond them (1.0 without points)."""
+    if not points:
+        return 1.0
+    if length <= points[0][0]:
+        return points[0][1]
+    for (lo, a), (hi, b) in zip(points, points[1:]):
+        if length <= hi:
+            return a + (b - a) * math.log(length / lo) / math.log(hi / lo)
+    return points[-1][1]

@@ -1,12 +1,13 @@
 """MLPerf Training's GPT-3 175B (v4.0, v4.1) and Llama 3.1 405B and 8B (v5.0, v5.1) runs as a check
 (tests/data/validation/mlperf-check.csv; README there, "MLPerf Training"). Nothing is fit on them.
-v3.1's GPT-3 results are issue 14's held-out check and are in neither file.
+v3.1's GPT-3 results are issue 14's held-out check and are in no file here.
 
 Each row's step time is read from its submission's result logs; the hand calculations below
 redo the reading for two rows from the figures the README copies out of the logs."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -38,12 +39,8 @@ def test_step_times_as_read_from_the_logs() -> None:
     steps have the median 14.2216 s (its three runs: 14.2066, 14.2268, 14.2216)."""
     assert 11 * 2304 * 2048 == 51_904_512
     assert round(119.86 / 11, 2) == 10.90
-    rows = {}
-    with (DATA / "mlperf-check.csv").open() as f:
-        header = f.readline().strip().split(",")
-        for line in f:
-            values = line.split(",")
-            rows[values[0]] = dict(zip(header, values))
+    with (DATA / "mlperf-check.csv").open(newline="") as f:
+        rows = {row["name"]: row for row in csv.DictReader(f)}
     assert float(rows["mlperf v4.0 nvidia gpt3-175b h100 x512"]["step_time_s"]) == 10.982
     assert float(rows["mlperf v5.0 nvidia llama31-405b h100 x2048"]["step_time_s"]) == 14.2216
 

@@ -87,7 +87,7 @@ ALL_CHECKS_RUNS = 591  # 529 before nvfp4-check.csv's 9 and qwen3-blackwell-chec
 # 20 H100 runs (9.0% on them: README, "GPT-3 175B on H100"), and with Megatron-Bridge's 7 GB200
 # runs that offload activations (README, "Activation offloading"), and with 11 GB300 runs;
 # 4.5% with NVFP4's 9 check runs (11.3% on them: README, "NVFP4"), 4.6% with Qwen3-30B-A3B's 11
-# Blackwell MXFP8 runs (7.4% on them); 4.9% with MLPerf's 37 runs (7.8% on them: README,
+# Blackwell MXFP8 runs (7.4% on them); 4.8% with MLPerf's 42 runs (6.9% on them: README,
 # "MLPerf Training")
 ALL_CHECKS_MEDIAN = 0.05
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100

@@ -351,6 +351,8 @@ class EstimateCommand(BaseCommand):
     def _print(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
                strategy: Strategy, est: Estimate, training: TrainingSpec) -> None:
         from simcore.megatron.plan import (
+            uses_flash_attention,
+            uses_fp8_attention,
             uses_fp32_shards,
             uses_recompute_early_stop,
             uses_transformer_engine,
@@ -379,7 +381,8 @@ class EstimateCommand(BaseCommand):
                 stack += ", recompute stops at each layer's last saved tensor"
             if fp32:
                 stack += ", PyTorch FSDP's fp32 shards"
-            if training.fp8_attention and strategy.precision.quantized and te:
+            if uses_fp8_attention(training, strategy.precision, te,
+                                  uses_flash_attention(model, system, training)):
                 stack += ", attention in FP8"
             if (est.convention == "megatron" and strategy.recompute is Recompute.SELECTIVE
                     and training.selective_recompute is SelectiveRecompute.OP):

@@ -38,6 +38,7 @@ from simcore.megatron.layers import layer_shape
 from simcore.megatron.precision import saved_input_bytes
 from simcore.megatron.plan import (
     uses_flash_attention,
+    uses_fp8_attention,
     uses_fp32_shards,
     uses_recompute_early_stop,
     uses_transformer_engine,
@@ -141,8 +142,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     for i, (mb, tp, sp, seqpar, fmt, rc, micro, with_te, stops_early) in enumerate(
             distinct.tolist()):
         precision = list(Precision)[fmt]
-        fp8_attention = (training.fp8_attention and precision.quantized and bool(with_te)
-                         and flash)
+        fp8_attention = uses_fp8_attention(training, precision, bool(with_te), flash)
         costs = KernelCosts.of(system.device, precision, bool(with_te),
                               training.launch_blocking, fp8_attention)
         k = layer_kernels(model, shape, costs,

@@ -122,8 +122,7 @@ class KernelCosts:
         ``fused_matmul_efficiency`` and attention in TE's fused kernel at its
         ``fused_attention_efficiency``, each where it has one; ``launch_blocking``: each kernel
         waits for the host (:data:`BLOCKING_HOST_S`); ``fp8_attention``: TE's fused attention in
-        FP8 (:attr:`simcore.specs.TrainingSpec.fp8_attention`), where the plan is quantised and
-        runs TE."""
+        FP8, as :func:`simcore.megatron.plan.uses_fp8_attention` decides it."""
         matmul = device.matmul_efficiency
         if transformer_engine and device.fused_matmul_efficiency is not None:
             matmul = device.fused_matmul_efficiency
@@ -138,7 +137,7 @@ class KernelCosts:
                 raise ValueError(problem)
             fp8_rate = quantized_rate(device, precision, matmul)
         attention_fp8: tuple[tuple[int, float], ...] = ()
-        if fp8_attention and precision.quantized and transformer_engine:
+        if fp8_attention:
             problem = fp8_attention_problem(device)
             if problem is not None:
                 raise ValueError(problem)

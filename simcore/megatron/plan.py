@@ -30,7 +30,7 @@ from simcore.specs import (
 )
 
 __all__ = ["Comm", "StepPlan", "uses_flash_attention", "uses_fp32_shards", "uses_fp8_param_gather",
-           "uses_quantized_params", "uses_tp_comm_overlap",
+           "uses_fp8_attention", "uses_quantized_params", "uses_tp_comm_overlap",
            "uses_recompute_early_stop", "uses_transformer_engine"]
 
 _T = TypeVar("_T")
@@ -132,8 +132,7 @@ class StepPlan:
         self.tp_overlap = uses_tp_comm_overlap(system, training, strategy)
         """TE's userbuffers run the tp all-gathers and reduce-scatters beside the GEMMs."""
         self.flash = uses_flash_attention(model, system, training)
-        self.fp8_attention = (training.fp8_attention and strategy.precision.quantized
-                              and self.te and self.flash)
+        self.fp8_attention = uses_fp8_attention(training, strategy.precision, self.te, self.flash)
         """TE's fused attention runs in FP8 (:attr:`TrainingSpec.fp8_attention`)."""
         self.costs = KernelCosts.of(device, strategy.precision, self.te,
                                     training.launch_blocking, self.fp8_attention)
@@ -400,6 +399,13 @@ def uses_fp8_param_gather(system: SystemSpec, training: TrainingSpec, strategy: 
     ZeRO 1-3 (:mod:`simcore.megatron.precision`)."""
     return (strategy.precision is Precision.FP8
             and uses_quantized_params(system, training, strategy))
+
+
+def uses_fp8_attention(training: TrainingSpec, precision: Precision, transformer_engine: bool,
+                       flash: bool) -> bool:
+    """TE's fused attention runs in FP8 (:attr:`TrainingSpec.fp8_attention`): where the training
+    asks for it, the linear layers are quantised and the plan runs TE's fused attention."""
+    return training.fp8_attention and precision.quantized and transformer_engine and flash
 
 
 def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: TrainingSpec) -> bool:

@@ -20,7 +20,8 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``--decoder-first/last-pipeline-num-layers``; empty: an equal share), ``pipeline_layout``
   (Megatron-LM's ``--pipeline-model-parallel-layout`` string, e.g.
   ``Et*2|(t*2|)*34,t*3|(t*2|)*3,tL``; ``v`` defaults to its stages / pp),
-  ``shard_group`` (HSDP: ranks of a ZeRO-3 shard group; empty: all of dp x sp),
+  ``shard_group`` (ranks of a ZeRO shard group: HSDP with zero 3, a distributed optimizer
+  sharded within groups with zero 1; empty: all of dp x sp),
   ``ep`` and ``etp`` (expert and expert-tensor parallelism of an MoE model; 1 and tp),
   ``ep_overlap`` and ``ep_dedup`` (true/false; false), ``flash_attention`` (true/false; the
   model's and device's default), ``transformer_engine`` (true/false: Megatron-Core with

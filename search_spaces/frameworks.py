@@ -27,7 +27,11 @@ HSDP (``shard_group``): torchtitan's ``data_parallel_shard_degree`` x
 mesh, ``torchtitan/distributed/fsdp.py``); Megatron-FSDP's ``--num-distributed-optimizer-instances``
 (``megatron/core/distributed/fsdp/mcore_fsdp_adapter.py``: ``enable_hsdp``); DeepSpeed's MiCS
 (``mics_shard_size``, ``deepspeed/runtime/zero/config.py``), ZeRO-3 hence pp 1 there. All three
-run it; the rules above (ZeRO-3 with DeepSpeed's pipeline) still apply.
+run it; the rules above (ZeRO-3 with DeepSpeed's pipeline) still apply. A shard group under
+ZeRO-1 (a distributed optimizer sharded within groups): Megatron-LM's
+``--num-distributed-optimizer-instances`` with ``--use-distributed-optimizer``; torchtitan's
+HSDP without resharding (its ZeRO-1 mapping, the same collectives); DeepSpeed has none (MiCS is
+ZeRO-3's).
 
 Zero-bubble ZB-H1 (one stage per rank, B and W split): none of the three runs it. Megatron-LM's
 schedules are 1F1B and interleaved only (``--delay-wgrad-compute`` defers the weight gradients to
@@ -369,6 +373,11 @@ def _torchtitan(model: ModelSpec, s: Strategy) -> str | None:
 def _deepspeed(s: Strategy, bf16: bool) -> str | None:
     if s.offload_layers is not None:
         return _NO_OFFLOAD.format(n=s.offload_layers, framework="Megatron-DeepSpeed")
+    # MiCS (mics_shard_size, deepspeed/runtime/zero/config.py, edaa7221) shards ZeRO-3 only;
+    # DeepSpeed's ZeRO-1 and ZeRO-2 shard over the whole data-parallel group.
+    if s.replicas > 1 and s.zero is not ZeroStage.PARAMETERS:
+        return (f"shard_group {s.shard_group} with zero {int(s.zero)}: DeepSpeed shards within"
+                " groups (MiCS) under ZeRO 3 only; use zero 3, or no shard group")
     # deepspeed/runtime/pipe/engine.py (edaa7221): ZeRO-2 and ZeRO-3 are incompatible with the
     # pipeline engine.
     offers = "ZeRO 1 (in bf16; ZeRO 0 too in fp16)" if bf16 else "ZeRO 0 or 1"

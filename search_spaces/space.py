@@ -76,13 +76,14 @@ def _experts_ok(layout: Layout, ep: int, etp: int | None,
 
 
 def _shard_group_ok(layout: Layout, zero: ZeroStage, group: int) -> bool:
-    """The space's HSDP rule: 0 (no shard group) always; else zero 3 and a multiple of sp that
-    properly divides dp * sp (:meth:`simcore.specs.Strategy._check_shard_group`)."""
+    """The space's shard-group rule: 0 (no shard group) always; else zero 1 or 3 and a
+    multiple of sp that properly divides dp * sp
+    (:meth:`simcore.specs.Strategy._check_shard_group`)."""
     if group == 0:
         return True
     ranks = layout.dp * layout.sp
-    return (zero is ZeroStage.PARAMETERS and group < ranks and ranks % group == 0
-            and group % layout.sp == 0)
+    return (zero in (ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS) and group < ranks
+            and ranks % group == 0 and group % layout.sp == 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +145,10 @@ class StrategySpace:
     (:func:`short_ends`); 0 is the even split. Plans set Megatron-LM's
     ``first_stage_layers`` / ``last_stage_layers`` from it."""
     shard_group: tuple[int, ...] = (0,)
-    """HSDP shard-group sizes for ZeRO-3 (:attr:`simcore.specs.Strategy.shard_group`); 0 shards
-    over the whole data-parallel group. A size applies where zero is 3, it is a multiple of sp
-    and a proper divisor of dp * sp (equal to dp * sp it is the 0 plan)."""
+    """Shard-group sizes for ZeRO-1 (a partial distributed optimizer) and ZeRO-3 (HSDP)
+    (:attr:`simcore.specs.Strategy.shard_group`); 0 shards over the whole data-parallel group.
+    A size applies where zero is 1 or 3, it is a multiple of sp and a proper divisor of
+    dp * sp (equal to dp * sp it is the 0 plan)."""
     ep: tuple[int, ...] = (1,)
     """Expert-parallel degrees (MoE models; :attr:`simcore.specs.Strategy.ep`)."""
     etp: tuple[int | None, ...] = (None,)

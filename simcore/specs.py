@@ -772,10 +772,15 @@ class Strategy:
     redundant tokens during cross-node communication"), DeepSeek-V3's dispatch (arXiv:2412.19437
     section 3.2.2). False: NCCL's all-to-all, a copy per expert. Needs ep > 1."""
     shard_group: int | None = None
-    """HSDP: ranks each ZeRO-3 shard group spans (shard within, replicate across); None shards
-    over the whole data-parallel group (dp * sp, plain ZeRO-3 / FSDP). A multiple of sp that
-    divides dp * sp: torchtitan shards over ``dp_shard * cp`` and replicates over
-    ``dp_replicate`` (``torchtitan/distributed/parallel_dims.py``, b5bcd76c). Needs zero=3."""
+    """Ranks each ZeRO shard group spans (shard within, replicate across); None shards over the
+    whole data-parallel group (dp * sp). A multiple of sp that divides dp * sp. With zero=3 it
+    is HSDP: torchtitan shards over ``dp_shard * cp`` and replicates over ``dp_replicate``
+    (``torchtitan/distributed/parallel_dims.py``, b5bcd76c). With zero=1 it is Megatron-LM's
+    partial distributed optimizer (``--num-distributed-optimizer-instances`` dp * sp /
+    shard_group): the optimizer state sharded within each group, the gradients
+    reduce-scattered within it and all-reduced across the groups, the weights all-gathered
+    within it (``megatron/core/distributed/param_and_grad_buffer.py``, d98e8a64); InternLM's
+    ``zero1`` size shards the same way. Needs zero=1 or 3."""
     recompute_layers: int | None = None
     """Partial full recompute: of each model chunk's transformer layers (each pipeline stage's;
     each virtual stage's with v > 1), the first ``recompute_layers`` are recomputed and the
@@ -888,9 +893,9 @@ class Strategy:
         g, group = self.shard_group, self.dp * self.sp
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise ValueError(f"`shard_group >= 1` must hold, but got shard_group={g!r}")
-        if self.zero is not ZeroStage.PARAMETERS:
-            raise ValueError(f"shard_group={g} needs zero=3 (HSDP shards ZeRO-3's weights),"
-                             f" but got zero={int(self.zero)}")
+        if self.zero not in (ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS):
+            raise ValueError(f"shard_group={g} needs zero=1 (a distributed optimizer sharded"
+                             f" within groups) or zero=3 (HSDP), but got zero={int(self.zero)}")
         if group % g or g % self.sp:
             raise ValueError(
                 f"shard_group={g} must be a multiple of sp={self.sp} dividing dp*sp={group}"
@@ -913,12 +918,14 @@ class Strategy:
 
     @property
     def shard_ranks(self) -> int:
-        """Ranks that shard ZeRO's states: the shard group (HSDP), else dp * sp."""
+        """Ranks that shard ZeRO's states: the shard group (HSDP, or a partial distributed
+        optimizer), else dp * sp."""
         return self.dp * self.sp if self.shard_group is None else self.shard_group
 
     @property
     def replicas(self) -> int:
-        """HSDP replica groups: dp * sp / shard ranks (1 without HSDP)."""
+        """Replica groups of the ZeRO shards: dp * sp / shard ranks (1 without a shard
+        group)."""
         return self.dp * self.sp // self.shard_ranks
 
     @property

@@ -219,7 +219,7 @@ def test_fp8_hsdp_and_uneven_stages_are_flags_equal_to_the_python_api(capsys) ->
     assert "HSDP shard group 16" in out and "first 19, last 19 layers" in out and "fp8" in out
 
 
-def test_a_shard_group_without_zero_3_is_one_line(capsys) -> None:
+def test_a_shard_group_with_zero_2_is_one_line(capsys) -> None:
     code, _, err = run(capsys, "estimate", "--model", "llama3-70b", "--system", "dgx-h100-1024",
-                       "--tp", "8", "--zero", "1", "--shard-group", "16", "--global-batch", "1024")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "needs zero=3" in err
+                       "--tp", "8", "--zero", "2", "--shard-group", "16", "--global-batch", "1024")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "needs zero=1" in err

@@ -102,8 +102,9 @@ def test_a_shard_group_of_the_whole_dp_group_is_zero3() -> None:
 
 
 def test_shard_group_rules() -> None:
-    with pytest.raises(ValueError, match="needs zero=3"):
-        Strategy(dp=16, shard_group=4)
+    for zero in (ZeroStage.NONE, ZeroStage.GRADIENTS):
+        with pytest.raises(ValueError, match="needs zero=1 .* or zero=3"):
+            Strategy(dp=16, zero=zero, shard_group=4)
     with pytest.raises(ValueError, match="multiple of sp=2"):
         Strategy(dp=8, sp=2, zero=ZeroStage.PARAMETERS, shard_group=3)
     with pytest.raises(ValueError, match="dividing dp\\*sp=16"):
@@ -119,13 +120,13 @@ def test_batched_equals_scalar_with_shard_groups() -> None:
         assert batch.step_time[i] == e.step_time and batch.peak_memory[i] == e.memory.total
 
 
-def test_space_enumerates_shard_groups_only_with_zero3() -> None:
+def test_space_enumerates_shard_groups_only_with_zero1_and_zero3() -> None:
     space = StrategySpace(model=MODEL, system=SYSTEM, training=TRAINING,
                           convention=Convention.MEGATRON, tp=(1,), zero=tuple(ZeroStage),
                           recompute=(Recompute.FULL,), shard_group=(0, 4, 8, 16))
     found = {(s.zero, s.shard_group) for s in space.valid}
-    assert found == {(z, None) for z in ZeroStage} | {(ZeroStage.PARAMETERS, 4),
-                                                       (ZeroStage.PARAMETERS, 8)}
+    assert found == {(z, None) for z in ZeroStage} | {
+        (z, g) for z in (ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS) for g in (4, 8)}
     assert set(space.valid) == {s for s in space.candidates()
                                    if space.reason_invalid(s) is None}
 

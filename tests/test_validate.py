@@ -145,11 +145,11 @@ def test_a_run_estimated_over_the_memory_it_ran_in_is_counted(tmp_path: Path, ca
     assert "fit: 1 of 2 runs estimated over their device's memory" in capsys.readouterr().out
 
 
-def test_a_shard_group_without_zero_3_is_a_skipped_row(tmp_path: Path) -> None:
+def test_a_shard_group_with_zero_2_is_a_skipped_row(tmp_path: Path) -> None:
     path = _write(tmp_path, HEADER + ",zero,shard_group,step_time_s",
-                  "r1,llama3-70b,dgx-h100-1024,1024,8192,128,8,1,1,1,16,9")
+                  "r1,llama3-70b,dgx-h100-1024,1024,8192,128,8,1,1,2,16,9")
     runs, (skip,) = read_runs(path, load_catalog())
-    assert runs == [] and "needs zero=3" in skip.reason
+    assert runs == [] and "needs zero=1" in skip.reason
 
 
 def test_model_yaml_path_relative_to_the_csv(tmp_path: Path) -> None:

@@ -137,8 +137,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the expert all-to-alls send a token once per remote node that holds"
                    " its experts (DeepEP / HybridEP: Megatron-LM's flex dispatcher)")
     g.add_argument("--shard-group", type=int, metavar="N",
-                   help="HSDP: ranks of a ZeRO-3 shard group, replicated across the rest of"
-                   " dp x sp (needs --zero 3; default: shard over all of them)")
+                   help="ranks of a ZeRO shard group, replicated across the rest of dp x sp:"
+                   " HSDP with --zero 3, a distributed optimizer sharded within groups with"
+                   " --zero 1 (default: shard over all of them)")
     t = parser.add_argument_group("training")
     t.add_argument("--global-batch", type=positive_int, help="sequences per step (required)")
     t.add_argument("--seq-len", type=positive_int, help="sequence length (default: the model's)")
@@ -404,7 +405,8 @@ def _describe(s: Strategy, layers: int) -> str:
     if s.zero:
         parts.append("FSDP" if s.zero is ZeroStage.PARAMETERS else f"ZeRO-{int(s.zero)}")
     if s.shard_group is not None:
-        parts.append(f"HSDP shard group {s.shard_group}")
+        parts.append(f"HSDP shard group {s.shard_group}" if s.zero is ZeroStage.PARAMETERS
+                     else f"optimizer sharded within {s.shard_group} ranks")
     if s.ep > 1 or s.etp is not None:
         parts.append(f"ep={s.ep} etp={s.expert_tp}" + (" overlapped" if s.ep_overlap else "")
                      + (" deduplicated" if s.ep_dedup else ""))

@@ -308,9 +308,24 @@ def _data_parallel_args(plan: Plan) -> list[str]:
         args = ["# ZeRO 1: Megatron's distributed optimizer shards the optimizer state",
                 "# (fp32 master weights, Adam moments) over data-parallel ranks: ZeRO-1-like",
                 "--use-distributed-optimizer"]
+        args += _optimizer_instances_args(plan)
     if plan.training.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     return args
+
+
+def _optimizer_instances_args(plan: Plan) -> list[str]:
+    """A distributed optimizer sharded within groups (``shard_group`` with ZeRO 1):
+    ``--num-distributed-optimizer-instances R`` keeps R copies of it, each sharded over the
+    intra-instance dp * cp group of dp * cp / R ranks; the gradients are reduce-scattered
+    within an instance and all-reduced across the instances
+    (``megatron/core/distributed/param_and_grad_buffer.py``, d98e8a64)."""
+    s = plan.strategy
+    if s.replicas == 1:
+        return []
+    return [(f"# optimizer state sharded within {s.shard_ranks} ranks (dp*cp / instances),"
+             f" {s.replicas} copies"),
+            f"--num-distributed-optimizer-instances {s.replicas}"]
 
 
 def _hsdp_args(plan: Plan) -> list[str]:

@@ -142,6 +142,9 @@ def _zero_comment(plan: Plan) -> list[str]:
         lines = [f"ZeRO {int(s.zero)}: torchtitan has no ZeRO-1/2; FSDP that keeps the",
                  "parameters gathered from forward to backward (reshard never) shards",
                  "gradients and optimizer state: ZeRO-2-like"]
+        if s.replicas > 1:
+            lines.append(f"sharded within groups of {s.shard_ranks} ranks (dp_shard * cp),"
+                         f" replicated {s.replicas} times (dp_replicate)")
     if s.sp > 1:
         lines.append(f"torchtitan's FSDP also shards weights over the cp={s.sp} ranks")
     return lines

@@ -129,9 +129,13 @@ def grad_reduction_calls(p: StepPlan, params: float,
     rank's reduce-scattered gradient shard all-reduced across the replicas once per step, as
     FSDP2 does after the shard group's reduce-scatter (``foreach_reduce``'s ``all_reduce`` over
     the replicate mesh axis, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``);
-    torchtitan skips it on all but the last micro-batch (``set_requires_all_reduce``)."""
+    torchtitan skips it on all but the last micro-batch (``set_requires_all_reduce``).
+    ZeRO-1 with a shard group (Megatron-LM's distributed optimizer instances): the gradients
+    reduce-scattered within the shard group, each rank's shard all-reduced across the
+    replicas, the weights all-gathered within the shard group (``param_and_grad_buffer.py``,
+    d98e8a64: "RS" then "AR" on the communication stream)."""
     s, tr = p.s, p.training
-    if p.hsdp:
+    if p.hsdp and s.zero is ZeroStage.PARAMETERS:
         shard = params * tr.bytes_per_param_grads / p.shard_ranks
         return [(DpPart.REPLICATE, Collective.ALL_REDUCE, shard)], []
     if p.dp_group == 1 or s.zero is ZeroStage.PARAMETERS:
@@ -140,5 +144,9 @@ def grad_reduction_calls(p: StepPlan, params: float,
     if s.zero is ZeroStage.NONE:
         return dp_group_calls(p, Collective.ALL_REDUCE, grads), []
     weights = gathered_weight_bytes(params, fp8_params, tr.bytes_per_param_weights)
+    if p.hsdp:
+        return (dp_group_calls(p, Collective.REDUCE_SCATTER, grads, shard=True)
+                + [(DpPart.REPLICATE, Collective.ALL_REDUCE, grads / p.shard_ranks)],
+                dp_group_calls(p, Collective.ALL_GATHER, weights / p.shard_ranks, shard=True))
     return (dp_group_calls(p, Collective.REDUCE_SCATTER, grads),
             dp_group_calls(p, Collective.ALL_GATHER, weights / p.dp_group))

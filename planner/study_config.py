@@ -287,7 +287,7 @@ def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training:
     if "uneven" in e:  # layers fewer on the first and last stage (search_spaces.space.short_ends)
         kw["uneven"] = tuple(dict.fromkeys(integer(path, "space.uneven", k, minimum=0)
                                            for k in _list(path, "space.uneven", e["uneven"])))
-    if "shard_group" in e:  # HSDP shard groups for ZeRO-3; 0: the whole dp * sp group
+    if "shard_group" in e:  # shard groups for ZeRO-1 and ZeRO-3; 0: the whole dp * sp group
         kw["shard_group"] = tuple(dict.fromkeys(
             integer(path, "space.shard_group", k, minimum=0)
             for k in _list(path, "space.shard_group", e["shard_group"])))

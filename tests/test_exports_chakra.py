@@ -131,6 +131,7 @@ def _schedule_end(plan: Plan) -> float:
     {"dp": 4, "tp": 2, "pp": 2, "schedule": Schedule.ZBV, "v": 2},
     {"dp": 2, "tp": 2, "pp": 4, "schedule": Schedule.ZBV, "v": 2, "recompute": Recompute.FULL},
     {"dp": 8, "tp": 2, "zero": ZeroStage.PARAMETERS, "shard_group": 4},
+    {"dp": 8, "tp": 2, "zero": ZeroStage.OPTIMIZER, "shard_group": 4},
 ], ids=str)
 def test_megatron_plan_replays_to_its_schedule(tmp_path, capsys, knobs) -> None:
     plan = _megatron(**knobs)

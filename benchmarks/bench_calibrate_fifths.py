@@ -31,7 +31,8 @@ CASES = (("a100-check.csv", "a100-80gb"), ("a100-check.csv", "a100-40gb"),
          ("h100-check.csv", "h100-sxm"), ("v100-check.csv", "v100-32gb"),
          ("a100-zb-check.csv", "a100-80gb"), ("a100-megatron-check.csv", "a100-40gb"),
          ("a100-megatron-check.csv", "a100-80gb"),
-         ("long-context-check.csv", "h100-sxm"), ("long-context-check.csv", "b200"))
+         ("long-context-check.csv", "h100-sxm"), ("long-context-check.csv", "b200"),
+         ("internlm-check.csv", "a100-80gb"))
 FIXED_WEIGHT = 0.02
 
 

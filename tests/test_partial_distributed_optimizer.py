@@ -17,7 +17,6 @@ from dataclasses import replace
 import pytest
 
 import simcore
-from planner.catalog import load_catalog
 from planner.cli import main
 from planner.exports import export_files
 from planner.plan import make_plan
@@ -28,18 +27,11 @@ from simcore.megatron.calls import grad_reduction_calls
 from simcore.megatron.placement import DpPart
 from simcore.megatron.plan import StepPlan
 from simcore.network import Collective, Network, NetworkDim, Topology
-from simcore.specs import Convention, Recompute, Strategy, SystemSpec, TrainingSpec, ZeroStage
+from simcore.specs import Convention, Recompute, Strategy, SystemSpec, ZeroStage
+from tests.test_hsdp import FAST, GB, MODEL, SLOW, SYSTEM, TRAINING
 
-CATALOG = load_catalog()
-MODEL = CATALOG.model("llama3-70b")
-GB = 1e9
-FAST = NetworkDim(topology=Topology.SWITCH, npus=4, bandwidth_bytes_per_s=400 * GB,
-                  latency_s=1e-6)
-SLOW = NetworkDim(topology=Topology.RING, npus=4, bandwidth_bytes_per_s=25 * GB, latency_s=5e-6)
-SYSTEM = SystemSpec(name="4x4", device=CATALOG.device("h100-sxm"),
-                    network=Network(dims=(FAST, SLOW)))
-"""16 GPUs: a fast 4-GPU switch inside, a slow 4-GPU ring across."""
-TRAINING = TrainingSpec(global_batch=32, seq_len=2048, overlap_grad_reduce=False)
+# the two-level network of tests/test_hsdp.py: a fast 4-GPU switch inside, a slow 4-GPU ring
+# across
 ZERO1 = Strategy(dp=16, pp=8, zero=ZeroStage.OPTIMIZER, recompute=Recompute.FULL)
 """Llama 3 70B in 8 stages, ZeRO-1 over all 16 dp ranks (16 x 8 = 128 GPUs: the 4 x 4 network
 is the dp slot's)."""

@@ -60,9 +60,9 @@ __all__ = ["PARTIAL_RECOMPUTE", "PRECISION_CODES", "RECOMPUTE_CODES", "SCHEDULE_
 SAFETY = 1 - 1e-9
 RECOMPUTE_CODES = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3, "zbv": 4}
+"""Integer codes of the columns ``recompute`` and ``schedule`` (by :class:`Schedule` value)."""
 PRECISION_CODES = {p: i for i, p in enumerate(Precision)}
 """Codes of the ``precision`` column (bf16 0, then fp8, mxfp8, nvfp4)."""
-"""Integer codes of the columns ``recompute`` and ``schedule`` (by :class:`Schedule` value)."""
 PARTIAL_RECOMPUTE = 3
 """The ``recompute`` code of a full recompute of some layers (``recompute_layers``): bounded
 by no recompute's time and full recompute's kept activations, both below its own."""

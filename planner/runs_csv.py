@@ -34,7 +34,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``+``: ``core_attn``, ``mla_up_proj``, ``mlp``), ``cross_entropy`` (``fused``,
   Megatron-LM's; ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
   at its peak, not 4; ``replicated``, KempnerForge's on the gathered 16-bit logits; ``nanotron``,
-  nanotron's fp32 logits and their shifted copy, 8 bytes; ``fused``), ``overlap_grad_reduce``
+  nanotron's fp32 logits and their shifted copy, 8 bytes; ``fused``), ``cp_comm`` (``p2p``,
+  context parallelism's ring, or ``all_gather``, K and V gathered whole, exposed; ``p2p``),
+  ``overlap_grad_reduce``
   (true), ``grad_bytes`` (2), ``optimizer_bytes`` (the optimizer state's bytes a parameter with
   master weights: 12, Adam's fp32 master copy, momentum and variance; NeMo's Apex
   DistributedFusedAdam keeps 10 for a bf16 model, the fp32 master's 16-bit remainders, and
@@ -103,7 +105,7 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "offload_layers",
             "placement", "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
             "transformer_engine", "recompute_early_stop", "selective_recompute",
-            "cross_entropy", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
+            "cross_entropy", "cp_comm", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
             "optimizer_bytes",
             "grad_copy", "launch_blocking", "master_weights", "fsdp_no_sync", "swiglu_fusion",
             "vocab_parallel_embedding", "fp8_attention", "hbm_gb",

@@ -61,6 +61,7 @@ from simcore.specs import (
     TRAINING_CHOICES,
     Axis,
     Convention,
+    CpComm,
     CrossEntropy,
     ModelSpec,
     Precision,
@@ -156,6 +157,8 @@ class StudyConfig:
                if self.training.selective_recompute is SelectiveRecompute.OP else {}),
             **({"cross_entropy": self.training.cross_entropy.value}
                if self.training.cross_entropy not in (None, CrossEntropy.FUSED) else {}),
+            **({"cp_comm": self.training.cp_comm.value}
+               if self.training.cp_comm not in (None, CpComm.P2P) else {}),
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
             **({"framework": sp.framework} if sp.framework != ANY else {}),

@@ -55,6 +55,7 @@ from dataclasses import replace
 
 from simcore.specs import (
     ZERO_BUBBLE,
+    CpComm,
     CrossEntropy,
     ModelSpec,
     Precision,
@@ -200,9 +201,22 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
         refused = _torchtitan(model, strategy)
     else:
         return None  # any
-    refused = refused or _fp8_attention(framework, training, strategy) or _any_only(framework,
-                                                                                     training)
+    refused = (refused or _cp_comm(framework, training, strategy)
+               or _fp8_attention(framework, training, strategy) or _any_only(framework, training))
     return refused if refused is not None else _selective(framework, training, strategy)
+
+
+def _cp_comm(framework: str, training: TrainingSpec, strategy: Strategy) -> str | None:
+    """Context parallelism with K and V all-gathered (``cp_comm: all_gather``): Megatron-LM's
+    ``--cp-comm-type allgather``; torchtitan's context parallelism is PyTorch's ring attention,
+    which merges each chunk's output (its ``context_parallel_rotate_method`` only changes how
+    the chunks travel), and DeepSpeed's is Ulysses' all-to-all."""
+    if strategy.sp == 1 or training.cp_comm is not CpComm.ALL_GATHER or framework == "megatron":
+        return None
+    offers = ("ring attention, which merges the chunks' outputs step by step"
+              if framework == "torchtitan" else "DeepSpeed-Ulysses' all-to-all")
+    return (f"cp_comm all_gather: {framework}'s context parallelism is {offers}; use cp_comm"
+            " p2p, or framework megatron")
 
 
 def _fp8_attention(framework: str, training: TrainingSpec, strategy: Strategy) -> str | None:

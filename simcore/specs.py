@@ -18,6 +18,7 @@ __all__ = [
     "Activation",
     "Axis",
     "Convention",
+    "CpComm",
     "CrossEntropy",
     "DeviceSpec",
     "Family",
@@ -141,6 +142,34 @@ class RecomputeModule(_Named):
     @classmethod
     def _label(cls) -> str:
         return "recompute_modules"
+
+
+class CpComm(_Named):
+    """How context parallelism's ranks share K and V (Megatron-LM's ``--cp-comm-type``,
+    Transformer Engine's ``cp_comm_type``), which sets the attention core's kernels
+    (:mod:`simcore.megatron.cp_kernels`) and whether the exchange hides behind them."""
+
+    P2P = "p2p"
+    """A ring (TE's ``AttnFuncWithCPAndKVP2P``, Megatron-LM's default): cp steps, each sending
+    the K and V chunk on while the attention of the chunk in hand runs, and after each step
+    merging its partial output into the running one by the softmax statistics (the output,
+    and backward the gradients of Q, K and V, accumulated step by step). PyTorch's ring
+    attention (torchtitan's ``context_parallel_degree``) merges step by step too."""
+    ALL_GATHER = "all_gather"
+    """K and V all-gathered before the attention and their gradients reduce-scattered after it,
+    exposed (TE's ``AttnFuncWithCPAndKVAllGather``: "KV all-gather between CP ranks is
+    exposed"; the Llama 3 paper's context parallelism, arXiv:2407.21783 section 3.3.2): two
+    attention kernels a layer, one per local chunk of the load-balanced split, and no merge."""
+
+    @classmethod
+    def _label(cls) -> str:
+        return "cp_comm"
+
+    @classmethod
+    def _missing_(cls, value: object) -> CpComm | None:
+        if value == "allgather":  # Megatron-LM's spelling (--cp-comm-type allgather)
+            return cls.ALL_GATHER
+        return super()._missing_(value)
 
 
 class CrossEntropy(_Named):
@@ -648,6 +677,9 @@ class TrainingSpec:
     (:func:`simcore.megatron.plan.uses_transformer_engine`); False: the classic stack the
     devices were fit on (llm-foundry's PyTorch FSDP with FlashAttention-2, Megatron-LM
     2020-23, Megatron-DeepSpeed)."""
+    cp_comm: CpComm | None = None
+    """How context parallelism exchanges K and V (:class:`CpComm`); None is ``p2p``,
+    Megatron-LM's default. Plans with cp 1 are the same either way."""
     cross_entropy: CrossEntropy | None = None
     """How the loss holds the logits (:class:`CrossEntropy`): None is Megatron-LM's fused
     cross-entropy; torchtitan studies set ``pytorch`` (``search_spaces.frameworks``)."""
@@ -708,7 +740,8 @@ class TrainingSpec:
 
 
 TRAINING_CHOICES: dict[str, type[_Named]] = {"selective_recompute": SelectiveRecompute,
-                                             "cross_entropy": CrossEntropy}
+                                             "cross_entropy": CrossEntropy,
+                                             "cp_comm": CpComm}
 """The :class:`TrainingSpec` fields that name one of a few choices (None: the default)."""
 
 

@@ -20,6 +20,7 @@ from simcore.specs import (
     TRAINING_CHOICES,
     Axis,
     Convention,
+    CpComm,
     CrossEntropy,
     Family,
     ModelSpec,
@@ -166,6 +167,11 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " copy, 12 bytes each at its peak), nanotron (fp32 logits and a shifted"
                    " copy, 8 bytes each) or replicated (the 16-bit logits gathered to every tp"
                    " rank and held by the loop, 8 bytes each of the whole vocabulary)")
+    t.add_argument("--cp-comm", choices=[m.value for m in CpComm], default=None,
+                   help="how context parallelism exchanges K and V (Megatron-LM's"
+                   " --cp-comm-type): p2p (a ring: each chunk sent on while the one in hand is"
+                   " attended to, the outputs merged step by step; the default) or all_gather"
+                   " (gathered whole before the attention, exposed, as the Llama 3 paper's)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
@@ -388,6 +394,9 @@ class EstimateCommand(BaseCommand):
             if (est.convention == "megatron" and strategy.recompute is Recompute.SELECTIVE
                     and training.selective_recompute is SelectiveRecompute.OP):
                 stack += ", per-op selective recompute"
+            if est.convention == "megatron" and strategy.sp > 1:
+                stack += (", K and V all-gathered" if training.cp_comm is CpComm.ALL_GATHER
+                          else ", K and V on a ring")
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
                   f"{', congestion-aware' if aware else ''}, {stack}):"
                   f" {_describe(strategy, model.layers)}")

@@ -59,6 +59,7 @@ from simcore.megatron import uses_flash_attention
 from simcore.megatron.plan import uses_quantized_params, uses_tp_comm_overlap
 from simcore.specs import (
     Activation,
+    CpComm,
     Family,
     ModelSpec,
     Precision,
@@ -182,6 +183,9 @@ def _parallel_args(plan: Plan) -> list[str]:
             f"--tensor-model-parallel-size {s.tp}",
             f"--pipeline-model-parallel-size {s.pp}",
             f"--context-parallel-size {s.sp}"]
+    if s.sp > 1 and plan.training.cp_comm is CpComm.ALL_GATHER:
+        # arguments.py --cp-comm-type (d98e8a64): p2p (the default), a2a, allgather, a2a+p2p
+        args.append("--cp-comm-type allgather")
     if s.tp > 1 and s.sequence_parallel:
         args.append("--sequence-parallel")
         if uses_tp_comm_overlap(plan.system, plan.training, s):

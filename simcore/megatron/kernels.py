@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simcore.megatron.cp_kernels import context_parallel_core
 from simcore.megatron.layers import LayerShape
 from simcore.megatron.precision import (
     FORMATS,
@@ -51,7 +52,15 @@ from simcore.megatron.precision import (
     fp8_problem,
     quantized_rate,
 )
-from simcore.specs import Activation, DeviceSpec, Family, ModelSpec, Precision, RecomputeModule
+from simcore.specs import (
+    Activation,
+    CpComm,
+    DeviceSpec,
+    Family,
+    ModelSpec,
+    Precision,
+    RecomputeModule,
+)
 
 __all__ = [
     "BACKWARD_KERNELS",
@@ -253,14 +262,16 @@ def _linear_pair(costs: KernelCosts, m: float, n: float, k: float) -> tuple[floa
 def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, micro_batch: int,
                   queries: float, seq_len: int, tp: int, sequence_parallel: bool, flash: bool,
                   act_bytes: int, micro_batches: int = 1, ffn: int | None = None,
-                  swiglu_fused: bool = True) -> LayerKernels:
+                  swiglu_fused: bool = True, cp_comm: CpComm | None = None) -> LayerKernels:
     """The layer's kernels for one micro-batch of ``micro_batch`` sequences, each with
     ``queries`` tokens on this rank (the sequence split by context parallelism) attending over
     ``seq_len`` keys, on one of ``tp`` ranks; a step runs ``micro_batches`` of them (fp8 casts
     the weights once a step). ``ffn``: the FFN's width when it is not the model's (an MoE
     layer's shared experts; 0: none, the routed experts are priced apart,
     :mod:`simcore.megatron.moe`). ``swiglu_fused`` false: a SwiGLU's SiLU and product run as two
-    kernels (:attr:`simcore.specs.TrainingSpec.swiglu_fusion`)."""
+    kernels (:attr:`simcore.specs.TrainingSpec.swiglu_fusion`). With ``queries`` short of
+    ``seq_len`` (cp ranks) a fused core runs context parallelism's kernels, as ``cp_comm``
+    exchanges K and V (:mod:`simcore.megatron.cp_kernels`)."""
     h, t = model.hidden, tp
     f = model.ffn_hidden if ffn is None else ffn
     tokens = micro_batch * queries
@@ -307,8 +318,16 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         # in FP8 (fp8_attention) at the device's measured speed-up for this query length
         flops = (4 * tokens * seq_len * q / t * CAUSAL_FRACTION
                  / fp8_attention_speedup(costs.attention_fp8, queries))
-        core_fwd.append(costs.attention(flops))
-        core_bwd.append(costs.attention(FLASH_BACKWARD_FLOPS * flops))
+        cp = round(seq_len / queries)
+        if cp > 1:
+            core_fwd, core_bwd = context_parallel_core(
+                costs, cp_comm or CpComm.P2P, cp=cp, flops=flops,
+                backward_flops=FLASH_BACKWARD_FLOPS * flops, queries=tokens,
+                keys=micro_batch * seq_len, heads=heads, q_width=q / t, kv_width=kv / t,
+                act_bytes=a)
+        else:
+            core_fwd.append(costs.attention(flops))
+            core_bwd.append(costs.attention(FLASH_BACKWARD_FLOPS * flops))
     else:
         scores = batch * queries * seq_len * a
         qk = _gemm_pair(costs, queries, seq_len, d, batch)    # Q K^T

@@ -1,7 +1,8 @@
 """One transformer layer's time for one micro-batch on one device: its kernels
 (:mod:`simcore.megatron.kernels`), what the plan's recompute runs again, and the exposed part of
 each collective beside them (tp behind the weight-gradient GEMMs, or with Transformer Engine's
-userbuffers behind every GEMM; cp's K and V behind the attention core; ZeRO-3's gathers behind
+userbuffers behind every GEMM; cp's K and V behind the attention core on a ring, exposed when
+all-gathered (:class:`simcore.specs.CpComm`); ZeRO-3's gathers behind
 the layer; an MoE layer's all-to-alls). The step sums these per stage
 (:mod:`simcore.megatron.step`).
 
@@ -18,7 +19,7 @@ from simcore.megatron.moe import expert_comm
 from simcore.megatron.parts import Layer
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.recompute import modules_again
-from simcore.specs import ZERO_BUBBLE, Recompute, ZeroStage
+from simcore.specs import ZERO_BUBBLE, CpComm, Recompute, ZeroStage
 
 __all__ = ["dense_layer", "hidden_cost", "layer_of", "moe_layer", "tp_layer_comm", "with_offload"]
 
@@ -126,8 +127,12 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     if s.sp > 1:
         gathers, scatters = cp_kv_calls(p)
         gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
-        sp_fwd = hidden_cost(p, gather, core)
-        sp_bwd = hidden_cost(p, gather + scatter, 2 * core)
+        if p.training.cp_comm is CpComm.ALL_GATHER:
+            # the gathers before the attention and the scatters after it, exposed
+            sp_fwd, sp_bwd = gather, gather + scatter
+        else:  # the ring sends each chunk on while the chunk in hand is attended to
+            sp_fwd = hidden_cost(p, gather, core)
+            sp_bwd = hidden_cost(p, gather + scatter, 2 * core)
 
     if plain:
         recompute = tp_recompute = 0.0

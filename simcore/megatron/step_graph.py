@@ -15,7 +15,9 @@ groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
   collectives (Megatron-LM's asynchronous tp reduction; the estimate's ``max(0, tp - wgrad)``),
   then send the gradient back;
 - context parallelism's K/V all-gathers (and reduce-scatters backward) and ZeRO-3's per-layer
-  weight all-gathers (and gradient reduce-scatters) run beside the op's compute;
+  weight all-gathers (and gradient reduce-scatters) run beside the op's compute; with ``cp_comm``
+  all_gather the former run after it instead (forward after the tp collectives, backward at the
+  tail), exposed as the estimate has them;
 - zb-h1: each backward is its B pass (the data gradients, whose tp collectives it waits for:
   nothing is left to hide them behind) and a W pass of its own (the weight gradients) where
   :func:`simcore.timeline.stage_order` puts it, ``stage`` micro-batches later; zbv alike, in
@@ -63,6 +65,7 @@ from simcore.megatron.step import _ends, _optimizer_time, _stage, grad_buckets
 from simcore.specs import (
     ZERO_BUBBLE,
     Axis,
+    CpComm,
     ModelSpec,
     Recompute,
     Schedule,
@@ -158,20 +161,25 @@ def _op_calls(p: StepPlan, stage: int, chunk: int, backward: bool) -> _OpCalls:
     pairs = tp_pair_calls(p) * (2 * k)
     head = head_calls(p, backward) if last else []
     beside: list[Call] = []
+    exposed: list[Call] = []  # all-gathered context parallelism's, after the compute
     if s.sp > 1:
         gathers, scatters = cp_kv_calls(p)
-        beside += (gathers + scatters if backward else gathers) * k
+        calls = (gathers + scatters if backward else gathers) * k
+        if p.training.cp_comm is CpComm.ALL_GATHER:
+            exposed = calls
+        else:
+            beside += calls
     if s.zero is ZeroStage.PARAMETERS and p.dp_group > 1:
         gathers, scatters = fsdp_layer_calls(p)
         beside += (gathers + scatters if backward else gathers) * k
     if not backward:
         embedding = embedding_calls(p) if first else []
-        return _OpCalls([], embedding + pairs + head, [], beside)
+        return _OpCalls([], embedding + pairs + head + exposed, [], beside)
     again = pairs if s.recompute is Recompute.FULL else []
     if p.early_stop:  # the recompute stops before FC2's collective (the pair's last call)
         pair = tp_pair_calls(p)
         again = (pair + pair[:-1]) * k
-    return _OpCalls(again, pairs, head, beside)
+    return _OpCalls(again, pairs, head + exposed, beside)
 
 
 # -- building one stage's nodes -----------------------------------------------------------------

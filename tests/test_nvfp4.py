@@ -184,7 +184,8 @@ def test_the_gb300_study_picks_nvfp4_and_orders_the_three_recipes() -> None:
     """studies/llama3-405b-gb300-256.yaml: the space's fastest plans are NVFP4, and of
     Megatron-Bridge's three measured recipe plans (26.04.01: FP8-CS tp 4 x pp 8 x vp 4 48.0 s,
     MXFP8 tp 2 x pp 8 x cp 2 x vp 4 51.2 s, NVFP4 tp 4 x pp 8 x vp 4 34.1 s) the NVFP4 one is
-    estimated the fastest, by a wider margin than measured (30.9 s against 48.3 and 47.4)."""
+    estimated the fastest, by a wider margin than measured (30.9 s against 48.3 and 48.4; the
+    MXFP8 one, at cp 2, 47.4 before the context-parallel ring's merges)."""
     config = load_study_config(Path(__file__).parent.parent / "studies"
                                / "llama3-405b-gb300-256.yaml")
     plans = list(config.space.valid)

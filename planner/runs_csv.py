@@ -35,7 +35,8 @@ Columns (a header row, any order; names as below, case-insensitive):
   Megatron-LM's; ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
   at its peak, not 4; ``replicated``, KempnerForge's on the gathered 16-bit logits; ``nanotron``,
   nanotron's fp32 logits and their shifted copy, 8 bytes; ``fused``), ``cp_comm`` (``p2p``,
-  context parallelism's ring, or ``all_gather``, K and V gathered whole, exposed; ``p2p``),
+  context parallelism's ring; ``all_gather``, K and V gathered whole, exposed; ``a2a``,
+  DeepSpeed-Ulysses' all-to-alls; ``p2p``),
   ``overlap_grad_reduce``
   (true), ``grad_bytes`` (2), ``optimizer_bytes`` (the optimizer state's bytes a parameter with
   master weights: 12, Adam's fp32 master copy, momentum and variance; NeMo's Apex

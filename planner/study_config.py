@@ -157,8 +157,10 @@ class StudyConfig:
                if self.training.selective_recompute is SelectiveRecompute.OP else {}),
             **({"cross_entropy": self.training.cross_entropy.value}
                if self.training.cross_entropy not in (None, CrossEntropy.FUSED) else {}),
+            # where the space has context parallelism (so that studies without it, a
+            # deepspeed study's among them, keep their fingerprints)
             **({"cp_comm": self.training.cp_comm.value}
-               if self.training.cp_comm not in (None, CpComm.P2P) else {}),
+               if self.training.cp_comm not in (None, CpComm.P2P) and max(sp.sp) > 1 else {}),
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
             **({"framework": sp.framework} if sp.framework != ANY else {}),

@@ -67,8 +67,8 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["ANY", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "cross_entropy",
-           "recompute_early_stop", "selective_recompute", "transformer_engine",
+__all__ = ["ANY", "CP_COMM", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "cp_comm",
+           "cross_entropy", "recompute_early_stop", "selective_recompute", "transformer_engine",
            "grad_copy", "with_framework_defaults", "why_not"]
 
 ANY = "any"
@@ -149,12 +149,14 @@ def with_framework_defaults(training: TrainingSpec, framework: str,
                             device_transformer_engine: bool) -> TrainingSpec:
     """``training`` with what a ``framework`` study runs wherever the training names none: the
     stack (:func:`transformer_engine`), the recompute's early stop, the selective recompute,
-    the loss and the 16-bit gradient copy (:func:`grad_copy`)."""
+    the loss, context parallelism's exchange (:func:`cp_comm`) and the 16-bit gradient copy
+    (:func:`grad_copy`)."""
     defaults = {
         "transformer_engine": transformer_engine(framework, device_transformer_engine),
         "recompute_early_stop": recompute_early_stop(framework),
         "selective_recompute": selective_recompute(framework),
         "cross_entropy": cross_entropy(framework),
+        "cp_comm": cp_comm(framework),
         "grad_copy": grad_copy(framework, training),
     }
     return replace(training, **{k: v for k, v in defaults.items()
@@ -206,17 +208,30 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
     return refused if refused is not None else _selective(framework, training, strategy)
 
 
+CP_COMM = {"torchtitan": CpComm.P2P, "deepspeed": CpComm.A2A}
+"""The one way each framework but Megatron-LM (which runs all three, ``--cp-comm-type``) runs
+context parallelism: torchtitan's is PyTorch's ring attention, which merges each chunk's
+output step by step (its ``context_parallel_rotate_method`` only changes how the chunks
+travel); DeepSpeed's is Ulysses' all-to-all (Megatron-DeepSpeed's
+``--ds-sequence-parallel-size``)."""
+
+
+def cp_comm(framework: str) -> CpComm | None:
+    """The ``cp_comm`` of a ``framework`` study whose training names none: DeepSpeed's
+    all-to-all (:data:`CP_COMM`); None (the ring) for the others."""
+    return CpComm.A2A if framework == "deepspeed" else None
+
+
 def _cp_comm(framework: str, training: TrainingSpec, strategy: Strategy) -> str | None:
-    """Context parallelism with K and V all-gathered (``cp_comm: all_gather``): Megatron-LM's
-    ``--cp-comm-type allgather``; torchtitan's context parallelism is PyTorch's ring attention,
-    which merges each chunk's output (its ``context_parallel_rotate_method`` only changes how
-    the chunks travel), and DeepSpeed's is Ulysses' all-to-all."""
-    if strategy.sp == 1 or training.cp_comm is not CpComm.ALL_GATHER or framework == "megatron":
+    """A way of context parallelism the framework does not run (:data:`CP_COMM`)."""
+    runs = CP_COMM.get(framework)
+    chosen = training.cp_comm or CpComm.P2P
+    if strategy.sp == 1 or runs is None or chosen is runs:
         return None
     offers = ("ring attention, which merges the chunks' outputs step by step"
-              if framework == "torchtitan" else "DeepSpeed-Ulysses' all-to-all")
-    return (f"cp_comm all_gather: {framework}'s context parallelism is {offers}; use cp_comm"
-            " p2p, or framework megatron")
+              if runs is CpComm.P2P else "DeepSpeed-Ulysses' all-to-all")
+    return (f"cp_comm {chosen.value}: {framework}'s context parallelism is {offers}; use cp_comm"
+            f" {runs.value}, or framework megatron")
 
 
 def _fp8_attention(framework: str, training: TrainingSpec, strategy: Strategy) -> str | None:

@@ -161,6 +161,13 @@ class CpComm(_Named):
     exposed"; the Llama 3 paper's context parallelism, arXiv:2407.21783 section 3.3.2): two
     attention kernels a layer, one per local chunk of the load-balanced split, and no merge."""
 
+    A2A = "a2a"
+    """Q, K and V all-to-all'd so that each rank holds the whole sequence for cp-th of its
+    heads, one attention kernel over it, and the output all-to-all'd back, exposed
+    (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509; TE's
+    ``AttnFuncWithCPAndQKVOA2A``, Megatron-LM's ``--cp-comm-type a2a``): the heads and the K/V
+    heads of a tp rank must divide by cp. What a ``framework: deepspeed`` study runs."""
+
     @classmethod
     def _label(cls) -> str:
         return "cp_comm"
@@ -679,7 +686,8 @@ class TrainingSpec:
     2020-23, Megatron-DeepSpeed)."""
     cp_comm: CpComm | None = None
     """How context parallelism exchanges K and V (:class:`CpComm`); None is ``p2p``,
-    Megatron-LM's default. Plans with cp 1 are the same either way."""
+    Megatron-LM's default (a ``framework: deepspeed`` study sets ``a2a``,
+    :func:`search_spaces.frameworks.cp_comm`). Plans with cp 1 are the same either way."""
     cross_entropy: CrossEntropy | None = None
     """How the loss holds the logits (:class:`CrossEntropy`): None is Megatron-LM's fused
     cross-entropy; torchtitan studies set ``pytorch`` (``search_spaces.frameworks``)."""

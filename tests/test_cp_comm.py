@@ -13,6 +13,9 @@ Transformer Engine's two context-parallel attentions (NVIDIA/TransformerEngine@v
 - ``all_gather`` (``AttnFuncWithCPAndKVAllGather``, "KV all-gather between CP ranks is
   exposed"): two attention kernels a pass, the gathered K and V reordered, no merge; the
   all-gathers and reduce-scatters on the critical path.
+- ``a2a`` (``AttnFuncWithCPAndQKVOA2A``, DeepSpeed-Ulysses): Q, K, V and the output
+  all-to-all'd (``flash_attn_a2a_communicate``), one attention kernel over the whole sequence
+  for cp-th of the heads; the all-to-alls on the critical path.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from planner.catalog import load_catalog
 from planner.cli import main
 from planner.exports import export_files
 from planner.plan import make_plan, read_plan
-from search_spaces.frameworks import why_not
+from search_spaces.frameworks import why_not, with_framework_defaults
 from simcore.megatron.calls import cp_kv_calls
+from simcore.megatron.checks import check_plan, valid_plans
 from simcore.megatron.cp_kernels import context_parallel_core
 from simcore.megatron.kernels import KernelCosts
 from simcore.megatron.layer_step import dense_layer, hidden_cost
 from simcore.megatron.plan import StepPlan
-from simcore.specs import Convention, CpComm, Strategy, TrainingSpec
+from simcore.network import Collective
+from simcore.specs import Axis, Convention, CpComm, Recompute, Strategy, TrainingSpec
 
 COSTS = KernelCosts(flop_rate=1e14, byte_rate=1e12, attention_rate=1e14, launch=0.0,
                     sm_count=0)
@@ -133,8 +138,8 @@ def test_cp_1_is_the_same_either_way() -> None:
 
 def test_spellings_and_bad_values() -> None:
     assert CpComm("allgather") is CpComm.ALL_GATHER  # Megatron-LM's --cp-comm-type spelling
-    with pytest.raises(ValueError, match="unknown cp_comm 'a2a'; allowed: p2p, all_gather"):
-        CpComm("a2a")
+    with pytest.raises(ValueError, match="unknown cp_comm 'ring'; allowed: p2p, all_gather, a2a"):
+        CpComm("ring")
 
 
 def test_estimate_cli(capsys) -> None:
@@ -180,9 +185,9 @@ def test_study_and_runs_csv(tmp_path: Path, capsys) -> None:
                      " recompute: [none]}\n")
     assert main(["run", str(study), "--storage", str(tmp_path / "s.db"), "--quiet"]) == 0
     capsys.readouterr()
-    study.write_text(study.read_text().replace("all_gather", "a2a"))
+    study.write_text(study.read_text().replace("all_gather", "ring"))
     assert main(["run", str(study), "--storage", str(tmp_path / "s.db")]) == 2
-    assert ("training.cp_comm: unknown value 'a2a'; use one of p2p, all_gather"
+    assert ("training.cp_comm: unknown value 'ring'; use one of p2p, all_gather, a2a"
             in capsys.readouterr().err)
     runs = tmp_path / "runs.csv"
     runs.write_text("model,system,global_batch,seq_len,dp,tp,pp,sp,micro_batch,cp_comm,"
@@ -215,3 +220,67 @@ def test_the_check_runs_at_cp_2_and_more(capsys) -> None:
     assert -0.03 <= sum(e for _, e in errors) / len(errors) <= 0.0
     wide = [e for c, e in errors if c >= 4]
     assert len(wide) == 11 and -0.21 <= sum(wide) / len(wide) <= -0.17
+
+
+def test_the_all_to_all_by_hand() -> None:
+    """DeepSpeed-Ulysses (``a2a``): each of Q, K, V made contiguous before its all-to-all and
+    reordered after (two copies, each read and written), one attention kernel over the whole
+    sequence for a quarter of the heads (the same FLOPs as the rank's share), the output back
+    the same way; backward the output and its gradient forward, dQ, dK and dV back."""
+    forward, backward = _core(CpComm.A2A)
+    attention = FLOPS / 1e14
+    a, q, k = 2, 1024 * 512, 1024 * 128
+    copies = 2 * (2 * a)  # two copies, each read and written
+    assert (len(forward), len(backward)) == (9, 11)
+    assert sum(forward) == pytest.approx(attention + copies * (q + 2 * k + q) / 1e12, rel=1e-12)
+    assert sum(backward) == pytest.approx(
+        2.5 * attention + copies * (2 * q + q + 2 * k) / 1e12, rel=1e-12)
+
+
+def test_the_all_to_alls_and_their_sizes() -> None:
+    p = StepPlan(LLAMA, SYSTEM, TrainingSpec(global_batch=64, seq_len=65536,
+                                             cp_comm=CpComm.A2A), CP4)
+    forward, more = cp_kv_calls(p)
+    # a rank's 16,384 tokens of one sequence: Q 4,096 wide and K, V 1,024 wide (Llama 3 8B's
+    # 32 and 8 heads of 128) over tp 2, in bf16; each all-to-all's size is the rank's input
+    q, k = 16384 * 4096 * 2 / 2, 16384 * 1024 * 2 / 2
+    assert forward == [(Axis.SP, Collective.ALL_TO_ALL, size) for size in (q, k, k, q)]
+    assert more == [(Axis.SP, Collective.ALL_TO_ALL, q)]  # the output's gradient
+    layer = dense_layer(p)
+    assert (layer.sp_fwd, layer.sp_bwd) == pytest.approx(
+        (p.comm.total(forward), p.comm.total(forward + more)))
+    full = StepPlan(LLAMA, SYSTEM, TrainingSpec(global_batch=64, seq_len=65536,
+                                                cp_comm=CpComm.A2A),
+                    replace(CP4, recompute=Recompute.FULL))
+    # full recompute runs the attention's all-to-alls again
+    assert dense_layer(full).sp_bwd == pytest.approx(p.comm.total(forward * 2 + more))
+
+
+def test_the_all_to_all_needs_the_heads_to_divide() -> None:
+    # Llama 3 8B: 8 K/V heads, 4 a rank at tp 2: cp 8 cannot split them
+    training = TrainingSpec(global_batch=64, seq_len=65536, cp_comm=CpComm.A2A)
+    with pytest.raises(ValueError, match=r"sp=8 must divide kv_heads/tp=4 \(cp_comm a2a gives"
+                                         r" each rank cp-th of a tp rank's heads\); allowed sp:"
+                                         r" 1, 2, 4"):
+        check_plan(LLAMA, SYSTEM, training, Strategy(dp=4, tp=2, sp=8))
+    check_plan(LLAMA, SYSTEM, replace(training, cp_comm=None), Strategy(dp=4, tp=2, sp=8))
+    columns = {"dp": [4, 8], "tp": [2, 2], "pp": [1, 1], "sp": [8, 4], "micro_batch": [1, 1],
+               "v": [1, 1], "interleaved": [False, False], "sequence_parallel": [True, True]}
+    assert valid_plans(LLAMA, SYSTEM, training, columns).tolist() == [False, True]
+
+
+def test_deepspeed_runs_ulysses() -> None:
+    ds = with_framework_defaults(TrainingSpec(global_batch=64, seq_len=65536), "deepspeed",
+                                 True)
+    assert ds.cp_comm is CpComm.A2A
+    ulysses = Strategy(dp=16, sp=4)  # DeepSpeed-Ulysses runs with tp 1 and pp 1
+    assert why_not("deepspeed", LLAMA, ds, ulysses) is None
+    assert why_not("deepspeed", LLAMA, replace(ds, cp_comm=None), ulysses) == (
+        "cp_comm p2p: deepspeed's context parallelism is DeepSpeed-Ulysses' all-to-all; use"
+        " cp_comm a2a, or framework megatron")
+    assert why_not("torchtitan", LLAMA, ds, ulysses).startswith("cp_comm a2a: torchtitan's")
+    plan = make_plan(LLAMA, SYSTEM, ds, ulysses, Convention.MEGATRON)
+    script = next(text for name, text in export_files(plan, "megatron").items()
+                  if name.endswith(".sh"))
+    assert "--cp-comm-type a2a" in script
+    assert export_files(plan, "deepspeed")

@@ -33,6 +33,7 @@ from planner.exports._deepspeed import ds_config, launcher_args
 from planner.plan import Plan, make_plan
 from simcore.specs import (
     Convention,
+    CpComm,
     Recompute,
     Schedule,
     SelectiveRecompute,
@@ -48,7 +49,7 @@ STEM = "llama3-70b-dp8-tp8-pp4-sp4"
 # -- plans ------------------------------------------------------------------------------------
 def _plan(model: str = "llama3-70b", system: str = "dgx-h100-1024", global_batch: int = 2048,
           seq_len: int = 8192, selective: SelectiveRecompute | None = None,
-          **strategy: object) -> Plan:
+          cp_comm: CpComm | None = None, **strategy: object) -> Plan:
     c = load_catalog()
     knobs: dict[str, object] = {"dp": 8, "tp": 8, "pp": 4, "sp": 4,
                                 "zero": ZeroStage.OPTIMIZER, "recompute": Recompute.SELECTIVE,
@@ -56,7 +57,7 @@ def _plan(model: str = "llama3-70b", system: str = "dgx-h100-1024", global_batch
     knobs.update(strategy)
     return make_plan(c.model(model), c.system(system),
                      TrainingSpec(global_batch=global_batch, seq_len=seq_len,
-                                  selective_recompute=selective),
+                                  selective_recompute=selective, cp_comm=cp_comm),
                      Strategy(**knobs), Convention.MEGATRON)  # type: ignore[arg-type]
 
 
@@ -198,7 +199,13 @@ def test_deepspeed_readme_has_launcher_args(plan: Plan) -> None:
                 "--recompute-granularity selective", "--deepspeed-activation-checkpointing",
                 "--bf16", "--attention-dropout 0.0", "--hidden-dropout 0.0"]  # Llama: none
     assert launcher_args(plan) == expected
-    ulysses = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1)
+    # estimated as Ulysses runs it (cp_comm a2a, what a deepspeed study sets); a plan priced
+    # with the ring is refused
+    ring = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1)
+    with pytest.raises(ValueError, match="cp_comm p2p: deepspeed's context parallelism is"):
+        export_files(ring, "deepspeed")
+    ulysses = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1,
+                    cp_comm=CpComm.A2A)
     readme = export_files(ulysses, "deepspeed")["deepspeed-launch.txt"]
     for a in launcher_args(ulysses):
         assert f"  {a}\n" in readme

@@ -9,6 +9,7 @@ edaa7221 ``deepspeed/runtime/pipe/engine.py`` (ZeRO 2-3 refused with pp > 1),
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from planner.cli import main
 from planner.errors import PlannerUsageError
 from planner.study_config import load_study_config
 from search_spaces.frameworks import FRAMEWORKS, why_not
-from simcore.specs import Schedule, Strategy, TrainingSpec, ZeroStage
+from simcore.specs import CpComm, Schedule, Strategy, TrainingSpec, ZeroStage
 
 MODEL = load_catalog().model("llama70b")  # 80 layers, 64 heads
 TRAINING = TrainingSpec(global_batch=512, seq_len=1024)
@@ -91,7 +92,13 @@ def test_deepspeed_ulysses_without_tp_or_pp() -> None:
     for knobs in ({"tp": 2, "pp": 1}, {"tp": 1, "pp": 2}):
         reason = _why("deepspeed", dp=16, sp=2, **knobs)
         assert reason is not None and "sp 2" in reason and "tp 1 and pp 1" in reason
-    assert _why("deepspeed", dp=32, sp=2) is None
+    # Ulysses exchanges Q, K, V by all-to-all (cp_comm a2a, what a deepspeed study sets): a
+    # plan priced with the ring is not what DeepSpeed runs
+    ulysses = replace(TRAINING, cp_comm=CpComm.A2A)
+    assert why_not("deepspeed", MODEL, ulysses, Strategy(dp=32, sp=2)) is None
+    assert _why("deepspeed", dp=32, sp=2) == (
+        "cp_comm p2p: deepspeed's context parallelism is DeepSpeed-Ulysses' all-to-all; use"
+        " cp_comm a2a, or framework megatron")
     assert _why("deepspeed", dp=16, tp=2, pp=2, zero=ZeroStage.OPTIMIZER) is None  # no Ulysses
 
 

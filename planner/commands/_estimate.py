@@ -170,8 +170,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--cp-comm", choices=[m.value for m in CpComm], default=None,
                    help="how context parallelism exchanges K and V (Megatron-LM's"
                    " --cp-comm-type): p2p (a ring: each chunk sent on while the one in hand is"
-                   " attended to, the outputs merged step by step; the default) or all_gather"
-                   " (gathered whole before the attention, exposed, as the Llama 3 paper's)")
+                   " attended to, the outputs merged step by step; the default), all_gather"
+                   " (gathered whole before the attention, exposed, as the Llama 3 paper's) or"
+                   " a2a (Q, K, V and the output all-to-all'd, each rank attending the whole"
+                   " sequence with cp-th of the heads: DeepSpeed-Ulysses)")
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
@@ -395,8 +397,9 @@ class EstimateCommand(BaseCommand):
                     and training.selective_recompute is SelectiveRecompute.OP):
                 stack += ", per-op selective recompute"
             if est.convention == "megatron" and strategy.sp > 1:
-                stack += (", K and V all-gathered" if training.cp_comm is CpComm.ALL_GATHER
-                          else ", K and V on a ring")
+                stack += {CpComm.ALL_GATHER: ", K and V all-gathered",
+                          CpComm.A2A: ", Q, K and V all-to-all'd"}.get(
+                              training.cp_comm, ", K and V on a ring")
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
                   f"{', congestion-aware' if aware else ''}, {stack}):"
                   f" {_describe(strategy, model.layers)}")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from simcore.megatron.placement import AxisLike, DpPart
 from simcore.megatron.precision import FP8_BYTES
 from simcore.network import Collective
-from simcore.specs import Axis, CrossEntropy, ZeroStage
+from simcore.specs import Axis, CpComm, CrossEntropy, ZeroStage
 
 if TYPE_CHECKING:
     from simcore.megatron.plan import StepPlan
@@ -70,13 +70,18 @@ def head_calls(p: StepPlan, backward: bool) -> list[Call]:
 
 
 def cp_kv_calls(p: StepPlan) -> tuple[list[Call], list[Call]]:
-    """Context parallelism per layer: K and V all-gathered (forward, and again in backward),
-    and their gradients reduce-scattered (backward)."""
-    s = p.s
-    kv = (2 * p.tokens * p.model.hidden * p.shape.kv_fraction * p.training.bytes_per_activation
-          / s.tp)
-    return ([(Axis.SP, Collective.ALL_GATHER, kv)],
-            [(Axis.SP, Collective.REDUCE_SCATTER, kv * s.sp)])
+    """Context parallelism per layer: the forward's collectives (again in backward) and what
+    backward adds. K and V all-gathered and their gradients reduce-scattered (the ring, ``p2p``,
+    sends the same bytes on in cp - 1 steps); with ``cp_comm: a2a`` Q, K, V and the output
+    all-to-all'd forward, and backward the output, its gradient, dQ, dK and dV."""
+    s, a = p.s, p.training.bytes_per_activation
+    k = p.tokens * p.model.hidden * p.shape.kv_fraction * a / s.tp
+    if p.training.cp_comm is CpComm.A2A:
+        q = p.tokens * p.model.hidden * p.shape.q_fraction * a / s.tp
+        return ([(Axis.SP, Collective.ALL_TO_ALL, size) for size in (q, k, k, q)],
+                [(Axis.SP, Collective.ALL_TO_ALL, q)])
+    return ([(Axis.SP, Collective.ALL_GATHER, 2 * k)],
+            [(Axis.SP, Collective.REDUCE_SCATTER, 2 * k * s.sp)])
 
 
 def dp_group_calls(p: StepPlan, collective: Collective, size: float, *,

@@ -10,6 +10,7 @@ import numpy as np
 from simcore.megatron.precision import fp8_problem
 from simcore.specs import (
     Axis,
+    CpComm,
     ModelSpec,
     Recompute,
     RecomputeModule,
@@ -74,6 +75,10 @@ def check_plan(
             f" layers); allowed pp*v: {_divisors(model.layers)}"
         )
     _must_divide("sp", s.sp, "seq_len", training.seq_len, "context parallelism splits the sequence")
+    if training.cp_comm is CpComm.A2A and s.sp > 1:
+        for what, heads in (("heads", model.heads), ("kv_heads", model.n_kv_heads)):
+            _must_divide("sp", s.sp, f"{what}/tp", heads // s.tp,
+                         "cp_comm a2a gives each rank cp-th of a tp rank's heads")
     if s.sequence_parallel and s.tp > 1:
         _must_divide("tp", s.tp, "seq_len/sp", training.seq_len // s.sp,
                      "sequence parallelism splits the sequence over tp")
@@ -214,6 +219,9 @@ def valid_plans(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     if "zero_bubble" in columns:
         ok &= ~np.asarray(columns["zero_bubble"], bool) | (pp >= 2)
     ok &= seq % sp == 0
+    if training.cp_comm is CpComm.A2A:  # check_plan's heads per tp rank over sp
+        for heads in (model.heads, model.n_kv_heads):
+            ok &= (sp == 1) | ((heads // np.maximum(tp, 1)) % sp == 0)
     ok &= ~(seqpar & (tp > 1)) | ((seq // sp) % tp == 0)
     ok &= batch % (dp * mb) == 0
     m = batch // (dp * mb)

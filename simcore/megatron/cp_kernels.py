@@ -15,6 +15,10 @@ K and V travel; the kernels around it are not (NVIDIA/TransformerEngine@v2.9
   kernel, then the step's dQ added into dQ and its dK and dV into the chunk's running gradient
   (``dq.add_``, ``dk.add_``, ``dv.add_``). The ranks step together, so the rank whose every
   step is a whole chunk paces them: every merge is priced at the whole chunk.
+- ``a2a`` (:class:`AttnFuncWithCPAndQKVOA2A`, DeepSpeed-Ulysses): Q, K and V all-to-all'd to
+  the whole sequence for cp-th of the heads, each made contiguous before and reordered after
+  (``flash_attn_a2a_communicate``: two copies a tensor), one attention kernel, and the output
+  back the same way; backward the output and its gradient forward, dQ, dK and dV back.
 - ``all_gather`` (:class:`AttnFuncWithCPAndKVAllGather`): K and V all-gathered whole and put in
   sequence order (``index_select``, one copy each), then two attention kernels, one per local
   query chunk over the keys before it; no merge. Backward: K and V gathered and reordered again,
@@ -57,6 +61,14 @@ def context_parallel_core(costs: KernelCosts, cp_comm: CpComm, *, cp: int, flops
     if cp_comm is CpComm.ALL_GATHER:
         return _all_gather_core(costs, flops, backward_flops, q_elems, k_elems,
                                 keys * kv_width, a)
+    if cp_comm is CpComm.A2A:
+        # each tensor made contiguous before its all-to-all and its chunks reordered after
+        # (flash_attn_a2a_communicate): two copies of it, each read and written
+        q_copies, k_copies = [costs.elementwise(2 * a * q_elems)] * 2, [
+            costs.elementwise(2 * a * k_elems)] * 2
+        forward = q_copies + k_copies * 2 + [costs.attention(flops)] + q_copies  # Q, K, V; out
+        backward = q_copies * 2 + [costs.attention(backward_flops)] + q_copies + k_copies * 2
+        return forward, backward
     lse = 3 * LSE_BYTES * queries * heads
     forward = ([costs.elementwise(2 * a * 2 * k_elems)]  # K and V into the send buffer
                + [costs.attention(flops / cp)] * cp

@@ -16,8 +16,8 @@ groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
   then send the gradient back;
 - context parallelism's K/V all-gathers (and reduce-scatters backward) and ZeRO-3's per-layer
   weight all-gathers (and gradient reduce-scatters) run beside the op's compute; with ``cp_comm``
-  all_gather the former run after it instead (forward after the tp collectives, backward at the
-  tail), exposed as the estimate has them;
+  all_gather or a2a the former run after it instead (forward after the tp collectives, backward
+  at the tail, with the recompute's again), exposed as the estimate has them;
 - zb-h1: each backward is its B pass (the data gradients, whose tp collectives it waits for:
   nothing is left to hide them behind) and a W pass of its own (the weight gradients) where
   :func:`simcore.timeline.stage_order` puts it, ``stage`` micro-batches later; zbv alike, in
@@ -54,7 +54,7 @@ from simcore.megatron.calls import (
     head_calls,
     tp_pair_calls,
 )
-from simcore.megatron.layer_step import dense_layer
+from simcore.megatron.layer_step import EXPOSED_CP, dense_layer, runs_core_again
 from simcore.megatron.parts import Stage as _StageSums
 from simcore.megatron.phases import OpTime, StagePhases, stage_phases
 from simcore.megatron.pipeline import head_stage
@@ -65,7 +65,6 @@ from simcore.megatron.step import _ends, _optimizer_time, _stage, grad_buckets
 from simcore.specs import (
     ZERO_BUBBLE,
     Axis,
-    CpComm,
     ModelSpec,
     Recompute,
     Schedule,
@@ -161,12 +160,13 @@ def _op_calls(p: StepPlan, stage: int, chunk: int, backward: bool) -> _OpCalls:
     pairs = tp_pair_calls(p) * (2 * k)
     head = head_calls(p, backward) if last else []
     beside: list[Call] = []
-    exposed: list[Call] = []  # all-gathered context parallelism's, after the compute
+    exposed: list[Call] = []  # context parallelism's all-gathers or all-to-alls, after the compute
     if s.sp > 1:
         gathers, scatters = cp_kv_calls(p)
         calls = (gathers + scatters if backward else gathers) * k
-        if p.training.cp_comm is CpComm.ALL_GATHER:
-            exposed = calls
+        if p.training.cp_comm in EXPOSED_CP:
+            again = gathers * k if backward and runs_core_again(p, plain=False) else []
+            exposed = calls + again
         else:
             beside += calls
     if s.zero is ZeroStage.PARAMETERS and p.dp_group > 1:

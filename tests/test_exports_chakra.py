@@ -32,6 +32,7 @@ from planner.plan import Plan, make_plan
 from simcore.megatron.phases import stage_phases
 from simcore.specs import (
     Convention,
+    CpComm,
     Recompute,
     Schedule,
     Strategy,
@@ -89,9 +90,10 @@ def test_stage_plan_replays_to_its_estimate(tmp_path, capsys) -> None:
     assert json.loads((folder / "system.json").read_text())["roofline-enabled"] == 1
 
 
-def _megatron(system: str = "dgx-a100-16", **knobs: object) -> Plan:
+def _megatron(system: str = "dgx-a100-16", training: TrainingSpec = SMALL,
+              **knobs: object) -> Plan:
     c = load_catalog()
-    return make_plan(c.model("gpt-1.7b"), _no_call_latency(c.system(system)), SMALL,
+    return make_plan(c.model("gpt-1.7b"), _no_call_latency(c.system(system)), training,
                      Strategy(**knobs), Convention.MEGATRON)  # type: ignore[arg-type]
 
 
@@ -146,6 +148,28 @@ def test_megatron_plan_replays_to_its_schedule(tmp_path, capsys, knobs) -> None:
     if plan.strategy.pp == 1:  # nothing charged that is not sent: the estimate itself
         assert abs(wall - plan.estimate.step_time) <= rounding
     assert json.loads((folder / "system.json").read_text())["roofline-enabled"] == 0
+
+
+@pytest.mark.parametrize("cp_comm", [None, CpComm.ALL_GATHER], ids=str)
+@pytest.mark.parametrize("recompute", [Recompute.NONE, Recompute.FULL], ids=str)
+def test_context_parallel_plans_replay_to_their_estimate(tmp_path, capsys, cp_comm,
+                                                          recompute) -> None:
+    """Context parallelism's collectives beside the attention (the ring) or after it (the
+    all-gathers and reduce-scatters; the gathers again in a recompute): replayed, the step the
+    estimate gives. The all-to-alls (``a2a``) are refused: the estimate times them as pairwise
+    sends, ASTRA-sim as its own all-to-all."""
+    training = replace(SMALL, cp_comm=cp_comm, flash_attention=True)
+    plan = _megatron(training=training, dp=2, tp=2, sp=4, recompute=recompute)
+    folder = _write(export_files(plan, "chakra"), tmp_path)
+    npus = _replay(capsys, folder)
+    wall = max(r["wall_time"] for r in npus) * 1e-9
+    computes = sum(1 for path in (folder / "traces").glob("workload.*.et")
+                   for n in read_trace(path).nodes if n.type == 4)
+    assert abs(wall - plan.estimate.step_time) <= 0.5e-6 * computes / 16
+    ulysses = _megatron(training=replace(training, cp_comm=CpComm.A2A), dp=2, tp=2, sp=4,
+                        recompute=recompute)
+    with pytest.raises(ValueError, match=r"does not write context parallelism's all-to-alls"):
+        export_files(ulysses, "chakra")
 
 
 def test_megatron_traces_are_valid_protobuf_by_an_independent_decoder(tmp_path) -> None:

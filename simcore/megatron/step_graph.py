@@ -65,6 +65,7 @@ from simcore.megatron.step import _ends, _optimizer_time, _stage, grad_buckets
 from simcore.specs import (
     ZERO_BUBBLE,
     Axis,
+    CpComm,
     ModelSpec,
     Recompute,
     Schedule,
@@ -319,10 +320,16 @@ class _Stage:
 def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                 strategy: Strategy) -> StepGraphs:
     """Every NPU's graph of one step (see the module docstring); raises ValueError when the plan
-    does not divide, or when it holds what the graph does not write yet (MoE layers)."""
+    does not divide, or when it holds what the graph does not write yet (MoE layers, context
+    parallelism's all-to-alls)."""
     if model.moe is not None:
         raise ValueError(f"the step graph (Chakra, ASTRA-sim) does not write MoE layers yet"
                          f" ({model.name}); it offers dense GPT and Llama models")
+    if strategy.sp > 1 and training.cp_comm is CpComm.A2A:
+        raise ValueError("the step graph (Chakra, ASTRA-sim) does not write context"
+                         " parallelism's all-to-alls (cp_comm a2a) yet: the estimate times them"
+                         " as pairwise sends, ASTRA-sim as its own all-to-all; it offers cp_comm"
+                         " p2p and all_gather")
     p = StepPlan(model, system, training, strategy)
     layer, ends = dense_layer(p), _ends(p)
     phases = stage_phases(model, system, training, strategy)

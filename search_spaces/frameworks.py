@@ -210,10 +210,10 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
 
 CP_COMM = {"torchtitan": CpComm.P2P, "deepspeed": CpComm.A2A}
 """The one way each framework but Megatron-LM (which runs all three, ``--cp-comm-type``) runs
-context parallelism: torchtitan's is PyTorch's ring attention, which merges each chunk's
-output step by step (its ``context_parallel_rotate_method`` only changes how the chunks
-travel); DeepSpeed's is Ulysses' all-to-all (Megatron-DeepSpeed's
-``--ds-sequence-parallel-size``)."""
+context parallelism: torchtitan's is PyTorch's (``torch.distributed.tensor.experimental.
+_attention``, ``torchtitan/distributed/context_parallel/api.py`` at b5bcd76c), for SDPA a ring
+that merges each chunk's output step by step; DeepSpeed's is Ulysses' all-to-all
+(Megatron-DeepSpeed's ``--ds-sequence-parallel-size``)."""
 
 
 def cp_comm(framework: str) -> CpComm | None:

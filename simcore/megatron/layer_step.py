@@ -2,7 +2,7 @@
 (:mod:`simcore.megatron.kernels`), what the plan's recompute runs again, and the exposed part of
 each collective beside them (tp behind the weight-gradient GEMMs, or with Transformer Engine's
 userbuffers behind every GEMM; cp's K and V behind the attention core on a ring, exposed when
-all-gathered (:class:`simcore.specs.CpComm`); ZeRO-3's gathers behind
+all-gathered or all-to-all'd (:class:`simcore.specs.CpComm`); ZeRO-3's gathers behind
 the layer; an MoE layer's all-to-alls). The step sums these per stage
 (:mod:`simcore.megatron.step`).
 

@@ -16,8 +16,9 @@ groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
   then send the gradient back;
 - context parallelism's K/V all-gathers (and reduce-scatters backward) and ZeRO-3's per-layer
   weight all-gathers (and gradient reduce-scatters) run beside the op's compute; with ``cp_comm``
-  all_gather or a2a the former run after it instead (forward after the tp collectives, backward
-  at the tail, with the recompute's again), exposed as the estimate has them;
+  all_gather the former run after it instead (forward after the tp collectives, backward at the
+  tail, with the recompute's again), exposed as the estimate has them (``a2a``'s all-to-alls
+  are not written: :func:`step_graphs` refuses them);
 - zb-h1: each backward is its B pass (the data gradients, whose tp collectives it waits for:
   nothing is left to hide them behind) and a W pass of its own (the weight gradients) where
   :func:`simcore.timeline.stage_order` puts it, ``stage`` micro-batches later; zbv alike, in

@@ -20,7 +20,8 @@ from planner.runs_csv import GroupKey, MeasuredRun, SkippedRun
 from planner.units import GB
 from simcore import estimate
 from simcore.estimate import Estimate
-from simcore.specs import SystemSpec
+from simcore.megatron.checks import micro_batches
+from simcore.specs import CpComm, SystemSpec
 
 __all__ = ["RunResult", "GroupResult", "Validation", "validate", "kendall_tau"]
 
@@ -133,8 +134,22 @@ BREAKDOWNS: dict[str, Callable[[MeasuredRun], str]] = {
     "device": lambda run: run.system.device.name,
     "precision": lambda run: run.strategy.precision.value,
     "file": lambda run: run.file,
+    # the plan's knobs, to find where a set of runs is estimated fast or slow as a body
+    "gpus": lambda run: str(run.strategy.devices),
+    "dp": lambda run: str(run.strategy.dp),
+    "tp": lambda run: str(run.strategy.tp),
+    "pp": lambda run: str(run.strategy.pp),
+    "cp": lambda run: str(run.strategy.sp),
+    "micro_batch": lambda run: str(run.strategy.micro_batch),
+    "micro_batches": lambda run: str(micro_batches(run.training, run.strategy)),
+    "zero": lambda run: str(int(run.strategy.zero)),
+    "recompute": lambda run: run.strategy.recompute.value,
+    "schedule": lambda run: run.strategy.schedule.value,
+    "cp_comm": lambda run: (run.training.cp_comm or CpComm.P2P).value,
 }
-"""What ``planner validate --by`` splits the runs by: each run's value of it."""
+"""What ``planner validate --by`` splits the runs by: each run's value of it (``cp``: context
+parallelism, the strategy's ``sp``; ``micro_batches``: a step's per pipeline, global batch /
+(dp x micro-batch))."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +206,11 @@ class Validation:
         for r in self.results:
             parts.setdefault(key(r.run), []).append(r)
         out = []
-        for value, results in parts.items():
+        values = list(parts)
+        if all(value.isdigit() for value in values):  # a count: in its order
+            values.sort(key=int)
+        for value in values:
+            results = parts[value]
             errors = [e for e in (r.step_time_error for r in results) if e is not None]
             apes = _ape(errors)
             memory = _ape(r.memory_error for r in results)

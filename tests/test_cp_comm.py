@@ -284,3 +284,18 @@ def test_deepspeed_runs_ulysses() -> None:
                   if name.endswith(".sh"))
     assert "--cp-comm-type a2a" in script
     assert export_files(plan, "deepspeed")
+
+
+def test_validate_by_a_knob_of_the_plans(capsys) -> None:
+    """`planner validate --by cp` splits the runs by context parallelism, counts in order: the
+    long-context file's 17 runs are 5 without cp, 3 at cp 2, 4 at cp 4, 2 each at 8 and 16 and
+    one at 32 (its tp / pp / cp columns), and every cp > 1 part estimated fast as a body."""
+    assert main(["validate", str(Path(__file__).parent / "data" / "validation"
+                                 / "long-context-check.csv"), "--by", "cp", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["by"]["rows"]
+    assert [(r["cp"], r["step_time_runs"]) for r in rows] == [
+        ("1", 5), ("2", 3), ("4", 4), ("8", 2), ("16", 2), ("32", 1)]
+    assert all(r["step_time_mean_error"] < 0 for r in rows if r["cp"] != "1")
+    assert main(["validate", str(Path(__file__).parent / "data" / "validation"
+                                 / "long-context-check.csv"), "--by", "micro_batches"]) == 0
+    assert "by micro_batches:" in capsys.readouterr().out

@@ -160,7 +160,7 @@ class StudyConfig:
             # where the space has context parallelism (so that studies without it, a
             # deepspeed study's among them, keep their fingerprints)
             **({"cp_comm": self.training.cp_comm.value}
-               if self.training.cp_comm not in (None, CpComm.P2P) and max(sp.sp) > 1 else {}),
+               if self.training.cp_exchange is not CpComm.P2P and max(sp.sp) > 1 else {}),
             **({"congestion": self.system.network.congestion.value}
                if self.system.network.congestion is not Congestion.UNAWARE else {}),
             **({"framework": sp.framework} if sp.framework != ANY else {}),

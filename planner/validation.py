@@ -21,7 +21,7 @@ from planner.units import GB
 from simcore import estimate
 from simcore.estimate import Estimate
 from simcore.megatron.checks import micro_batches
-from simcore.specs import CpComm, SystemSpec
+from simcore.specs import SystemSpec
 
 __all__ = ["RunResult", "GroupResult", "Validation", "validate", "kendall_tau"]
 
@@ -145,7 +145,7 @@ BREAKDOWNS: dict[str, Callable[[MeasuredRun], str]] = {
     "zero": lambda run: str(int(run.strategy.zero)),
     "recompute": lambda run: run.strategy.recompute.value,
     "schedule": lambda run: run.strategy.schedule.value,
-    "cp_comm": lambda run: (run.training.cp_comm or CpComm.P2P).value,
+    "cp_comm": lambda run: run.training.cp_exchange.value,
 }
 """What ``planner validate --by`` splits the runs by: each run's value of it (``cp``: context
 parallelism, the strategy's ``sp``; ``micro_batches``: a step's per pipeline, global batch /

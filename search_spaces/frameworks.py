@@ -217,15 +217,16 @@ that merges each chunk's output step by step; DeepSpeed's is Ulysses' all-to-all
 
 
 def cp_comm(framework: str) -> CpComm | None:
-    """The ``cp_comm`` of a ``framework`` study whose training names none: DeepSpeed's
-    all-to-all (:data:`CP_COMM`); None (the ring) for the others."""
-    return CpComm.A2A if framework == "deepspeed" else None
+    """The ``cp_comm`` of a ``framework`` study whose training names none: the one way the
+    framework runs (:data:`CP_COMM`) where it is not the default ring; else None."""
+    runs = CP_COMM.get(framework)
+    return None if runs is CpComm.P2P else runs
 
 
 def _cp_comm(framework: str, training: TrainingSpec, strategy: Strategy) -> str | None:
     """A way of context parallelism the framework does not run (:data:`CP_COMM`)."""
     runs = CP_COMM.get(framework)
-    chosen = training.cp_comm or CpComm.P2P
+    chosen = training.cp_exchange
     if strategy.sp == 1 or runs is None or chosen is runs:
         return None
     offers = ("ring attention, which merges the chunks' outputs step by step"

@@ -714,6 +714,11 @@ class TrainingSpec:
     (:func:`simcore.megatron.plan.uses_recompute_early_stop`). An MoE layer's recompute is
     priced whole either way."""
 
+    @property
+    def cp_exchange(self) -> CpComm:
+        """:attr:`cp_comm` with its default resolved (``p2p``)."""
+        return self.cp_comm or CpComm.P2P
+
     def __post_init__(self) -> None:
         _positive("global_batch", self.global_batch)
         _positive("seq_len", self.seq_len)

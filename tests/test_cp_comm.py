@@ -20,7 +20,6 @@ Transformer Engine's two context-parallel attentions (NVIDIA/TransformerEngine@v
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,8 @@ from planner.catalog import load_catalog
 from planner.cli import main
 from planner.exports import export_files
 from planner.plan import make_plan, read_plan
+from planner.runs_csv import read_runs_files
+from planner.validation import validate
 from search_spaces.frameworks import why_not, with_framework_defaults
 from simcore.megatron.calls import cp_kv_calls
 from simcore.megatron.checks import check_plan, valid_plans
@@ -202,21 +203,15 @@ def test_study_and_runs_csv(tmp_path: Path, capsys) -> None:
     assert rows[0]["predicted_step_time_s"] != rows[1]["predicted_step_time_s"]
 
 
-def test_the_check_runs_at_cp_2_and_more(capsys) -> None:
+def test_the_check_runs_at_cp_2_and_more() -> None:
     """Every check run with context parallelism (Megatron-Core / NeMo / Megatron-Bridge and
     MLPerf's NeMo runs, all on TE's default ring): 118 runs at cp 2-32. Without the ring's
     merges they were estimated fast by 4.6% on average (the 11 at cp 4-32 by 22.6%); with
     them by 2.3% (19.3%)."""
     data = Path(__file__).parent / "data" / "validation"
-    checks = sorted(str(f) for f in data.glob("*-check.csv"))
-    assert main(["validate", *checks, "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
-    cp = {}
-    for f in checks:
-        with open(f, newline="") as handle:
-            cp.update({r["name"]: int(r.get("sp") or 1) for r in csv.DictReader(handle)})
-    errors = [(cp[r["name"]], r["step_time_error"]) for r in rows
-              if r["step_time_error"] is not None and cp[r["name"]] > 1]
+    result = validate(*read_runs_files(sorted(data.glob("*-check.csv")), load_catalog()))
+    errors = [(r.run.strategy.sp, r.step_time_error) for r in result.results
+              if r.step_time_error is not None and r.run.strategy.sp > 1]
     assert len(errors) == 118
     assert -0.03 <= sum(e for _, e in errors) / len(errors) <= 0.0
     wide = [e for c, e in errors if c >= 4]

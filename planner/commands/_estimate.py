@@ -397,9 +397,9 @@ class EstimateCommand(BaseCommand):
                     and training.selective_recompute is SelectiveRecompute.OP):
                 stack += ", per-op selective recompute"
             if est.convention == "megatron" and strategy.sp > 1:
-                stack += {CpComm.ALL_GATHER: ", K and V all-gathered",
-                          CpComm.A2A: ", Q, K and V all-to-all'd"}.get(
-                              training.cp_comm, ", K and V on a ring")
+                stack += {CpComm.P2P: ", K and V on a ring",
+                          CpComm.ALL_GATHER: ", K and V all-gathered",
+                          CpComm.A2A: ", Q, K and V all-to-all'd"}[training.cp_exchange]
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
                   f"{', congestion-aware' if aware else ''}, {stack}):"
                   f" {_describe(strategy, model.layers)}")

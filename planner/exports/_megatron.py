@@ -183,7 +183,7 @@ def _parallel_args(plan: Plan) -> list[str]:
             f"--tensor-model-parallel-size {s.tp}",
             f"--pipeline-model-parallel-size {s.pp}",
             f"--context-parallel-size {s.sp}"]
-    if s.sp > 1 and plan.training.cp_comm not in (None, CpComm.P2P):
+    if s.sp > 1 and plan.training.cp_exchange is not CpComm.P2P:
         # arguments.py --cp-comm-type (d98e8a64): p2p (the default), a2a, allgather, a2a+p2p
         args.append("--cp-comm-type "
                     + ("allgather" if plan.training.cp_comm is CpComm.ALL_GATHER else "a2a"))

@@ -64,8 +64,8 @@ def context_parallel_core(costs: KernelCosts, cp_comm: CpComm, *, cp: int, flops
     if cp_comm is CpComm.A2A:
         # each tensor made contiguous before its all-to-all and its chunks reordered after
         # (flash_attn_a2a_communicate): two copies of it, each read and written
-        q_copies, k_copies = [costs.elementwise(2 * a * q_elems)] * 2, [
-            costs.elementwise(2 * a * k_elems)] * 2
+        q_copies = [costs.elementwise(2 * a * q_elems)] * 2
+        k_copies = [costs.elementwise(2 * a * k_elems)] * 2
         forward = q_copies + k_copies * 2 + [costs.attention(flops)] + q_copies  # Q, K, V; out
         backward = q_copies * 2 + [costs.attention(backward_flops)] + q_copies + k_copies * 2
         return forward, backward

@@ -262,7 +262,7 @@ def _linear_pair(costs: KernelCosts, m: float, n: float, k: float) -> tuple[floa
 def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, micro_batch: int,
                   queries: float, seq_len: int, tp: int, sequence_parallel: bool, flash: bool,
                   act_bytes: int, micro_batches: int = 1, ffn: int | None = None,
-                  swiglu_fused: bool = True, cp_comm: CpComm | None = None) -> LayerKernels:
+                  swiglu_fused: bool = True, cp_comm: CpComm = CpComm.P2P) -> LayerKernels:
     """The layer's kernels for one micro-batch of ``micro_batch`` sequences, each with
     ``queries`` tokens on this rank (the sequence split by context parallelism) attending over
     ``seq_len`` keys, on one of ``tp`` ranks; a step runs ``micro_batches`` of them (fp8 casts
@@ -321,7 +321,7 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         cp = round(seq_len / queries)
         if cp > 1:
             core_fwd, core_bwd = context_parallel_core(
-                costs, cp_comm or CpComm.P2P, cp=cp, flops=flops,
+                costs, cp_comm, cp=cp, flops=flops,
                 backward_flops=FLASH_BACKWARD_FLOPS * flops, queries=tokens,
                 keys=micro_batch * seq_len, heads=heads, q_width=q / t, kv_width=kv / t,
                 act_bytes=a)

@@ -18,11 +18,11 @@ from simcore.megatron.calls import cp_kv_calls, fsdp_layer_calls, tp_pair_calls
 from simcore.megatron.moe import expert_comm
 from simcore.megatron.parts import Layer
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.recompute import modules_again
-from simcore.specs import ZERO_BUBBLE, CpComm, Recompute, RecomputeModule, ZeroStage
+from simcore.megatron.recompute import modules_again, runs_core_again
+from simcore.specs import ZERO_BUBBLE, CpComm, Recompute, ZeroStage
 
-__all__ = ["EXPOSED_CP", "dense_layer", "hidden_cost", "layer_of", "moe_layer", "runs_core_again",
-           "tp_layer_comm", "with_offload"]
+__all__ = ["EXPOSED_CP", "dense_layer", "hidden_cost", "layer_of", "moe_layer", "tp_layer_comm",
+           "with_offload"]
 
 
 def hidden_cost(p: StepPlan, comm: float, compute: float) -> float:
@@ -97,20 +97,6 @@ EXPOSED_CP = (CpComm.ALL_GATHER, CpComm.A2A)
 """The ways of context parallelism whose collectives do not run beside the attention."""
 
 
-def runs_core_again(p: StepPlan, plain: bool) -> bool:
-    """The plan's recompute runs the attention core again: full recompute, Megatron-LM's
-    selective recompute (or its ``recompute_modules`` with ``core_attn``); not torchtitan's
-    per-op checkpointing, which keeps the attention's output."""
-    s = p.s
-    if plain or s.recompute is Recompute.NONE:
-        return False
-    if s.recompute is Recompute.FULL:
-        return True
-    if p.modules is not None:
-        return RecomputeModule.CORE_ATTN in p.modules
-    return not p.per_op
-
-
 def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
              tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
              tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0,
@@ -146,7 +132,7 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     if s.sp > 1:
         gathers, scatters = cp_kv_calls(p)
         gather, scatter = p.comm.total(gathers), p.comm.total(scatters)
-        if p.training.cp_comm in EXPOSED_CP:
+        if p.training.cp_exchange in EXPOSED_CP:
             # the collectives before the attention and after it, exposed
             sp_fwd, sp_bwd = gather, gather + scatter
         else:  # the ring sends each chunk on while the chunk in hand is attended to
@@ -177,7 +163,7 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     else:
         recompute = tp_recompute = 0.0
 
-    if s.sp > 1 and p.training.cp_comm in EXPOSED_CP and runs_core_again(p, plain):
+    if s.sp > 1 and p.training.cp_exchange in EXPOSED_CP and runs_core_again(p, plain):
         sp_bwd += sp_fwd  # the recompute's attention exchanges K and V (and Q) again
 
     fsdp_fwd = fsdp_bwd = 0.0

@@ -1,6 +1,7 @@
 """What runs again in the backward beyond the plain recompute choices: full recompute of only
-some layers (``Strategy.recompute_layers``, Megatron-LM's ``--recompute-method block``) and
-Megatron-LM's selective ``recompute_modules``.
+some layers (``Strategy.recompute_layers``, Megatron-LM's ``--recompute-method block``),
+Megatron-LM's selective ``recompute_modules``, and whether a plan's recompute runs the attention
+core again (:func:`runs_core_again`: context parallelism's exposed exchanges with it).
 
 A stage under ``recompute_layers`` is priced as the average of its layers: each term of a stage
 (compute, tp, the FSDP and sp exchanges) is a sum over its layers, so ``n`` average layers sum
@@ -13,9 +14,9 @@ from typing import TypeVar
 
 from simcore.megatron.kernels import LayerKernels, modules_forward
 from simcore.megatron.plan import StepPlan
-from simcore.specs import RecomputeModule
+from simcore.specs import Recompute, RecomputeModule
 
-__all__ = ["blend", "modules_again", "recomputed_fraction", "recomputed_share"]
+__all__ = ["blend", "modules_again", "recomputed_fraction", "recomputed_share", "runs_core_again"]
 
 _L = TypeVar("_L")
 
@@ -54,3 +55,17 @@ def modules_again(p: StepPlan, k: LayerKernels, *, dense: bool) -> tuple[float, 
         return 0.0, False
     return (modules_forward(k, m, dense=dense),
             dense and RecomputeModule.MLP in m and k.mlp_forward > 0)
+
+
+def runs_core_again(p: StepPlan, plain: bool) -> bool:
+    """The plan's recompute runs the attention core again: full recompute, Megatron-LM's
+    selective recompute (or its ``recompute_modules`` with ``core_attn``); not torchtitan's
+    per-op checkpointing, which keeps the attention's output."""
+    s = p.s
+    if plain or s.recompute is Recompute.NONE:
+        return False
+    if s.recompute is Recompute.FULL:
+        return True
+    if p.modules is not None:
+        return RecomputeModule.CORE_ATTN in p.modules
+    return not p.per_op

@@ -55,12 +55,13 @@ from simcore.megatron.calls import (
     head_calls,
     tp_pair_calls,
 )
-from simcore.megatron.layer_step import EXPOSED_CP, dense_layer, runs_core_again
+from simcore.megatron.layer_step import EXPOSED_CP, dense_layer
 from simcore.megatron.parts import Stage as _StageSums
 from simcore.megatron.phases import OpTime, StagePhases, stage_phases
 from simcore.megatron.pipeline import head_stage
 from simcore.megatron.placement import DpPart
 from simcore.megatron.plan import StepPlan
+from simcore.megatron.recompute import runs_core_again
 from simcore.megatron.stage_memory import fp8_weight_params
 from simcore.megatron.step import _ends, _optimizer_time, _stage, grad_buckets
 from simcore.specs import (
@@ -166,7 +167,7 @@ def _op_calls(p: StepPlan, stage: int, chunk: int, backward: bool) -> _OpCalls:
     if s.sp > 1:
         gathers, scatters = cp_kv_calls(p)
         calls = (gathers + scatters if backward else gathers) * k
-        if p.training.cp_comm in EXPOSED_CP:
+        if p.training.cp_exchange in EXPOSED_CP:
             again = gathers * k if backward and runs_core_again(p, plain=False) else []
             exposed = calls + again
         else:

@@ -57,7 +57,11 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``device``, the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
   ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
   context, NCCL's buffers and the caching allocator's slack: the device's ``memory_overhead_gb``
-  allowance; ``device``),
+  allowance; ``device``), ``framework`` (``megatron``, ``deepspeed``, ``torchtitan`` or ``any``:
+  the cells left empty take what a study with that framework runs, its stack, loss, recompute
+  and context parallelism, and a plan the framework cannot run as written is left out with the
+  reason, :func:`search_spaces.frameworks.framework_training`; ``any``), ``release`` (the
+  software release the run was measured on; plans of different releases are not compared),
   ``name``; ``source`` and ``notes`` are kept for people and not read.
 
 ``model`` may name one entry of a YAML file of several as ``FILE.yaml#NAME``.
@@ -81,6 +85,7 @@ from planner.errors import PlannerUsageError
 from planner.fields import MAX_INTEGER, MAX_NUMBER, placement_axes
 from planner.inputs import read_text
 from planner.units import GB
+from search_spaces.frameworks import FRAMEWORKS, framework_training
 from simcore.layout import layout_chunks, parse_layout
 from simcore.specs import (
     TRAINING_CHOICES,
@@ -110,7 +115,7 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "offload_layers",
             "optimizer_bytes",
             "grad_copy", "launch_blocking", "master_weights", "fsdp_no_sync", "swiglu_fusion",
             "vocab_parallel_embedding", "fp8_attention", "hbm_gb",
-            "memory_measured", "release", "name", "source", "notes")
+            "memory_measured", "framework", "release", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""
@@ -352,6 +357,19 @@ def _training(row: dict[str, str]) -> TrainingSpec:
     ))
 
 
+def _framework(row: dict[str, str], model: ModelSpec, system: SystemSpec,
+               training: TrainingSpec, strategy: Strategy) -> TrainingSpec:
+    """The row's training as its ``framework`` runs the plan (the defaults a study with that
+    framework takes, :func:`search_spaces.frameworks.framework_training`); a framework that
+    cannot run the plan as written leaves the row out with the reason."""
+    text = row.get("framework", "").lower()
+    if not text:
+        return training
+    if text not in FRAMEWORKS:
+        raise _BadValue(f"framework={row['framework']!r} is not one of {', '.join(FRAMEWORKS)}")
+    return _built(lambda: framework_training(text, model, system, training, strategy))
+
+
 def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:
     if not ref:
         raise _BadValue(f"{kind} is empty; give a catalog name or a YAML path")
@@ -448,9 +466,11 @@ def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[Ski
             hbm = _positive(row, "hbm_gb")
             if hbm is not None:  # a part with more or less memory than the catalog's
                 system = replace(system, device=replace(system.device, hbm_bytes=hbm * GB))
+            strategy = _strategy(row)
+            training = _framework(row, model, system, _training(row), strategy)
             runs.append(MeasuredRun(
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
-                model=model, system=system, training=_training(row), strategy=_strategy(row),
+                model=model, system=system, training=training, strategy=strategy,
                 step_time_s=step, peak_memory_gb=memory, memory_allocated=_allocated(row),
                 file=str(path), release=row.get("release", "")))
         except _RowError as e:

@@ -44,8 +44,8 @@ its stages laid out in a V, ``style="v"`` in the same file); Megatron-LM and Dee
 
 fp8: Megatron-LM runs it through Transformer Engine (``--fp8-format``,
 ``megatron/core/transformer/transformer_config.py`` d98e8a64); torchtitan through torchao's
-``Float8Linear`` (the ``float8`` converter); DeepSpeed has no FP8 mode of its own (its engine's mixed
-precision is fp16 or bf16; FP8 needs Transformer Engine layers in the user's model,
+``Float8Linear`` (the ``float8`` converter); DeepSpeed has no FP8 mode of its own (its engine's
+mixed precision is fp16 or bf16; FP8 needs Transformer Engine layers in the user's model,
 deepspeedai/DeepSpeed#6908), so a DeepSpeed study keeps bf16 only.
 """
 
@@ -63,13 +63,14 @@ from simcore.specs import (
     Schedule,
     SelectiveRecompute,
     Strategy,
+    SystemSpec,
     TrainingSpec,
     ZeroStage,
 )
 
 __all__ = ["ANY", "CP_COMM", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "cp_comm",
-           "cross_entropy", "recompute_early_stop", "selective_recompute", "transformer_engine",
-           "grad_copy", "with_framework_defaults", "why_not"]
+           "cross_entropy", "framework_training", "recompute_early_stop", "selective_recompute",
+           "transformer_engine", "grad_copy", "with_framework_defaults", "why_not"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
@@ -161,6 +162,23 @@ def with_framework_defaults(training: TrainingSpec, framework: str,
     }
     return replace(training, **{k: v for k, v in defaults.items()
                                 if getattr(training, k) is None})
+
+
+def framework_training(framework: str, model: ModelSpec, system: SystemSpec,
+                       training: TrainingSpec, strategy: Strategy) -> TrainingSpec:
+    """``training`` as ``framework`` runs ``strategy`` (:func:`with_framework_defaults` on the
+    device's stack), for one plan outside a study: ``planner estimate --framework`` and a runs
+    CSV's ``framework`` column. A ValueError names the framework and :func:`why_not`'s reason
+    when it cannot run the plan as written."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework {framework!r} is not one of {', '.join(FRAMEWORKS)}")
+    if framework == ANY:
+        return training
+    resolved = with_framework_defaults(training, framework, system.device.transformer_engine)
+    refused = why_not(framework, model, resolved, strategy, bf16=system.device.bf16)
+    if refused is not None:
+        raise ValueError(f"{framework} cannot run this plan as written: {refused}")
+    return resolved
 
 
 def _selective(framework: str, training: TrainingSpec, s: Strategy) -> str | None:

@@ -12,6 +12,7 @@ from planner.commands._base import BaseCommand, hbm_gb, positive_int
 from planner.errors import PlannerUsageError
 from planner.fields import placement_axes
 from planner.units import GB
+from search_spaces.frameworks import ANY, FRAMEWORKS, framework_training
 from simcore import convention_of, estimate
 from simcore.estimate import Estimate
 from simcore.layout import format_layout, layout_chunks, parse_layout
@@ -302,6 +303,11 @@ class EstimateCommand(BaseCommand):
                             " (STAGE's graph on ASTRA-sim) or mlp (default: the model family's,"
                             " as in studies)")
         add_strategy_arguments(parser)
+        parser.add_argument("--framework", choices=FRAMEWORKS, default=ANY,
+                            help="estimate the plan as this framework runs it: the options not"
+                            " given take a study's defaults for it (its stack, loss, recompute,"
+                            " context parallelism), and a plan it cannot run as written is"
+                            " refused with the reason (default: any)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -331,8 +337,8 @@ class EstimateCommand(BaseCommand):
                                      lambda m: PlannerUsageError(f"--congestion: {m}"))
         strategy = strategy_from_args(args, system.devices)
         try:
-            training = TrainingSpec(global_batch=args.global_batch,
-                                    seq_len=args.seq_len if args.seq_len is not None else model.seq_len,
+            seq_len = args.seq_len if args.seq_len is not None else model.seq_len
+            training = TrainingSpec(global_batch=args.global_batch, seq_len=seq_len,
                                     bytes_per_param_grads=args.grad_bytes,
                                     bytes_per_param_optimizer=args.optimizer_bytes,
                                     flash_attention=args.flash_attention,
@@ -350,6 +356,7 @@ class EstimateCommand(BaseCommand):
                                     **{k: enum(getattr(args, k))
                                        for k, enum in TRAINING_CHOICES.items()
                                        if getattr(args, k) is not None})
+            training = framework_training(args.framework, model, system, training, strategy)
             est = estimate(model, system, training, strategy, convention)
         except ValueError as e:
             raise PlannerUsageError(str(e)) from None
@@ -379,6 +386,7 @@ class EstimateCommand(BaseCommand):
                    **({"congestion": Congestion.AWARE.value} if aware else {}),
                    "transformer_engine": te, "recompute_early_stop": early,
                    "fp32_shards": fp32,
+                   **({"framework": args.framework} if args.framework != ANY else {}),
                    **{k: getattr(training, k).value for k in TRAINING_CHOICES
                       if getattr(training, k) is not None},
                    "strategy": strategy_dict(strategy), **est.to_dict()}
@@ -386,6 +394,8 @@ class EstimateCommand(BaseCommand):
         else:
             aware = system.network.congestion is Congestion.AWARE
             stack = "Megatron-Core + Transformer Engine" if te else "classic stack"
+            if args.framework != ANY:
+                stack += f" as {args.framework} runs it"
             if early:
                 stack += ", recompute stops at each layer's last saved tensor"
             if fp32:

@@ -1,0 +1,99 @@
+"""One plan estimated as a framework runs it, outside a study: ``planner estimate --framework``
+and a runs CSV's ``framework`` column (:func:`search_spaces.frameworks.framework_training`).
+
+A study with ``framework: F`` fills what its training leaves empty with F's defaults and keeps
+only the plans F runs as written (``search_spaces/frameworks.py`` cites each rule); the same
+plan estimated on its own, or a measured run of that framework checked with ``planner
+validate`` / ``planner calibrate``, must be read the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import load_catalog
+from planner.cli import main
+from planner.runs_csv import read_runs
+
+H100_PLAN = ["estimate", "--model", "llama3-8b", "--system", "dgx-h100-8", "--dp", "8",
+             "--micro-batch", "1", "--zero", "1", "--global-batch", "64"]
+
+
+def _json(capsys, args: list[str]) -> dict:
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_estimate_takes_the_frameworks_defaults(capsys) -> None:
+    # On an H100 a ZeRO-1 plan trains on Megatron-Core with Transformer Engine by default
+    # (gpus.yaml: transformer_engine true); torchtitan and DeepSpeed run PyTorch's kernels,
+    # torchtitan's loss on an fp32 copy of the logits (torchtitan/components/loss.py).
+    plain = _json(capsys, H100_PLAN)
+    titan = _json(capsys, [*H100_PLAN, "--framework", "torchtitan"])
+    assert plain["transformer_engine"] is True and "framework" not in plain
+    assert titan["transformer_engine"] is False and titan["framework"] == "torchtitan"
+    assert titan["cross_entropy"] == "pytorch" and "cross_entropy" not in plain
+    assert titan["step_time"] > plain["step_time"]  # the classic stack's GEMM rate is lower
+    assert main([*H100_PLAN, "--framework", "deepspeed"]) == 0
+    assert "classic stack as deepspeed runs it" in capsys.readouterr().out.splitlines()[0]
+    # megatron on an H100 is the device's default stack: the same estimate
+    assert _json(capsys, [*H100_PLAN, "--framework", "megatron"])["step_time"] == plain["step_time"]
+    assert _json(capsys, [*H100_PLAN, "--framework", "any"])["step_time"] == plain["step_time"]
+
+
+def test_estimate_refuses_a_plan_the_framework_cannot_run(capsys) -> None:
+    # DeepSpeed has no FP8 training mode of its own (deepspeedai/DeepSpeed#6908)
+    assert main([*H100_PLAN, "--precision", "fp8", "--framework", "deepspeed"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("planner estimate: error: deepspeed cannot run this plan as written:"
+                          " precision fp8")
+    assert len(err.splitlines()) == 1
+    assert main([*H100_PLAN, "--framework", "jax"]) == 2
+    assert "invalid choice: 'jax'" in capsys.readouterr().err
+
+
+HEADER = "name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch,zero,grad_bytes," \
+         "precision,framework,step_time_s,peak_memory_gb\n"
+ROW = "llama3-8b,dgx-a100-8,64,4096,8,1,1,1,1,4,{precision},{framework},10,60\n"
+
+
+def _runs(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + "".join(f"{name}," + ROW.format(precision=p, framework=f)
+                                     for name, p, f in rows))
+    return path
+
+
+def test_a_runs_csv_row_is_read_as_its_framework_runs_it(tmp_path: Path, capsys) -> None:
+    # DeepSpeed with fp32 gradient accumulation (grad_bytes 4) takes its BF16_Optimizer, which
+    # keeps each 16-bit .grad beside the fp32 buffer (frameworks.grad_copy): 2 bytes a
+    # parameter more, as many bytes as the 16-bit weights. On an A100 (the classic stack either
+    # way) and without recompute that is the rows' only difference.
+    path = _runs(tmp_path, [("plain", "bf16", ""), ("any", "bf16", "any"),
+                            ("deepspeed", "bf16", "deepspeed")])
+    runs, skipped = read_runs(path, load_catalog())
+    assert not skipped and [r.training.grad_copy for r in runs] == [None, None, True]
+    out = _json(capsys, ["validate", str(path)])
+    plain, anyf, ds = out["rows"]
+    assert anyf["predicted_peak_memory_gb"] == plain["predicted_peak_memory_gb"]
+    weights = _json(capsys, ["estimate", "--model", "llama3-8b", "--system", "dgx-a100-8",
+                             "--dp", "8", "--zero", "1", "--global-batch", "64", "--seq-len",
+                             "4096", "--grad-bytes", "4"])["memory"]["weights"]
+    assert (ds["predicted_peak_memory_gb"] - plain["predicted_peak_memory_gb"]) * 1e9 \
+        == pytest.approx(weights)
+
+
+def test_a_row_its_framework_cannot_run_is_left_out_with_the_reason(tmp_path: Path) -> None:
+    path = _runs(tmp_path, [("fp8 on deepspeed", "fp8", "deepspeed"),
+                            ("unknown", "bf16", "jax"), ("fine", "bf16", "megatron")])
+    runs, skipped = read_runs(path, load_catalog())
+    assert [r.name for r in runs] == ["fine"]
+    fp8, unknown = skipped
+    assert fp8.reason.startswith("deepspeed cannot run this plan as written: precision fp8:")
+    assert not fp8.bad_value  # a plan the planner reads, refused by the framework's rule
+    assert unknown.reason == ("framework='jax' is not one of any, megatron, deepspeed,"
+                              " torchtitan")
+    assert unknown.bad_value

@@ -153,6 +153,9 @@ class MeasuredRun:
     """The software release (or stack) the run was measured on (``release``; empty: one for
     every run): plans measured on different releases are not compared for plan choice, as a
     release alone moves a step time by several percent."""
+    framework: str = ""
+    """The framework the run was read as (``framework``; empty: none named, the device's and
+    model's defaults)."""
 
     @property
     def group(self) -> GroupKey:
@@ -357,17 +360,22 @@ def _training(row: dict[str, str]) -> TrainingSpec:
     ))
 
 
-def _framework(row: dict[str, str], model: ModelSpec, system: SystemSpec,
+def _framework(row: dict[str, str], default: str | None) -> str:
+    """The row's ``framework`` cell, or ``default`` where it is empty ("" for none)."""
+    text = row.get("framework", "").lower() or (default or "")
+    if text and text not in FRAMEWORKS:
+        raise _BadValue(f"framework={text!r} is not one of {', '.join(FRAMEWORKS)}")
+    return text
+
+
+def _as_run_by(framework: str, model: ModelSpec, system: SystemSpec,
                training: TrainingSpec, strategy: Strategy) -> TrainingSpec:
-    """The row's training as its ``framework`` runs the plan (the defaults a study with that
+    """The row's training as its framework runs the plan (the defaults a study with that
     framework takes, :func:`search_spaces.frameworks.framework_training`); a framework that
     cannot run the plan as written leaves the row out with the reason."""
-    text = row.get("framework", "").lower()
-    if not text:
+    if not framework:
         return training
-    if text not in FRAMEWORKS:
-        raise _BadValue(f"framework={row['framework']!r} is not one of {', '.join(FRAMEWORKS)}")
-    return _built(lambda: framework_training(text, model, system, training, strategy))
+    return _built(lambda: framework_training(framework, model, system, training, strategy))
 
 
 def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:
@@ -429,20 +437,24 @@ def _default_name(line: int, row: dict[str, str]) -> str:
     return f"line {line}: {where} {plan} {' '.join(extra)}".strip()
 
 
-def read_runs_files(paths: Iterable[Path],
-                    catalog: Catalog) -> tuple[list[MeasuredRun], list[SkippedRun]]:
+def read_runs_files(paths: Iterable[Path], catalog: Catalog,
+                    framework: str | None = None) -> tuple[list[MeasuredRun], list[SkippedRun]]:
     """:func:`read_runs` of several CSV files, read as one."""
     runs: list[MeasuredRun] = []
     skipped: list[SkippedRun] = []
     for path in paths:
-        found, left_out = read_runs(path, catalog)
+        found, left_out = read_runs(path, catalog, framework)
         runs += found
         skipped += left_out
     return runs, skipped
 
 
-def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[SkippedRun]]:
-    """The CSV's runs as specs, and the rows that could not be read with their reason."""
+def read_runs(path: Path, catalog: Catalog,
+              framework: str | None = None) -> tuple[list[MeasuredRun], list[SkippedRun]]:
+    """The CSV's runs as specs, and the rows that could not be read with their reason.
+    ``framework``: what a row whose ``framework`` cell is empty is read as (``planner validate
+    --framework``); None reads it with the device's and model's defaults."""
+    framework_default = framework
     header, rows = _rows(path)
     _check_header(path, header)
     where = (path, "model")
@@ -467,12 +479,13 @@ def read_runs(path: Path, catalog: Catalog) -> tuple[list[MeasuredRun], list[Ski
             if hbm is not None:  # a part with more or less memory than the catalog's
                 system = replace(system, device=replace(system.device, hbm_bytes=hbm * GB))
             strategy = _strategy(row)
-            training = _framework(row, model, system, _training(row), strategy)
+            framework = _framework(row, framework_default)
+            training = _as_run_by(framework, model, system, _training(row), strategy)
             runs.append(MeasuredRun(
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
                 model=model, system=system, training=training, strategy=strategy,
                 step_time_s=step, peak_memory_gb=memory, memory_allocated=_allocated(row),
-                file=str(path), release=row.get("release", "")))
+                file=str(path), release=row.get("release", ""), framework=framework))
         except _RowError as e:
             skipped.append(SkippedRun(line, name, str(e), isinstance(e, _BadValue), str(path)))
     return runs, skipped

@@ -146,6 +146,7 @@ BREAKDOWNS: dict[str, Callable[[MeasuredRun], str]] = {
     "recompute": lambda run: run.strategy.recompute.value,
     "schedule": lambda run: run.strategy.schedule.value,
     "cp_comm": lambda run: run.training.cp_exchange.value,
+    "framework": lambda run: run.framework or "-",
 }
 """What ``planner validate --by`` splits the runs by: each run's value of it (``cp``: context
 parallelism, the strategy's ``sp``; ``micro_batches``: a step's per pipeline, global batch /

@@ -97,3 +97,25 @@ def test_a_row_its_framework_cannot_run_is_left_out_with_the_reason(tmp_path: Pa
     assert unknown.reason == ("framework='jax' is not one of any, megatron, deepspeed,"
                               " torchtitan")
     assert unknown.bad_value
+
+
+def test_validate_and_calibrate_read_empty_cells_as_the_framework_given(tmp_path: Path,
+                                                                        capsys) -> None:
+    # --framework applies to the rows whose cell is empty; a cell that names one keeps it
+    path = _runs(tmp_path, [("plain", "bf16", ""), ("megatron", "bf16", "megatron")])
+    runs, _ = read_runs(path, load_catalog(), "deepspeed")
+    assert [(r.name, r.framework, r.training.grad_copy) for r in runs] == [
+        ("plain", "deepspeed", True), ("megatron", "megatron", None)]
+    out = _json(capsys, ["validate", str(path), "--framework", "deepspeed", "--by", "framework"])
+    assert [row["framework"] for row in out["by"]["rows"]] == ["deepspeed", "megatron"]
+    plain = _json(capsys, ["validate", str(path), "--by", "framework"])
+    assert [row["framework"] for row in plain["by"]["rows"]] == ["-", "megatron"]
+    # the DeepSpeed row carries the 16-bit gradient copy: the 16-bit weights' bytes more
+    assert (out["rows"][0]["predicted_peak_memory_gb"]
+            > plain["rows"][0]["predicted_peak_memory_gb"])
+    assert main(["validate", str(path), "--framework", "jax"]) == 2
+    assert "invalid choice: 'jax'" in capsys.readouterr().err
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "ours", "--out",
+                 str(tmp_path / "ours.yaml"), "--framework", "deepspeed", "--trials", "8",
+                 "--fit", "matmul_efficiency", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"] == 2

@@ -21,6 +21,7 @@ from planner.errors import PlannerUsageError
 from planner.inputs import load
 from planner.runs_csv import read_runs_files
 from planner.validation import Validation
+from search_spaces.frameworks import FRAMEWORKS
 from simcore.specs import DeviceSpec
 
 
@@ -93,6 +94,9 @@ class CalibrateCommand(BaseCommand):
         parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                             help=f"fit trials (default {DEFAULT_TRIALS})")
         parser.add_argument("--seed", type=int, default=0, help="the fit's seed (default 0)")
+        parser.add_argument("--framework", choices=FRAMEWORKS, default=None,
+                            help="read every row whose framework cell is empty as this"
+                            " framework runs it (as `planner validate --framework`)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -105,7 +109,7 @@ class CalibrateCommand(BaseCommand):
         _check_clash(args.name, target, args.out is not None)
         if target.exists() and not args.force:
             raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
-        runs, skipped = read_runs_files(args.runs, catalog)
+        runs, skipped = read_runs_files(args.runs, catalog, args.framework)
         bad = [sk for sk in skipped if sk.bad_value]
         if bad:  # a typo would silently leave its run out of the fit
             first = bad[0]

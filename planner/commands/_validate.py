@@ -12,6 +12,7 @@ from planner.commands._base import BaseCommand
 from planner.outputs import counted
 from planner.runs_csv import read_runs_files
 from planner.validation import BREAKDOWNS, Validation, validate
+from search_spaces.frameworks import FRAMEWORKS
 
 
 def percent(value: float | int | None, signed: bool = False) -> str:
@@ -104,11 +105,15 @@ class ValidateCommand(BaseCommand):
                             help="also split the figures by the runs' release, model, system,"
                             " device, precision or file, or by a knob of their plans (gpus, dp,"
                             " tp, pp, cp, micro_batch, micro_batches, zero, recompute,"
-                            " schedule, cp_comm): per value its runs, MAPE, median and mean"
-                            " signed error (fast or slow as a body)")
+                            " schedule, cp_comm) or their framework: per value its runs,"
+                            " MAPE, median and mean signed error (fast or slow as a body)")
+        parser.add_argument("--framework", choices=FRAMEWORKS, default=None,
+                            help="read every row whose framework cell is empty as this"
+                            " framework runs it: its defaults for the cells left empty, and"
+                            " a plan it cannot run as written left out with the reason")
 
     def run(self, args: argparse.Namespace) -> int:
-        result = validate(*read_runs_files(args.runs, load_catalog()))
+        result = validate(*read_runs_files(args.runs, load_catalog(), args.framework))
         if args.json:
             data = result.to_dict()
             if args.by is not None:

@@ -454,7 +454,6 @@ def read_runs(path: Path, catalog: Catalog,
     """The CSV's runs as specs, and the rows that could not be read with their reason.
     ``framework``: what a row whose ``framework`` cell is empty is read as (``planner validate
     --framework``); None reads it with the device's and model's defaults."""
-    framework_default = framework
     header, rows = _rows(path)
     _check_header(path, header)
     where = (path, "model")
@@ -479,13 +478,14 @@ def read_runs(path: Path, catalog: Catalog,
             if hbm is not None:  # a part with more or less memory than the catalog's
                 system = replace(system, device=replace(system.device, hbm_bytes=hbm * GB))
             strategy = _strategy(row)
-            framework = _framework(row, framework_default)
-            training = _as_run_by(framework, model, system, _training(row), strategy)
+            run_framework = _framework(row, framework)
+            training = _as_run_by(run_framework, model, system, _training(row), strategy)
             runs.append(MeasuredRun(
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
                 model=model, system=system, training=training, strategy=strategy,
                 step_time_s=step, peak_memory_gb=memory, memory_allocated=_allocated(row),
-                file=str(path), release=row.get("release", ""), framework=framework))
+                file=str(path), release=row.get("release", ""),
+                framework=run_framework))
         except _RowError as e:
             skipped.append(SkippedRun(line, name, str(e), isinstance(e, _BadValue), str(path)))
     return runs, skipped

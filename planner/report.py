@@ -17,13 +17,15 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from planner.errors import PlannerUsageError
-from planner.plan import plans_from_frame
+from planner.exports import export_files
+from planner.plan import Plan, plans_from_frame
 from planner.plots import figure_html
 from planner.plots.breakdown import breakdown_figure
 from planner.plots.pareto import pareto_figure
 from planner.plots.timeline import timeline_figure
-from planner.report_decision import Decision, decide, decision_html
+from planner.report_decision import Decision, decide, decision_html, export_formats
 from planner.tables import PLACEMENTS, best_frame, mfu_note, trials_frame
+from search_spaces.frameworks import FRAMEWORKS
 
 __all__ = ["Report", "build_report", "report_html"]
 
@@ -50,6 +52,20 @@ class Report:
     decision: Decision
 
 
+def _refusals(plan: Plan, formats: tuple[str, ...]) -> dict[str, str]:
+    """The training frameworks among ``formats`` whose exporter refuses ``plan``, each with its
+    reason, found by exporting it as ``planner export`` would (nothing is written)."""
+    refused = {}
+    for fmt in formats:
+        if fmt not in FRAMEWORKS:
+            continue  # chakra, astra-sim and plan files: not a framework's rules
+        try:
+            export_files(plan, fmt)
+        except ValueError as e:
+            refused[fmt] = str(e)
+    return refused
+
+
 def _counts(df: pd.DataFrame) -> dict[str, int]:
     complete = df[df["state"] == "COMPLETE"] if not df.empty else df
     feasible = int(complete["feasible"].astype(bool).sum()) if "feasible" in complete else 0
@@ -73,7 +89,8 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
          timeline_figure(plans[0])),
     ]
     summary = dict(study.user_attrs.get("config") or {})
-    decision = decide(study.study_name, frame, best, summary, storage)
+    decision = decide(study.study_name, frame, best, summary, storage,
+                      refused=_refusals(plans[0], export_formats(summary)))
     return Report(study.study_name, summary, _counts(frame), best, figures, decision)
 
 

@@ -51,6 +51,9 @@ class Decision:
     """The fastest finished plan that does not fit, when it beats the recommended one."""
     exports: tuple[str, ...]
     description: str
+    refused: tuple[tuple[str, str], ...] = ()
+    """The frameworks whose export refuses the recommended plan, each with its one-line reason
+    (:func:`decide`'s ``refused``): left out of :attr:`exports`."""
 
 
 def _parts(row: pd.Series) -> dict[str, float]:
@@ -72,10 +75,13 @@ def export_formats(summary: dict) -> tuple[str, ...]:
 
 
 def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
-           storage: str = "") -> Decision:
+           storage: str = "", refused: dict[str, str] | None = None) -> Decision:
     """The decision from the study's :func:`~planner.tables.trials_frame` and its
     :func:`~planner.tables.best_frame` (fastest first, non-empty). ``storage`` is the
-    ``--storage`` option the printed commands carry ("" for the default)."""
+    ``--storage`` option the printed commands carry ("" for the default); ``refused``: the
+    formats whose export refuses the recommended plan, with the reason (left out of the
+    commands)."""
+    refused = refused or {}
     top = best.iloc[0]
     runner_up = best.iloc[1] if len(best) > 1 else None
     limit = top["step_time_s"] * (1 + ESTIMATE_ERROR)
@@ -84,11 +90,11 @@ def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
     unfit = done[~done["feasible"].astype(bool)] if "feasible" in done else done.iloc[0:0]
     unfit = unfit[unfit["step_time_s"] < top["step_time_s"]].sort_values("step_time_s")
     exports = tuple(f"planner export {study} --format {f}{storage}"
-                    for f in export_formats(summary))
+                    for f in export_formats(summary) if f not in refused)
     hbm = summary.get("hbm_gb")
     return Decision(study, top, runner_up, close, float(hbm) if hbm else None,
                     unfit.iloc[0] if len(unfit) else None, exports,
-                    str(summary.get("description") or ""))
+                    str(summary.get("description") or ""), tuple(refused.items()))
 
 
 def _why(d: Decision) -> str:
@@ -173,6 +179,9 @@ def decision_html(d: Decision) -> str:
     if changes:
         parts.append("<h3>What would change the answer</h3><ul>"
                      + "".join(f"<li>{c}</li>" for c in changes) + "</ul>")
-    parts.append("<h3>Run it</h3><pre>" + html.escape("\n".join(d.exports)) + "</pre>"
-                 "<p>Each export refuses, in one line, a plan its framework cannot run.</p>")
+    parts.append("<h3>Run it</h3><pre>" + html.escape("\n".join(d.exports)) + "</pre>")
+    if d.refused:
+        parts.append("<p>Not for " + "; ".join(
+            f"{html.escape(fmt)} ({html.escape(reason)})" for fmt, reason in d.refused)
+            + ": its export refuses this plan as written.</p>")
     return "\n".join(parts)

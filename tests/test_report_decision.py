@@ -81,3 +81,38 @@ def test_the_description_is_escaped_and_one_plan_says_so() -> None:
     page = decision_html(_decision(ROWS[:1]))
     assert "a &lt;b&gt;test&lt;/b&gt; study" in page
     assert "only feasible plan" in page and "No other plan comes within" in page
+
+
+def test_a_framework_whose_export_refuses_the_plan_is_named_not_offered() -> None:
+    summary = {**SUMMARY, "framework": "any"}
+    frame = pd.DataFrame(ROWS)
+    best = frame[frame["feasible"]].sort_values("step_time_s")
+    reason = "precision fp8: DeepSpeed has no FP8 training mode of its own"
+    d = decide("s", frame, best, summary, refused={"deepspeed": reason})
+    assert [e.split("--format ")[1] for e in d.exports] == ["megatron", "torchtitan", "chakra",
+                                                             "plan"]
+    assert f"Not for deepspeed ({reason}): its export refuses this plan" in _text(
+        decision_html(d))
+    assert "Not for" not in decision_html(_decision())  # nothing refused: nothing said
+
+
+def test_the_report_asks_each_exporter(tmp_path, monkeypatch, capsys) -> None:
+    # A study that leaves the framework open and trains in FP8 on an H100: DeepSpeed has no FP8
+    # mode of its own (deepspeedai/DeepSpeed#6908), so its export refuses the best plan; the
+    # page offers the other two frameworks' exports.
+    from planner.cli import main
+
+    monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "studies.journal"))
+    study = tmp_path / "fp8.yaml"
+    study.write_text("name: fp8\nmodel: llama3-8b\nsystem: dgx-h100-8\n"
+                     "training: {global_batch: 64, seq_len: 4096}\n"
+                     "space: {tp: [1, 2], pp: [1], micro_batch: [1], recompute: [none],"
+                     " zero: [1], precision: [fp8]}\n")
+    assert main(["run", str(study), "--quiet"]) == 0
+    page = tmp_path / "page.html"
+    assert main(["report", "fp8", "--out", str(page)]) == 0
+    capsys.readouterr()
+    text = _text(page.read_text())
+    assert "Not for deepspeed (precision fp8: DeepSpeed has no FP8 training mode" in text
+    assert "--format megatron" in text and "--format torchtitan" in text
+    assert "--format deepspeed" not in text

@@ -76,30 +76,24 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable, Iterable
-from typing import TypeVar
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.catalog import Catalog
 from planner.errors import PlannerUsageError
-from planner.fields import MAX_INTEGER, MAX_NUMBER, placement_axes
 from planner.inputs import read_text
-from planner.units import GB
-from search_spaces.frameworks import FRAMEWORKS, framework_training
-from simcore.layout import layout_chunks, parse_layout
-from simcore.specs import (
-    TRAINING_CHOICES,
-    Axis,
-    ModelSpec,
-    Precision,
-    Recompute,
-    RecomputeModule,
-    Schedule,
-    Strategy,
-    SystemSpec,
-    TrainingSpec,
-    ZeroStage,
+from planner.runs_row import (
+    BadValue,
+    RowError,
+    allocated,
+    as_run_by,
+    positive,
+    row_framework,
+    row_strategy,
+    row_training,
 )
+from planner.units import GB
+from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["MEASURED", "OPTIONAL", "REQUIRED", "MeasuredRun", "SkippedRun", "read_runs",
            "read_runs_files"]
@@ -120,8 +114,6 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "offload_layers",
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""
 
-_TRUE = {"true", "1", "yes", "y", "on"}
-_FALSE = {"false", "0", "no", "n", "off"}
 
 
 GroupKey = tuple[str, str, int, int, str]
@@ -180,211 +172,13 @@ class SkippedRun:
         return f"{self.file}:{self.line}" if self.file else f"line {self.line}"
 
 
-_T = TypeVar("_T")
-
-
-class _RowError(ValueError):
-    """One field of one row is unusable; the message names the field and what is allowed."""
-
-
-class _BadValue(_RowError):
-    """A cell that is not a valid value at all (a typo, an empty required cell, an unknown
-    name): the row is left out and the command exits 1, where a plan the planner cannot
-    express is only left out."""
-
-
-def _integer(row: dict[str, str], key: str, default: int | None = None) -> int:
-    text = row.get(key, "")
-    if not text:
-        if default is None:
-            raise _BadValue(f"{key} is empty; give a whole number")
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise _BadValue(f"{key}={text!r} must be a whole number") from None
-    if not value.is_integer() or not 1 <= value <= MAX_INTEGER:
-        raise _BadValue(f"{key}={text!r} must be a whole number >= 1")
-    return int(value)
-
-
-def _optional_integer(row: dict[str, str], key: str) -> int | None:
-    """A whole number >= 1, or None where the cell is empty (uneven stages, HSDP)."""
-    return _integer(row, key) if row.get(key, "") else None
-
-
-def _positive(row: dict[str, str], key: str) -> float | None:
-    text = row.get(key, "")
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise _BadValue(f"{key}={text!r} must be a number") from None
-    if not 0 < value <= MAX_NUMBER:
-        raise _BadValue(f"{key}={text!r} must be a number > 0")
-    return value
-
-
-def _boolean(row: dict[str, str], key: str) -> bool | None:
-    text = row.get(key, "").lower()
-    if not text:
-        return None
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise _BadValue(f"{key}={row[key]!r} must be true or false")
-
-
-def _allocated(row: dict[str, str]) -> bool:
-    text = row.get("memory_measured", "").lower()
-    if text not in ("", "device", "allocated"):
-        raise _BadValue(f"memory_measured={row['memory_measured']!r} is not one of device,"
-                        " allocated")
-    return text == "allocated"
-
-
-def _enum(row: dict[str, str], key: str, enum: type, default: object) -> object:
-    text = row.get(key, "")
-    if not text:
-        return default
-    try:
-        return enum(text.lower())
-    except ValueError:
-        allowed = ", ".join(e.value for e in enum)
-        raise _BadValue(f"{key}={text!r} is not one of {allowed}") from None
-
-
-def _zero(row: dict[str, str]) -> ZeroStage:
-    text = row.get("zero", "").lower()
-    if not text:
-        return ZeroStage.NONE
-    if text in ("fsdp", "zero3", "zero-3"):
-        return ZeroStage.PARAMETERS
-    if text in ("0", "1", "2", "3"):
-        return ZeroStage(int(text))
-    raise _BadValue(f"zero={row['zero']!r} must be 0, 1, 2, 3 or fsdp")
-
-
-def _placement(row: dict[str, str]) -> dict[str, tuple[Axis, ...]]:
-    text = row.get("placement", "")
-    if not text:
-        return {}
-    names = [a.strip().lower() for a in text.replace("-", ",").replace(" ", ",").split(",")
-             if a.strip()]
-    axes = placement_axes(names)
-    if axes is None:
-        raise _BadValue(f"placement={text!r} must name dp, tp, pp and sp once each, innermost"
-                        " first, e.g. tp-sp-dp-pp")
-    return {"placement": axes}
-
-
-def _layout(row: dict[str, str]) -> tuple[int, ...] | None:
-    """The ``pipeline_layout`` cell: Megatron's ``--pipeline-model-parallel-layout`` string
-    (:mod:`simcore.layout`), None where empty."""
-    text = (row.get("pipeline_layout") or "").strip()
-    if not text:
-        return None
-    try:
-        return parse_layout(text)
-    except ValueError as e:
-        raise _RowError(str(e)) from None
-
-
-def _strategy(row: dict[str, str]) -> Strategy:
-    named = _enum(row, "schedule", Schedule, None)
-    layout = _layout(row)
-    pp = _integer(row, "pp")
-    from_layout = None if layout is None else layout_chunks(layout, pp)
-    v = _integer(row, "v", 2 if named is Schedule.ZBV else from_layout or 1)
-    default_schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
-    sequence_parallel = _boolean(row, "sequence_parallel")
-    return _built(lambda: Strategy(
-        dp=_integer(row, "dp"), tp=_integer(row, "tp"), pp=_integer(row, "pp"),
-        sp=_integer(row, "sp", 1),
-        sequence_parallel=True if sequence_parallel is None else sequence_parallel,
-        zero=_zero(row), recompute=_enum(row, "recompute", Recompute, Recompute.NONE),
-        micro_batch=_integer(row, "micro_batch"),
-        schedule=named or default_schedule, v=v, **_placement(row),
-        precision=_enum(row, "precision", Precision, Precision.BF16),
-        first_stage_layers=_optional_integer(row, "first_stage_layers"),
-        last_stage_layers=_optional_integer(row, "last_stage_layers"),
-        shard_group=_optional_integer(row, "shard_group"),
-        ep=_integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
-        ep_overlap=bool(_boolean(row, "ep_overlap")),
-        ep_dedup=bool(_boolean(row, "ep_dedup")), layout=layout,
-        recompute_layers=_optional_integer(row, "recompute_layers"),
-        offload_layers=_optional_integer(row, "offload_layers"),
-    ))
-
-
-def _built(build: Callable[[], _T]) -> _T:
-    """``build()``, a spec's ValueError turned into the row's reason (:class:`_RowError`)."""
-    try:
-        return build()
-    except _RowError:
-        raise
-    except ValueError as e:
-        raise _RowError(str(e)) from None
-
-
-def _modules(row: dict[str, str]) -> tuple[RecomputeModule, ...] | None:
-    """``recompute_modules``: Megatron-LM's module names, separated by spaces or ``+``."""
-    text = (row.get("recompute_modules") or "").replace("+", " ").split()
-    try:
-        return tuple(RecomputeModule(m) for m in text) or None
-    except ValueError as e:  # the enum names the field and what is allowed
-        raise _BadValue(str(e)) from None
-
-
-def _training(row: dict[str, str]) -> TrainingSpec:
-    overlap = _boolean(row, "overlap_grad_reduce")
-    return _built(lambda: TrainingSpec(
-        global_batch=_integer(row, "global_batch"), seq_len=_integer(row, "seq_len"),
-        bytes_per_param_grads=_integer(row, "grad_bytes", 2),
-        bytes_per_param_optimizer=_integer(row, "optimizer_bytes", 12),
-        overlap_grad_reduce=True if overlap is None else overlap,
-        flash_attention=_boolean(row, "flash_attention"),
-        transformer_engine=_boolean(row, "transformer_engine"),
-        recompute_early_stop=_boolean(row, "recompute_early_stop"),
-        grad_copy=_boolean(row, "grad_copy"),
-        launch_blocking=bool(_boolean(row, "launch_blocking")),
-        fp8_attention=bool(_boolean(row, "fp8_attention")),
-        master_weights=_boolean(row, "master_weights") is not False,
-        fsdp_no_sync=bool(_boolean(row, "fsdp_no_sync")),
-        swiglu_fusion=_boolean(row, "swiglu_fusion") is not False,
-        vocab_parallel_embedding=_boolean(row, "vocab_parallel_embedding") is not False,
-        recompute_modules=_modules(row),
-        **{k: _enum(row, k, enum, None) for k, enum in TRAINING_CHOICES.items()},
-    ))
-
-
-def _framework(row: dict[str, str], default: str | None) -> str:
-    """The row's ``framework`` cell, or ``default`` where it is empty ("" for none)."""
-    text = row.get("framework", "").lower() or (default or "")
-    if text and text not in FRAMEWORKS:
-        raise _BadValue(f"framework={text!r} is not one of {', '.join(FRAMEWORKS)}")
-    return text
-
-
-def _as_run_by(framework: str, model: ModelSpec, system: SystemSpec,
-               training: TrainingSpec, strategy: Strategy) -> TrainingSpec:
-    """The row's training as its framework runs the plan (the defaults a study with that
-    framework takes, :func:`search_spaces.frameworks.framework_training`); a framework that
-    cannot run the plan as written leaves the row out with the reason."""
-    if not framework:
-        return training
-    return _built(lambda: framework_training(framework, model, system, training, strategy))
-
-
 def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:
     if not ref:
-        raise _BadValue(f"{kind} is empty; give a catalog name or a YAML path")
+        raise BadValue(f"{kind} is empty; give a catalog name or a YAML path")
     try:
         return find(ref)
     except PlannerUsageError as e:
-        raise _BadValue(str(e)) from None
+        raise BadValue(str(e)) from None
 
 
 def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]:
@@ -463,29 +257,29 @@ def read_runs(path: Path, catalog: Catalog,
         name = row.get("name") or _default_name(line, row)
         try:
             if spilled:
-                raise _BadValue(f"{spilled} more filled cell(s) than the header's"
+                raise BadValue(f"{spilled} more filled cell(s) than the header's"
                                 f" {len(header)} columns: a comma in an unquoted cell shifts"
                                 " every cell after it; quote that cell or remove the comma")
-            step = _positive(row, "step_time_s")
-            memory = _positive(row, "peak_memory_gb")
+            step = positive(row, "step_time_s")
+            memory = positive(row, "peak_memory_gb")
             if step is None and memory is None:
-                raise _BadValue("no measured step_time_s or peak_memory_gb; fill one in or"
+                raise BadValue("no measured step_time_s or peak_memory_gb; fill one in or"
                                 " remove the row")
             model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model")
             system = _spec(lambda r: catalog.system(r, where=(path, "system")),
                            row.get("system", ""), "system")
-            hbm = _positive(row, "hbm_gb")
+            hbm = positive(row, "hbm_gb")
             if hbm is not None:  # a part with more or less memory than the catalog's
                 system = replace(system, device=replace(system.device, hbm_bytes=hbm * GB))
-            strategy = _strategy(row)
-            run_framework = _framework(row, framework)
-            training = _as_run_by(run_framework, model, system, _training(row), strategy)
+            strategy = row_strategy(row)
+            run_framework = row_framework(row, framework)
+            training = as_run_by(run_framework, model, system, row_training(row), strategy)
             runs.append(MeasuredRun(
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
                 model=model, system=system, training=training, strategy=strategy,
-                step_time_s=step, peak_memory_gb=memory, memory_allocated=_allocated(row),
+                step_time_s=step, peak_memory_gb=memory, memory_allocated=allocated(row),
                 file=str(path), release=row.get("release", ""),
                 framework=run_framework))
-        except _RowError as e:
-            skipped.append(SkippedRun(line, name, str(e), isinstance(e, _BadValue), str(path)))
+        except RowError as e:
+            skipped.append(SkippedRun(line, name, str(e), isinstance(e, BadValue), str(path)))
     return runs, skipped

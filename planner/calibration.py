@@ -102,11 +102,14 @@ class Constant:
 # The prior's spreads (the last number): a tenth of the peak for the efficiencies (gpus.yaml's
 # fitted A100, H100 and V100 matmul efficiencies span 0.51-0.71; one part on another stack sits
 # nearer than that), 10 us for the launch floors (gpus.yaml fits 4.3-15.5 us; a stack with CUDA
-# graphs or a compiler halves a floor, a slower host doubles it), 3 GB for the allowance.
+# graphs or a compiler halves a floor, a slower host doubles it), 50 us for the host's time per
+# kernel (gpus.yaml's 110-165 us; a CPU generation apart is half or twice), 3 GB for the
+# allowance.
 CONSTANTS = (
     Constant("matmul_efficiency", "matmul_efficiency", 1.0, 0.3, 1.0, "time", 0.1),
     Constant("memory_efficiency", "memory_efficiency", 1.0, 0.3, 1.0, "time", 0.1),
     Constant("kernel_launch_us", "kernel_launch_s", 1e-6, 0.0, 100.0, "time", 10.0),
+    Constant("host_kernel_us", "host_kernel_s", 1e-6, 0.0, 400.0, "time", 50.0),
     Constant("collective_launch_us", "collective_launch_s", 1e-6, 0.0, 200.0, "comm", 10.0),
     Constant("attention_efficiency", "attention_efficiency", 1.0, 0.2, 1.0, "flash", 0.1),
     Constant("fused_attention_efficiency", "fused_attention_efficiency", 1.0, 0.2, 1.0, "te",

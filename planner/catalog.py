@@ -109,7 +109,8 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
 
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
 _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "source",
-                    "notes", "calibration", "kernel_launch_us", "collective_launch_us", "sm_count",
+                    "notes", "calibration", "kernel_launch_us", "host_kernel_us",
+                    "collective_launch_us", "sm_count",
                     "gemm_wave_us",
                     "overlap_slowdown", "fp8_peak_tflops",
                     "attention_efficiency", "flash_attention", "bf16",
@@ -156,6 +157,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
     return spec_or_fail(path, name, lambda: DeviceSpec(
         name=name,
         kernel_launch_s=num("kernel_launch_us", 0.0, strict=False) * 1e-6,
+        host_kernel_s=num("host_kernel_us", 0.0, strict=False) * 1e-6,
         collective_launch_s=num("collective_launch_us", 0.0, strict=False) * 1e-6,
         overlap_slowdown=num("overlap_slowdown", 0.0, strict=False),
         fp8_peak_flops_per_s=None if fp8 is None else num("fp8_peak_tflops") * 1e12,

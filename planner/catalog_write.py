@@ -109,6 +109,8 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
     # The fixed-cost constants only where set, so entries without them read as before.
     if device.kernel_launch_s:
         entry["kernel_launch_us"] = _scaled(device.kernel_launch_s, 1e-6)
+    if device.host_kernel_s:
+        entry["host_kernel_us"] = _scaled(device.host_kernel_s, 1e-6)
     if device.collective_launch_s:
         entry["collective_launch_us"] = _scaled(device.collective_launch_s, 1e-6)
     if device.overlap_slowdown:

@@ -219,7 +219,8 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
     else:
         return None  # any
     refused = (refused or _cp_comm(framework, training, strategy)
-               or _fp8_attention(framework, training, strategy) or _any_only(framework, training))
+               or _fp8_attention(framework, training, strategy) or _cuda_graphs(framework, training)
+               or _any_only(framework, training))
     return refused if refused is not None else _selective(framework, training, strategy)
 
 
@@ -261,6 +262,17 @@ def _fp8_attention(framework: str, training: TrainingSpec, strategy: Strategy) -
     return (f"fp8_attention (the fused attention in FP8): {framework}'s command line cannot set it"
             " (Megatron-Core's fp8_dot_product_attention, which Megatron-Bridge and NeMo recipes"
             " set); use framework any, or fp8_attention false")
+
+
+def _cuda_graphs(framework: str, training: TrainingSpec) -> str | None:
+    """Layers captured as CUDA graphs (``cuda_graphs``): Megatron-LM's ``--cuda-graph-impl``
+    (its export writes ``local``). torchtitan's trainer (b5bcd76c) captures none of its step
+    (only ``experiments/graph_trainer`` reads ``training.disable_cuda_graphs``; the export
+    writes the main trainer's configuration), nor does this project's DeepSpeed export."""
+    if not training.cuda_graphs or framework == "megatron":
+        return None
+    return (f"cuda_graphs (each layer captured as a CUDA graph): {framework} as exported here"
+            " issues every kernel from the host; use framework megatron, or cuda_graphs false")
 
 
 def _any_only(framework: str, training: TrainingSpec) -> str | None:

@@ -467,6 +467,15 @@ class DeviceSpec:
     kernel_launch_s: float = 0.0
     """Floor of every kernel: its launch and the framework's dispatch on the host. A kernel whose
     work takes less leaves the device waiting for the next one. 0 disables the floor."""
+    host_kernel_s: float = 0.0
+    """Host time to issue one kernel of the estimate's inventory (:mod:`simcore.megatron.kernels`)
+    in an eager training step: the framework's Python, PyTorch's dispatch and the launch, for the
+    kernel and the small operations around it that the inventory does not count. The host runs
+    ahead of the GPU, so it shows only where a layer's kernels take less time on the GPU than
+    the host takes to issue them (small layers, high tp, short micro-batches): the layer then
+    runs at the host's pace (:func:`simcore.megatron.layer_step.host_wait`). A property of the
+    host driving the part and its software; 0 disables it, as do CUDA graphs
+    (:attr:`TrainingSpec.cuda_graphs`)."""
     sm_count: int = 0
     """Streaming multiprocessors (compute units) for wave quantisation: a GEMM whose output
     tiles leave the last wave partly empty pays for the whole wave. 0 disables it."""
@@ -531,6 +540,9 @@ class DeviceSpec:
                 "`kernel_launch_s >= 0` must hold, but got"
                 f" kernel_launch_s={self.kernel_launch_s!r}"
             )
+        if not (self.host_kernel_s >= 0 and math.isfinite(self.host_kernel_s)):
+            raise ValueError("`host_kernel_s >= 0` must hold, but got"
+                             f" host_kernel_s={self.host_kernel_s!r}")
         if not (self.gemm_wave_s >= 0 and math.isfinite(self.gemm_wave_s)):
             raise ValueError("`gemm_wave_s >= 0` must hold, but got"
                              f" gemm_wave_s={self.gemm_wave_s!r}")
@@ -668,6 +680,11 @@ class TrainingSpec:
     on): each kernel launch waits for the kernel, so the host's time per kernel adds to the
     step (:data:`simcore.megatron.kernels.BLOCKING_HOST_S`) instead of hiding under the GPU's
     work. False: the host runs ahead of the GPU."""
+    cuda_graphs: bool = False
+    """The layers run as captured CUDA graphs (Megatron-LM's ``--cuda-graph-impl`` /
+    ``--enable-cuda-graph``, NeMo's and MLPerf's ``CUDA_GRAPH``): the host launches a layer's
+    kernels as one graph, so its time per kernel (:attr:`DeviceSpec.host_kernel_s`) no longer
+    bounds a layer. False: eager execution, each kernel issued by the host."""
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs in buckets during the last backward (Megatron-LM's
     ``--overlap-grad-reduce``); False waits for it after the pipeline flush."""

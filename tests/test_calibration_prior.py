@@ -99,25 +99,56 @@ def test_two_runs_the_device_already_gets_keep_it() -> None:
     assert replace(fit.device, name=start.name) == start
 
 
+def test_the_hosts_time_per_kernel_makes_the_same_runs_agree() -> None:
+    # With the host's time per kernel among the constants (a default of the fit) the three runs
+    # agree: the tp 2 runs' layers are shorter on the V100 than the host's time to issue them
+    # (281 us a kernel fitted; Jean Zay's 2019 Intel hosts and DeepSpeed of 2021), the refits
+    # predict each left-out run better (cross-validated 0.31 -> 0.10 mean absolute log error),
+    # the fit is taken, and the other 12 runs, which it never saw, go from 15.4% to 4.3% MAPE.
+    fifth, rest = _bigscience_fifth()
+    start = fifth[0].system.device
+    fit = calibrate(fifth, start, "v100-fifth", trials=120)
+    assert not fit.kept and "host_kernel_us" in [c.key for c in fit.constants]
+    assert fit.cross_validation is not None
+    assert fit.cross_validation.after < 0.5 * fit.cross_validation.before
+    assert 200e-6 <= fit.device.host_kernel_s <= 400e-6
+
+    def mape(device) -> float:
+        moved = [replace(r, system=replace(r.system, device=device)) for r in rest]
+        errors = [abs(r.step_time_error) for r in validate(moved).results]
+        return sum(errors) / len(errors)
+
+    assert mape(start) > 0.12
+    assert mape(replace(fit.device, name=start.name)) < 0.06
+
+
 def test_the_cross_validation_folds() -> None:
     assert _folds(1) == _folds(2) == []  # too few runs to judge a refit on others
     assert _folds(3) == [[0], [1], [2]]  # leave one out
     assert _folds(12) == [[0, 5, 10], [1, 6, 11], [2, 7], [3, 8], [4, 9]]  # every fifth run
 
 
-def test_runs_that_disagree_leave_the_device_as_it_was() -> None:
-    # Every fifth BigScience 1B3 run on the 32GB V100s from the fifth one on: dp 4 x pp 2
-    # (+19% with the shipped V100) and dp 4 x tp 2 with and without recompute (-32%, -31%).
-    # Fit to those three, the constants moved (launch floors 14 -> 60 us, 17 -> 93 us) and the
-    # other 12 runs went from 15.4% to 62.9% MAPE (57.4% with the pull by runs alone). Left out
-    # one at a time, the refits predict the third run worse than the shipped device does, so the
-    # device keeps its constants.
+def _bigscience_fifth() -> tuple[list, list]:
+    """Every fifth BigScience 1B3 run on the 32GB V100s from the fifth one on: dp 4 x pp 2
+    (+19% with the shipped V100) and dp 4 x tp 2 with and without recompute (-32%, -31%); and
+    the other 12."""
     runs, _ = read_runs(DATA / "v100-check.csv", load_catalog())
     runs = [r for r in runs if r.system.device.name == "v100-32gb"]
     fifth = runs[4::5]
     assert [r.strategy.tp for r in fifth] == [1, 2, 2]
+    return fifth, [r for r in runs if r not in fifth]
+
+
+def test_runs_that_disagree_leave_the_device_as_it_was() -> None:
+    # Fit to the fifth's three runs without the host's time per kernel (the constants before it
+    # joined), the constants moved (launch floors 14 -> 60 us, 17 -> 93 us) and the other 12
+    # runs went from 15.4% to 62.9% MAPE (57.4% with the pull by runs alone). Left out one at
+    # a time, the refits predict the third run worse than the shipped device does, so the
+    # device keeps its constants.
+    fifth, _ = _bigscience_fifth()
     start = fifth[0].system.device
-    fit = calibrate(fifth, start, "v100-fifth", trials=120)
+    keys = [c.key for c in CONSTANTS if c.by_default and c.key != "host_kernel_us"]
+    fit = calibrate(fifth, start, "v100-fifth", trials=120, only=keys)
     assert fit.kept
     assert fit.cross_validation is not None and fit.cross_validation.folds == 3
     assert fit.cross_validation.after > fit.cross_validation.before

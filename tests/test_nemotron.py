@@ -105,6 +105,8 @@ def test_nemotron_check(capsys) -> None:
     bf16 = [e for name, e in gb200.items() if " bf16 " in name]
     fp8 = [e for name, e in gb200.items() if " fp8 " in name]
     assert len(bf16) == 3 and all(-0.11 <= e <= -0.05 for e in bf16)  # -7.2 to -9.0%
-    assert len(fp8) == 3 and all(-0.22 <= e <= -0.13 for e in fp8)  # -15.6 to -19.6%
+    # -10.7 to -14.8% (-15.6 to -19.6% before the host's time per kernel: their 340B layers at
+    # tp 8 in FP8 are shorter on a GB200 than the host's time to issue them)
+    assert len(fp8) == 3 and all(-0.17 <= e <= -0.08 for e in fp8)
     report = [e for name, e in errors.items() if "report" in name]
     assert len(report) == 3 and all(-0.13 <= e <= -0.09 for e in report)  # -10.1 to -11.6%

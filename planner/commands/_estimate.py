@@ -197,6 +197,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--launch-blocking", action="store_true",
                    help="the run sets CUDA_LAUNCH_BLOCKING=1: every kernel waits for the host's"
                    " time (200 us a kernel, fit on Jean Zay's runs)")
+    t.add_argument("--cuda-graphs", action="store_true",
+                   help="the layers run as CUDA graphs (Megatron-LM's --cuda-graph-impl): the"
+                   " host's time per kernel no longer bounds a small layer")
     t.add_argument("--no-master-weights", dest="master_weights", action="store_false",
                    help="pure 16-bit training: no fp32 master copy, Adam's moments in bf16"
                    " (4 bytes a parameter of optimizer state, not 12)")
@@ -255,9 +258,11 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
         raise PlannerUsageError(f"strategy: {e}") from None
 
 
-def _table(est: Estimate, quantized: bool = False) -> str:
+def _table(est: Estimate, quantized: bool = False, host: tuple[float, float] = (0.0, 0.0)) -> str:
     """``quantized``: the GEMMs ran below 16 bits, so MFU (against the bf16 peak, as
-    Megatron-LM and Megatron-Bridge report it) may pass 100%; the line says so."""
+    Megatron-LM and Megatron-Bridge report it) may pass 100%; the line says so. ``host``: the
+    seconds of compute spent waiting for the host and its time a kernel, said under the parts
+    when there are any."""
     of = " of the bf16 peak" if quantized else ""
     lines = [(f"step time      {est.step_time:10.4f} s   ({est.tokens_per_s:,.0f} tokens/s,"
               f" MFU {est.mfu:.1%}, HFU {est.hfu:.1%}{of})")]
@@ -265,6 +270,11 @@ def _table(est: Estimate, quantized: bool = False) -> str:
         value = getattr(est.time, f.name)
         if value:
             lines.append(f"  {f.name:<12} {value:10.4f} s  {value / est.step_time:6.1%}")
+    waits, per_kernel = host
+    if waits:
+        lines.append(f"  (compute includes {waits:.4f} s waiting for the host: layers whose"
+                     f" kernels run shorter than its {per_kernel * 1e6:g} us to issue each;"
+                     " --cuda-graphs takes it out)")
     fit = "fits" if est.fits else f"DOES NOT FIT: {est.reason}"
     lines.append(f"peak memory    {est.memory.total / GB:10.2f} GB  on stage {est.peak_stage}"
                  f" of {len(est.stages)}  (HBM {est.hbm_bytes / GB:.1f} GB: {fit})")
@@ -346,6 +356,7 @@ class EstimateCommand(BaseCommand):
                                     recompute_early_stop=args.recompute_early_stop,
                                     grad_copy=args.grad_copy,
                                     launch_blocking=args.launch_blocking,
+                                    cuda_graphs=args.cuda_graphs,
                                     fp8_attention=args.fp8_attention,
                                     master_weights=args.master_weights,
                                     fsdp_no_sync=args.fsdp_no_sync,
@@ -375,6 +386,7 @@ class EstimateCommand(BaseCommand):
         )
 
         te = uses_transformer_engine(system, training, strategy.zero)
+        waits = _host_wait(model, system, training, strategy, est)
         early = (est.convention == "megatron" and strategy.recompute is Recompute.FULL
                  and uses_recompute_early_stop(system, training, strategy.zero))
         fp32 = est.convention == "megatron" and uses_fp32_shards(system, training, strategy.zero)
@@ -389,7 +401,8 @@ class EstimateCommand(BaseCommand):
                    **({"framework": args.framework} if args.framework != ANY else {}),
                    **{k: getattr(training, k).value for k in TRAINING_CHOICES
                       if getattr(training, k) is not None},
-                   "strategy": strategy_dict(strategy), **est.to_dict()}
+                   "strategy": strategy_dict(strategy), **est.to_dict(),
+                   "host_wait_s": waits}
             print(json.dumps(out, indent=2))
         else:
             aware = system.network.congestion is Congestion.AWARE
@@ -413,7 +426,20 @@ class EstimateCommand(BaseCommand):
             print(f"{model.name} on {system.name} ({system.devices} x {system.device.name}"
                   f"{', congestion-aware' if aware else ''}, {stack}):"
                   f" {_describe(strategy, model.layers)}")
-            print(_table(est, strategy.precision.quantized))
+            print(_table(est, strategy.precision.quantized,
+                         (waits, system.device.host_kernel_s)))
+
+
+def _host_wait(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+               strategy: Strategy, est: Estimate) -> float:
+    """Seconds of the step the GPUs wait for the host to issue the layers' kernels
+    (:attr:`simcore.specs.DeviceSpec.host_kernel_s`): the step against the same plan with no
+    host time."""
+    if not system.device.host_kernel_s or training.cuda_graphs or training.launch_blocking:
+        return 0.0
+    free = replace(system, device=replace(system.device, host_kernel_s=0.0))
+    return max(0.0, est.step_time - estimate(model, free, training, strategy,
+                                             Convention(est.convention)).step_time)
 
 
 def _describe(s: Strategy, layers: int) -> str:

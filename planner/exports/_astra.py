@@ -220,6 +220,10 @@ def _model_caveats(plan: Plan) -> list[str]:
     if any(dim.per_communicator for dim in plan.system.network.dims):
         out.append("a link bound per communicator (per_communicator): ASTRA-sim's links carry"
                    " every group at one bandwidth; the link's own is written.")
+    if d.host_kernel_s and not plan.training.cuda_graphs and not plan.training.launch_blocking:
+        out.append("the host's time per kernel (host_kernel_us): where a layer waits for the"
+                   " host to issue its kernels, its compute nodes carry the wait; ASTRA-sim's"
+                   " compute nodes have no host.")
     if plan.training.launch_blocking:
         out.append("launch blocking's host time per kernel (launch_blocking): ASTRA-sim's"
                    " compute nodes have no host; it is not written.")

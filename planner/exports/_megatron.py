@@ -141,6 +141,10 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
         # model_parallel_config.py (d98e8a64): cpu_offloading_num_layers > 0 sets cpu_offloading
         sections.append([f"# the first {s.offload_layers} layers offload their activations to"
                          " host memory", f"--cpu-offloading-num-layers {s.offload_layers}"])
+    if plan.training.cuda_graphs:
+        # megatron/core/transformer/moe/README.md (d98e8a64): "--cuda-graph-impl=local: Captures
+        # per-layer cuda graphs using the MCore-internal cuda graph manager"
+        sections.append(["# each layer captured as a CUDA graph", "--cuda-graph-impl local"])
     if not plan.training.swiglu_fusion and plan.model.activation is Activation.SWIGLU:
         # SiLU and the product as two kernels (arguments.py: --no-bias-swiglu-fusion)
         sections.append(["--no-bias-swiglu-fusion"])

@@ -236,6 +236,10 @@ class LayerKernels:
     mla_up_forward: float = 0.0
     """Multi-head latent attention's up projections, forward: what ``mla_up_proj`` runs again
     (one GEMM of their FLOPs over the latents' width)."""
+    issued_forward: int = 0
+    """What the host issues forward: the kernels but the FP8 casts and scale updates, which
+    Transformer Engine's module runs from the one call that also launches the GEMM."""
+    issued_backward: int = 0
 
 
 def modules_forward(k: LayerKernels, modules: frozenset[RecomputeModule], *,
@@ -346,6 +350,7 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     kernels_forward = len(gemms) + len(elementwise) + n_core_fwd
     kernels_backward = (2 * len(gemms) + BACKWARD_KERNELS * len(elementwise)
                         + sum(1 for x in core_bwd if x))
+    issued_forward, issued_backward = kernels_forward, kernels_backward
     op_recompute = sum(ew_fwd) + _every_second_matmul(model, gemms, kv, qkv)
     if costs.fp8_rate is not None:
         fp8 = fp8_overheads(costs, linears, micro_batches)
@@ -370,7 +375,7 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         kernels_forward=kernels_forward, kernels_backward=kernels_backward,
         gemm_forward=sum(g[0] for g in gemms), gemm_dgrad=sum(g[1] for g in gemms),
         forward_tail=tail, op_recompute=op_recompute, mlp_forward=mlp_forward,
-        mla_up_forward=mla_up,
+        mla_up_forward=mla_up, issued_forward=issued_forward, issued_backward=issued_backward,
     )
 
 

@@ -21,8 +21,8 @@ from simcore.megatron.plan import StepPlan
 from simcore.megatron.recompute import modules_again, runs_core_again
 from simcore.specs import ZERO_BUBBLE, CpComm, Recompute, ZeroStage
 
-__all__ = ["EXPOSED_CP", "dense_layer", "hidden_cost", "layer_of", "moe_layer", "tp_layer_comm",
-           "with_offload"]
+__all__ = ["EXPOSED_CP", "dense_layer", "hidden_cost", "host_wait", "layer_of", "moe_layer",
+           "tp_layer_comm", "with_offload"]
 
 
 def hidden_cost(p: StepPlan, comm: float, compute: float) -> float:
@@ -45,7 +45,8 @@ def dense_layer(p: StepPlan, plain: bool = False) -> Layer:
                      tp_layer_comm(p), kernels.gemm_forward, kernels.gemm_dgrad,
                      tail=kernels.forward_tail, tail_comm=tail_comm,
                      per_op=kernels.op_recompute, plain=plain,
-                     modules=modules_again(p, kernels, dense=True))
+                     modules=modules_again(p, kernels, dense=True),
+                     launches=(kernels.issued_forward, kernels.issued_backward, 2))
     return with_offload(p, layer, p.act.stored) if p.s.offload_layers else layer
 
 
@@ -63,7 +64,9 @@ def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
     tp = pairs * p.comm.total(tp_pair_calls(p))
     layer = layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute,
-                     plain=plain, modules=modules_again(p, k, dense=False))
+                     plain=plain, modules=modules_again(p, k, dense=False),
+                     launches=(k.issued_forward + x.issued_forward,
+                               k.issued_backward + x.issued_backward, 2 * pairs))
     ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
     again = ep if p.s.recompute is Recompute.FULL and not plain else 0.0
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
@@ -100,7 +103,8 @@ EXPOSED_CP = (CpComm.ALL_GATHER, CpComm.A2A)
 def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
              tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
              tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0,
-             plain: bool = False, modules: tuple[float, bool] = (0.0, False)) -> Layer:
+             plain: bool = False, modules: tuple[float, bool] = (0.0, False),
+             launches: tuple[int, int, int] = (0, 0, 0)) -> Layer:
     """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
     attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
     with the plan's sp, recompute and ZeRO-3. ``tail`` and ``tail_comm``: the forward's kernels
@@ -110,7 +114,9 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     the tp collectives whose outputs it does not keep. ``plain``: the layer without recompute
     (a layer ``recompute_layers`` leaves out). ``modules``: what Megatron-LM's
     ``recompute_modules`` run again (:func:`simcore.megatron.recompute.modules_again`): their
-    seconds, and whether the MLP's tp pair runs again with it."""
+    seconds, and whether the MLP's tp pair runs again with it. ``launches``: the layer's
+    kernels forward and backward and its tp collectives' pairs, which the host issues
+    (:func:`host_wait`)."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
     if p.tp_overlap:
@@ -174,5 +180,31 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
             scatter /= p.m
         fsdp_fwd = hidden_cost(p, gather, fwd)
         fsdp_bwd = hidden_cost(p, gather + scatter, bwd + recompute)
+    kernels_fwd, kernels_bwd, pairs = launches
+    calls = pairs * len(tp_pair_calls(p))  # the tp collectives of one pass
+    issued_fwd = kernels_fwd + calls
+    issued_bwd = kernels_bwd + calls
+    if recompute and s.recompute is Recompute.FULL:
+        issued_bwd += issued_fwd  # the forward's kernels and collectives again
+    elif recompute and fwd:
+        # a partial recompute (the attention core, some modules, per-op): the forward's kernels
+        # in the share of its time the recompute runs again
+        issued_bwd += round(kernels_fwd * min(1.0, recompute / fwd))
+    fwd += host_wait(p, issued_fwd, fwd + tp_fwd + sp_fwd + fsdp_fwd)
+    bwd += host_wait(p, issued_bwd, bwd + recompute + tp_bwd + tp_recompute + sp_bwd + fsdp_bwd)
     return Layer(fwd, bwd, recompute, tp_fwd, tp_bwd + tp_recompute, sp_fwd, sp_bwd,
                  fsdp_fwd, fsdp_bwd, wgrad)
+
+
+def host_wait(p: StepPlan, issued: int, gpu: float) -> float:
+    """What the GPU waits for the host in one pass of a layer: the host's time to issue the
+    pass's ``issued`` kernels and collectives (:attr:`simcore.specs.DeviceSpec.host_kernel_s`
+    each) beyond the ``gpu`` seconds they run for. The host runs ahead of the GPU through the
+    launch queue, so only a pass whose kernels are on average shorter than the host's time per
+    kernel waits (a small layer, high tp, a short micro-batch), and the identical layers of a
+    stage all wait alike. None under CUDA graphs (one launch a graph) or launch blocking, whose
+    host time is in every kernel already (:attr:`simcore.megatron.kernels.KernelCosts.host`)."""
+    per_kernel = p.system.device.host_kernel_s
+    if not per_kernel or p.training.cuda_graphs or p.training.launch_blocking:
+        return 0.0
+    return max(0.0, issued * per_kernel - gpu)

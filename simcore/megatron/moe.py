@@ -130,6 +130,11 @@ class ExpertKernels:
     """The weight-gradient GEMMs (router and experts) of the backward."""
     kernels_forward: int
     kernels_backward: int
+    issued_forward: int = 0
+    """What the host issues forward: the kernels, but the local experts' GEMMs one call each
+    over all of them (TE's grouped linear loops over the experts in C++) and no FP8 casts (run
+    from the same calls)."""
+    issued_backward: int = 0
 
 
 def _quantize(costs: KernelCosts, elements: float) -> float:
@@ -190,6 +195,7 @@ def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: i
                 + BACKWARD_KERNELS * activation)
     n_fwd = 1 + router_fwd + small_fwd + 2 * launches + 1
     n_bwd = 2 + router_bwd + small_bwd + 4 * launches + BACKWARD_KERNELS
+    issued_fwd, issued_bwd = n_fwd - 2 * (launches - 1), n_bwd - 4 * (launches - 1)
     if costs.fp8_rate is not None:
         fwd_inputs = (per_expert * h, per_expert * width)  # FC1's and FC2's inputs
         bwd_inputs = (per_expert * h, per_expert * fc1_width)  # their output gradients
@@ -207,7 +213,8 @@ def expert_kernels(model: ModelSpec, costs: KernelCosts, *, tokens: float, ep: i
             n_fwd += 2
             n_bwd += 2
     return ExpertKernels(forward=forward, backward=backward, wgrad=router[2] + expert_wgrad,
-                         kernels_forward=n_fwd, kernels_backward=n_bwd)
+                         kernels_forward=n_fwd, kernels_backward=n_bwd,
+                         issued_forward=issued_fwd, issued_backward=issued_bwd)
 
 
 def expert_activations(model: ModelSpec, *, tokens: float, etp: int, act_bytes: int,

@@ -103,7 +103,7 @@ class Constant:
 # fitted A100, H100 and V100 matmul efficiencies span 0.51-0.71; one part on another stack sits
 # nearer than that), 10 us for the launch floors (gpus.yaml fits 4.3-15.5 us; a stack with CUDA
 # graphs or a compiler halves a floor, a slower host doubles it), 50 us for the host's time per
-# kernel (gpus.yaml's 110-165 us; a CPU generation apart is half or twice), 3 GB for the
+# kernel (gpus.yaml's 150-177 us; a CPU generation apart is half or twice), 3 GB for the
 # allowance.
 CONSTANTS = (
     Constant("matmul_efficiency", "matmul_efficiency", 1.0, 0.3, 1.0, "time", 0.1),

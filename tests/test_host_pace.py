@@ -24,13 +24,18 @@ import pytest
 from planner.calibration import calibrate
 from planner.catalog import load_catalog
 from planner.cli import main
+from planner.exports import export_files
+from planner.plan import make_plan
 from planner.runs_csv import read_runs
 from planner.validation import validate
 from simcore import estimate
 from simcore.megatron.kernels import KernelCosts
+from simcore.megatron.layer_step import moe_layer
 from simcore.megatron.moe import expert_kernels
+from simcore.megatron.plan import StepPlan
 from simcore.megatron.step import layer_time
 from simcore.specs import (
+    Convention,
     Family,
     ModelSpec,
     Recompute,
@@ -188,10 +193,6 @@ def test_only_megatron_runs_the_layers_as_cuda_graphs(capsys) -> None:
 
 
 def test_the_megatron_export_captures_the_layers(tmp_path: Path) -> None:
-    from planner.exports import export_files
-    from planner.plan import make_plan
-    from simcore.specs import Convention
-
     catalog = load_catalog()
     plan = make_plan(catalog.model("gpt-1.7b"), catalog.system("dgx-a100-8"),
                      replace(EAGER, cuda_graphs=True), Strategy(dp=8, micro_batch=1),
@@ -219,3 +220,21 @@ def test_planner_estimate_says_what_the_host_costs(capsys) -> None:
     assert "waiting for the host" in capsys.readouterr().out
     assert main([*args, "--cuda-graphs"]) == 0
     assert "waiting for the host" not in capsys.readouterr().out
+
+
+def test_an_moe_layer_issues_its_attention_pair_once() -> None:
+    # Qwen3-30B-A3B has no shared experts: one tp pair a pass (the attention's all-gather and
+    # reduce-scatter with sequence parallelism); the routed experts' tokens go through the
+    # all-to-all instead. At a host far slower than any kernel the pass is its count, the
+    # all-to-alls running while the host issues.
+    catalog = load_catalog()
+    model = catalog.model("qwen3-30b-a3b")
+    system = catalog.system("dgx-h100-16")
+    slow = replace(system, device=replace(system.device, host_kernel_s=HOST))
+    training = TrainingSpec(global_batch=64, seq_len=4096)
+    plan = StepPlan(model, slow, training, Strategy(dp=8, tp=2, ep=8, micro_batch=1))
+    layer = moe_layer(plan)
+    issued = plan.moe_kernels.issued_forward + plan.experts.issued_forward + 2
+    assert layer.ep_fwd > 0
+    assert layer.fwd_compute + layer.tp_fwd + layer.ep_fwd == pytest.approx(issued * HOST,
+                                                                             rel=1e-12)

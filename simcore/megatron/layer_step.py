@@ -62,13 +62,15 @@ def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
     assert p.moe is not None
     pairs = 2 if p.moe.shared_experts else 1
     tp = pairs * p.comm.total(tp_pair_calls(p))
+    ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
+    again = ep if p.s.recompute is Recompute.FULL and not plain else 0.0
+    # the all-to-alls on the critical path keep the GPU busy while the host issues the pass
+    beside = (0.0, 0.0) if p.s.ep_overlap else (ep, ep + again)
     layer = layer_of(p, k.forward + x.forward, k.backward + x.backward, k.wgrad + x.wgrad,
                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute,
                      plain=plain, modules=modules_again(p, k, dense=False),
                      launches=(k.issued_forward + x.issued_forward,
-                               k.issued_backward + x.issued_backward, 2 * pairs))
-    ep = expert_comm(p.comm, p.model, p.s, p.expert_tokens, p.training.bytes_per_activation)
-    again = ep if p.s.recompute is Recompute.FULL and not plain else 0.0
+                               k.issued_backward + x.issued_backward, pairs), beside=beside)
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
         hidden = hidden_cost(p, 2 * ep + again, layer.compute)
         layer = replace(layer, ep_fwd=0.0, ep_bwd=hidden)
@@ -104,7 +106,8 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
              tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
              tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0,
              plain: bool = False, modules: tuple[float, bool] = (0.0, False),
-             launches: tuple[int, int, int] = (0, 0, 0)) -> Layer:
+             launches: tuple[int, int, int] = (0, 0, 0),
+             beside: tuple[float, float] = (0.0, 0.0)) -> Layer:
     """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
     attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
     with the plan's sp, recompute and ZeRO-3. ``tail`` and ``tail_comm``: the forward's kernels
@@ -114,9 +117,12 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     the tp collectives whose outputs it does not keep. ``plain``: the layer without recompute
     (a layer ``recompute_layers`` leaves out). ``modules``: what Megatron-LM's
     ``recompute_modules`` run again (:func:`simcore.megatron.recompute.modules_again`): their
-    seconds, and whether the MLP's tp pair runs again with it. ``launches``: the layer's
-    kernels forward and backward and its tp collectives' pairs, which the host issues
-    (:func:`host_wait`)."""
+    seconds, and whether the MLP's tp pair runs again with it. ``launches``: what the host
+    issues (:func:`host_wait`): the layer's kernels forward and backward, and how many times
+    each pass runs :func:`simcore.megatron.calls.tp_pair_calls` (a dense layer twice, after
+    its attention and its MLP); ``beside``: the seconds of the forward and backward passes
+    that the GPU spends on work priced apart (an MoE layer's exposed all-to-alls), which the
+    host's issuing runs beside."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
     if p.tp_overlap:
@@ -190,8 +196,9 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
         # a partial recompute (the attention core, some modules, per-op): the forward's kernels
         # in the share of its time the recompute runs again
         issued_bwd += round(kernels_fwd * min(1.0, recompute / fwd))
-    fwd += host_wait(p, issued_fwd, fwd + tp_fwd + sp_fwd + fsdp_fwd)
-    bwd += host_wait(p, issued_bwd, bwd + recompute + tp_bwd + tp_recompute + sp_bwd + fsdp_bwd)
+    fwd += host_wait(p, issued_fwd, fwd + tp_fwd + sp_fwd + fsdp_fwd + beside[0])
+    bwd += host_wait(p, issued_bwd, bwd + recompute + tp_bwd + tp_recompute + sp_bwd + fsdp_bwd
+                     + beside[1])
     return Layer(fwd, bwd, recompute, tp_fwd, tp_bwd + tp_recompute, sp_fwd, sp_bwd,
                  fsdp_fwd, fsdp_bwd, wgrad)
 

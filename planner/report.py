@@ -26,6 +26,7 @@ from planner.plots.timeline import timeline_figure
 from planner.report_decision import Decision, decide, decision_html, export_formats
 from planner.tables import PLACEMENTS, best_frame, mfu_note, trials_frame
 from search_spaces.frameworks import FRAMEWORKS
+from simcore import host_wait
 
 __all__ = ["Report", "build_report", "report_html"]
 
@@ -89,8 +90,11 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
          timeline_figure(plans[0])),
     ]
     summary = dict(study.user_attrs.get("config") or {})
+    plan = plans[0]
+    waits = host_wait(plan.model, plan.system, plan.training, plan.strategy, plan.convention)
     decision = decide(study.study_name, frame, best, summary, storage,
-                      refused=_refusals(plans[0], export_formats(summary)))
+                      refused=_refusals(plan, export_formats(summary)),
+                      host=(waits, plan.system.device.host_kernel_s))
     return Report(study.study_name, summary, _counts(frame), best, figures, decision)
 
 

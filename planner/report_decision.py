@@ -1,10 +1,11 @@
 """The report's first section: which plan to run, why, how sure, and what would change it.
 
-Read from the study's stored trials (nothing is estimated again): the recommended plan is the
+Read from the study's stored trials (but the host's pace): the recommended plan is the
 fastest feasible one; the runner-up is the next row of the best plans; "close" is within the
 estimate's stated error (:data:`ESTIMATE_ERROR`); what would change the answer is the HBM limit
-when the recommended plan nearly fills it or a faster plan does not fit, and the largest part of
-its step that is not compute.
+when the recommended plan nearly fills it or a faster plan does not fit, the host's pace when its
+layers wait for it (estimated once more without the host's time), and the largest part of its
+step that is not compute.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ A100 and H100 check runs it was not fit on (7.4% and 7.5%; README, "How right is
 
 MEMORY_BINDS = 0.95
 """A plan using this much of the HBM limit or more is held by memory."""
+HOST_SAYS = 0.05
+"""A recommended plan whose step waits this share of it for the host or more says so."""
 
 PARTS = {
     "compute": "compute",
@@ -54,6 +57,9 @@ class Decision:
     refused: tuple[tuple[str, str], ...] = ()
     """The frameworks whose export refuses the recommended plan, each with its one-line reason
     (:func:`decide`'s ``refused``): left out of :attr:`exports`."""
+    host: tuple[float, float] = (0.0, 0.0)
+    """Seconds of the recommended plan's step its devices wait for the host to issue the
+    layers' kernels, and the host's time a kernel (:func:`simcore.host_wait`)."""
 
 
 def _parts(row: pd.Series) -> dict[str, float]:
@@ -75,12 +81,13 @@ def export_formats(summary: dict) -> tuple[str, ...]:
 
 
 def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
-           storage: str = "", refused: dict[str, str] | None = None) -> Decision:
+           storage: str = "", refused: dict[str, str] | None = None,
+           host: tuple[float, float] = (0.0, 0.0)) -> Decision:
     """The decision from the study's :func:`~planner.tables.trials_frame` and its
     :func:`~planner.tables.best_frame` (fastest first, non-empty). ``storage`` is the
     ``--storage`` option the printed commands carry ("" for the default); ``refused``: the
     formats whose export refuses the recommended plan, with the reason (left out of the
-    commands)."""
+    commands); ``host``: :attr:`Decision.host`."""
     refused = refused or {}
     top = best.iloc[0]
     runner_up = best.iloc[1] if len(best) > 1 else None
@@ -94,7 +101,7 @@ def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
     hbm = summary.get("hbm_gb")
     return Decision(study, top, runner_up, close, float(hbm) if hbm else None,
                     unfit.iloc[0] if len(unfit) else None, exports,
-                    str(summary.get("description") or ""), tuple(refused.items()))
+                    str(summary.get("description") or ""), tuple(refused.items()), host)
 
 
 def _why(d: Decision) -> str:
@@ -142,6 +149,14 @@ def _changes(d: Decision) -> list[str]:
         gain = 1 - f["step_time_s"] / top["step_time_s"]
         out.append(f"More HBM would change the answer: <code>{html.escape(str(f['plan']))}"
                    f"</code> is {gain:.1%} faster but needs {f['peak_memory_gb']:.1f} GB.")
+    waits, per_kernel = d.host
+    if waits >= HOST_SAYS * top["step_time_s"]:
+        out.append(f"The host paces its layers: {_ms(waits)} of its step"
+                   f" ({waits / top['step_time_s']:.1%}) waits for the host to issue their"
+                   f" kernels ({per_kernel * 1e6:g} us each). Captured as CUDA graphs"
+                   " (<code>cuda_graphs: true</code> in the study's training; Megatron-LM's"
+                   " <code>--cuda-graph-impl local</code>) they would not; run the study again"
+                   " with it, as the best plan may change.")
     overheads = {p: t for p, t in _parts(top).items() if p not in ("compute",) and t > 0}
     if overheads:
         part, t = max(overheads.items(), key=lambda kv: kv[1])

@@ -17,6 +17,8 @@ analytical backend to the nanosecond (:mod:`simcore.collectives`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from simcore.collectives import (
     CollectiveTiming,
     Congestion,
@@ -90,6 +92,19 @@ def estimate(
     if strategy.uneven or strategy.recompute_layers is not None:
         _check_uneven(strategy, convention)
     return implementation(convention).estimate(model, system, training, strategy)
+
+
+def host_wait(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+              strategy: Strategy, convention: Convention | None = None) -> float:
+    """Seconds of the step the devices wait for the host to issue the layers' kernels
+    (:attr:`DeviceSpec.host_kernel_s`, :func:`simcore.megatron.layer_step.host_wait`): the
+    step against the same plan with no host time. 0 under CUDA graphs or launch blocking, on a
+    device without host time, and for a plan whose layers outlast the host."""
+    if not system.device.host_kernel_s or training.cuda_graphs or training.launch_blocking:
+        return 0.0
+    free = replace(system, device=replace(system.device, host_kernel_s=0.0))
+    return max(0.0, estimate(model, system, training, strategy, convention).step_time
+               - estimate(model, free, training, strategy, convention).step_time)
 
 
 def check(
@@ -183,6 +198,7 @@ __all__ = [
     "convention_of",
     "estimate",
     "estimate_mixed",
+    "host_wait",
     "implementation",
     "mixed_timeline",
     "p2p_time",

@@ -116,3 +116,37 @@ def test_the_report_asks_each_exporter(tmp_path, monkeypatch, capsys) -> None:
     assert "Not for deepspeed (precision fp8: DeepSpeed has no FP8 training mode" in text
     assert "--format megatron" in text and "--format torchtitan" in text
     assert "--format deepspeed" not in text
+
+
+def test_a_plan_the_host_paces_says_so() -> None:
+    # A's step is 10 s; 2 s of it (20%) waiting for a host of 150 us a kernel is said, with the
+    # way out; 0.4 s (4%, under the 5% threshold) is not
+    frame = pd.DataFrame(ROWS)
+    best = frame[frame["feasible"]].sort_values("step_time_s")
+    text = _text(decision_html(decide("s", frame, best, SUMMARY, host=(2.0, 150e-6))))
+    assert ("The host paces its layers: 2.000 s of its step (20.0%) waits for the host to issue"
+            " their kernels (150 us each)") in text
+    assert "cuda_graphs: true" in text and "--cuda-graph-impl local" in text
+    quiet = decide("s", frame, best, SUMMARY, host=(0.4, 150e-6))
+    assert "host paces" not in decision_html(quiet)
+    assert "host paces" not in decision_html(_decision())
+
+
+def test_the_report_measures_the_host_wait(tmp_path, monkeypatch, capsys) -> None:
+    # GPT 1.7B at tp 2-8 with micro-batch 1 on one DGX A100: every plan waits for the host
+    # (README, "The host's pace"); with cuda_graphs the page says nothing of it
+    from planner.cli import main
+
+    monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "studies.journal"))
+    for name, graphs in (("eager", "false"), ("graphs", "true")):
+        study = tmp_path / f"{name}.yaml"
+        study.write_text(f"name: {name}\nmodel: gpt-1.7b\nsystem: dgx-a100-8\n"
+                         "framework: megatron\n"
+                         f"training: {{global_batch: 16, seq_len: 1024, cuda_graphs: {graphs}}}\n"
+                         "space: {tp: [2, 8], pp: [1], micro_batch: [1]}\n")
+        assert main(["run", str(study), "--quiet"]) == 0
+        page = tmp_path / f"{name}.html"
+        assert main(["report", name, "--out", str(page)]) == 0
+        capsys.readouterr()
+        said = "The host paces its layers" in _text(page.read_text())
+        assert said is (name == "eager")

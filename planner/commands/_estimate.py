@@ -13,7 +13,7 @@ from planner.errors import PlannerUsageError
 from planner.fields import placement_axes
 from planner.units import GB
 from search_spaces.frameworks import ANY, FRAMEWORKS, framework_training
-from simcore import convention_of, estimate
+from simcore import convention_of, estimate, host_wait
 from simcore.estimate import Estimate
 from simcore.layout import format_layout, layout_chunks, parse_layout
 from simcore.network import Congestion
@@ -386,7 +386,7 @@ class EstimateCommand(BaseCommand):
         )
 
         te = uses_transformer_engine(system, training, strategy.zero)
-        waits = _host_wait(model, system, training, strategy, est)
+        waits = host_wait(model, system, training, strategy, Convention(est.convention))
         early = (est.convention == "megatron" and strategy.recompute is Recompute.FULL
                  and uses_recompute_early_stop(system, training, strategy.zero))
         fp32 = est.convention == "megatron" and uses_fp32_shards(system, training, strategy.zero)
@@ -428,18 +428,6 @@ class EstimateCommand(BaseCommand):
                   f" {_describe(strategy, model.layers)}")
             print(_table(est, strategy.precision.quantized,
                          (waits, system.device.host_kernel_s)))
-
-
-def _host_wait(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
-               strategy: Strategy, est: Estimate) -> float:
-    """Seconds of the step the GPUs wait for the host to issue the layers' kernels
-    (:attr:`simcore.specs.DeviceSpec.host_kernel_s`): the step against the same plan with no
-    host time."""
-    if not system.device.host_kernel_s or training.cuda_graphs or training.launch_blocking:
-        return 0.0
-    free = replace(system, device=replace(system.device, host_kernel_s=0.0))
-    return max(0.0, est.step_time - estimate(model, free, training, strategy,
-                                             Convention(est.convention)).step_time)
 
 
 def _describe(s: Strategy, layers: int) -> str:

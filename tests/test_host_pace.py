@@ -238,3 +238,19 @@ def test_an_moe_layer_issues_its_attention_pair_once() -> None:
     assert layer.ep_fwd > 0
     assert layer.fwd_compute + layer.tp_fwd + layer.ep_fwd == pytest.approx(issued * HOST,
                                                                              rel=1e-12)
+
+
+def test_planner_validate_says_which_runs_the_host_paces(capsys) -> None:
+    assert main(["validate", str(DATA / "megatron-ci-h100-check.csv"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    # every functional test of the small GPT waits for the host for most of its step
+    assert all(r["predicted_host_wait_s"] > 0.5 * r["predicted_step_time_s"] for r in rows)
+    assert main(["validate", str(DATA / "megatron-ci-h100-check.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "  host 7" in out and "host N%: the share of the predicted step" in out
+    # Megatron-LM's 2020 tables (GPT 1.2B-8.7B on one DGX A100): their layers outlast the host
+    assert main(["validate", str(DATA / "a100-megatron-check.csv"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert all(r["predicted_host_wait_s"] == 0 for r in rows)
+    assert main(["validate", str(DATA / "a100-megatron-check.csv")]) == 0
+    assert "host" not in capsys.readouterr().out

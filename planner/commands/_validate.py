@@ -13,6 +13,7 @@ from planner.outputs import counted
 from planner.runs_csv import read_runs_files
 from planner.validation import BREAKDOWNS, Validation, validate
 from search_spaces.frameworks import FRAMEWORKS
+from simcore import host_wait
 
 
 def percent(value: float | int | None, signed: bool = False) -> str:
@@ -26,18 +27,34 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def report_lines(v: Validation) -> list[str]:
-    """The human-readable report: one line per run, then the figures and the groups."""
+HOST_SAYS = 0.05
+"""A run whose predicted step waits this share of it for the host or more says so."""
+
+
+def host_waits(v: Validation) -> list[float]:
+    """Seconds of each run's predicted step its devices wait for the host to issue the layers'
+    kernels (:func:`simcore.host_wait`), in ``v.results``' order."""
+    return [host_wait(r.run.model, r.run.system, r.run.training, r.run.strategy)
+            for r in v.results]
+
+
+def report_lines(v: Validation, waits: list[float] | None = None) -> list[str]:
+    """The human-readable report: one line per run (``waits``: :func:`host_waits`, said where
+    a run's step waits for the host), then the figures and the groups."""
+    waits = waits or [0.0] * len(v.results)
     width = max([len(r.run.name) for r in v.results] + [4])
     width = min(width, 60)
     lines = [f"{'run':<{width}}  {'step s':>9} {'measured':>9} {'error':>7}"
              f"  {'mem GB':>7} {'measured':>8} {'error':>7}"]
-    for r in v.results:
+    for r, wait in zip(v.results, waits, strict=True):
+        share = wait / r.predicted_step_time_s if r.predicted_step_time_s else 0.0
         lines.append(
             f"{r.run.name[:width]:<{width}}  {r.predicted_step_time_s:9.4g}"
             f" {_num(r.run.step_time_s, '9.4g'):>9} {percent(r.step_time_error, True):>7}"
             f"  {r.predicted_peak_memory_gb:7.1f} {_num(r.run.peak_memory_gb, '8.1f'):>8}"
-            f" {percent(r.memory_error, True):>7}" + ("" if r.fits else "  over memory"))
+            f" {percent(r.memory_error, True):>7}"
+            + (f"  host {share:.0%}" if share >= HOST_SAYS else "")
+            + ("" if r.fits else "  over memory"))
     s = v.summary()
     lines.append("")
     lines.append(f"step time: {counted(s['step_time_runs'], 'run')}, MAPE"
@@ -114,13 +131,19 @@ class ValidateCommand(BaseCommand):
 
     def run(self, args: argparse.Namespace) -> int:
         result = validate(*read_runs_files(args.runs, load_catalog(), args.framework))
+        waits = host_waits(result)
         if args.json:
             data = result.to_dict()
+            for row, wait in zip(data["rows"], waits, strict=True):
+                row["predicted_host_wait_s"] = wait
             if args.by is not None:
                 data["by"] = {"field": args.by, "rows": result.breakdown(args.by)}
             print(json.dumps(data, indent=2))
         else:
-            lines = report_lines(result)
+            lines = report_lines(result, waits)
+            if any(waits):
+                lines.append("host N%: the share of the predicted step its devices wait for the"
+                             " host to issue the layers' kernels (host_kernel_us)")
             if args.by is not None:
                 lines += breakdown_lines(result, args.by)
             print("\n".join(lines))

@@ -91,7 +91,8 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
     ]
     summary = dict(study.user_attrs.get("config") or {})
     plan = plans[0]
-    waits = host_wait(plan.model, plan.system, plan.training, plan.strategy, plan.convention)
+    waits = host_wait(plan.model, plan.system, plan.training, plan.strategy, plan.convention,
+                      step_time=plan.estimate.step_time)
     decision = decide(study.study_name, frame, best, summary, storage,
                       refused=_refusals(plan, export_formats(summary)),
                       host=(waits, plan.system.device.host_kernel_s))

@@ -95,16 +95,19 @@ def estimate(
 
 
 def host_wait(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
-              strategy: Strategy, convention: Convention | None = None) -> float:
+              strategy: Strategy, convention: Convention | None = None, *,
+              step_time: float | None = None) -> float:
     """Seconds of the step the devices wait for the host to issue the layers' kernels
     (:attr:`DeviceSpec.host_kernel_s`, :func:`simcore.megatron.layer_step.host_wait`): the
-    step against the same plan with no host time. 0 under CUDA graphs or launch blocking, on a
-    device without host time, and for a plan whose layers outlast the host."""
+    step against the same plan with no host time. ``step_time``: the plan's own estimated
+    step, when the caller has it (else it is estimated here). 0 under CUDA graphs or launch
+    blocking, on a device without host time, and for a plan whose layers outlast the host."""
     if not system.device.host_kernel_s or training.cuda_graphs or training.launch_blocking:
         return 0.0
+    if step_time is None:
+        step_time = estimate(model, system, training, strategy, convention).step_time
     free = replace(system, device=replace(system.device, host_kernel_s=0.0))
-    return max(0.0, estimate(model, system, training, strategy, convention).step_time
-               - estimate(model, free, training, strategy, convention).step_time)
+    return max(0.0, step_time - estimate(model, free, training, strategy, convention).step_time)
 
 
 def check(

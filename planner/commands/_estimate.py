@@ -386,7 +386,8 @@ class EstimateCommand(BaseCommand):
         )
 
         te = uses_transformer_engine(system, training, strategy.zero)
-        waits = host_wait(model, system, training, strategy, Convention(est.convention))
+        waits = host_wait(model, system, training, strategy, Convention(est.convention),
+                          step_time=est.step_time)
         early = (est.convention == "megatron" and strategy.recompute is Recompute.FULL
                  and uses_recompute_early_stop(system, training, strategy.zero))
         fp32 = est.convention == "megatron" and uses_fp32_shards(system, training, strategy.zero)

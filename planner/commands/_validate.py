@@ -34,8 +34,8 @@ HOST_SAYS = 0.05
 def host_waits(v: Validation) -> list[float]:
     """Seconds of each run's predicted step its devices wait for the host to issue the layers'
     kernels (:func:`simcore.host_wait`), in ``v.results``' order."""
-    return [host_wait(r.run.model, r.run.system, r.run.training, r.run.strategy)
-            for r in v.results]
+    return [host_wait(r.run.model, r.run.system, r.run.training, r.run.strategy,
+                      step_time=r.predicted_step_time_s) for r in v.results]
 
 
 def report_lines(v: Validation, waits: list[float] | None = None) -> list[str]:

@@ -45,7 +45,10 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``grad_copy`` (true/false: the 16-bit ``.grad`` kept beside the accumulation buffer, as
   DeepSpeed's BF16_Optimizer keeps it; false), ``launch_blocking`` (true/false: the run set
   ``CUDA_LAUNCH_BLOCKING=1``; false), ``cuda_graphs`` (true/false: the layers ran as CUDA
-  graphs, Megatron-LM's ``--cuda-graph-impl``; false), ``master_weights`` (true/false: false
+  graphs, Megatron-LM's ``--cuda-graph-impl``; false), ``tp_comm_overlap`` (true/false: false
+  where a Transformer Engine run with sequence parallelism did not set ``--tp-comm-overlap``,
+  Megatron-LM's default, so its tp collectives are not hidden in TE's userbuffers; true),
+  ``master_weights`` (true/false: false
   for pure 16-bit training, Adam's moments in bf16 and no fp32 copy; true), ``fsdp_no_sync``
   (true/false: ZeRO-3 accumulates gradients unsharded and reduce-scatters once a step, FSDP's
   ``no_sync``; false),
@@ -109,7 +112,8 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "offload_layers",
             "transformer_engine", "recompute_early_stop", "selective_recompute",
             "cross_entropy", "cp_comm", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
             "optimizer_bytes",
-            "grad_copy", "launch_blocking", "cuda_graphs", "master_weights", "fsdp_no_sync",
+            "grad_copy", "launch_blocking", "cuda_graphs", "tp_comm_overlap", "master_weights",
+            "fsdp_no_sync",
             "swiglu_fusion", "vocab_parallel_embedding", "fp8_attention", "hbm_gb",
             "memory_measured", "framework", "release", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""

@@ -688,6 +688,12 @@ class TrainingSpec:
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction runs in buckets during the last backward (Megatron-LM's
     ``--overlap-grad-reduce``); False waits for it after the pipeline flush."""
+    tp_comm_overlap: bool = True
+    """With Transformer Engine and sequence parallelism, the tp all-gathers and reduce-scatters
+    run beside the linear layers' GEMMs in TE's userbuffers (``--tp-comm-overlap``, which NeMo's
+    and Megatron-Bridge's recipes set; :func:`simcore.megatron.plan.uses_tp_comm_overlap`).
+    False: Megatron-LM's own default, the forward's collectives exposed and the backward's
+    hidden only behind the weight-gradient GEMMs, as on the classic stack."""
     flash_attention: bool | None = None
     """Fused (flash) attention: the attention core is one kernel that never stores the s x s
     scores (Dao et al. 2022). None takes the default: on for the llama family and on devices

@@ -14,10 +14,10 @@ from planner.plan import make_plan, read_plan, write_plan
 from planner.study_config import load_study_config
 from simcore.specs import Convention
 
-# The options as simcore/specs.py's TrainingSpec declares them: eight switches with a default,
+# The options as simcore/specs.py's TrainingSpec declares them: nine switches with a default,
 # four left to the device or the stack (None) unless a file says.
-SWITCHES = {"overlap_grad_reduce": True, "launch_blocking": False, "cuda_graphs": False,
-            "master_weights": True,
+SWITCHES = {"overlap_grad_reduce": True, "tp_comm_overlap": True, "launch_blocking": False,
+            "cuda_graphs": False, "master_weights": True,
             "fsdp_no_sync": False, "swiglu_fusion": True, "vocab_parallel_embedding": True,
             "fp8_attention": False}
 STACK_CHOICES = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy")

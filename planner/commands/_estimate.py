@@ -200,6 +200,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--cuda-graphs", action="store_true",
                    help="the layers run as CUDA graphs (Megatron-LM's --cuda-graph-impl): the"
                    " host's time per kernel no longer bounds a small layer")
+    t.add_argument("--no-tp-comm-overlap", dest="tp_comm_overlap", action="store_false",
+                   help="Transformer Engine's tp all-gathers and reduce-scatters are not run"
+                   " beside the GEMMs (Megatron-LM without --tp-comm-overlap, its default)")
     t.add_argument("--no-master-weights", dest="master_weights", action="store_false",
                    help="pure 16-bit training: no fp32 master copy, Adam's moments in bf16"
                    " (4 bytes a parameter of optimizer state, not 12)")
@@ -357,6 +360,7 @@ class EstimateCommand(BaseCommand):
                                     grad_copy=args.grad_copy,
                                     launch_blocking=args.launch_blocking,
                                     cuda_graphs=args.cuda_graphs,
+                                    tp_comm_overlap=args.tp_comm_overlap,
                                     fp8_attention=args.fp8_attention,
                                     master_weights=args.master_weights,
                                     fsdp_no_sync=args.fsdp_no_sync,

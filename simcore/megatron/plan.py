@@ -372,8 +372,9 @@ def uses_tp_comm_overlap(system: SystemSpec, training: TrainingSpec, strategy: S
     take (TransformerEngine@d0067d0 ``module/base.py`` ``fill_userbuffers_buffer_for_all_gather``:
     per-tensor FP8 and MXFP8 only, else "Unsupported quantizer for Userbuffers"); Megatron-Bridge
     turns it off for NVFP4 (``tp_comm_overlap = False if precision == "nvfp4"``, v0.4.2
-    ``scripts/performance/configs/llama/llama3_llm_pretrain.py``)."""
-    return (strategy.tp > 1 and strategy.sequence_parallel
+    ``scripts/performance/configs/llama/llama3_llm_pretrain.py``). A training that says
+    ``tp_comm_overlap: false`` (Megatron-LM's default) runs none."""
+    return (training.tp_comm_overlap and strategy.tp > 1 and strategy.sequence_parallel
             and strategy.precision is not Precision.NVFP4
             and uses_transformer_engine(system, training, strategy.zero))
 

@@ -29,8 +29,9 @@ H100 = CATALOG.system("dgx-h100-8")
 LLAMA2_7B = CATALOG.model("llama2-7b")
 
 # What the estimate reaches on them (nothing is fit on them), held so that it does not get worse.
-FLAGPERF_MAPE = 0.11  # measured 10.3% (11.5% with their tp collectives overlapped, as NeMo runs)
-FLAGPERF_MEDIAN = 0.12  # measured 11.2% (13.8% with them overlapped)
+FLAGPERF_MAPE = 0.105  # measured 9.7% (the 17 runs but Llama 2 70B's three: 10.3%, 11.5% with
+# their tp collectives overlapped, as NeMo runs)
+FLAGPERF_MEDIAN = 0.11  # measured 10.4% (the 17: 11.2%, 13.8% with them overlapped)
 # FlagPerf's DGX A800 ablation of Llama 3 8B: seven plans of one model on one node
 A800_LLAMA3_TAU = 0.75  # measured 0.81 (0.52 with the tp collectives overlapped)
 
@@ -43,17 +44,18 @@ def _validate(capsys) -> dict:
 def test_flagperf_step_times(capsys) -> None:
     data = _validate(capsys)
     assert data["skipped"] == []
-    assert data["step_time_runs"] == 17
+    assert data["step_time_runs"] == 20
     assert data["step_time_mape"] <= FLAGPERF_MAPE
     assert data["step_time_median_ape"] <= FLAGPERF_MEDIAN
 
 
 def test_flagperf_plan_choice(capsys) -> None:
-    # four groups: Llama 3 8B's seven plans on a DGX A800, its bf16 and FP8 runs on 8 and 16
-    # H100s, Aquila2-7B's three plans at batch 72 on a DGX A800; the fastest picked in each
+    # five groups: Llama 3 8B's seven plans on a DGX A800, its bf16 and FP8 runs on 8 and 16
+    # H100s, Aquila2-7B's three plans at batch 72 on a DGX A800, Llama 2 70B's two on 32 H800s;
+    # the fastest picked in each
     data = _validate(capsys)
-    assert data["groups_count"] == 4
-    assert data["picked_fastest"] == 4 and data["regret_mean"] == 0.0
+    assert data["groups_count"] == 5
+    assert data["picked_fastest"] == 5 and data["regret_mean"] == 0.0
     a800 = next(g for g in data["groups"] if g["key"]["model"].endswith("flagperf-llama3-8b")
                 and g["key"]["system"] == "dgx-a800-8")
     assert a800["runs"] == 7 and a800["kendall_tau"] >= A800_LLAMA3_TAU

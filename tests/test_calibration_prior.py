@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.calibration import CONSTANTS, RUN_ERROR, _folds, _prior, calibrate
+from planner.calibration import CONSTANTS, OFF_BY, RUN_ERROR, _folds, _prior, calibrate
 from planner.catalog import load_catalog
 from planner.cli import main
 from planner.runs_csv import read_runs
@@ -87,16 +87,38 @@ def test_two_long_runs_calibrate_an_older_stack() -> None:
     assert rest_mape(3, start) > 0.17 and rest_mape(3, fit.device) < 0.06
 
 
-def test_two_runs_the_device_already_gets_keep_it() -> None:
+def test_two_runs_the_device_is_off_on_calibrate_it() -> None:
     # NeMo 25.04's Llama 3 8B on B200, the 8K run (0.7% fast) and the 256K one (12.6% fast):
-    # the fit lowers their mean absolute log error by less than one run's error, so the device
-    # keeps its constants.
+    # the device is off on them by 6.6% (mean absolute log error), more than half a run's error
+    # (OFF_BY, 5%), so the fit is taken; the other six runs of the same table go from 8.2% to
+    # 1.1% MAPE (benchmarks/bench_calibrate_fifths.py). Before stop 59 the fit had to remove a
+    # whole run's error (10%, it removes 5.8%) and was refused.
     runs, _ = read_runs(DATA / "long-context-check.csv", load_catalog())
     runs = [r for r in runs if r.system.device.name == "b200"]
     start = runs[0].system.device
+
+    def rest_mape(device) -> float:
+        rest = [r for i, r in enumerate(runs) if i % 5 != 0]
+        return validate(rest, system_for=lambda r: replace(r.system, device=device)).summary()[
+            "step_time_mape"]
+
     fit = calibrate(runs[0::5], start, "b200-2025", trials=120)
-    assert fit.kept and fit.cross_validation is None and 0 < fit.gain <= RUN_ERROR
-    assert replace(fit.device, name=start.name) == start
+    assert OFF_BY == RUN_ERROR / 2
+    assert not fit.kept and fit.cross_validation is None and 0 < fit.gain < RUN_ERROR
+    assert rest_mape(start) > 0.08 and rest_mape(fit.device) < 0.02
+
+
+def test_two_runs_the_device_already_gets_keep_it() -> None:
+    # Megatron-LM's 2020 DGX-A100 tables on 40GB parts (a100-megatron-check.csv), every fifth
+    # run: the 1B GPT on one GPU (+4.2%) and the 2B at tp 2 on 256 GPUs (+0.5%): the device is
+    # off on them by less than half a run's error, so it keeps its constants (fit, the other
+    # six runs went from 3.2% to 3.5% MAPE: benchmarks/bench_calibrate_fifths.py).
+    runs, _ = read_runs(DATA / "a100-megatron-check.csv", load_catalog())
+    runs = [r for r in runs if r.system.device.name == "a100-40gb"]
+    start = runs[0].system.device
+    fit = calibrate(runs[0::5], start, "a100-2020", trials=120)
+    assert len(fit.runs) == 2 and fit.cross_validation is None
+    assert fit.kept and replace(fit.device, name=start.name) == start
 
 
 def test_the_hosts_time_per_kernel_makes_the_same_runs_agree() -> None:

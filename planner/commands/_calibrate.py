@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from planner.calibration import CONSTANTS, DEFAULT_TRIALS, RUN_ERROR, Fit, calibrate
+from planner.calibration import CONSTANTS, DEFAULT_TRIALS, OFF_BY, Fit, calibrate
 from planner.catalog import device_from_entry, load_catalog, user_catalog_dir
 from planner.catalog_write import check_entry_name, device_entry, write_entry
 from planner.commands._base import BaseCommand
@@ -174,14 +174,18 @@ class CalibrateCommand(BaseCommand):
 def _cross_validation_lines(fit: Fit, base: DeviceSpec) -> list[str]:
     cv = fit.cross_validation
     if cv is None:
-        few = f"{len(fit.runs)} run{'' if len(fit.runs) == 1 else 's'}"
-        lowered = (f"the fit lowers their mean absolute log error by {percent(fit.gain)}, "
-                   f"{'no more' if fit.kept else 'more'} than one run's error"
-                   f" ({percent(RUN_ERROR)})")
-        if fit.kept:
-            return [f"{few}, too few to cross-validate: {lowered}, so {fit.device.name} keeps"
+        few = f"{len(fit.runs)} run{'' if len(fit.runs) == 1 else 's'}, too few to cross-validate"
+        off = (f"{base.name} is off on them by {percent(fit.off)} (mean absolute log error), "
+               f"{'less than' if fit.off < OFF_BY else 'at least'} half a run's error"
+               f" ({percent(OFF_BY)})")
+        if fit.off < OFF_BY:
+            return [f"{few}: {off}, too little to tell from noise, so {fit.device.name} keeps"
                     f" {base.name}'s constants; give three or more runs"]
-        return [f"{few}, too few to cross-validate: {lowered}, so the fit is taken"]
+        if fit.kept:
+            return [f"{few}: {off}, but the fit does not lower it, so {fit.device.name} keeps"
+                    f" {base.name}'s constants"]
+        return [f"{few}: {off}, and the fit lowers it by {percent(fit.gain)}, so the fit is"
+                " taken"]
     how = "leaving one run out at a time" if cv.folds == len(fit.runs) else f"{cv.folds} folds"
     line = (f"cross-validated ({how}): mean absolute log error {percent(cv.before)} ->"
             f" {percent(cv.after)} on runs each refit was not fit on")

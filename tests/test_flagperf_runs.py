@@ -127,6 +127,11 @@ def test_tp_comm_overlap_in_the_export_the_command_line_and_a_runs_file(tmp_path
     assert main([*args, "--no-tp-comm-overlap"]) == 0
     exposed = json.loads(capsys.readouterr().out)
     assert exposed["time"]["tp"] > overlapped["time"]["tp"]
+    args.remove("--json")
+    assert main(args) == 0
+    assert "Transformer Engine, tp collectives beside the GEMMs)" in capsys.readouterr().out
+    assert main([*args, "--no-tp-comm-overlap"]) == 0
+    assert "Transformer Engine, tp collectives not overlapped)" in capsys.readouterr().out
     runs = tmp_path / "runs.csv"
     runs.write_text("model,system,global_batch,seq_len,dp,tp,pp,micro_batch,tp_comm_overlap,"
                     "step_time_s\n"

@@ -386,6 +386,7 @@ class EstimateCommand(BaseCommand):
             uses_fp8_attention,
             uses_fp32_shards,
             uses_recompute_early_stop,
+            uses_tp_comm_overlap,
             uses_transformer_engine,
         )
 
@@ -414,6 +415,10 @@ class EstimateCommand(BaseCommand):
             stack = "Megatron-Core + Transformer Engine" if te else "classic stack"
             if args.framework != ANY:
                 stack += f" as {args.framework} runs it"
+            if (est.convention == "megatron" and te and strategy.tp > 1
+                    and strategy.sequence_parallel):
+                stack += (", tp collectives beside the GEMMs" if uses_tp_comm_overlap(
+                    system, training, strategy) else ", tp collectives not overlapped")
             if early:
                 stack += ", recompute stops at each layer's last saved tensor"
             if fp32:

@@ -141,3 +141,21 @@ def test_tp_comm_overlap_in_the_export_the_command_line_and_a_runs_file(tmp_path
     data = json.loads(capsys.readouterr().out)
     assert data["rows"][0]["predicted_step_time_s"] == pytest.approx(exposed["step_time"])
     assert "tp_comm_overlap" in data["skipped"][0]["reason"]
+
+
+def test_the_a800_study_asks_flagperfs_question() -> None:
+    # studies/llama3-8b-a800-8.yaml: Llama 3 8B on one DGX A800 as FlagPerf's script trains it
+    # (no --overlap-grad-reduce, no --tp-comm-overlap); the plan FlagPerf saw run out of memory
+    # (dp 8, micro-batch 1, no recompute) does not fit, the seven it measured do
+    from planner.study_config import load_study_config
+
+    root = Path(__file__).resolve().parent.parent / "studies"
+    study = load_study_config(root / "llama3-8b-a800-8.yaml")
+    assert study.system.name == "dgx-a800-8"
+    assert not study.training.tp_comm_overlap and not study.training.overlap_grad_reduce
+    measured = [(2, 4, 1), (4, 2, 1), (2, 2, 2), (2, 1, 4), (8, 1, 1), (1, 1, 8), (4, 1, 2)]
+    plans = {(s.pp, s.dp, s.tp): s for s in study.space.valid
+             if s.micro_batch == 1 and s.recompute.value == "none"}
+    for key in measured:
+        assert estimate(study.model, study.system, study.training, plans[key]).fits, key
+    assert not estimate(study.model, study.system, study.training, plans[(1, 8, 1)]).fits

@@ -9,7 +9,7 @@ refers to it, so it opens offline and weighs about 5 MB plus the points.
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import optuna
@@ -26,7 +26,9 @@ from planner.plots.timeline import timeline_figure
 from planner.report_decision import Decision, decide, decision_html, export_formats
 from planner.tables import PLACEMENTS, best_frame, mfu_note, trials_frame
 from search_spaces.frameworks import FRAMEWORKS
-from simcore import host_wait
+from simcore import estimate, host_wait
+from simcore.megatron.plan import uses_tp_comm_overlap
+from simcore.specs import Convention
 
 __all__ = ["Report", "build_report", "report_html"]
 
@@ -95,8 +97,20 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
                       step_time=plan.estimate.step_time)
     decision = decide(study.study_name, frame, best, summary, storage,
                       refused=_refusals(plan, export_formats(summary)),
-                      host=(waits, plan.system.device.host_kernel_s))
+                      host=(waits, plan.system.device.host_kernel_s),
+                      tp_overlap=_tp_overlap(plan))
     return Report(study.study_name, summary, _counts(frame), best, figures, decision)
+
+
+def _tp_overlap(plan: Plan) -> float:
+    """Seconds the plan's step would grow without Transformer Engine's tp overlap, where its
+    estimate counts on it (:func:`simcore.megatron.plan.uses_tp_comm_overlap`); 0 otherwise."""
+    if (plan.convention is not Convention.MEGATRON
+            or not uses_tp_comm_overlap(plan.system, plan.training, plan.strategy)):
+        return 0.0
+    without = replace(plan.training, tp_comm_overlap=False)
+    return (estimate(plan.model, plan.system, without, plan.strategy, plan.convention).step_time
+            - plan.estimate.step_time)
 
 
 def _inputs(report: Report) -> str:

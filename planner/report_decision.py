@@ -25,6 +25,9 @@ MEMORY_BINDS = 0.95
 """A plan using this much of the HBM limit or more is held by memory."""
 HOST_SAYS = 0.05
 """A recommended plan whose step waits this share of it for the host or more says so."""
+TP_OVERLAP_SAYS = 0.02
+"""A recommended plan whose step would grow by this share or more without Transformer Engine's
+tp overlap says it counts on it (FlagPerf's Llama 3 8B at tp 8 on a DGX A800: 14%)."""
 
 PARTS = {
     "compute": "compute",
@@ -60,6 +63,9 @@ class Decision:
     host: tuple[float, float] = (0.0, 0.0)
     """Seconds of the recommended plan's step its devices wait for the host to issue the
     layers' kernels, and the host's time a kernel (:func:`simcore.host_wait`)."""
+    tp_overlap: float = 0.0
+    """Seconds the recommended plan's step would grow without Transformer Engine's tp overlap
+    (``tp_comm_overlap``), when it counts on it; 0 otherwise."""
 
 
 def _parts(row: pd.Series) -> dict[str, float]:
@@ -82,12 +88,12 @@ def export_formats(summary: dict) -> tuple[str, ...]:
 
 def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
            storage: str = "", refused: dict[str, str] | None = None,
-           host: tuple[float, float] = (0.0, 0.0)) -> Decision:
+           host: tuple[float, float] = (0.0, 0.0), tp_overlap: float = 0.0) -> Decision:
     """The decision from the study's :func:`~planner.tables.trials_frame` and its
     :func:`~planner.tables.best_frame` (fastest first, non-empty). ``storage`` is the
     ``--storage`` option the printed commands carry ("" for the default); ``refused``: the
     formats whose export refuses the recommended plan, with the reason (left out of the
-    commands); ``host``: :attr:`Decision.host`."""
+    commands); ``host``: :attr:`Decision.host`; ``tp_overlap``: :attr:`Decision.tp_overlap`."""
     refused = refused or {}
     top = best.iloc[0]
     runner_up = best.iloc[1] if len(best) > 1 else None
@@ -101,7 +107,8 @@ def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
     hbm = summary.get("hbm_gb")
     return Decision(study, top, runner_up, close, float(hbm) if hbm else None,
                     unfit.iloc[0] if len(unfit) else None, exports,
-                    str(summary.get("description") or ""), tuple(refused.items()), host)
+                    str(summary.get("description") or ""), tuple(refused.items()), host,
+                    tp_overlap)
 
 
 def _why(d: Decision) -> str:
@@ -157,6 +164,12 @@ def _changes(d: Decision) -> list[str]:
                    " (<code>cuda_graphs: true</code> in the study's training; Megatron-LM's"
                    " <code>--cuda-graph-impl local</code>) they would not; run the study again"
                    " with it, as the best plan may change.")
+    if d.tp_overlap >= TP_OVERLAP_SAYS * top["step_time_s"]:
+        out.append(f"It counts on Transformer Engine's tp overlap (<code>--tp-comm-overlap</code>,"
+                   " which the Megatron export writes): without it its tp collectives would add"
+                   f" {_ms(d.tp_overlap)} ({d.tp_overlap / top['step_time_s']:.1%}) to the step."
+                   " A run that cannot use it says <code>tp_comm_overlap: false</code> in the"
+                   " study's training; run the study again with it, as the best plan may change.")
     overheads = {p: t for p, t in _parts(top).items() if p not in ("compute",) and t > 0}
     if overheads:
         part, t = max(overheads.items(), key=lambda kv: kv[1])

@@ -150,3 +150,40 @@ def test_the_report_measures_the_host_wait(tmp_path, monkeypatch, capsys) -> Non
         capsys.readouterr()
         said = "The host paces its layers" in _text(page.read_text())
         assert said is (name == "eager")
+
+
+def test_a_plan_that_counts_on_te_tp_overlap_says_so() -> None:
+    # A's step is 10 s; 1.4 s more without Transformer Engine's tp overlap (14%) is said, with
+    # the way out; 0.1 s (1%, under the 2% threshold) is not
+    frame = pd.DataFrame(ROWS)
+    best = frame[frame["feasible"]].sort_values("step_time_s")
+    text = _text(decision_html(decide("s", frame, best, SUMMARY, tp_overlap=1.4)))
+    assert ("It counts on Transformer Engine's tp overlap ( --tp-comm-overlap , which the"
+            " Megatron export writes): without it its tp collectives would add 1.400 s (14.0%)"
+            " to the step.") in text
+    assert "tp_comm_overlap: false" in text
+    quiet = decide("s", frame, best, SUMMARY, tp_overlap=0.1)
+    assert "tp overlap" not in decision_html(quiet)
+
+
+def test_the_report_measures_what_the_tp_overlap_hides(tmp_path, monkeypatch, capsys) -> None:
+    # Llama 2 7B at tp 8 on one DGX H100 (Transformer Engine, sequence parallelism), micro-batch
+    # 4 (at 1 its layers wait for the host either way): the plan counts on TE's userbuffers
+    # (`planner estimate ... --no-tp-comm-overlap`: 1.65 -> 1.87 s); a study that says
+    # tp_comm_overlap false does not
+    from planner.cli import main
+
+    monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "studies.journal"))
+    for name, overlap in (("overlapped", "true"), ("exposed", "false")):
+        study = tmp_path / f"{name}.yaml"
+        study.write_text(f"name: {name}\nmodel: llama2-7b\nsystem: dgx-h100-8\n"
+                         "framework: megatron\n"
+                         f"training: {{global_batch: 32, seq_len: 4096,"
+                         f" tp_comm_overlap: {overlap}}}\n"
+                         "space: {tp: [8], pp: [1], micro_batch: [4]}\n")
+        assert main(["run", str(study), "--quiet"]) == 0
+        page = tmp_path / f"{name}.html"
+        assert main(["report", name, "--out", str(page)]) == 0
+        capsys.readouterr()
+        said = "It counts on Transformer Engine's tp overlap" in _text(page.read_text())
+        assert said is (name == "overlapped")

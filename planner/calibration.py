@@ -235,6 +235,7 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
     fitted = _fit(runs, device, name, constants, trials, seed, step)
     done += trials
     before = validate(runs, system_for=_on(device))
+    off = _mean_log_errors(before.results)
     cross = None
     if folds:
         held: list[MeasuredRun] = []
@@ -247,9 +248,7 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
             done += trials
         owner = [refit for refit, fold in zip(refits, folds) for _ in fold]
         # the folds hold every run once: the start's error on them is its error on the runs
-        cross = CrossValidation(len(folds), _mean_log_errors(before.results),
-                                _pooled_loss(held, owner))
-    off = _mean_log_errors(before.results)
+        cross = CrossValidation(len(folds), off, _pooled_loss(held, owner))
     gain = off - _loss(runs, fitted)
     kept = cross.after >= cross.before if cross is not None else off < OFF_BY or gain <= 0
     if kept:

@@ -35,10 +35,29 @@ def _text(page: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))
 
 
-def _decision(rows: list[dict] = ROWS, summary: dict = SUMMARY, storage: str = ""):
+def _decision(rows: list[dict] = ROWS, summary: dict = SUMMARY, storage: str = "", **measured):
+    """The decision on ``rows``; ``measured``: what :func:`decide` takes of the best plan's own
+    estimate (``host``, ``tp_overlap``)."""
     frame = pd.DataFrame(rows)
     best = frame[frame["feasible"]].sort_values("step_time_s")
-    return decide("s", frame, best, summary, storage)
+    return decide("s", frame, best, summary, storage, **measured)
+
+
+def _report_pages(tmp_path, monkeypatch, capsys, studies: dict[str, str]) -> dict[str, str]:
+    """Each study (name: its YAML) run and reported; the text of each page."""
+    from planner.cli import main
+
+    monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "studies.journal"))
+    pages = {}
+    for name, text in studies.items():
+        study = tmp_path / f"{name}.yaml"
+        study.write_text(text)
+        assert main(["run", str(study), "--quiet"]) == 0
+        page = tmp_path / f"{name}.html"
+        assert main(["report", name, "--out", str(page)]) == 0
+        capsys.readouterr()
+        pages[name] = _text(page.read_text())
+    return pages
 
 
 def test_recommends_the_fastest_feasible_plan_and_says_why() -> None:
@@ -121,13 +140,11 @@ def test_the_report_asks_each_exporter(tmp_path, monkeypatch, capsys) -> None:
 def test_a_plan_the_host_paces_says_so() -> None:
     # A's step is 10 s; 2 s of it (20%) waiting for a host of 150 us a kernel is said, with the
     # way out; 0.4 s (4%, under the 5% threshold) is not
-    frame = pd.DataFrame(ROWS)
-    best = frame[frame["feasible"]].sort_values("step_time_s")
-    text = _text(decision_html(decide("s", frame, best, SUMMARY, host=(2.0, 150e-6))))
+    text = _text(decision_html(_decision(host=(2.0, 150e-6))))
     assert ("The host paces its layers: 2.000 s of its step (20.0%) waits for the host to issue"
             " their kernels (150 us each)") in text
     assert "cuda_graphs: true" in text and "--cuda-graph-impl local" in text
-    quiet = decide("s", frame, best, SUMMARY, host=(0.4, 150e-6))
+    quiet = _decision(host=(0.4, 150e-6))
     assert "host paces" not in decision_html(quiet)
     assert "host paces" not in decision_html(_decision())
 
@@ -135,34 +152,25 @@ def test_a_plan_the_host_paces_says_so() -> None:
 def test_the_report_measures_the_host_wait(tmp_path, monkeypatch, capsys) -> None:
     # GPT 1.7B at tp 2-8 with micro-batch 1 on one DGX A100: every plan waits for the host
     # (README, "The host's pace"); with cuda_graphs the page says nothing of it
-    from planner.cli import main
-
-    monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "studies.journal"))
-    for name, graphs in (("eager", "false"), ("graphs", "true")):
-        study = tmp_path / f"{name}.yaml"
-        study.write_text(f"name: {name}\nmodel: gpt-1.7b\nsystem: dgx-a100-8\n"
-                         "framework: megatron\n"
-                         f"training: {{global_batch: 16, seq_len: 1024, cuda_graphs: {graphs}}}\n"
-                         "space: {tp: [2, 8], pp: [1], micro_batch: [1]}\n")
-        assert main(["run", str(study), "--quiet"]) == 0
-        page = tmp_path / f"{name}.html"
-        assert main(["report", name, "--out", str(page)]) == 0
-        capsys.readouterr()
-        said = "The host paces its layers" in _text(page.read_text())
+    pages = _report_pages(tmp_path, monkeypatch, capsys, {
+        name: (f"name: {name}\nmodel: gpt-1.7b\nsystem: dgx-a100-8\nframework: megatron\n"
+               f"training: {{global_batch: 16, seq_len: 1024, cuda_graphs: {graphs}}}\n"
+               "space: {tp: [2, 8], pp: [1], micro_batch: [1]}\n")
+        for name, graphs in (("eager", "false"), ("graphs", "true"))})
+    for name, text in pages.items():
+        said = "The host paces its layers" in text
         assert said is (name == "eager")
 
 
 def test_a_plan_that_counts_on_te_tp_overlap_says_so() -> None:
     # A's step is 10 s; 1.4 s more without Transformer Engine's tp overlap (14%) is said, with
     # the way out; 0.1 s (1%, under the 2% threshold) is not
-    frame = pd.DataFrame(ROWS)
-    best = frame[frame["feasible"]].sort_values("step_time_s")
-    text = _text(decision_html(decide("s", frame, best, SUMMARY, tp_overlap=1.4)))
+    text = _text(decision_html(_decision(tp_overlap=1.4)))
     assert ("It counts on Transformer Engine's tp overlap ( --tp-comm-overlap , which the"
             " Megatron export writes): without it its tp collectives would add 1.400 s (14.0%)"
             " to the step.") in text
     assert "tp_comm_overlap: false" in text
-    quiet = decide("s", frame, best, SUMMARY, tp_overlap=0.1)
+    quiet = _decision(tp_overlap=0.1)
     assert "tp overlap" not in decision_html(quiet)
 
 
@@ -171,19 +179,11 @@ def test_the_report_measures_what_the_tp_overlap_hides(tmp_path, monkeypatch, ca
     # 4 (at 1 its layers wait for the host either way): the plan counts on TE's userbuffers
     # (`planner estimate ... --no-tp-comm-overlap`: 1.65 -> 1.87 s); a study that says
     # tp_comm_overlap false does not
-    from planner.cli import main
-
-    monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "studies.journal"))
-    for name, overlap in (("overlapped", "true"), ("exposed", "false")):
-        study = tmp_path / f"{name}.yaml"
-        study.write_text(f"name: {name}\nmodel: llama2-7b\nsystem: dgx-h100-8\n"
-                         "framework: megatron\n"
-                         f"training: {{global_batch: 32, seq_len: 4096,"
-                         f" tp_comm_overlap: {overlap}}}\n"
-                         "space: {tp: [8], pp: [1], micro_batch: [4]}\n")
-        assert main(["run", str(study), "--quiet"]) == 0
-        page = tmp_path / f"{name}.html"
-        assert main(["report", name, "--out", str(page)]) == 0
-        capsys.readouterr()
-        said = "It counts on Transformer Engine's tp overlap" in _text(page.read_text())
+    pages = _report_pages(tmp_path, monkeypatch, capsys, {
+        name: (f"name: {name}\nmodel: llama2-7b\nsystem: dgx-h100-8\nframework: megatron\n"
+               f"training: {{global_batch: 32, seq_len: 4096, tp_comm_overlap: {overlap}}}\n"
+               "space: {tp: [8], pp: [1], micro_batch: [4]}\n")
+        for name, overlap in (("overlapped", "true"), ("exposed", "false"))})
+    for name, text in pages.items():
+        said = "It counts on Transformer Engine's tp overlap" in text
         assert said is (name == "overlapped")

@@ -177,10 +177,11 @@ class StepPlan:
         experts = (strategy.expert_tp, strategy.ep) if self.moe is not None else None
         self.comm = Comm(axis_networks(system.network, degrees, strategy.placement, dp_shard,
                                        experts), device.collective_launch_s)
-        self.grad_links: dict[tuple[float, float], float] = _shared(
+        self.grad_links: dict[tuple[float, float], tuple[float, float]] = _shared(
             shared, ("grad links", self.comm.nets, strategy.zero, self.fp8_params), dict)
-        """Seconds of a stage's gradient reduction, by the parameters it holds (memoised, and
-        shared by the plans of these axis networks, ZeRO stage and weight format)."""
+        """Seconds of a stage's gradient reduction and weight gather, by the parameters it
+        holds (memoised, and shared by the plans of these axis networks, ZeRO stage and weight
+        format)."""
         self.stage_moe_layers = _stage_moe_layers(model, self.stage_layers)
         """MoE layers on each pipeline stage (all 0 for a dense model)."""
         s = strategy

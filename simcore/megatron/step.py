@@ -18,7 +18,9 @@ Communication:
   micro-batch per chunk boundary (scatter/gather optimisation).
 - dp: gradients all-reduced over dp * sp (reduce-scattered, then parameters all-gathered, with a
   distributed optimizer / ZeRO-1/2), in buckets during the last micro-batch's backward; the last
-  bucket is always exposed.
+  bucket is always exposed. ZeRO-2 keeps only its shard of the gradients, so every micro-batch's
+  backward reduce-scatters its own (DeepSpeed: "ZeRO stage >= 2 communicates during non
+  gradient accumulation boundaries as well", ``engine.py`` ``allreduce_gradients``).
 - fsdp (ZeRO-3): each layer's weights all-gathered before its forward and backward, its gradients
   reduce-scattered after backward, prefetched behind the layer's compute; under HSDP over the
   shard group, and the gradient shards all-reduced across the replicas in the dp slot.
@@ -217,25 +219,46 @@ def grad_buckets(p: StepPlan, params: float) -> int:
     return max(1, math.ceil(params / max(DDP_BUCKET_PARAMS, 1_000_000 * p.dp_group)))
 
 
-def _dp_time(p: StepPlan, stage: Stage) -> tuple[float, float]:
-    """(link, exposed) seconds of the stage's gradient reduction (an MoE stage's expert
-    gradients over the expert data-parallel group after the rest)."""
+def _grad_links(p: StepPlan, stage: Stage) -> tuple[float, float]:
+    """(reduction, gather) seconds of the stage's gradient reduction: the gradients' reduce
+    (an MoE stage's expert gradients over the expert data-parallel group after the rest), and
+    the updated weights' all-gather; memoised by the parameters the stage holds."""
     key = (stage.params, stage.expert_params)
-    link = p.grad_links.get(key)
-    if link is None:  # the stages between the first and last hold the same parameters
+    links = p.grad_links.get(key)
+    if links is None:  # the stages between the first and last hold the same parameters
         reduce, gather = grad_reduction_calls(p, stage.params, fp8_weight_params(p, stage))
-        link = p.comm.total(reduce) + p.comm.total(gather)
+        reduced, gathered = p.comm.total(reduce), p.comm.total(gather)
         if stage.expert_params:
             reduce, gather = expert_grad_calls(p, stage.expert_params)
-            link += p.comm.total(reduce) + p.comm.total(gather)
-        p.grad_links[key] = link
+            reduced += p.comm.total(reduce)
+            gathered += p.comm.total(gather)
+        links = p.grad_links[key] = (reduced, gathered)
+    return links
+
+
+def _beside_backward(p: StepPlan, stage: Stage, link: float) -> float:
+    """Exposed seconds of ``link`` reduced in buckets beside a micro-batch's backward: the last
+    bucket waits for the backward, and the compute slows beside the rest; all of it without
+    ``overlap_grad_reduce``."""
+    if not p.training.overlap_grad_reduce:
+        return link
+    exposed = max(link / grad_buckets(p, stage.params), link - stage.bwd)
+    return exposed + p.system.device.overlap_slowdown * (link - exposed)
+
+
+def _dp_time(p: StepPlan, stage: Stage) -> tuple[float, float]:
+    """(link, exposed) seconds of the stage's gradient reduction in a step: reduced (and the
+    weights gathered) beside the last micro-batch's backward; under ZeRO-2 each earlier
+    micro-batch's backward also reduce-scatters its own gradients."""
+    reduced, gathered = _grad_links(p, stage)
+    link = reduced + gathered
     if not link:
         return 0.0, 0.0
-    if not p.training.overlap_grad_reduce:
-        return link, link
-    buckets = grad_buckets(p, stage.params)
-    exposed = max(link / buckets, link - stage.bwd)  # the last bucket waits for the backward
-    return link, exposed + p.system.device.overlap_slowdown * (link - exposed)
+    exposed = _beside_backward(p, stage, link)
+    if p.s.zero is ZeroStage.GRADIENTS and p.m > 1:
+        link += (p.m - 1) * reduced
+        exposed += (p.m - 1) * _beside_backward(p, stage, reduced)
+    return link, exposed
 
 
 def _optimizer_time(p: StepPlan, stage: Stage) -> float:

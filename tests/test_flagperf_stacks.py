@@ -6,13 +6,13 @@ one node; two Megatron-Core MoE runs. Nothing is fit on them."""
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import pytest
 
 from planner.catalog import load_catalog
-from planner.cli import main
+from planner.runs_csv import read_runs
+from planner.validation import validate
 
 DATA = Path(__file__).parent / "data" / "validation"
 STACKS = ("flagperf paddle", "flagperf deepspeed", "flagperf megatron-deepspeed",
@@ -23,14 +23,15 @@ STACKS_MEDIAN = 0.10  # measured 9.8%
 PADDLE_MEMORY_MEDIAN = 0.07  # measured 6.5% over the 20 PaddleNLP peaks
 
 
-def _rows(capsys) -> tuple[dict, list[dict]]:
-    assert main(["validate", str(DATA / "flagperf-check.csv"), "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+@pytest.fixture(scope="module")
+def validated() -> tuple[dict, list[dict]]:
+    """``planner validate flagperf-check.csv --json``'s object, and these runs' rows, once."""
+    data = validate(*read_runs(DATA / "flagperf-check.csv", load_catalog())).to_dict()
     return data, [r for r in data["rows"] if r["name"].startswith(STACKS)]
 
 
-def test_the_other_stacks_runs(capsys) -> None:
-    data, rows = _rows(capsys)
+def test_the_other_stacks_runs(validated) -> None:
+    data, rows = validated
     assert data["skipped"] == [] and len(rows) == 27
     errors = sorted(abs(r["step_time_error"]) for r in rows)
     assert sum(errors) / len(errors) <= STACKS_MAPE
@@ -39,10 +40,10 @@ def test_the_other_stacks_runs(capsys) -> None:
     assert len(memory) == 20 and (memory[9] + memory[10]) / 2 <= PADDLE_MEMORY_MEDIAN
 
 
-def test_paddle_groups_pick_the_fastest_plan(capsys) -> None:
+def test_paddle_groups_pick_the_fastest_plan(validated) -> None:
     # five groups of four plans (sharding stage 2 over 8, stage 1 and stage 2 over 4 at tp 2,
     # tp 2 x pp 4): the measured fastest is the stage-2 plan over all 8 GPUs in each
-    data, _ = _rows(capsys)
+    data, _ = validated
     paddle = [g for g in data["groups"] if "gpt3" in g["key"]["model"]
               or "llama1" in g["key"]["model"]]
     assert len(paddle) == 5
@@ -51,10 +52,10 @@ def test_paddle_groups_pick_the_fastest_plan(capsys) -> None:
         assert group["picked"] == group["fastest"] and "TP1PP1SH2SP8" in group["fastest"]
 
 
-def test_zero2_at_tp2_is_slower_than_zero1_as_measured(capsys) -> None:
+def test_zero2_at_tp2_is_slower_than_zero1_as_measured(validated) -> None:
     # PaddleNLP's stage 2 reduce-scatters each micro-batch's gradients (64-256 of them a step),
     # stage 1 once: measured 5.6, 8.6, 6.5, 0.1 and 7.7% slower; the estimate agrees on all five
-    _, rows = _rows(capsys)
+    _, rows = validated
     by_name = {r["name"]: r for r in rows}
     slower = 0
     for one in (n for n in by_name if "TP2PP1SH1SP4" in n):

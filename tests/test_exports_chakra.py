@@ -30,6 +30,7 @@ from planner.exports._chakra import export_chakra
 from planner.outputs import write_files
 from planner.plan import Plan, make_plan
 from simcore.megatron.phases import stage_phases
+from simcore.megatron.step_graph import step_graphs
 from simcore.specs import (
     Convention,
     CpComm,
@@ -328,3 +329,18 @@ def test_export_shows_a_progress_bar_over_the_trace_files(tmp_path, capsys,
     assert main([*args, "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "plan 1 traces" not in err and _size_said(err)[0] == 64  # the notice stays
+
+
+@pytest.mark.parametrize("knobs", [{"dp": 16}, {"dp": 8, "pp": 2}, {"dp": 2, "tp": 8}],
+                         ids=str)
+def test_a_nodes_dependencies_do_not_grow_with_the_micro_batches(knobs) -> None:
+    """Each node names the nodes it waits on directly (the op before it, its own collectives),
+    not every node before it: a trace of 4x the micro-batches has no node with more deps (once
+    each op named the start of the op before it too, so deps grew with the step, and traces
+    with them quadratically)."""
+    def widest(global_batch: int) -> int:
+        plan = _megatron(training=replace(SMALL, global_batch=global_batch), **knobs)
+        graphs = step_graphs(plan.model, plan.system, plan.training, plan.strategy)
+        return max(len(n.deps) for g in graphs.graphs for n in g.nodes)
+
+    assert widest(512) == widest(128) <= 4

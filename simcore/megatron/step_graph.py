@@ -31,7 +31,8 @@ groups and real sends and receives to the neighbouring stages, so ASTRA-sim (or
   distributed optimizer / ZeRO-1/2), over dp x sp as the estimate splits it
   (:mod:`simcore.megatron.calls`, shared with the estimate); with ``overlap_grad_reduce`` in
   buckets, all but the last running beside the last backward (the estimate's
-  ``max(link / buckets, link - backward)``); then the optimizer.
+  ``max(link / buckets, link - backward)``); then the optimizer. ZeRO-2 also reduce-scatters
+  every earlier micro-batch's gradients the same way after its own backward.
 
 The estimate and this graph agree op by op where the estimate's terms are sums and maxima of the
 same pieces: a replay without per-call latencies (ASTRA-sim has none) ends at the step's
@@ -268,7 +269,7 @@ class _Stage:
         n = self.out
         if not backward:
             done = n.compute(name, times.compute, start)
-            beside = n.chain(f"{name} beside", calls.beside, start)
+            beside = self.beside(name, calls, start)
             end = n.chain(f"{name} tp", calls.tp, sorted(set(done + beside)))
         else:
             k = self.p.chunk_layers[self.stage][chunk]
@@ -276,7 +277,7 @@ class _Stage:
             wgrad = times.wgrad if self.zero_bubble else k * self.p.kernels.wgrad
             cur = n.compute(f"{name} recompute", times.recompute, start)
             cur = n.chain(f"{name} recompute tp", calls.after_recompute, cur)
-            beside = n.chain(f"{name} beside", calls.beside, start)
+            beside = self.beside(name, calls, start)
             cur = n.compute(f"{name} dgrad", times.compute - wgrad, cur)
             # zb-h1: the weight gradients are a W pass of their own, later (:meth:`weights`)
             grads = cur if self.zero_bubble else n.compute(f"{name} wgrad", wgrad, cur)
@@ -284,6 +285,13 @@ class _Stage:
             end = n.chain(f"{name} tail", calls.tail, sorted(set(grads + tp + beside)))
         end = self._p2p(NodeKind.SEND, chunk, micro, backward, end)
         return end, start
+
+    def beside(self, name: str, calls: _OpCalls, start: list[int]) -> list[int]:
+        """The op's collectives beside its compute, from its start; none, nothing to wait for
+        (not the op's start again: each op would then wait on every node before it by name)."""
+        if not calls.beside:
+            return []
+        return self.out.chain(f"{name} beside", calls.beside, start)
 
     def weights(self, chunk: int, micro: int, deps: list[int]) -> list[int]:
         """A zero-bubble W pass of one micro-batch: the weight-gradient kernels of the chunk
@@ -297,24 +305,49 @@ class _Stage:
             return 1
         return grad_buckets(p, self.sums.params)
 
+    def reduction(self, name: str, calls: list[Call], start: list[int],
+                  deps: list[int]) -> list[int]:
+        """``calls`` after the backward that began at ``start`` and ends at ``deps``: in
+        buckets with ``overlap_grad_reduce``, all but the last beside it (the estimate's
+        ``max(link / buckets, link - backward)``), in full after it without."""
+        n = self.buckets()
+        if n == 1:
+            return self.out.chain(name, calls, deps)
+        split = [(a, c, size / n) for a, c, size in calls]
+        hidden = self.out.chain(f"{name} (overlapped)", split * (n - 1), start)
+        return self.out.chain(name, split, sorted(set(deps + hidden)))
+
+    def micro_batch_reduction(self, chunk: int, micro: int, reduce: list[Call],
+                              start: list[int], deps: list[int]) -> list[int]:
+        """ZeRO-2 keeps only its shard of the gradients, so every micro-batch but the last
+        reduce-scatters the gradients its backward (its W pass under zero-bubble) made, before
+        the stage's next op: the chunk's share of the stage's (by layers; the whole for v 1),
+        as the estimate's (m - 1) reductions beside each backward."""
+        p = self.p
+        if p.s.zero is not ZeroStage.GRADIENTS or micro == p.m - 1 or not reduce:
+            return deps
+        layers = p.chunk_layers[self.stage]
+        share = layers[chunk] / sum(layers)
+        calls = [(a, c, size * share) for a, c, size in reduce]
+        return self.reduction(f"dp grad reduce c{chunk} mb{micro}", calls, start, deps)
+
     def build(self) -> list[Node]:
         p = self.p
         order = stage_order(p.s.schedule, self.stage, p.s.pp, p.m, p.s.v)
+        reduce, gather = grad_reduction_calls(p, self.sums.params,
+                                              fp8_weight_params(p, self.sums))
         deps: list[int] = []
         start: list[int] = []
         for kind, chunk, micro in zip(order.kind, order.chunk, order.micro_batch):
+            chunk, micro = int(chunk), int(micro)
             if kind == 2:
                 start = deps
-                deps = self.weights(int(chunk), int(micro), deps)
+                deps = self.weights(chunk, micro, deps)
             else:
-                deps, start = self.op(int(chunk), int(micro), bool(kind), deps)
-        reduce, gather = grad_reduction_calls(p, self.sums.params,
-                                              fp8_weight_params(p, self.sums))
-        calls, n = reduce + gather, self.buckets()
-        split = [(a, c, size / n) for a, c, size in calls]
-        hidden = self.out.chain("dp grad reduce (overlapped)", split * (n - 1), start)
-        end = self.out.chain("dp grad reduce", split if n > 1 else calls,
-                             sorted(set(deps + hidden)) if n > 1 else deps)
+                deps, start = self.op(chunk, micro, bool(kind), deps)
+            if kind == 2 or (kind == 1 and not self.zero_bubble):  # the gradients are made
+                deps = self.micro_batch_reduction(chunk, micro, reduce, start, deps)
+        end = self.reduction("dp grad reduce", reduce + gather, start, deps)
         self.out.compute("optimizer", _optimizer_time(p, self.sums), end)
         return self.out.nodes
 

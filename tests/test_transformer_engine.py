@@ -86,6 +86,43 @@ def test_megatron_export_asks_for_the_overlap_it_was_estimated_with() -> None:
     assert "--tp-comm-overlap" not in export_files(on_a100, "megatron")["megatron.sh"]
 
 
+# GPT-3 175B (96 heads: tp 16 divides them) on 16 DGX H100 nodes, pp 8, micro-batch 4
+GPT3 = CATALOG.model("gpt3-175b")
+H100_128 = CATALOG.system("dgx-h100-128")
+GPT3_TRAINING = TrainingSpec(global_batch=256, seq_len=2048)
+
+
+def _gpt3(tp: int, training: TrainingSpec = GPT3_TRAINING) -> StepPlan:
+    return StepPlan(GPT3, H100_128, training, Strategy(dp=16 // tp, tp=tp, pp=8, micro_batch=4))
+
+
+def test_tp_across_nodes_runs_its_collectives_without_the_overlap() -> None:
+    """Userbuffers reach the tp ranks over NVLink only ("Tensor-parallel GPUs must be on a
+    single node, and connected over NVLink/NVSwitch", TransformerEngine@d0067d0
+    examples/pytorch/comm_gemm_overlap/README.md): tp 16 over two 8-GPU nodes times its
+    collectives as a run without --tp-comm-overlap does, tp 8 within a node keeps it."""
+    off = replace(GPT3_TRAINING, tp_comm_overlap=False)
+    assert _gpt3(8).tp_overlap and not _gpt3(8, off).tp_overlap
+    assert not _gpt3(16).tp_overlap
+    across, asked_off = dense_layer(_gpt3(16)), dense_layer(_gpt3(16, off))
+    assert (across.tp_fwd, across.tp_bwd) == (asked_off.tp_fwd, asked_off.tp_bwd)
+    p = _gpt3(16)  # the forward's two tp pairs wait in full, as without sequence parallelism
+    assert across.tp_fwd == 2 * p.comm.total(tp_pair_calls(p))
+    # on an NVL72 rack the NVLink domain holds tp 16: the overlap stays
+    rack = StepPlan(GPT3, CATALOG.system("dgx-gb200-64"), GPT3_TRAINING,
+                    Strategy(dp=1, tp=16, pp=4, micro_batch=4))
+    assert rack.tp_overlap
+
+
+def test_megatron_export_leaves_the_overlap_out_when_tp_leaves_the_node() -> None:
+    # as written, --tp-comm-overlap at tp 16 over two nodes would not start (TE's userbuffers)
+    plans = {tp: make_plan(GPT3, H100_128, GPT3_TRAINING,
+                           Strategy(dp=16 // tp, tp=tp, pp=8, micro_batch=4), Convention.MEGATRON)
+             for tp in (8, 16)}
+    assert "--tp-comm-overlap" in export_files(plans[8], "megatron")["megatron.sh"]
+    assert "--tp-comm-overlap" not in export_files(plans[16], "megatron")["megatron.sh"]
+
+
 def test_torchtitan_and_deepspeed_studies_are_estimated_without_it() -> None:
     root = Path(__file__).resolve().parent.parent / "studies"
     hsdp = load_study_config(root / "llama3-70b-h100-hsdp.yaml")  # framework: torchtitan

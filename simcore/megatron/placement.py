@@ -31,6 +31,7 @@ first ``shard_group / sp`` of dp's places, ``dp_replicate`` the rest, by the sam
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import replace
@@ -38,10 +39,10 @@ from enum import StrEnum
 
 from simcore.collectives import collective_time, p2p_time
 from simcore.network import Collective, Network, NetworkDim, PerNetwork, Topology
-from simcore.specs import Axis
+from simcore.specs import Axis, Strategy
 
 __all__ = ["AxisLike", "AxisNetworks", "DpPart", "ExpertPart", "axis_networks",
-           "pairwise_all_to_all"]
+           "pairwise_all_to_all", "within_innermost"]
 
 
 class ExpertPart(StrEnum):
@@ -91,6 +92,23 @@ def _pieces(
             )
         pieces[axis] = mine
     return pieces
+
+
+def within_innermost(network: Network, strategy: Strategy, axis: Axis) -> bool:
+    """Whether the plan's ``axis`` groups lie within the network's innermost dimension: on a DGX
+    cluster one node's NVSwitch, on an NVL72 rack its NVLink domain. Raises ValueError where
+    the degrees do not divide the dimensions."""
+    order = tuple((a, int(getattr(strategy, a.value))) for a in strategy.placement)
+    return axis in _innermost_axes(network.shape, order)
+
+
+@functools.lru_cache(maxsize=4096)
+def _innermost_axes(shape: tuple[int, ...], degrees: tuple[tuple[Axis, int], ...]
+                    ) -> frozenset[AxisLike]:
+    """The axes (``degrees`` in the placement's order, innermost first) placed on the innermost
+    dimension alone."""
+    return frozenset(axis for axis, mine in _pieces(shape, list(degrees)).items()
+                     if all(i == 0 for i, _ in mine))
 
 
 def _sub_dim(dim: NetworkDim, size: int) -> NetworkDim:

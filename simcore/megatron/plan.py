@@ -12,7 +12,7 @@ from simcore.megatron.calls import Call
 from simcore.megatron.checks import micro_batches
 from simcore.megatron.kernels import KernelCosts, LayerKernels, layer_kernels
 from simcore.megatron.layers import LayerShape, layer_shape
-from simcore.megatron.placement import AxisLike, AxisNetworks, axis_networks
+from simcore.megatron.placement import AxisLike, AxisNetworks, axis_networks, within_innermost
 from simcore.megatron.precision import saved_input_bytes
 from simcore.megatron.states import model_state_bytes
 from simcore.network import Collective
@@ -374,10 +374,16 @@ def uses_tp_comm_overlap(system: SystemSpec, training: TrainingSpec, strategy: S
     per-tensor FP8 and MXFP8 only, else "Unsupported quantizer for Userbuffers"); Megatron-Bridge
     turns it off for NVFP4 (``tp_comm_overlap = False if precision == "nvfp4"``, v0.4.2
     ``scripts/performance/configs/llama/llama3_llm_pretrain.py``). A training that says
-    ``tp_comm_overlap: false`` (Megatron-LM's default) runs none."""
+    ``tp_comm_overlap: false`` (Megatron-LM's default) runs none. Nor does a tp group that
+    leaves the network's innermost dimension (tp 16 over two DGX nodes): userbuffers reach
+    the tp ranks' memory over NVLink only ("Tensor-parallel GPUs must be on a single node, and
+    connected over NVLink/NVSwitch", TransformerEngine@d0067d0
+    ``examples/pytorch/comm_gemm_overlap/README.md``; an NVL72 rack's NVLink domain counts as
+    one, ``userbuffers-host.cpp`` ``has_mnnvl_fabric``), so its collectives go through NCCL."""
     return (training.tp_comm_overlap and strategy.tp > 1 and strategy.sequence_parallel
             and strategy.precision is not Precision.NVFP4
-            and uses_transformer_engine(system, training, strategy.zero))
+            and uses_transformer_engine(system, training, strategy.zero)
+            and within_innermost(system.network, strategy, Axis.TP))
 
 
 def uses_quantized_params(system: SystemSpec, training: TrainingSpec,

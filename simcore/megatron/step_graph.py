@@ -311,7 +311,7 @@ class _Stage:
         buckets with ``overlap_grad_reduce``, all but the last beside it (the estimate's
         ``max(link / buckets, link - backward)``), in full after it without."""
         n = self.buckets()
-        if n == 1:
+        if n == 1 or not calls:  # nothing to reduce (ZeRO-3's layers reduce their own)
             return self.out.chain(name, calls, deps)
         split = [(a, c, size / n) for a, c, size in calls]
         hidden = self.out.chain(f"{name} (overlapped)", split * (n - 1), start)

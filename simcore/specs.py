@@ -486,7 +486,8 @@ class DeviceSpec:
     collective_launch_s: float = 0.0
     """Host-side cost of issuing one collective or send/receive from the training framework
     (torch.distributed and the communication library's launch), on top of the network's own
-    per-call latency. 0 disables it."""
+    per-call latency; also what a tp collective adds to the host's pace
+    (:func:`simcore.megatron.layer_step.host_wait`). 0 disables it."""
     attention_efficiency: float | None = None
     """Achievable fraction of peak of the fused (flash) attention kernels; None uses
     matmul_efficiency."""

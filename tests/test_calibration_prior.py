@@ -124,15 +124,17 @@ def test_two_runs_the_device_already_gets_keep_it() -> None:
 def test_the_hosts_time_per_kernel_makes_the_same_runs_agree() -> None:
     # With the host's time per kernel among the constants (a default of the fit) the three runs
     # agree: the tp 2 runs' layers are shorter on the V100 than the host's time to issue them
-    # (281 us a kernel fitted; Jean Zay's 2019 Intel hosts and DeepSpeed of 2021), the refits
-    # predict each left-out run better (cross-validated 0.31 -> 0.10 mean absolute log error),
-    # the fit is taken, and the other 12 runs, which it never saw, go from 15.4% to 4.3% MAPE.
+    # (306 us a kernel fitted; Jean Zay's 2019 Intel hosts and DeepSpeed of 2021), the refits
+    # predict the left-out runs better (cross-validated 0.31 -> 0.26 mean absolute log error;
+    # 0.31 -> 0.10 while a tp collective cost the host a kernel's time, before stop 61), the fit
+    # is taken, and the other 12 runs, which it never saw, go from 15.4% to 3.0% MAPE (4.3%
+    # before stop 61).
     fifth, rest = _bigscience_fifth()
     start = fifth[0].system.device
     fit = calibrate(fifth, start, "v100-fifth", trials=120)
     assert not fit.kept and "host_kernel_us" in [c.key for c in fit.constants]
     assert fit.cross_validation is not None
-    assert fit.cross_validation.after < 0.5 * fit.cross_validation.before
+    assert fit.cross_validation.after < 0.9 * fit.cross_validation.before
     assert 200e-6 <= fit.device.host_kernel_s <= 400e-6
 
     def mape(device) -> float:

@@ -65,14 +65,35 @@ def test_a_small_layer_runs_at_the_hosts_pace() -> None:
     assert layer_time(CI_GPT, slow, EAGER, one) == pytest.approx(
         (FORWARD * HOST, BACKWARD * HOST), rel=1e-12)
     # tp 2 without sequence parallelism: an all-reduce after the attention and the MLP each
-    # way, each issued by the host too
+    # way, each a torch.distributed call the host issues in the device's collective launch
+    # (the A100's 16.4 us), not a kernel's time
     two = Strategy(dp=4, tp=2, micro_batch=4, sequence_parallel=False)
+    launch = slow.device.collective_launch_s
+    assert launch == pytest.approx(16.4e-6)
     assert layer_time(CI_GPT, slow, EAGER, two) == pytest.approx(
-        ((FORWARD + 2) * HOST, (BACKWARD + 2) * HOST), rel=1e-12)
+        (FORWARD * HOST + 2 * launch, BACKWARD * HOST + 2 * launch), rel=1e-12)
     # full recompute: the backward issues the forward's kernels again
     full = replace(one, recompute=Recompute.FULL)
     assert layer_time(CI_GPT, slow, EAGER, full)[1] == pytest.approx(
         (BACKWARD + FORWARD) * HOST, rel=1e-12)
+
+
+def test_a_collective_in_transformer_engines_userbuffers_costs_the_host_a_kernel() -> None:
+    """Under Transformer Engine's tp overlap the module fills the userbuffer and runs the GEMM
+    in chunks around each collective (TransformerEngine@d0067d0 module/linear.py): a kernel's
+    host time; issued as a torch.distributed call it costs the collective launch. At tp 2 with
+    sequence parallelism a pass has four (an all-gather and a reduce-scatter for each of the
+    attention's and the MLP's pairs), so the overlap adds 4 (HOST - launch) to each pass (the
+    backward's collectives run beside the weight gradients' GEMMs either way)."""
+    slow = _a100(HOST)
+    launch = slow.device.collective_launch_s
+    te = replace(EAGER, transformer_engine=True, flash_attention=True)
+    plan = Strategy(dp=4, tp=2, micro_batch=4, sequence_parallel=True)
+    assert StepPlan(CI_GPT, slow, te, plan).tp_overlap
+    overlapped = layer_time(CI_GPT, slow, te, plan)
+    plain = layer_time(CI_GPT, slow, replace(te, tp_comm_overlap=False), plan)
+    for with_ub, without in zip(overlapped, plain, strict=True):
+        assert with_ub - without == pytest.approx(4 * (HOST - launch), rel=1e-9)
 
 
 def test_cuda_graphs_and_launch_blocking_leave_the_host_out() -> None:

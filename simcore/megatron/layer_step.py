@@ -188,30 +188,37 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
         fsdp_bwd = hidden_cost(p, gather + scatter, bwd + recompute)
     kernels_fwd, kernels_bwd, pairs = launches
     calls = pairs * len(tp_pair_calls(p))  # the tp collectives of one pass
-    issued_fwd = kernels_fwd + calls
-    issued_bwd = kernels_bwd + calls
+    calls_bwd = calls
     if recompute and s.recompute is Recompute.FULL:
-        issued_bwd += issued_fwd  # the forward's kernels and collectives again
+        kernels_bwd += kernels_fwd  # the forward's kernels and collectives again
+        calls_bwd += calls
     elif recompute and fwd:
         # a partial recompute (the attention core, some modules, per-op): the forward's kernels
         # in the share of its time the recompute runs again
-        issued_bwd += round(kernels_fwd * min(1.0, recompute / fwd))
-    fwd += host_wait(p, issued_fwd, fwd + tp_fwd + sp_fwd + fsdp_fwd + beside[0])
-    bwd += host_wait(p, issued_bwd, bwd + recompute + tp_bwd + tp_recompute + sp_bwd + fsdp_bwd
-                     + beside[1])
+        kernels_bwd += round(kernels_fwd * min(1.0, recompute / fwd))
+    fwd += host_wait(p, kernels_fwd, calls, fwd + tp_fwd + sp_fwd + fsdp_fwd + beside[0])
+    bwd += host_wait(p, kernels_bwd, calls_bwd, bwd + recompute + tp_bwd + tp_recompute + sp_bwd
+                     + fsdp_bwd + beside[1])
     return Layer(fwd, bwd, recompute, tp_fwd, tp_bwd + tp_recompute, sp_fwd, sp_bwd,
                  fsdp_fwd, fsdp_bwd, wgrad)
 
 
-def host_wait(p: StepPlan, issued: int, gpu: float) -> float:
+def host_wait(p: StepPlan, kernels: int, calls: int, gpu: float) -> float:
     """What the GPU waits for the host in one pass of a layer: the host's time to issue the
-    pass's ``issued`` kernels and collectives (:attr:`simcore.specs.DeviceSpec.host_kernel_s`
-    each) beyond the ``gpu`` seconds they run for. The host runs ahead of the GPU through the
-    launch queue, so only a pass whose kernels are on average shorter than the host's time per
-    kernel waits (a small layer, high tp, a short micro-batch), and the identical layers of a
-    stage all wait alike. None under CUDA graphs (one launch a graph) or launch blocking, whose
-    host time is in every kernel already (:attr:`simcore.megatron.kernels.KernelCosts.host`)."""
-    per_kernel = p.system.device.host_kernel_s
-    if not per_kernel or p.training.cuda_graphs or p.training.launch_blocking:
+    pass's ``kernels`` (:attr:`simcore.specs.DeviceSpec.host_kernel_s` each: one of the
+    inventory's kernels stands for it and the small operations around it) and its ``calls``
+    tp collectives, beyond the ``gpu`` seconds they run for. A collective issued as a
+    torch.distributed call costs the host :attr:`simcore.specs.DeviceSpec.collective_launch_s`;
+    one Transformer Engine runs in its userbuffers costs a kernel's host time, as the module
+    fills the buffer and runs the GEMM in chunks around it (TransformerEngine@d0067d0
+    ``module/linear.py``: ``fill_userbuffers_buffer_for_all_gather``, ``general_gemm(...,
+    ub=...)``). The host runs ahead of the GPU through the launch queue, so only a pass whose
+    kernels are on average shorter than the host's time per kernel waits (a small layer, high
+    tp, a short micro-batch), and the identical layers of a stage all wait alike. None under
+    CUDA graphs (one launch a graph) or launch blocking, whose host time is in every kernel
+    already (:attr:`simcore.megatron.kernels.KernelCosts.host`)."""
+    device = p.system.device
+    if not device.host_kernel_s or p.training.cuda_graphs or p.training.launch_blocking:
         return 0.0
-    return max(0.0, issued * per_kernel - gpu)
+    per_call = device.host_kernel_s if p.tp_overlap else device.collective_launch_s
+    return max(0.0, kernels * device.host_kernel_s + calls * per_call - gpu)

@@ -70,7 +70,7 @@ LONG_CONTEXT_SHORT_ERROR = 0.045
 LONG_CONTEXT_MEDIAN = 0.125  # measured 11.7% (12.6% before the context-parallel ring's merges)
 # Every *-check file together: the issue's targets are stated on the runs gathered and not fit
 # on, as one set.
-ALL_CHECKS_RUNS = 711  # 529 before nvfp4-check.csv's 9 and qwen3-blackwell-check.csv's 11,
+ALL_CHECKS_RUNS = 721  # 711 before libai-v100-check.csv's 10, 529 before nvfp4-check.csv's 9 and qwen3-blackwell-check.csv's 11,
 # 549 before mlperf-check.csv's 42, 591 before internlm-check.csv's 32, 623 before
 # megatron-ci-h100-check.csv's 41, 664 before flagperf-check.csv's 20, 684 before its 27
 # PaddleNLP, DeepSpeed and MoE runs
@@ -99,7 +99,8 @@ ALL_CHECKS_RUNS = 711  # 529 before nvfp4-check.csv's 9 and qwen3-blackwell-chec
 # Megatron-LM's 41 functional tests of its small GPT on H100 (31% on them, 82% before the host's
 # time: README, "The host's pace"), 5.75% with FlagPerf's 20 runs (10.4% on them: README,
 # "FlagPerf's Megatron-LM runs"), 5.89% with its other 27 (9.8% on them: README, "FlagPerf's
-# other stacks")
+# other stacks"), 5.89% with LiBai's 10 V100 runs (6.3% on them: README, "LiBai's Megatron-LM
+# runs")
 ALL_CHECKS_MEDIAN = 0.06
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional
@@ -162,7 +163,8 @@ def test_every_row_is_expressed(capsys) -> None:
                  "jean-zay-fit.csv", "jean-zay-check.csv", "megatron-ci-check.csv",
                  "kempner-h200-check.csv", "nanotron-h100-check.csv", "dgxc-h100-check.csv",
                  "gb200-fit.csv", "gb200-check.csv", "nemotron-check.csv",
-                 "gpt3-h100-check.csv", "gb300-fit.csv", "gb300-check.csv"):
+                 "gpt3-h100-check.csv", "gb300-fit.csv", "gb300-check.csv",
+                 "libai-v100-check.csv"):
         assert _validate(capsys, name)["skipped"] == [], name
 
 
@@ -170,7 +172,7 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     # Issue 14: "on the runs you gather (not fit on): median step-time error <= 8%, memory
     # <= 5%, and the plan-choice regret mean <= 3%". Every check file joins (a new one too).
     checks = sorted(str(path) for path in DATA.glob("*-check.csv"))
-    assert len(checks) == 24
+    assert len(checks) == 25
     assert main(["validate", *checks, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == []
@@ -191,7 +193,7 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     # tests/test_mlperf_runs.py, internlm-check's in tests/test_internlm_runs.py, flagperf-check's
     # in tests/test_flagperf_runs.py)
     later = ("nanotron", "dgxc", "gb200", "nemotron", "gpt3", "gb300", "mlperf", "internlm",
-             "megatron-ci-h100", "flagperf")
+             "megatron-ci-h100", "flagperf", "libai")
     before = [path for path in checks if not any(name in path for name in later)]
     assert main(["validate", *before, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -657,7 +659,7 @@ def test_validate_splits_the_figures_by_a_column(capsys) -> None:
 
 
 def test_every_run_of_a_named_framework_passes_its_rules() -> None:
-    """The validation set's ``framework`` column (README there): 665 measured runs of Megatron-LM
+    """The validation set's ``framework`` column (README there): 675 measured runs of Megatron-LM
     and the Megatron-Core stacks, Megatron-DeepSpeed / DeepSpeedExamples and torchtitan, each
     read as a study with its framework reads it. They trained, so none may be refused by
     ``search_spaces/frameworks.py``'s rules (a rule that refused one would keep that plan out
@@ -672,5 +674,6 @@ def test_every_run_of_a_named_framework_passes_its_rules() -> None:
                 by_framework[row["framework"]] = by_framework.get(row["framework"], 0) + 1
     # megatron: 412 before Megatron-LM's 104 functional tests of its small GPT, 516 before
     # FlagPerf's 20 runs (Megatron-LM core_v0.6.0 and FlagScale), 536 before its two MoE runs;
-    # deepspeed: 111 before FlagPerf's five DeepSpeed and Megatron-DeepSpeed runs
-    assert by_framework == {"megatron": 538, "deepspeed": 116, "torchtitan": 11}
+    # deepspeed: 111 before FlagPerf's five DeepSpeed and Megatron-DeepSpeed runs; megatron: 538
+    # before LiBai's ten Megatron-LM runs on V100
+    assert by_framework == {"megatron": 548, "deepspeed": 116, "torchtitan": 11}

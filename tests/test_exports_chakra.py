@@ -76,6 +76,13 @@ def _replay(capsys, folder: Path) -> list[dict]:
     return json.loads(capsys.readouterr().out)
 
 
+def _compute_nodes(folder: Path) -> int:
+    """Compute nodes (COMP_NODE, type 4) over every NPU's trace: each carries a runtime rounded
+    to whole microseconds, which bounds how far a replay may drift."""
+    return sum(1 for path in (folder / "traces").glob("workload.*.et")
+               for n in read_trace(path).nodes if n.type == 4)
+
+
 def test_registered_as_chakra() -> None:
     assert exporter("chakra") is export_chakra
 
@@ -142,8 +149,7 @@ def test_megatron_plan_replays_to_its_schedule(tmp_path, capsys, knobs) -> None:
     npus = _replay(capsys, folder)
     assert len(npus) == 16
     wall = max(r["wall_time"] for r in npus) * 1e-9
-    computes = sum(1 for path in (folder / "traces").glob("workload.*.et")
-                   for n in read_trace(path).nodes if n.type == 4)
+    computes = _compute_nodes(folder)
     rounding = 0.5e-6 * computes / 16 * plan.strategy.pp  # every compute node of one path
     assert abs(wall - _schedule_end(plan)) <= rounding
     if plan.strategy.pp == 1:  # nothing charged that is not sent: the estimate itself
@@ -164,8 +170,7 @@ def test_context_parallel_plans_replay_to_their_estimate(tmp_path, capsys, cp_co
     folder = _write(export_files(plan, "chakra"), tmp_path)
     npus = _replay(capsys, folder)
     wall = max(r["wall_time"] for r in npus) * 1e-9
-    computes = sum(1 for path in (folder / "traces").glob("workload.*.et")
-                   for n in read_trace(path).nodes if n.type == 4)
+    computes = _compute_nodes(folder)
     assert abs(wall - plan.estimate.step_time) <= 0.5e-6 * computes / 16
     ulysses = _megatron(training=replace(training, cp_comm=CpComm.A2A), dp=2, tp=2, sp=4,
                         recompute=recompute)
@@ -271,8 +276,7 @@ def test_short_first_and_last_virtual_stages_replay_to_their_schedule(tmp_path, 
     folder = _write(export_files(plan, "chakra"), tmp_path)
     npus = _replay(capsys, folder)
     wall = max(r["wall_time"] for r in npus) * 1e-9
-    computes = sum(1 for path in (folder / "traces").glob("workload.*.et")
-                   for n in read_trace(path).nodes if n.type == 4)
+    computes = _compute_nodes(folder)
     assert abs(wall - _schedule_end(plan)) <= 0.5e-6 * computes / 16 * s.pp
 
 

@@ -92,8 +92,12 @@ H100_128 = CATALOG.system("dgx-h100-128")
 GPT3_TRAINING = TrainingSpec(global_batch=256, seq_len=2048)
 
 
+def _gpt3_strategy(tp: int) -> Strategy:
+    return Strategy(dp=16 // tp, tp=tp, pp=8, micro_batch=4)
+
+
 def _gpt3(tp: int, training: TrainingSpec = GPT3_TRAINING) -> StepPlan:
-    return StepPlan(GPT3, H100_128, training, Strategy(dp=16 // tp, tp=tp, pp=8, micro_batch=4))
+    return StepPlan(GPT3, H100_128, training, _gpt3_strategy(tp))
 
 
 def test_tp_across_nodes_runs_its_collectives_without_the_overlap() -> None:
@@ -116,8 +120,7 @@ def test_tp_across_nodes_runs_its_collectives_without_the_overlap() -> None:
 
 def test_megatron_export_leaves_the_overlap_out_when_tp_leaves_the_node() -> None:
     # as written, --tp-comm-overlap at tp 16 over two nodes would not start (TE's userbuffers)
-    plans = {tp: make_plan(GPT3, H100_128, GPT3_TRAINING,
-                           Strategy(dp=16 // tp, tp=tp, pp=8, micro_batch=4), Convention.MEGATRON)
+    plans = {tp: make_plan(GPT3, H100_128, GPT3_TRAINING, _gpt3_strategy(tp), Convention.MEGATRON)
              for tp in (8, 16)}
     assert "--tp-comm-overlap" in export_files(plans[8], "megatron")["megatron.sh"]
     assert "--tp-comm-overlap" not in export_files(plans[16], "megatron")["megatron.sh"]

@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 
 from planner.catalog import load_catalog
-from planner.chakra.io import read_trace
 from planner.exports import export_files
 from simcore import Collective, estimate
 from simcore.megatron.plan import StepPlan
@@ -19,7 +18,7 @@ from simcore.megatron.step import grad_buckets
 from simcore.megatron.step_graph import step_graphs
 from simcore.specs import Axis, Recompute, Schedule, Strategy, TrainingSpec, ZeroStage
 from simcore.stage._graph import NodeKind
-from tests.test_exports_chakra import SMALL, _megatron, _replay, _write
+from tests.test_exports_chakra import SMALL, _compute_nodes, _megatron, _replay, _write
 
 CATALOG = load_catalog()
 A100 = CATALOG.system("dgx-a100-8")
@@ -89,8 +88,7 @@ def test_zero2_step_graph_replays_to_its_estimate(tmp_path, capsys, monkeypatch)
     folder = _write(export_files(plan, "chakra"), tmp_path)
     npus = _replay(capsys, folder)
     wall = max(r["wall_time"] for r in npus) * 1e-9
-    computes = sum(1 for path in (folder / "traces").glob("workload.*.et")
-                   for n in read_trace(path).nodes if n.type == 4)
+    computes = _compute_nodes(folder)
     assert abs(wall - plan.estimate.step_time) <= 0.5e-6 * computes / len(npus)
     zero1 = _megatron(training=training, dp=2, tp=8, zero=ZeroStage.OPTIMIZER)
     assert plan.estimate.time.dp > zero1.estimate.time.dp  # there is something to replay

@@ -32,7 +32,7 @@ from planner.runs_csv import MeasuredRun
 from planner.units import GB
 from planner.validation import RunResult, Validation, validate
 from simcore.megatron import uses_flash_attention
-from simcore.megatron.plan import uses_transformer_engine
+from simcore.megatron.stack import uses_transformer_engine
 from simcore.specs import DeviceSpec, Precision, SystemSpec
 
 __all__ = ["CONSTANTS", "DEFAULT_TRIALS", "OFF_BY", "RUN_ERROR", "Constant", "CrossValidation",

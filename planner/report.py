@@ -27,7 +27,7 @@ from planner.report_decision import Decision, decide, decision_html, export_form
 from planner.tables import PLACEMENTS, best_frame, mfu_note, trials_frame
 from search_spaces.frameworks import FRAMEWORKS
 from simcore import estimate, host_wait
-from simcore.megatron.plan import uses_tp_comm_overlap
+from simcore.megatron.stack import uses_tp_comm_overlap
 from simcore.specs import Convention
 
 __all__ = ["Report", "build_report", "report_html"]
@@ -104,7 +104,7 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
 
 def _tp_overlap(plan: Plan) -> float:
     """Seconds the plan's step would grow without Transformer Engine's tp overlap, where its
-    estimate counts on it (:func:`simcore.megatron.plan.uses_tp_comm_overlap`); 0 otherwise."""
+    estimate counts on it (:func:`simcore.megatron.stack.uses_tp_comm_overlap`); 0 otherwise."""
     if (plan.convention is not Convention.MEGATRON
             or not uses_tp_comm_overlap(plan.system, plan.training, plan.strategy)):
         return 0.0

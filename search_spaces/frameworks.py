@@ -84,7 +84,7 @@ def transformer_engine(framework: str, device_default: bool) -> bool | None:
     """The ``transformer_engine`` of a ``framework`` study whose training names none: off for
     the frameworks without it; Megatron's on the device's default for every plan (its ZeRO-3,
     Megatron-FSDP, runs Transformer Engine's layers too); None for ``any``, where the plan's
-    ZeRO stage decides (:func:`simcore.megatron.plan.uses_transformer_engine`)."""
+    ZeRO stage decides (:func:`simcore.megatron.stack.uses_transformer_engine`)."""
     if framework in WITHOUT_TRANSFORMER_ENGINE:
         return False
     if framework == "megatron":
@@ -98,7 +98,7 @@ def recompute_early_stop(framework: str) -> bool | None:
     (``torchtitan/distributed/activation_checkpoint.py``), which stops each layer's recompute
     at its last saved tensor; Megatron-LM's (``tensor_parallel.checkpoint``) and DeepSpeed's
     (``deepspeed.checkpointing``) re-run the whole layer; None for ``any``, where the plan's
-    stack decides (:func:`simcore.megatron.plan.uses_recompute_early_stop`)."""
+    stack decides (:func:`simcore.megatron.stack.uses_recompute_early_stop`)."""
     if framework == "torchtitan":
         return True
     if framework in ("megatron", "deepspeed"):

@@ -632,7 +632,7 @@ class TrainingSpec:
     ("pure" bf16), and Adam's momentum and variance take the weights' type, as
     ``torch.optim.AdamW`` makes them (``zeros_like`` the parameter): 2 + 2 bytes a parameter,
     not ``bytes_per_param_optimizer``, and PyTorch FSDP shards the 16-bit parameter, not an
-    fp32 one (:func:`simcore.megatron.plan.uses_fp32_shards`). KempnerForge trains so
+    fp32 one (:func:`simcore.megatron.stack.uses_fp32_shards`). KempnerForge trains so
     (KempnerInstitute/KempnerForge@5666d0d ``scripts/train.py``: ``model.to(dtype=
     tc.param_dtype)`` before ``fully_shard``)."""
     fsdp_no_sync: bool = False
@@ -692,7 +692,7 @@ class TrainingSpec:
     tp_comm_overlap: bool = True
     """With Transformer Engine and sequence parallelism, the tp all-gathers and reduce-scatters
     run beside the linear layers' GEMMs in TE's userbuffers (``--tp-comm-overlap``, which NeMo's
-    and Megatron-Bridge's recipes set; :func:`simcore.megatron.plan.uses_tp_comm_overlap`).
+    and Megatron-Bridge's recipes set; :func:`simcore.megatron.stack.uses_tp_comm_overlap`).
     False: Megatron-LM's own default, the forward's collectives exposed and the backward's
     hidden only behind the weight-gradient GEMMs, as on the classic stack."""
     flash_attention: bool | None = None
@@ -705,7 +705,7 @@ class TrainingSpec:
     with sequence parallelism the tp all-gathers and reduce-scatters overlapped with the linear
     layers' GEMMs (``--tp-comm-overlap``, TE's userbuffers). None takes the device's default
     (H100-era parts: on) for plans with ZeRO 0-1 and the classic stack for ZeRO-2/3 plans
-    (:func:`simcore.megatron.plan.uses_transformer_engine`); False: the classic stack the
+    (:func:`simcore.megatron.stack.uses_transformer_engine`); False: the classic stack the
     devices were fit on (llm-foundry's PyTorch FSDP with FlashAttention-2, Megatron-LM
     2020-23, Megatron-DeepSpeed)."""
     cp_comm: CpComm | None = None
@@ -734,8 +734,8 @@ class TrainingSpec:
     checkpointing re-run the whole layer ("Reentrant checkpoint always recomputes function in
     its entirety"). None takes the stack's default: on for plans on the PyTorch FSDP stack
     (ZeRO-2/3 without Transformer Engine, as
-    :func:`simcore.megatron.plan.uses_transformer_engine` reads them), off otherwise
-    (:func:`simcore.megatron.plan.uses_recompute_early_stop`). An MoE layer's recompute is
+    :func:`simcore.megatron.stack.uses_transformer_engine` reads them), off otherwise
+    (:func:`simcore.megatron.stack.uses_recompute_early_stop`). An MoE layer's recompute is
     priced whole either way."""
 
     @property

@@ -56,7 +56,7 @@ def test_hsdp_memory_is_zero3_with_the_shard_group_for_the_dp_group() -> None:
     shape = layer_shape(MODEL)
     params = MODEL.layers * shape.layer_params + shape.embedding_params + shape.head_params
     mem = simcore.estimate(MODEL, SYSTEM, TRAINING, HSDP).memory
-    # PyTorch FSDP's fp32 shards (simcore.megatron.plan.uses_fp32_shards): no 16-bit shard, 4
+    # PyTorch FSDP's fp32 shards (simcore.megatron.stack.uses_fp32_shards): no 16-bit shard, 4
     # bytes of fp32 gradient and 12 of master weights and Adam's moments per parameter, each / 4
     # (the shard group), not / 16 (the dp group)
     assert mem.weights == 0.0

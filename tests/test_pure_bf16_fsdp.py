@@ -24,7 +24,8 @@ from search_spaces.frameworks import why_not
 from simcore import estimate
 from simcore.megatron.batched import estimate_many
 from simcore.megatron.calls import embedding_calls, head_calls
-from simcore.megatron.plan import StepPlan, uses_fp32_shards
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.stack import uses_fp32_shards
 from simcore.megatron.states import model_state_bytes
 from simcore.network import Collective
 from simcore.specs import (

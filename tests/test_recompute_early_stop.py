@@ -20,7 +20,8 @@ from planner.cli import main
 from planner.runs_csv import read_runs
 from planner.study_config import load_study_config
 from planner.validation import validate
-from simcore.megatron.plan import StepPlan, uses_recompute_early_stop
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.stack import uses_recompute_early_stop
 from simcore.megatron.step import layer_time
 from simcore.specs import Recompute, Strategy, TrainingSpec, ZeroStage
 

@@ -15,7 +15,8 @@ from planner.plan import make_plan
 from planner.study_config import load_study_config
 from simcore.megatron.calls import tp_pair_calls
 from simcore.megatron.layer_step import dense_layer
-from simcore.megatron.plan import StepPlan, uses_transformer_engine
+from simcore.megatron.plan import StepPlan
+from simcore.megatron.stack import uses_transformer_engine
 from simcore.specs import Convention, Schedule, Strategy, TrainingSpec, ZeroStage
 
 CATALOG = load_catalog()

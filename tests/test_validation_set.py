@@ -438,7 +438,7 @@ def test_classic_rows_are_estimated_without_transformer_engine(capsys) -> None:
 def test_zero_2_and_3_h100_runs_take_the_classic_stack_by_default() -> None:
     # Every ZeRO-2/3 H100 run here is PyTorch FSDP without Transformer Engine: a user who
     # leaves the column out gets the step times of the stack they ran (the default follows
-    # the plan's ZeRO stage: simcore.megatron.plan.uses_transformer_engine)
+    # the plan's ZeRO stage: simcore.megatron.stack.uses_transformer_engine)
     catalog = load_catalog()
     for name in ("h100-fit.csv", "h100-check.csv"):
         runs, _ = read_runs(DATA / name, catalog)

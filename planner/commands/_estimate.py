@@ -381,7 +381,7 @@ class EstimateCommand(BaseCommand):
     @staticmethod
     def _print(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
                strategy: Strategy, est: Estimate, training: TrainingSpec) -> None:
-        from simcore.megatron.plan import (
+        from simcore.megatron.stack import (
             uses_flash_attention,
             uses_fp8_attention,
             uses_fp32_shards,

@@ -56,7 +56,7 @@ from planner.units import GB
 from search_spaces.frameworks import why_not
 from simcore.layout import format_layout
 from simcore.megatron import uses_flash_attention
-from simcore.megatron.plan import uses_quantized_params, uses_tp_comm_overlap
+from simcore.megatron.stack import uses_quantized_params, uses_tp_comm_overlap
 from simcore.specs import (
     Activation,
     CpComm,

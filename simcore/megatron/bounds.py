@@ -36,7 +36,7 @@ from simcore.megatron.activations import layer_activations
 from simcore.megatron.kernels import KernelCosts, layer_kernels, modules_forward
 from simcore.megatron.layers import layer_shape
 from simcore.megatron.precision import saved_input_bytes
-from simcore.megatron.plan import (
+from simcore.megatron.stack import (
     uses_flash_attention,
     uses_fp8_attention,
     uses_fp32_shards,

@@ -131,7 +131,7 @@ class KernelCosts:
         ``fused_matmul_efficiency`` and attention in TE's fused kernel at its
         ``fused_attention_efficiency``, each where it has one; ``launch_blocking``: each kernel
         waits for the host (:data:`BLOCKING_HOST_S`); ``fp8_attention``: TE's fused attention in
-        FP8, as :func:`simcore.megatron.plan.uses_fp8_attention` decides it."""
+        FP8, as :func:`simcore.megatron.stack.uses_fp8_attention` decides it."""
         matmul = device.matmul_efficiency
         if transformer_engine and device.fused_matmul_efficiency is not None:
             matmul = device.fused_matmul_efficiency

@@ -69,7 +69,7 @@ Memory: TE keeps an FP8 copy of each linear layer's weight (1 byte per parameter
 gradient in FP8 (1 byte per element instead of 2). With the distributed optimizer or FSDP under
 Transformer Engine (ZeRO 1-3), Megatron-LM's ``--fp8-param-gather`` keeps the FP8 copy as the
 only compute weight (no 16-bit one) and all-gathers it in FP8
-(:func:`simcore.megatron.plan.uses_fp8_param_gather`). MXFP8 keeps both scaled copies of each
+(:func:`simcore.megatron.stack.uses_fp8_param_gather`). MXFP8 keeps both scaled copies of each
 weight (:data:`MX_WEIGHT_BYTES`); with ``--fp8-param-gather`` and
 ``--reuse-grad-buf-for-mxfp8-param-ag`` they are the only compute copy, gathered in 16-bit into
 the gradient buffer and quantised there (Megatron-LM ``param_and_grad_buffer.py``). These are in

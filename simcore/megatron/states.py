@@ -12,7 +12,7 @@ gradient buffer counted here (bf16 by default); no second copy is kept, but wher
 says so (``grad_copy``: DeepSpeed's BF16_Optimizer, ``2 + 2 + 4 + 12 / N_d`` bytes with fp32
 accumulation under ZeRO-1) each parameter's 16-bit ``.grad`` stays beside it.
 
-PyTorch FSDP (``fp32_shards``, :func:`simcore.megatron.plan.uses_fp32_shards`) keeps its
+PyTorch FSDP (``fp32_shards``, :func:`simcore.megatron.stack.uses_fp32_shards`) keeps its
 gradient shard in fp32 and, under ZeRO-3, no 16-bit shard (the fp32 shard is the master copy):
 ``2 P + (4 + 12) P / N_d`` bytes (ZeRO-2), ``(4 + 12) P / N_d`` (ZeRO-3) with the default
 optimizer state.

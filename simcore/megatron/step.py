@@ -49,7 +49,7 @@ from simcore.megatron.layer_step import dense_layer, hidden_cost, moe_layer
 from simcore.megatron.moe import expert_grad_calls
 from simcore.megatron.parts import Ends, Layer, Stage
 from simcore.megatron.pipeline import head_stage, pipeline_time, zbv_time
-from simcore.megatron.plan import StepPlan, _shared, uses_flash_attention
+from simcore.megatron.plan import StepPlan, _shared
 from simcore.megatron.recompute import blend, recomputed_fraction, recomputed_share
 from simcore.megatron.stage_memory import fp8_weight_params, stage_memory
 from simcore.specs import (
@@ -65,7 +65,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["DDP_BUCKET_PARAMS", "estimate_megatron", "layer_time", "uses_flash_attention"]
+__all__ = ["DDP_BUCKET_PARAMS", "estimate_megatron", "layer_time"]
 
 DDP_BUCKET_PARAMS = 40_000_000
 """Megatron-LM's default gradient bucket (``ddp_bucket_size``: max(40M, 1M * dp) parameters)."""

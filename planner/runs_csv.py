@@ -6,14 +6,21 @@ Columns (a header row, any order; names as below, case-insensitive):
 - required: ``model`` and ``system`` (a catalog name or a YAML path; relative paths resolve
   against the CSV's folder), ``global_batch``, ``seq_len``, ``dp``, ``tp``, ``pp``,
   ``micro_batch``, and at least one of ``step_time_s`` and ``peak_memory_gb`` (decimal GB);
-- optional: ``sp`` (context parallel, 1), ``zero`` (0-3 or ``fsdp``; 0), ``recompute`` (none,
+  the step time may be given as a throughput instead, as published tables print it:
+  ``tokens_per_s`` (the job's) or ``tokens_per_s_per_gpu`` (one device's; NeMo's and
+  torchtitan's tables), each read as ``global_batch x seq_len`` tokens a step over the plan's
+  devices; where a row fills more than one, they must agree within 1%;
+- optional: ``sp`` (context parallel, 1; ``cp``, Megatron-LM's name, is read as it),
+  ``gpus`` (the run's device count: checked against the plan's dp x tp x pp x sp and the
+  system's), ``zero`` (0-3 or ``fsdp``; 0), ``recompute`` (none,
   selective, full; none), ``recompute_layers`` (with ``recompute`` full: the layers of each
   pipeline stage, or model chunk, that recompute, Megatron-LM's ``--recompute-method block
   --recompute-num-layers``; empty: all), ``offload_layers`` (with pp 1 and no recompute: the
   layers that offload their activations to host memory, Megatron-Core's
   ``--cpu-offloading-num-layers``; empty: none), ``sequence_parallel`` (true/false; true),
   ``schedule`` (1f1b, gpipe,
-  interleaved, zb-h1, zbv; interleaved when ``v`` > 1, else 1f1b), ``v`` (1; 2 for zbv),
+  interleaved, zb-h1, zbv; interleaved when ``v`` > 1, else 1f1b), ``v`` (1; 2 for zbv;
+  ``vp``, NeMo's name for the virtual stages, is read as it),
   ``placement`` (axes innermost first, e.g. ``tp-sp-dp-pp``; commas need the field quoted),
   ``precision`` (bf16, fp8, mxfp8, nvfp4; bf16), ``first_stage_layers`` and
   ``last_stage_layers`` (uneven pipeline stages, as Megatron-LM's
@@ -104,8 +111,8 @@ __all__ = ["MEASURED", "OPTIONAL", "REQUIRED", "MeasuredRun", "SkippedRun", "rea
            "read_runs_files"]
 
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
-MEASURED = ("step_time_s", "peak_memory_gb")
-OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "offload_layers",
+MEASURED = ("step_time_s", "peak_memory_gb", "tokens_per_s", "tokens_per_s_per_gpu")
+OPTIONAL = ("sp", "gpus", "zero", "recompute", "recompute_layers", "offload_layers",
             "sequence_parallel", "schedule", "v",
             "placement", "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
@@ -117,6 +124,10 @@ OPTIONAL = ("sp", "zero", "recompute", "recompute_layers", "offload_layers",
             "swiglu_fusion", "vocab_parallel_embedding", "fp8_attention", "hbm_gb",
             "memory_measured", "framework", "release", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
+ALIASES = {"cp": "sp", "vp": "v"}
+"""Other names of a column, as Megatron-LM and NeMo's tables call the degree: read as it."""
+AGREE = 0.01
+"""How far apart a row's step time and throughputs may be (their published rounding)."""
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""
 
@@ -193,7 +204,7 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
     text = read_text(path, "CSV of measured runs", encoding="utf-8-sig")
     reader = csv.reader(io.StringIO(text))
     try:
-        header = [h.strip().lower() for h in next(reader, [])]
+        header = _canonical(path, [h.strip().lower() for h in next(reader, [])])
         rows = []
         for record in reader:
             if not any(cell.strip() for cell in record):
@@ -208,6 +219,60 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
     return header, rows
 
 
+def _canonical(path: Path, header: list[str]) -> list[str]:
+    """The header with each alias (:data:`ALIASES`) under its column's name; an alias beside
+    that name is one degree given twice."""
+    for alias, name in ALIASES.items():
+        if alias in header and name in header:
+            raise PlannerUsageError(f"{path}: header: columns {alias!r} and {name!r} both give"
+                                    f" {name}; keep one")
+    return [ALIASES.get(h, h) for h in header]
+
+
+def _measured_step(row: dict[str, str], strategy: Strategy) -> float | None:
+    """The row's step time in seconds: ``step_time_s``, or the step its throughput gives
+    (``global_batch x seq_len`` tokens over ``tokens_per_s``, or over ``tokens_per_s_per_gpu``
+    times the plan's devices); None where none is filled. Two that disagree by more than
+    :data:`AGREE` are a value to fix."""
+    tokens = _positive_integer(row, "global_batch") * _positive_integer(row, "seq_len")
+    given = {"step_time_s": positive(row, "step_time_s")}
+    job = positive(row, "tokens_per_s")
+    per_gpu = positive(row, "tokens_per_s_per_gpu")
+    given["tokens_per_s"] = None if job is None else tokens / job
+    given["tokens_per_s_per_gpu"] = (None if per_gpu is None
+                                     else tokens / (per_gpu * strategy.devices))
+    filled = {k: v for k, v in given.items() if v is not None}
+    if not filled:
+        return None
+    (first, step), *others = filled.items()
+    for key, other in others:
+        if abs(other / step - 1) > AGREE:
+            raise BadValue(f"{first} and {key} disagree: a step of {step:.4g} s against"
+                           f" {other:.4g} s ({tokens:,} tokens a step on {strategy.devices}"
+                           " devices); fix one or leave it empty")
+    return step
+
+
+def _positive_integer(row: dict[str, str], key: str) -> int:
+    value = positive(row, key)
+    if value is None or not value.is_integer():
+        raise BadValue(f"{key}={row.get(key, '')!r} must be a whole number >= 1")
+    return int(value)
+
+
+def _check_gpus(row: dict[str, str], strategy: Strategy, system: SystemSpec) -> None:
+    """A filled ``gpus`` must be the plan's and the system's device count."""
+    if not row.get("gpus"):
+        return
+    gpus = _positive_integer(row, "gpus")
+    if gpus != strategy.devices:
+        raise RowError(f"gpus={gpus} but dp*tp*pp*sp = {strategy.devices}; fix the degrees"
+                       " or the gpus cell")
+    if gpus != system.devices:
+        raise RowError(f"gpus={gpus} but the system {system.name} has {system.devices}"
+                       f" devices; name the system with {gpus}")
+
+
 def _check_header(path: Path, header: list[str]) -> None:
     if not header:
         raise PlannerUsageError(f"{path}: empty; the first line must name the columns"
@@ -218,7 +283,8 @@ def _check_header(path: Path, header: list[str]) -> None:
                                 f" {', '.join(REQUIRED)} are required")
     if not any(c in header for c in MEASURED):
         raise PlannerUsageError(f"{path}: header: no measured column; add step_time_s (seconds"
-                                " per step) and/or peak_memory_gb (GB per device)")
+                                " per step; or tokens_per_s, tokens_per_s_per_gpu) and/or"
+                                " peak_memory_gb (GB per device)")
     unknown = [c for c in header if c and c not in REQUIRED + MEASURED + OPTIONAL]
     if unknown:
         allowed = ", ".join(REQUIRED + MEASURED + OPTIONAL)
@@ -266,18 +332,19 @@ def read_runs(path: Path, catalog: Catalog,
                 raise BadValue(f"{spilled} more filled cell(s) than the header's"
                                 f" {len(header)} columns: a comma in an unquoted cell shifts"
                                 " every cell after it; quote that cell or remove the comma")
-            step = positive(row, "step_time_s")
+            strategy = row_strategy(row)
+            step = _measured_step(row, strategy)
             memory = positive(row, "peak_memory_gb")
             if step is None and memory is None:
-                raise BadValue("no measured step_time_s or peak_memory_gb; fill one in or"
-                                " remove the row")
+                raise BadValue("no measured step_time_s (or tokens_per_s, tokens_per_s_per_gpu)"
+                               " or peak_memory_gb; fill one in or remove the row")
             model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model")
             system = _spec(lambda r: catalog.system(r, where=(path, "system")),
                            row.get("system", ""), "system")
+            _check_gpus(row, strategy, system)
             hbm = positive(row, "hbm_gb")
             if hbm is not None:  # a part with more or less memory than the catalog's
                 system = replace(system, device=replace(system.device, hbm_bytes=hbm * GB))
-            strategy = row_strategy(row)
             run_framework = row_framework(row, framework)
             training = as_run_by(run_framework, model, system, row_training(row), strategy)
             runs.append(MeasuredRun(

@@ -14,7 +14,7 @@ from planner.plan import make_plan, read_plan, write_plan
 from planner.study_config import load_study_config
 from simcore.specs import Convention
 
-# The options as simcore/specs.py's TrainingSpec declares them: nine switches with a default,
+# The options as simcore/specs/training.py's TrainingSpec declares them: nine switches with a default,
 # four left to the device or the stack (None) unless a file says.
 SWITCHES = {"overlap_grad_reduce": True, "tp_comm_overlap": True, "launch_blocking": False,
             "cuda_graphs": False, "master_weights": True,

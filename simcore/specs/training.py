@@ -1,0 +1,194 @@
+"""What one training step processes, and the stack it trains on (:class:`TrainingSpec`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simcore.specs.choices import (
+    CpComm,
+    CrossEntropy,
+    RecomputeModule,
+    SelectiveRecompute,
+    _Named,
+    _positive,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    """What one training step processes."""
+
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel replicas."""
+    seq_len: int
+    bytes_per_param_weights: int = 2
+    """bf16 weights."""
+    bytes_per_param_grads: int = 2
+    """bf16 gradients (Megatron with fp32 main grads: 4)."""
+    grad_copy: bool | None = None
+    """Each parameter's 16-bit gradient (its ``.grad``, 2 bytes) stays allocated beside the
+    gradient accumulation buffer of ``bytes_per_param_grads``, unsharded: DeepSpeed's
+    BF16_Optimizer (bf16 with fp32 gradient accumulation under ZeRO 0-1) adds each ``.grad``
+    into its own full-size fp32 buffer and zeroes it without freeing it (deepspeedai/DeepSpeed
+    edaa7221 ``deepspeed/runtime/bf16_optimizer.py``: ``fp32_groups_gradients_flat`` is
+    ``zeros_like`` the whole flat bf16 group, ``clear_lp_grads`` calls ``zero_``). Megatron-LM
+    accumulates straight into its fp32 ``main_grad`` and PyTorch FSDP frees the unsharded
+    gradient after its reduce-scatter: neither keeps it. None: off, except in a ``framework:
+    deepspeed`` study that accumulates in fp32 (:func:`search_spaces.frameworks.grad_copy`).
+    Counted for ZeRO 0-1 plans only (DeepSpeed runs ZeRO-2/3 with its ZeRO optimizer)."""
+    bytes_per_param_optimizer: int = 12
+    """Mixed-precision Adam: fp32 master weights, momentum and variance (4 + 4 + 4)."""
+    master_weights: bool = True
+    """The optimizer steps an fp32 master copy of the 16-bit weights (mixed precision,
+    Micikevicius et al. 2018). False: the model is cast to its 16-bit type and trained in it
+    ("pure" bf16), and Adam's momentum and variance take the weights' type, as
+    ``torch.optim.AdamW`` makes them (``zeros_like`` the parameter): 2 + 2 bytes a parameter,
+    not ``bytes_per_param_optimizer``, and PyTorch FSDP shards the 16-bit parameter, not an
+    fp32 one (:func:`simcore.megatron.stack.uses_fp32_shards`). KempnerForge trains so
+    (KempnerInstitute/KempnerForge@5666d0d ``scripts/train.py``: ``model.to(dtype=
+    tc.param_dtype)`` before ``fully_shard``)."""
+    fsdp_no_sync: bool = False
+    """ZeRO-3 (FSDP) accumulates the micro-batches' gradients unsharded and reduce-scatters them
+    once, in the last micro-batch's backward: FSDP1's ``no_sync()``, FSDP2's
+    ``set_requires_gradient_sync(False)`` on all micro-batches but the last, as KempnerForge
+    runs its gradient accumulation (KempnerInstitute/KempnerForge@5666d0d
+    ``kempnerforge/training/grad.py`` ``maybe_no_sync``). Each device then keeps its layers'
+    whole gradient (over tp, not over dp) through the step, in the reduction's type
+    (``bytes_per_param_grads``: FSDP2 upcasts the accumulated gradient to its ``reduce_dtype``,
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``to_accumulated_grad_if_needed``), and
+    reduce-scatters a layer's gradient once a step, not once a micro-batch. The shard is not
+    held beside it at the peak: the last micro-batch's backward frees each layer's whole
+    gradient as it makes its shard (``_fsdp_collectives.py`` ``foreach_reduce``:
+    ``unsharded_grads.clear()`` after the copy-in), and the step's ``zero_grad`` frees the
+    shards before the next step's micro-batches. False: each
+    micro-batch's backward reduce-scatters its gradients, as torchtitan and llm-foundry run
+    FSDP. Plans with one micro-batch a step, or another ZeRO stage, are the same either way."""
+    swiglu_fusion: bool = True
+    """A SwiGLU MLP runs its gate's SiLU and the product in one fused kernel that saves only its
+    input (the gate and up projections' output) for the backward, as Megatron-LM's
+    ``--bias-swiglu-fusion`` (its default) does: 6 bytes an FFN element a token with FC2's
+    input. False: PyTorch's separate ``silu`` and multiply (torchtitan's and Hugging Face's
+    Llama, nanotron's ``GLUActivation``, Megatron-DeepSpeed's ``swiglu``), whose autograd keeps
+    the SiLU's output too (8 bytes) and which run two element-wise kernels, not one. Models
+    without SwiGLU are the same either way."""
+    vocab_parallel_embedding: bool = True
+    """The token embedding is split over tp, each rank holding V / tp rows, and its output
+    all-reduced (reduce-scattered with sequence parallelism), as Megatron-LM's
+    ``VocabParallelEmbedding``, Megatron-DeepSpeed's and torchtitan's (``RowwiseParallel``) do.
+    False: each tp rank keeps the whole table (its weights, gradients and optimizer state,
+    sharded only over dp) and looks its tokens up locally, with no collective, as KempnerForge
+    does (KempnerInstitute/KempnerForge@5666d0d ``kempnerforge/distributed/tensor_parallel.py``:
+    "Token embedding: Replicated"). Plans with tp 1 are the same either way."""
+    bytes_per_activation: int = 2
+    fp8_attention: bool = False
+    """Transformer Engine's fused attention runs in FP8 too (``fp8_dot_product_attention`` of
+    Megatron-Core's TransformerConfig, which Megatron-Bridge and NeMo recipes set and MLPerf's
+    2025 NVIDIA submissions run), in plans whose linear layers are quantised (``precision``
+    fp8, mxfp8 or nvfp4) and that run TE's fused attention: the kernel at the device's
+    :attr:`DeviceSpec.fp8_attention_speedup` over its 16-bit time, Q, K and V kept for the
+    backward in 1 byte. Plans in bf16 are the same either way. Megatron-LM's command line has
+    no flag for it (its arguments leave the field out)."""
+    launch_blocking: bool = False
+    """The run sets ``CUDA_LAUNCH_BLOCKING=1`` (a debugging switch some clusters' scripts leave
+    on): each kernel launch waits for the kernel, so the host's time per kernel adds to the
+    step (:data:`simcore.megatron.kernels.BLOCKING_HOST_S`) instead of hiding under the GPU's
+    work. False: the host runs ahead of the GPU."""
+    cuda_graphs: bool = False
+    """The layers run as captured CUDA graphs (Megatron-LM's ``--cuda-graph-impl`` /
+    ``--enable-cuda-graph``, NeMo's and MLPerf's ``CUDA_GRAPH``): the host launches a layer's
+    kernels as one graph, so its time per kernel (:attr:`DeviceSpec.host_kernel_s`) no longer
+    bounds a layer. False: eager execution, each kernel issued by the host."""
+    overlap_grad_reduce: bool = True
+    """Data-parallel gradient reduction runs in buckets during the last backward (Megatron-LM's
+    ``--overlap-grad-reduce``); False waits for it after the pipeline flush."""
+    tp_comm_overlap: bool = True
+    """With Transformer Engine and sequence parallelism, the tp all-gathers and reduce-scatters
+    run beside the linear layers' GEMMs in TE's userbuffers (``--tp-comm-overlap``, which NeMo's
+    and Megatron-Bridge's recipes set; :func:`simcore.megatron.stack.uses_tp_comm_overlap`).
+    False: Megatron-LM's own default, the forward's collectives exposed and the backward's
+    hidden only behind the weight-gradient GEMMs, as on the classic stack."""
+    flash_attention: bool | None = None
+    """Fused (flash) attention: the attention core is one kernel that never stores the s x s
+    scores (Dao et al. 2022). None takes the default: on for the llama family and on devices
+    whose entry says so (H100-era parts), off otherwise (see :func:`uses_flash_attention`)."""
+    transformer_engine: bool | None = None
+    """Megatron-Core with Transformer Engine, as NeMo and Megatron-Bridge train (2024 on): the
+    attention core in TE's fused (cuDNN) kernel at the device's fused_attention_efficiency, and
+    with sequence parallelism the tp all-gathers and reduce-scatters overlapped with the linear
+    layers' GEMMs (``--tp-comm-overlap``, TE's userbuffers). None takes the device's default
+    (H100-era parts: on) for plans with ZeRO 0-1 and the classic stack for ZeRO-2/3 plans
+    (:func:`simcore.megatron.stack.uses_transformer_engine`); False: the classic stack the
+    devices were fit on (llm-foundry's PyTorch FSDP with FlashAttention-2, Megatron-LM
+    2020-23, Megatron-DeepSpeed)."""
+    cp_comm: CpComm | None = None
+    """How context parallelism exchanges K and V (:class:`CpComm`); None is ``p2p``,
+    Megatron-LM's default (a ``framework: deepspeed`` study sets ``a2a``,
+    :func:`search_spaces.frameworks.cp_comm`). Plans with cp 1 are the same either way."""
+    cross_entropy: CrossEntropy | None = None
+    """How the loss holds the logits (:class:`CrossEntropy`): None is Megatron-LM's fused
+    cross-entropy; torchtitan studies set ``pytorch`` (``search_spaces.frameworks``)."""
+    selective_recompute: SelectiveRecompute | None = None
+    """What a plan's selective recompute drops (:class:`SelectiveRecompute`): None is
+    Megatron-LM's attention core; torchtitan studies set ``op``, its per-op checkpointing
+    (``search_spaces.frameworks``)."""
+    recompute_modules: tuple[RecomputeModule, ...] | None = None
+    """What a plan's selective recompute runs again, as Megatron-LM's ``--recompute-modules``
+    names it (:class:`RecomputeModule`); None: ``selective_recompute``'s choice (Megatron-LM's
+    default is ``core_attn``). Plans with recompute none or full ignore it."""
+    recompute_early_stop: bool | None = None
+    """Under full recompute, each layer's recompute stops at the last tensor its backward
+    saved, as PyTorch's non-reentrant activation checkpointing does by default ("Non-reentrant
+    checkpoint stops recomputation as soon as all needed intermediate activations have been
+    recomputed", ``torch.utils.checkpoint``, ``set_checkpoint_early_stop``): the layer's last
+    linear layer (FC2), its tp collective and the residual add are not run again. torchtitan
+    (``checkpoint_wrapper``, not re-entrant) and llm-foundry (which forces
+    ``activation_checkpointing_reentrant`` false) run it; Megatron-LM's and DeepSpeed's own
+    checkpointing re-run the whole layer ("Reentrant checkpoint always recomputes function in
+    its entirety"). None takes the stack's default: on for plans on the PyTorch FSDP stack
+    (ZeRO-2/3 without Transformer Engine, as
+    :func:`simcore.megatron.stack.uses_transformer_engine` reads them), off otherwise
+    (:func:`simcore.megatron.stack.uses_recompute_early_stop`). An MoE layer's recompute is
+    priced whole either way."""
+
+    @property
+    def cp_exchange(self) -> CpComm:
+        """:attr:`cp_comm` with its default resolved (``p2p``)."""
+        return self.cp_comm or CpComm.P2P
+
+    def __post_init__(self) -> None:
+        _positive("global_batch", self.global_batch)
+        _positive("seq_len", self.seq_len)
+        modules = self.recompute_modules
+        if modules is not None:
+            if (not isinstance(modules, tuple) or not modules
+                    or not all(isinstance(m, RecomputeModule) for m in modules)):
+                raise ValueError(f"recompute_modules must name one or more of"
+                                 f" {', '.join(m.value for m in RecomputeModule)}, got {modules!r}")
+            if self.selective_recompute is SelectiveRecompute.OP:
+                raise ValueError("recompute_modules are Megatron-LM's selective recompute, but"
+                                 " selective_recompute is op (torchtitan's); give one of them")
+        for name in (
+            "bytes_per_param_weights",
+            "bytes_per_param_grads",
+            "bytes_per_param_optimizer",
+            "bytes_per_activation",
+        ):
+            _positive(name, getattr(self, name))
+        if not self.master_weights and self.bytes_per_param_optimizer != 12:
+            raise ValueError("master_weights false sets the optimizer state (Adam's two moments in"
+                             " the weights' type); give bytes_per_param_optimizer or"
+                             " master_weights, not both")
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Bytes of optimizer state a parameter: ``bytes_per_param_optimizer`` with master
+        weights, else Adam's two moments in the weights' type."""
+        if self.master_weights:
+            return self.bytes_per_param_optimizer
+        return 2 * self.bytes_per_param_weights
+
+
+TRAINING_CHOICES: dict[str, type[_Named]] = {"selective_recompute": SelectiveRecompute,
+                                             "cross_entropy": CrossEntropy,
+                                             "cp_comm": CpComm}
+"""The :class:`TrainingSpec` fields that name one of a few choices (None: the default)."""

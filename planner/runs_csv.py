@@ -86,6 +86,7 @@ error: one bad row does not hide the others. A missing column or an unreadable f
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -277,19 +278,23 @@ def _check_header(path: Path, header: list[str]) -> None:
     if not header:
         raise PlannerUsageError(f"{path}: empty; the first line must name the columns"
                                 f" ({', '.join(REQUIRED)}, step_time_s and/or peak_memory_gb)")
+    known = REQUIRED + MEASURED + OPTIONAL
+    unknown = [c for c in header if c and c not in known]
     missing = [c for c in REQUIRED if c not in header]
     if missing:
-        raise PlannerUsageError(f"{path}: header: no column {missing[0]!r}; the columns"
+        close = difflib.get_close_matches(missing[0], unknown, n=1)
+        hint = f" (is {close[0]!r} it? rename it)" if close else ""
+        raise PlannerUsageError(f"{path}: header: no column {missing[0]!r}{hint}; the columns"
                                 f" {', '.join(REQUIRED)} are required")
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], [*known, *ALIASES], n=2)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise PlannerUsageError(f"{path}: header: unknown column {unknown[0]!r}; {hint}allowed:"
+                                f" {', '.join(known)}")
     if not any(c in header for c in MEASURED):
         raise PlannerUsageError(f"{path}: header: no measured column; add step_time_s (seconds"
                                 " per step; or tokens_per_s, tokens_per_s_per_gpu) and/or"
                                 " peak_memory_gb (GB per device)")
-    unknown = [c for c in header if c and c not in REQUIRED + MEASURED + OPTIONAL]
-    if unknown:
-        allowed = ", ".join(REQUIRED + MEASURED + OPTIONAL)
-        raise PlannerUsageError(f"{path}: header: unknown column {unknown[0]!r}; allowed:"
-                                f" {allowed}")
     duplicated = sorted({c for c in header if c and header.count(c) > 1})
     if duplicated:
         raise PlannerUsageError(f"{path}: header: column {duplicated[0]!r} appears twice")

@@ -72,3 +72,18 @@ def test_gpus_is_checked_against_the_plan_and_the_system(tmp_path: Path) -> None
     reasons = {s.name: s.reason for s in skipped}
     assert reasons["typo"].startswith("gpus=16 but dp*tp*pp*sp = 8")
     assert reasons["small"].startswith("gpus=8 but the system dgx-a100-16 has 16 devices")
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    (f"{HEADER},step_time", "unknown column 'step_time'; did you mean step_time_s?"),
+    (HEADER.replace("micro_batch", "micro_batch_size") + ",step_time_s",
+     "no column 'micro_batch' (is 'micro_batch_size' it? rename it)"),
+    (f"{HEADER},colour,step_time_s", "unknown column 'colour'; allowed: model,"),
+])
+def test_a_misnamed_column_names_its_likely_fix(tmp_path: Path, capsys, header: str,
+                                                message: str) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text(header + "\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

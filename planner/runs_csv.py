@@ -100,6 +100,7 @@ from planner.runs_row import (
     RowError,
     allocated,
     as_run_by,
+    integer,
     positive,
     row_framework,
     row_strategy,
@@ -235,7 +236,7 @@ def _measured_step(row: dict[str, str], strategy: Strategy) -> float | None:
     (``global_batch x seq_len`` tokens over ``tokens_per_s``, or over ``tokens_per_s_per_gpu``
     times the plan's devices); None where none is filled. Two that disagree by more than
     :data:`AGREE` are a value to fix."""
-    tokens = _positive_integer(row, "global_batch") * _positive_integer(row, "seq_len")
+    tokens = integer(row, "global_batch") * integer(row, "seq_len")
     given = {"step_time_s": positive(row, "step_time_s")}
     job = positive(row, "tokens_per_s")
     per_gpu = positive(row, "tokens_per_s_per_gpu")
@@ -254,23 +255,17 @@ def _measured_step(row: dict[str, str], strategy: Strategy) -> float | None:
     return step
 
 
-def _positive_integer(row: dict[str, str], key: str) -> int:
-    value = positive(row, key)
-    if value is None or not value.is_integer():
-        raise BadValue(f"{key}={row.get(key, '')!r} must be a whole number >= 1")
-    return int(value)
-
-
 def _check_gpus(row: dict[str, str], strategy: Strategy, system: SystemSpec) -> None:
-    """A filled ``gpus`` must be the plan's and the system's device count."""
+    """A filled ``gpus`` must be the plan's and the system's device count: a row that says
+    otherwise has a value to fix."""
     if not row.get("gpus"):
         return
-    gpus = _positive_integer(row, "gpus")
+    gpus = integer(row, "gpus")
     if gpus != strategy.devices:
-        raise RowError(f"gpus={gpus} but dp*tp*pp*sp = {strategy.devices}; fix the degrees"
+        raise BadValue(f"gpus={gpus} but dp*tp*pp*sp = {strategy.devices}; fix the degrees"
                        " or the gpus cell")
     if gpus != system.devices:
-        raise RowError(f"gpus={gpus} but the system {system.name} has {system.devices}"
+        raise BadValue(f"gpus={gpus} but the system {system.name} has {system.devices}"
                        f" devices; name the system with {gpus}")
 
 

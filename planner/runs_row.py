@@ -25,8 +25,8 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["BadValue", "RowError", "allocated", "as_run_by", "positive", "row_framework",
-           "row_strategy", "row_training"]
+__all__ = ["BadValue", "RowError", "allocated", "as_run_by", "integer", "positive",
+           "row_framework", "row_strategy", "row_training"]
 
 _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
@@ -44,7 +44,9 @@ class BadValue(RowError):
     express is only left out."""
 
 
-def _integer(row: dict[str, str], key: str, default: int | None = None) -> int:
+def integer(row: dict[str, str], key: str, default: int | None = None) -> int:
+    """The cell as a whole number >= 1, or ``default`` where it is empty (a value to fix where
+    there is none)."""
     text = row.get(key, "")
     if not text:
         if default is None:
@@ -61,7 +63,7 @@ def _integer(row: dict[str, str], key: str, default: int | None = None) -> int:
 
 def _optional_integer(row: dict[str, str], key: str) -> int | None:
     """A whole number >= 1, or None where the cell is empty (uneven stages, HSDP)."""
-    return _integer(row, key) if row.get(key, "") else None
+    return integer(row, key) if row.get(key, "") else None
 
 
 def positive(row: dict[str, str], key: str) -> float | None:
@@ -149,23 +151,23 @@ def row_strategy(row: dict[str, str]) -> Strategy:
     """The row's plan (its degrees, schedule, stages, precision and the rest)."""
     named = _enum(row, "schedule", Schedule, None)
     layout = _layout(row)
-    pp = _integer(row, "pp")
+    pp = integer(row, "pp")
     from_layout = None if layout is None else layout_chunks(layout, pp)
-    v = _integer(row, "v", 2 if named is Schedule.ZBV else from_layout or 1)
+    v = integer(row, "v", 2 if named is Schedule.ZBV else from_layout or 1)
     default_schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
     sequence_parallel = _boolean(row, "sequence_parallel")
     return _built(lambda: Strategy(
-        dp=_integer(row, "dp"), tp=_integer(row, "tp"), pp=_integer(row, "pp"),
-        sp=_integer(row, "sp", 1),
+        dp=integer(row, "dp"), tp=integer(row, "tp"), pp=integer(row, "pp"),
+        sp=integer(row, "sp", 1),
         sequence_parallel=True if sequence_parallel is None else sequence_parallel,
         zero=_zero(row), recompute=_enum(row, "recompute", Recompute, Recompute.NONE),
-        micro_batch=_integer(row, "micro_batch"),
+        micro_batch=integer(row, "micro_batch"),
         schedule=named or default_schedule, v=v, **_placement(row),
         precision=_enum(row, "precision", Precision, Precision.BF16),
         first_stage_layers=_optional_integer(row, "first_stage_layers"),
         last_stage_layers=_optional_integer(row, "last_stage_layers"),
         shard_group=_optional_integer(row, "shard_group"),
-        ep=_integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
+        ep=integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
         ep_overlap=bool(_boolean(row, "ep_overlap")),
         ep_dedup=bool(_boolean(row, "ep_dedup")), layout=layout,
         recompute_layers=_optional_integer(row, "recompute_layers"),
@@ -196,9 +198,9 @@ def row_training(row: dict[str, str]) -> TrainingSpec:
     """The row's training (batch, sequence and the stack's options), cells left empty None."""
     overlap = _boolean(row, "overlap_grad_reduce")
     return _built(lambda: TrainingSpec(
-        global_batch=_integer(row, "global_batch"), seq_len=_integer(row, "seq_len"),
-        bytes_per_param_grads=_integer(row, "grad_bytes", 2),
-        bytes_per_param_optimizer=_integer(row, "optimizer_bytes", 12),
+        global_batch=integer(row, "global_batch"), seq_len=integer(row, "seq_len"),
+        bytes_per_param_grads=integer(row, "grad_bytes", 2),
+        bytes_per_param_optimizer=integer(row, "optimizer_bytes", 12),
         overlap_grad_reduce=True if overlap is None else overlap,
         flash_attention=_boolean(row, "flash_attention"),
         transformer_engine=_boolean(row, "transformer_engine"),

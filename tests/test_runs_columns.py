@@ -69,6 +69,7 @@ def test_gpus_is_checked_against_the_plan_and_the_system(tmp_path: Path) -> None
         f"typo,{PLAN},16,1.0",                                    # dp 8 x tp 1 x pp 1 = 8
         "small,gpt-1.7b,dgx-a100-16,16,2048,8,1,1,2,8,1.0")      # 8 GPUs on a 16-GPU system
     assert [r.name for r in runs] == ["ok"]
+    assert all(s.bad_value for s in skipped)  # a row that contradicts itself: a value to fix
     reasons = {s.name: s.reason for s in skipped}
     assert reasons["typo"].startswith("gpus=16 but dp*tp*pp*sp = 8")
     assert reasons["small"].startswith("gpus=8 but the system dgx-a100-16 has 16 devices")

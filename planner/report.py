@@ -23,10 +23,17 @@ from planner.plots import figure_html
 from planner.plots.breakdown import breakdown_figure
 from planner.plots.pareto import pareto_figure
 from planner.plots.timeline import timeline_figure
-from planner.report_decision import Decision, decide, decision_html, export_formats
+from planner.report_decision import (
+    Decision,
+    decide,
+    decision_html,
+    export_formats,
+    short_wide,
+)
 from planner.tables import PLACEMENTS, best_frame, mfu_note, trials_frame
 from search_spaces.frameworks import FRAMEWORKS
 from simcore import estimate, host_wait
+from simcore.megatron.checks import micro_batches
 from simcore.megatron.stack import uses_tp_comm_overlap
 from simcore.specs import Convention
 
@@ -98,7 +105,9 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
     decision = decide(study.study_name, frame, best, summary, storage,
                       refused=_refusals(plan, export_formats(summary)),
                       host=(waits, plan.system.device.host_kernel_s),
-                      tp_overlap=_tp_overlap(plan))
+                      tp_overlap=_tp_overlap(plan),
+                      wide=short_wide(micro_batches(plan.training, plan.strategy),
+                                      plan.strategy.dp, plan.estimate.step_time))
     return Report(study.study_name, summary, _counts(frame), best, figures, decision)
 
 

@@ -20,6 +20,7 @@ from planner.report_decision import SHORT_STEP_S, WIDE_DP, decide, decision_html
 from planner.runs_csv import read_runs
 from planner.validation import validate
 from simcore.megatron.checks import micro_batches
+from tests.test_report_decision import _report_pages, _row
 
 DATA = Path(__file__).parent / "data" / "validation"
 
@@ -47,10 +48,7 @@ def test_every_short_wide_run_is_estimated_fast_as_the_report_says() -> None:
 
 
 def _page(wide: int) -> str:
-    row = {"number": 0, "state": "COMPLETE", "plan": "dp128 mb1", "feasible": True,
-           "step_time_s": 0.2, "peak_memory_gb": 40.0, "tokens_per_s": 1e6, "mfu": 0.4,
-           "time_compute_s": 0.2}
-    frame = pd.DataFrame([row])
+    frame = pd.DataFrame([_row(0, "dp128 mb1", 0.2, 40.0, compute=0.2)])
     page = decision_html(decide("s", frame, frame, {"hbm_gb": 80}, wide=wide))
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))
 
@@ -72,19 +70,11 @@ def test_the_report_finds_the_regime_in_a_study(tmp_path, monkeypatch, capsys) -
     # GPT 1.7B on 128 A100s at dp 128, micro-batch 1: a global batch of 128 is one micro-batch a
     # step (`planner estimate --model gpt-1.7b --system dgx-a100-128 --dp 128 --micro-batch 1
     # --global-batch 128 --seq-len 1024 --framework megatron`: 0.218 s); of 256, two (0.388 s)
-    from planner.cli import main
-
-    monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "studies.journal"))
-    said = {}
-    for batch in (128, 256):
-        study = tmp_path / f"b{batch}.yaml"
-        study.write_text(f"name: b{batch}\nmodel: gpt-1.7b\nsystem: dgx-a100-128\n"
-                         "framework: megatron\n"
-                         f"training: {{global_batch: {batch}, seq_len: 1024}}\n"
-                         "space: {dp: [128], tp: [1], pp: [1], micro_batch: [1]}\n")
-        assert main(["run", str(study), "--quiet"]) == 0
-        page = tmp_path / f"b{batch}.html"
-        assert main(["report", f"b{batch}", "--out", str(page)]) == 0
-        capsys.readouterr()
-        said[batch] = "Less sure here: one micro-batch a step over dp 128" in page.read_text()
-    assert said == {128: True, 256: False}
+    pages = _report_pages(tmp_path, monkeypatch, capsys, {
+        f"b{batch}": (f"name: b{batch}\nmodel: gpt-1.7b\nsystem: dgx-a100-128\n"
+                      f"framework: megatron\ntraining: {{global_batch: {batch}, seq_len: 1024}}\n"
+                      "space: {dp: [128], tp: [1], pp: [1], micro_batch: [1]}\n")
+        for batch in (128, 256)})
+    said = {name: "Less sure here: one micro-batch a step over dp 128" in text
+            for name, text in pages.items()}
+    assert said == {"b128": True, "b256": False}

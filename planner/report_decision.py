@@ -31,14 +31,18 @@ TP_OVERLAP_SAYS = 0.02
 tp overlap says it counts on it (FlagPerf's Llama 3 8B at tp 8 on a DGX A800: 14%)."""
 
 SHORT_STEP_S = 1.0
+"""The step time under which a plan of one micro-batch a step over a wide dp is less sure
+(:data:`WIDE_DP`)."""
 WIDE_DP = 64
 """A plan of one micro-batch a step over data parallelism of :data:`WIDE_DP` or more, whose step
 is estimated under :data:`SHORT_STEP_S`, is where the estimate is least sure: every such run of
 the validation set (tests/data/validation, 24 runs: MLPerf v5.1's Llama 3.1 8B on 512 GB200s and
 GB300s and on 64-128 H100s, nanotron's plans on 16-64 nodes, llm-foundry's short FSDP steps) took
 longer than estimated, by 11% at the median and up to 69%, where the 40 such plans with longer
-steps are 2.7% fast at the median (tests/test_report_doubts.py): the gradient reduction and the
-step's fixed costs are least hidden there."""
+steps are 2.7% fast at the median (tests/test_report_doubts.py). There the gradient reduction and
+the step's fixed costs have the least compute to hide behind; which of them the estimate misses,
+the runs do not say (tests/data/validation/README.md, "Short steps at large data
+parallelism")."""
 
 PARTS = {
     "compute": "compute",
@@ -161,9 +165,10 @@ def _least_sure(dp: int) -> str:
             f" {SHORT_STEP_S:g} s. Every measured plan like it (24 in the validation set: MLPerf's"
             " Llama 3.1 8B on 64-512 GPUs, nanotron at 16-64 nodes, llm-foundry's short FSDP"
             " steps) took longer than estimated, by 11% at the median and up to 69%: the"
-            " gradient reduction and the step's fixed costs are least hidden there. Plans with"
-            " more micro-batches a step (a larger global batch, or fewer data-parallel ranks)"
-            " are estimated more surely; time the first steps before committing.")
+            " gradient reduction and the step's fixed costs have the least compute to hide"
+            " behind there. Plans with more micro-batches a step (a larger global batch, or"
+            " fewer data-parallel ranks) are estimated more surely; time the first steps before"
+            " committing.")
 
 
 def _closeness(d: Decision) -> str:

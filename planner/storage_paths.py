@@ -8,8 +8,8 @@ import os
 import shlex
 from pathlib import Path
 
-__all__ = ["DEFAULT_STORAGE", "LEGACY_STORAGE", "RESULTS_DIR", "is_url", "shown", "storage_label",
-           "storage_option"]
+__all__ = ["DEFAULT_STORAGE", "LEGACY_STORAGE", "QUEUE_SUFFIX", "RESULTS_DIR", "WORK_QUEUE",
+           "is_url", "shown", "storage_label", "storage_option"]
 
 RESULTS_DIR = Path("planner-results")
 DEFAULT_STORAGE = RESULTS_DIR / "studies"
@@ -17,6 +17,10 @@ DEFAULT_STORAGE = RESULTS_DIR / "studies"
 LEGACY_STORAGE = RESULTS_DIR / "studies.journal"
 """The default before the folder: one journal for every study. Where it exists and the folder
 does not, it stays the default (its studies stay where the user finds them)."""
+WORK_QUEUE = "work_queue"
+"""User attribute of a study shared by workers: what its work queue holds (planner.runner)."""
+QUEUE_SUFFIX = " (work queue)"
+"""A work queue is the study of this name after the shared study's (a space: no user's name)."""
 def storage_label(arg: str | None) -> str:
     """The storage the user meant: ``--storage``, else ``$PLANNER_STORAGE``, else the default
     (the folder of studies, or the one journal of earlier versions where only it exists)."""

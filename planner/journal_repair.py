@@ -2,11 +2,12 @@
 entries, keeping every valid one in order (issue 20).
 
 A killed writer leaves at most a torn last line, which the planner cuts before it appends
-(:func:`planner.storage_journal.repair_tail`). A line damaged otherwise (an editor, a disk error, another
-program writing into the file) stops every reader once an entry follows it: Optuna raises on a
-bad line that is not the last. The repair keeps each line that parses as a JSON object with an
-``op_code``, as Optuna wrote it, under the journal's lock, and writes the result atomically
-after copying the file to ``JOURNAL.bak``. Entries are never edited, only dropped.
+(:func:`planner.storage_journal.repair_tail`). A line damaged otherwise (an editor, a disk
+error, another program writing into the file) stops every reader once an entry follows it:
+Optuna raises on a bad line that is not the last. The repair keeps each line that parses as a
+JSON object with an ``op_code``, as Optuna wrote it, under the journal's lock, and writes the
+result atomically after copying the file to ``JOURNAL.bak``. Entries are never edited, only
+dropped.
 """
 
 from __future__ import annotations

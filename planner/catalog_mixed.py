@@ -58,7 +58,7 @@ def _inter(path: Path, where: str, entry: Any, nodes: int) -> NetworkDim:
 
 def mixed_system_from_entry(path: Path, name: str, entry: Any,
                             devices: Mapping[str, DeviceSpec]) -> MixedSystemSpec:
-    from planner.catalog import system_device
+    from planner.catalog_entries import system_device
 
     e = fields(path, name, entry, _FIELDS, _OPTIONAL)
     raw_groups = e["groups"]

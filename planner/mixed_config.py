@@ -24,7 +24,7 @@ from planner.catalog import Catalog, load_catalog
 from planner.fields import choice, fail, fields, integer
 from planner.inputs import load
 from planner.metis_io import profile_path, profiles_from_entry
-from planner.study_config import _bad_zero, _degrees, _enums, _list
+from planner.study_space import as_list, degrees, enums, zero_stage_of
 from search_spaces import powers_of_two
 from search_spaces.mixed import MixedSpace
 from simcore.mixed import LayerProfiles, MixedSystemSpec
@@ -94,14 +94,14 @@ def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStud
         seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1))
     s = fields(path, "space", e["space"] if e["space"] is not None else {}, set(), _SPACE)
     node = max(g.network.dims[0].npus for g in system.groups)
-    kw: dict[str, Any] = {"tp": _degrees(path, "space.tp", s["tp"], node) if "tp" in s
+    kw: dict[str, Any] = {"tp": degrees(path, "space.tp", s["tp"], node) if "tp" in s
                           else powers_of_two(node)}
     if "recompute" in s:
-        kw["recompute"] = _enums(path, "space.recompute", s["recompute"], Recompute)
+        kw["recompute"] = enums(path, "space.recompute", s["recompute"], Recompute)
     if "zero" in s:
         kw["zero"] = tuple(dict.fromkeys(
             ZeroStage(z) if isinstance(z, int) and not isinstance(z, bool) and 0 <= z <= 3
-            else _bad_zero(path, z) for z in _list(path, "space.zero", s["zero"])))
+            else zero_stage_of(path, z) for z in as_list(path, "space.zero", s["zero"])))
     if "schedule" in s:
         schedule = choice(path, "space.schedule", s["schedule"], Schedule)
         if schedule in (Schedule.INTERLEAVED, Schedule.ZBV):

@@ -45,13 +45,13 @@ from planner.fields import (
     fields,
     integer,
     number,
-    placement_axes,
     training_flags,
 )
 from planner.inputs import load
 from planner.record import Evaluator
+from planner.study_space import as_list, enums, space_from_entry
 from planner.units import GB
-from search_spaces import StrategySpace, powers_of_two
+from search_spaces import StrategySpace
 from search_spaces.frameworks import ANY, FRAMEWORKS, with_framework_defaults
 from simcore.megatron.checks import recompute_modules_problem
 from simcore.megatron.precision import fp8_attention_problem
@@ -59,19 +59,15 @@ from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
     TRAINING_CHOICES,
-    Axis,
     Convention,
     CpComm,
     CrossEntropy,
     ModelSpec,
     Precision,
-    Recompute,
     RecomputeModule,
-    Schedule,
     SelectiveRecompute,
     SystemSpec,
     TrainingSpec,
-    ZeroStage,
 )
 
 __all__ = ["OBJECTIVES", "SAMPLERS", "StudyConfig", "load_study_config", "with_congestion"]
@@ -86,10 +82,6 @@ _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampl
 _TRAINING = {"global_batch"}
 _TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "optimizer_bytes", "recompute_modules",
                       *TRAINING_FLAGS, *TRAINING_CHOICES}
-_SPACE_KNOBS = {"dp", "tp", "pp", "sp", "zero", "fsdp", "recompute", "micro_batch", "schedule",
-                "v", "placement", "sequence_parallel", "precision", "uneven", "shard_group",
-                "ep", "etp", "ep_overlap", "ep_dedup", "recompute_layers", "offload_layers"}
-_POWERS = ("powers_of_two", "powers of two")
 DEFAULT_N_TRIALS = 200
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 """A study name is a safe file name: exports go to ``planner-results/exports/NAME``, so ``..``
@@ -207,144 +199,6 @@ def _ref(path: Path, field: str, value: Any, kind: str, catalog: Catalog) -> Any
     return getattr(catalog, kind)(value, where=(path, field))
 
 
-def _list(path: Path, field: str, value: Any) -> list:
-    items = value if isinstance(value, list) else [value]
-    if not items:
-        raise fail(path, field, "is empty; list at least one value")
-    return items
-
-
-def _degrees(path: Path, field: str, value: Any, limit: int) -> tuple[int, ...]:
-    if isinstance(value, str) and value.strip().lower() in _POWERS:
-        return powers_of_two(limit)
-    out = []
-    for i, item in enumerate(_list(path, field, value)):
-        out.append(integer(path, f"{field}[{i}]" if isinstance(value, list) else field, item,
-                           minimum=1))
-    return tuple(dict.fromkeys(out))
-
-
-def _enums(path: Path, field: str, value: Any, enum: type) -> tuple:
-    return tuple(dict.fromkeys(choice(path, field, item, enum)
-                               for item in _list(path, field, value)))
-
-
-def _bools(path: Path, field: str, value: Any) -> tuple[bool, ...]:
-    out = []
-    for item in _list(path, field, value):
-        if not isinstance(item, bool):
-            raise fail(path, field, f"must be true or false (or a list of them), but got {item!r}")
-        out.append(item)
-    return tuple(dict.fromkeys(out))
-
-
-def _placements(path: Path, field: str, value: Any) -> tuple[tuple[Axis, ...], ...]:
-    items = _list(path, field, value)
-    if all(isinstance(i, str) and "," not in i for i in items) and len(items) == 4:
-        items = [items]  # one placement written as a list of axes
-    out = []
-    for item in items:
-        axes_text = item.split(",") if isinstance(item, str) else item
-        if not isinstance(axes_text, list):
-            raise fail(path, field, f"{item!r} must list dp, tp, pp and sp, innermost first")
-        axes = placement_axes(axes_text)
-        if axes is None:
-            raise fail(path, field, f"{item!r} must name dp, tp, pp and sp once each, innermost"
-                       " first, e.g. tp,sp,dp,pp")
-        out.append(axes)
-    return tuple(dict.fromkeys(out))
-
-
-def _space(path: Path, raw: Any, model: ModelSpec, system: SystemSpec, training: TrainingSpec,
-           convention: Convention, framework: str) -> StrategySpace:
-    e = fields(path, "space", raw, set(), _SPACE_KNOBS)
-    n = system.devices
-    if "zero" in e and "fsdp" in e:
-        raise fail(path, "space.fsdp", "give zero or fsdp, not both (fsdp: true is zero: 3)")
-    kw: dict[str, Any] = {}
-    dp = e.get("dp", "auto")
-    kw["dp"] = None if dp == "auto" else _degrees(path, "space.dp", dp, n)
-    for knob in ("tp", "pp", "sp"):
-        if knob in e:
-            kw[knob] = _degrees(path, f"space.{knob}", e[knob], n)
-    if "zero" in e:
-        kw["zero"] = tuple(ZeroStage(integer(path, "space.zero", z, minimum=0)) if
-                           isinstance(z, int) and 0 <= z <= 3 else
-                           _bad_zero(path, z) for z in _list(path, "space.zero", e["zero"]))
-    if "fsdp" in e:
-        kw["zero"] = tuple(ZeroStage.PARAMETERS if f else ZeroStage.NONE
-                           for f in _bools(path, "space.fsdp", e["fsdp"]))
-    if "recompute" in e:
-        kw["recompute"] = _enums(path, "space.recompute", e["recompute"], Recompute)
-    if "micro_batch" in e:
-        kw["micro_batch"] = _degrees(path, "space.micro_batch", e["micro_batch"],
-                                     training.global_batch)
-    if "schedule" in e:
-        kw["schedule"] = _enums(path, "space.schedule", e["schedule"], Schedule)
-    if "v" in e:
-        kw["v"] = _degrees(path, "space.v", e["v"], model.layers)
-    if "placement" in e:
-        kw["placement"] = _placements(path, "space.placement", e["placement"])
-    if "sequence_parallel" in e:
-        kw["sequence_parallel"] = _bools(path, "space.sequence_parallel", e["sequence_parallel"])
-    if "precision" in e:
-        kw["precision"] = _enums(path, "space.precision", e["precision"], Precision)
-    if "uneven" in e:  # layers fewer on the first and last stage (search_spaces.space.short_ends)
-        kw["uneven"] = tuple(dict.fromkeys(integer(path, "space.uneven", k, minimum=0)
-                                           for k in _list(path, "space.uneven", e["uneven"])))
-    if "shard_group" in e:  # shard groups for ZeRO-1 and ZeRO-3; 0: the whole dp * sp group
-        kw["shard_group"] = tuple(dict.fromkeys(
-            integer(path, "space.shard_group", k, minimum=0)
-            for k in _list(path, "space.shard_group", e["shard_group"])))
-    if "recompute_layers" in e:  # layers of each chunk that full recompute runs; 0: all
-        kw["recompute_layers"] = tuple(dict.fromkeys(
-            integer(path, "space.recompute_layers", k, minimum=0)
-            for k in _list(path, "space.recompute_layers", e["recompute_layers"])))
-        if (any(kw["recompute_layers"])
-                and Recompute.FULL not in kw.get("recompute", (Recompute.NONE,))):
-            raise fail(path, "space.recompute_layers", "it applies to full recompute; add full"
-                       " to space.recompute, e.g. recompute: [none, full]")
-    if "offload_layers" in e:  # layers that offload their activations to host memory; 0: none
-        kw["offload_layers"] = tuple(dict.fromkeys(
-            integer(path, "space.offload_layers", k, minimum=0)
-            for k in _list(path, "space.offload_layers", e["offload_layers"])))
-        if any(kw["offload_layers"]) and system.device.host_bandwidth_bytes_per_s is None:
-            raise fail(path, "space.offload_layers", f"device {system.device.name} has no"
-                       " host_bandwidth_gbps in its catalog entry (its link to host memory);"
-                       " add it or drop offload_layers")
-    _experts(path, e, model, n, kw)
-    space = StrategySpace(model=model, system=system, training=training, convention=convention,
-                          framework=framework, **kw)
-    if Schedule.INTERLEAVED in space.schedule and not any(v > 1 for v in space.v):
-        raise fail(path, "space.v", "the interleaved schedule needs model chunks v > 1; add"
-                   " e.g. v: [2, 4]")
-    return space
-
-
-def _experts(path: Path, e: dict[str, Any], model: ModelSpec, devices: int,
-             kw: dict[str, Any]) -> None:
-    """``ep`` (expert-parallel degrees) and ``etp`` (expert tensor-parallel degrees, or ``tp``
-    for the plan's own), for a model with MoE layers."""
-    if ("ep" in e or "etp" in e or "ep_overlap" in e or "ep_dedup" in e) and model.moe is None:
-        knob = next(k for k in ("ep", "etp", "ep_overlap", "ep_dedup") if k in e)
-        raise fail(path, f"space.{knob}", f"expert parallelism needs a model with MoE layers,"
-                   f" and {model.name} has none; leave {knob} out")
-    if "ep" in e:
-        kw["ep"] = _degrees(path, "space.ep", e["ep"], devices)
-    if "ep_overlap" in e:
-        kw["ep_overlap"] = _bools(path, "space.ep_overlap", e["ep_overlap"])
-    if "ep_dedup" in e:
-        kw["ep_dedup"] = _bools(path, "space.ep_dedup", e["ep_dedup"])
-    if "etp" in e:
-        kw["etp"] = tuple(dict.fromkeys(
-            None if k == "tp" else integer(path, "space.etp", k, minimum=1)
-            for k in _list(path, "space.etp", e["etp"])))
-
-
-def _bad_zero(path: Path, z: Any) -> ZeroStage:
-    raise fail(path, "space.zero", f"unknown ZeRO stage {z!r}; use 0, 1, 2 or 3 (3 is FSDP)")
-
-
 def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | None = None,
                       catalog: Catalog | None = None) -> StudyConfig:
     """Read and check a study YAML; ``hbm_gb`` (the command line's --hbm-gb) overrides its
@@ -378,7 +232,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     chosen = {k: choice(path, f"training.{k}", t[k], enum)
               for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
     modules = (None if t.get("recompute_modules") is None else  # a list of names, or one
-               _enums(path, "training.recompute_modules", t["recompute_modules"],
+               enums(path, "training.recompute_modules", t["recompute_modules"],
                       RecomputeModule))
     batch = integer(path, "training.global_batch", t["global_batch"], minimum=1)
     seq_len = integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1)
@@ -401,7 +255,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
         limit = hbm_gb
     if limit is not None:
         system = replace(system, device=replace(system.device, hbm_bytes=limit * GB))
-    objectives = tuple(_list(path, "objectives", e.get("objectives", ["step_time"])))
+    objectives = tuple(as_list(path, "objectives", e.get("objectives", ["step_time"])))
     if objectives not in (("step_time",), ("step_time", "peak_memory")):
         raise fail(path, "objectives", f"must be [step_time] or [step_time, peak_memory], but"
                    f" got {list(objectives)!r}")
@@ -416,7 +270,7 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
         raise fail(path, "framework", f"unknown framework {framework!r}; use one of"
                    f" {', '.join(FRAMEWORKS)}")
     training = with_framework_defaults(training, framework, system.device.transformer_engine)
-    space = _space(path, e["space"], model, system, training, convention, framework)
+    space = space_from_entry(path, e["space"], model, system, training, convention, framework)
     if training.fp8_attention and any(q.quantized for q in space.precision):
         problem = fp8_attention_problem(system.device)
         if problem is not None:

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from planner.errors import PlannerUsageError
-from planner.exports import export_files
+from planner.exports import runnable_files
 from planner.plan import Plan, plans_from_frame
 from planner.plots import figure_html
 from planner.plots.breakdown import breakdown_figure
@@ -70,7 +70,7 @@ def _refusals(plan: Plan, formats: tuple[str, ...]) -> dict[str, str]:
         if fmt not in FRAMEWORKS:
             continue  # chakra, astra-sim and plan files: not a framework's rules
         try:
-            export_files(plan, fmt)
+            runnable_files(plan, fmt)
         except ValueError as e:
             refused[fmt] = str(e)
     return refused

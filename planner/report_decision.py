@@ -60,6 +60,10 @@ PARTS = {
 """Each time part of a stored trial (``time_<part>_s``) in words."""
 
 
+TRAINING_FORMATS = ("megatron", "deepspeed", "torchtitan")
+"""The export formats that launch a training framework (:mod:`planner.exports._runnable`)."""
+
+
 @dataclass(frozen=True)
 class Decision:
     study: str
@@ -85,6 +89,10 @@ class Decision:
     """The recommended plan's dp where it takes one micro-batch a step over dp of
     :data:`WIDE_DP` or more and its step is under :data:`SHORT_STEP_S` (:func:`short_wide`);
     0 otherwise."""
+    unrunnable: bool = False
+    """Every framework the study's convention could export the plan for refuses it (it needs
+    more HBM than the device has, or a framework's rule forbids it): the page then says so
+    instead of recommending it."""
 
 
 def _parts(row: pd.Series) -> dict[str, float]:
@@ -101,7 +109,7 @@ def export_formats(summary: dict) -> tuple[str, ...]:
     if convention == "mlp":
         return ("plan",)
     framework = summary.get("framework", "any")
-    frameworks = ("megatron", "deepspeed", "torchtitan") if framework == "any" else (framework,)
+    frameworks = TRAINING_FORMATS if framework == "any" else (framework,)
     return (*frameworks, "chakra", "plan")
 
 
@@ -133,10 +141,12 @@ def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
     exports = tuple(f"planner export {study} --format {f}{storage}"
                     for f in export_formats(summary) if f not in refused)
     hbm = summary.get("hbm_gb")
+    frameworks = [f for f in export_formats(summary) if f in TRAINING_FORMATS]
     return Decision(study, top, runner_up, close, float(hbm) if hbm else None,
                     unfit.iloc[0] if len(unfit) else None, exports,
                     str(summary.get("description") or ""), tuple(refused.items()), host,
-                    tp_overlap, wide)
+                    tp_overlap, wide,
+                    unrunnable=bool(frameworks) and all(f in refused for f in frameworks))
 
 
 def _why(d: Decision) -> str:
@@ -238,7 +248,9 @@ def _ms(seconds: float) -> str:
 
 def decision_html(d: Decision) -> str:
     top = d.best
-    head = (f"<p><b>Run <code>{html.escape(str(top['plan']))}</code></b>: {_ms(top['step_time_s'])}"
+    verb = "Fastest estimated, which no framework runs as written:" if d.unrunnable else "Run"
+    head = (f"<p><b>{verb} <code>{html.escape(str(top['plan']))}</code></b>:"
+            f" {_ms(top['step_time_s'])}"
             f" per step, {top['tokens_per_s']:,.0f} tokens/s, MFU {top['mfu']:.1%},"
             f" {top['peak_memory_gb']:.1f} GB peak per device"
             + (f" of {d.hbm_gb:g} GB" if d.hbm_gb else "") + ".</p>")
@@ -250,9 +262,14 @@ def decision_html(d: Decision) -> str:
     if changes:
         parts.append("<h3>What would change the answer</h3><ul>"
                      + "".join(f"<li>{c}</li>" for c in changes) + "</ul>")
-    parts.append("<h3>Run it</h3><pre>" + html.escape("\n".join(d.exports)) + "</pre>")
+    title = "Its files" if d.unrunnable else "Run it"
+    parts.append(f"<h3>{title}</h3><pre>" + html.escape("\n".join(d.exports)) + "</pre>")
     if d.refused:
+        by_reason: dict[str, list[str]] = {}
+        for fmt, reason in d.refused:
+            by_reason.setdefault(reason, []).append(fmt)
         parts.append("<p>Not for " + "; ".join(
-            f"{html.escape(fmt)} ({html.escape(reason)})" for fmt, reason in d.refused)
-            + ": its export refuses this plan as written.</p>")
+            f"{html.escape(', '.join(fmts))} ({html.escape(reason)})"
+            for reason, fmts in by_reason.items()) + ": its export refuses this plan as"
+            " written.</p>")
     return "\n".join(parts)

@@ -219,6 +219,7 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
     else:
         return None  # any
     refused = (refused or _cp_comm(framework, training, strategy)
+               or _cp_chunks(framework, training, strategy)
                or _fp8_attention(framework, training, strategy) or _cuda_graphs(framework, training)
                or _any_only(framework, training))
     return refused if refused is not None else _selective(framework, training, strategy)
@@ -249,6 +250,18 @@ def _cp_comm(framework: str, training: TrainingSpec, strategy: Strategy) -> str 
               if runs is CpComm.P2P else "DeepSpeed-Ulysses' all-to-all")
     return (f"cp_comm {chosen.value}: {framework}'s context parallelism is {offers}; use cp_comm"
             f" {runs.value}, or framework megatron")
+
+
+def _cp_chunks(framework: str, training: TrainingSpec, strategy: Strategy) -> str | None:
+    """Megatron-LM cuts each sequence into 2 x cp chunks (two a rank, for causal balance) and
+    refuses a sequence length that is not a multiple of it (d98e8a64
+    ``megatron/training/arguments.py``: "seq-length should be a multiple of 2 *
+    context-parallel-size"; ``megatron/core/utils.py`` ``get_batch_on_this_cp_rank``)."""
+    chunks = 2 * strategy.sp
+    if framework != "megatron" or strategy.sp == 1 or training.seq_len % chunks == 0:
+        return None
+    return (f"sequence length {training.seq_len} with cp {strategy.sp}: Megatron-LM needs a"
+            f" multiple of 2 x cp = {chunks}")
 
 
 def _fp8_attention(framework: str, training: TrainingSpec, strategy: Strategy) -> str | None:

@@ -162,7 +162,17 @@ def test_study_with_framework_runs_and_exports(tmp_path, capsys) -> None:
     # The stored study rebuilds its space (with its framework) from what it stores.
     storage = ("--storage", str(tmp_path / "s.db"))
     path = _study(tmp_path, "dsrun", "framework: deepspeed\n")
-    assert main(["run", str(path), "--quiet", *storage]) == 0
-    assert main(["export", "dsrun", "--top", "5", "--format", "deepspeed", "--out",
+    assert main(["run", str(path), "--quiet", "--hbm-gb", "80", *storage]) == 0
+    assert main(["export", "dsrun-hbm80gb", "--top", "5", "--format", "deepspeed", "--out",
                  str(tmp_path / "out"), *storage]) == 0
-    assert len(list((tmp_path / "out").glob("*/ds_config.json"))) == 5  # every plan it holds
+    # every plan it holds: in 80 GB only dp 64 with ZeRO-3 (50.4 GB) fits this 70B model
+    assert len(list((tmp_path / "out").glob("*/ds_config.json"))) == 1
+    # Ranked by time alone (hbm_gb: unlimited), its best plan needs more than the device's
+    # 80 GB: not written for DeepSpeed, which could not run it.
+    assert main(["run", str(path), "--quiet", *storage]) == 0
+    capsys.readouterr()
+    assert main(["export", "dsrun", "--format", "deepspeed", "--out", str(tmp_path / "o2"),
+                 *storage]) == 2
+    err = capsys.readouterr().err
+    assert "GB a device, over the 80 GB" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o2").exists()

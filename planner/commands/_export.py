@@ -13,7 +13,7 @@ from planner.commands._base import BaseCommand
 from planner.commands._results import _study
 from planner.commands._run import _positive_int, add_storage_argument
 from planner.errors import PlannerUsageError
-from planner.exports import EXPORTERS, export_files
+from planner.exports import EXPORTERS, runnable_files
 from planner.outputs import RESULTS_DIR, atomic_write, counted, slug, write_folders
 from planner.plan import Plan, plan_text, plans_from_study
 from planner.progress import progress_bar
@@ -127,7 +127,7 @@ class ExportCommand(BaseCommand):
             for fmt in formats:
                 try:
                     with _TraceProgress(rank, not args.quiet) as progress:
-                        files.update(export_files(plan, fmt, progress))
+                        files.update(runnable_files(plan, fmt, progress))
                 except ValueError as e:  # the framework cannot run this plan as written
                     if args.format != ALL:
                         raise PlannerUsageError(f"--format {fmt}: plan {rank}: {e}") from None

@@ -27,7 +27,7 @@ from planner.plan import Plan
 if TYPE_CHECKING:
     from planner.chakra.io import TraceProgress
 
-__all__ = ["EXPORTERS", "WITH_PROGRESS", "export_files", "exporter"]
+__all__ = ["EXPORTERS", "WITH_PROGRESS", "export_files", "exporter", "runnable_files"]
 
 Exporter = Callable[[Plan], dict[str, str | bytes]]
 
@@ -56,7 +56,21 @@ def exporter(fmt: str) -> Exporter:
 def export_files(plan: Plan, fmt: str, progress: TraceProgress | None = None
                  ) -> dict[str, str | bytes]:
     """The files of ``plan`` in format ``fmt``; ``progress`` hears of each trace file of a
-    format that writes one per NPU (:data:`WITH_PROGRESS`)."""
+    format that writes one per NPU (:data:`WITH_PROGRESS`). Raises ValueError, with the reason,
+    when the exporter's framework cannot run the plan as written (its own rules)."""
     if fmt in WITH_PROGRESS:
         return exporter(fmt)(plan, progress)  # type: ignore[call-arg]
     return exporter(fmt)(plan)
+
+
+def runnable_files(plan: Plan, fmt: str, progress: TraceProgress | None = None
+                   ) -> dict[str, str | bytes]:
+    """:func:`export_files` of a plan a user is handed (``planner export``, the report's
+    commands): a framework format also refuses a plan estimated in another convention, or one
+    over the device's HBM (:func:`planner.exports._runnable.not_runnable`)."""
+    from planner.exports._runnable import not_runnable
+
+    refused = not_runnable(plan, fmt)
+    if refused is not None:
+        raise ValueError(refused)
+    return export_files(plan, fmt, progress)

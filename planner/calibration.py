@@ -326,7 +326,8 @@ def _fit(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str,
     # where TPE only samples. The device's current values are the first trial.
     sampler = optuna.samplers.CmaEsSampler(seed=seed)
     level = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # ERROR: Optuna warns of the trial Ctrl-C stops with a traceback; the command says it once
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         study = optuna.create_study(sampler=sampler)
         study.enqueue_trial(start)

@@ -35,9 +35,9 @@ def check_entry_name(name: str) -> str:
     return name
 
 
-def write_entry(target: Path, text: str) -> None:
+def write_entry(target: Path, text: str, what: str = "the user catalog") -> None:
     """``text`` into ``target`` through a temporary file in the same folder and os.replace, so
-    a failure leaves nothing half-written."""
+    a failure leaves nothing half-written. ``what``: what the file is, for the error."""
     tmp: str | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -49,12 +49,36 @@ def write_entry(target: Path, text: str) -> None:
         os.replace(tmp, target)
         tmp = None
     except OSError as e:
-        reason = e.strerror or str(e)
-        raise PlannerUsageError(f"{target.parent}: cannot write the user catalog: {reason}; set"
-                                " PLANNER_CATALOG to a writable folder") from None
+        raise _cannot_write(target, what, e) from None
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+
+
+def check_writable(target: Path, what: str = "the user catalog") -> None:
+    """Refuse, before any long work, a ``target`` that :func:`write_entry` could not write: a
+    folder, or under a file or a folder that takes no new file (nothing is created)."""
+    if target.is_dir():
+        raise PlannerUsageError(f"{target}: is a folder; give {what} a file name such as"
+                                f" {target / 'NAME.yaml'}")
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise PlannerUsageError(f"{folder}: is a file, not a folder; give {what} a path in a"
+                                " folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise _cannot_write(target, what, e) from None
+
+
+def _cannot_write(target: Path, what: str, e: OSError) -> PlannerUsageError:
+    reason = e.strerror or str(e)
+    fix = ("set PLANNER_CATALOG to a writable folder" if what == "the user catalog"
+           else "give a writable path")
+    return PlannerUsageError(f"{target.parent}: cannot write {what}: {reason}; {fix}")
 
 
 def short_float(value: float, back: Callable[[float], float], target: float) -> float | int:

@@ -177,6 +177,8 @@ class MixedResult:
     skeletons: int = 0
     trials: int | None = None
     """None when every plan was estimated; else the Optuna trials that sampled the space."""
+    interrupted: bool = False
+    """Ctrl-C stopped the sampling before its trials were done (``trials`` says how many)."""
 
     def best(self, groups: str | None = None) -> pd.Series | None:
         """The fastest plan that fits (on exactly ``groups``, e.g. ``"a100"``), or None."""

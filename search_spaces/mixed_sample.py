@@ -104,11 +104,13 @@ def sample_mixed(space: MixedSpace, trials: int, seed: int = 0,
         return float(best["step_time_s"])
 
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
+    interrupted = False
     try:
         study.optimize(objective, n_trials=trials, show_progress_bar=progress)
     except KeyboardInterrupt:
-        pass  # keep the plans estimated so far
+        interrupted = True  # keep the plans estimated so far
     solved = [s for plans in seen.values() for s in plans]
     done = sum(t.state.is_finished() for t in study.trials)
     return MixedResult(space, result_table([row for _, row in solved]),
-                       {str(row["plan"]): plan for plan, row in solved}, len(seen), trials=done)
+                       {str(row["plan"]): plan for plan, row in solved}, len(seen), trials=done,
+                       interrupted=interrupted)

@@ -65,6 +65,28 @@ def test_ctrl_c_keeps_the_plans_estimated_so_far(study, monkeypatch):
     assert result.best() is not None
 
 
+def test_planner_mixed_cut_short_says_so_in_one_line_and_exits_130(monkeypatch, capfd):
+    # Ctrl-C in the 41st layout's estimate: the plans of the first 40 are shown as what was
+    # sampled, then one line on stderr (no Optuna traceback) and the interrupted exit code.
+    calls = []
+    real = mixed_sample.plan_row
+
+    def interrupted(*args):
+        if len(calls) == 40:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(mixed_sample, "plan_row", interrupted)
+    args = ["mixed", str(MIXED / "metis-16-16.yaml"), "--max-plans", "0", "--trials", "500"]
+    assert main(args) == 130
+    out, err = capfd.readouterr()
+    assert "Optuna TPE trials (interrupted)" in out
+    assert err.strip().startswith("planner mixed: interrupted after ")
+    assert err.strip().endswith("of 500 trials; the best of what was sampled is above")
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_planner_mixed_samples_above_max_plans(capsys):
     args = ["mixed", str(MIXED / "metis-16-16.yaml"), "--max-plans", "1000", "--trials", "200"]
     assert main([*args, "--json"]) == 0

@@ -284,3 +284,43 @@ def test_calibrate_refuses_a_value_to_fix(tmp_path: Path, capsys) -> None:
     assert err.count("\n") == 1 and "fix the value" in err
     assert f"{path}:3 (b): step_time_s='1.0s' must be a number" in err
     assert not (tmp_path / "mine.yaml").exists()
+
+
+def test_calibrate_refuses_an_unwritable_out_before_fitting(tmp_path: Path, capsys) -> None:
+    # --out is checked before the runs are read and fitted (a fit takes seconds to minutes):
+    # these runs are on no a100-80gb, an error that would come later, so the --out one is first.
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-h100-8,16,2048,8,1,1,1,1.0")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for out, said in ((tmp_path, "is a folder; give --out a file name"),
+                      (a_file / "mine.yaml", "is a file, not a folder; give --out a path")):
+        assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine",
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1
+
+
+def test_calibrate_cut_short_writes_nothing_and_says_so_once(tmp_path: Path, monkeypatch,
+                                                             capfd) -> None:
+    # Ctrl-C in the third trial of the fit: exit 130, one line (Optuna's warning of the
+    # stopped trial, with its traceback, is not printed), no device file.
+    from planner import calibration
+
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
+                  "b,gpt-1.7b,dgx-a100-8,32,2048,8,1,1,1,2.0")
+    calls = []
+    real = calibration._loss
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(calibration, "_loss", interrupted)
+    out = tmp_path / "mine.yaml"
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine", "--out",
+                 str(out)]) == 130
+    err = capfd.readouterr().err.strip()
+    assert err == f"planner calibrate: interrupted while fitting; nothing written to {out}"
+    assert not out.exists()

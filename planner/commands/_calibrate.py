@@ -14,10 +14,10 @@ import yaml
 
 from planner.calibration import CONSTANTS, DEFAULT_TRIALS, OFF_BY, Fit, calibrate
 from planner.catalog import device_from_entry, load_catalog, user_catalog_dir
-from planner.catalog_write import check_entry_name, device_entry, write_entry
+from planner.catalog_write import check_entry_name, check_writable, device_entry, write_entry
 from planner.commands._base import BaseCommand
 from planner.commands._validate import percent
-from planner.errors import PlannerUsageError
+from planner.errors import Interrupted, PlannerUsageError
 from planner.inputs import load
 from planner.runs_csv import read_runs_files
 from planner.validation import Validation
@@ -107,6 +107,8 @@ class CalibrateCommand(BaseCommand):
         base = catalog.device(args.device)
         target = args.out or user_catalog_dir() / "devices" / f"{args.name}.yaml"
         _check_clash(args.name, target, args.out is not None)
+        where = "the user catalog" if args.out is None else "--out"
+        check_writable(target, where)
         if target.exists() and not args.force:
             raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
         runs, skipped = read_runs_files(args.runs, catalog, args.framework)
@@ -132,11 +134,15 @@ class CalibrateCommand(BaseCommand):
                             progress=progress)
         except ValueError as e:
             raise PlannerUsageError(f"--fit: {e}") from None
+        except KeyboardInterrupt:
+            if show:
+                print(file=sys.stderr)
+            raise Interrupted(f"interrupted while fitting; nothing written to {target}") from None
         if show:
             print(file=sys.stderr)
         text = _entry_text(fit, [p.resolve() for p in args.runs], base.name)
         device_from_entry(target, args.name, yaml.safe_load(text)[args.name])  # reads back
-        write_entry(target, text)
+        write_entry(target, text, where)
         if args.json:
             out = {"device": args.name, "file": str(target), "runs": len(mine),
                    "fitted": {c.key: c.value(fit.device) for c in fit.constants},

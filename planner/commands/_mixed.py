@@ -14,7 +14,7 @@ import optuna
 import pandas as pd
 
 from planner.commands._base import BaseCommand
-from planner.errors import PlannerUsageError
+from planner.errors import Interrupted, PlannerUsageError
 from planner.exports.hetero import FRAMEWORKS, export_hetero, runs_on, why_not
 from planner.mixed_config import MixedStudy, load_mixed_study
 from planner.outputs import counted, write_folders
@@ -78,7 +78,8 @@ def summary(study: MixedStudy, result: MixedResult, seconds: float, top: int,
     return {
         "study": study.name, "model": study.space.model.name, "system": study.space.system.name,
         "plans": len(table), "layouts": result.skeletons, "search_s": seconds,
-        "sampled_trials": result.trials, "space_plans_at_most": size,
+        "sampled_trials": result.trials, "interrupted": result.interrupted,
+        "space_plans_at_most": size,
         "best": _row(best), "alone": alone, "best_mixed": mixed, "mixing_speedup": gain,
         "best_by_framework": runnable, "best_not_runnable_because": why,
         "top": [_row(r) for _, r in table.head(top).iterrows()],
@@ -101,8 +102,9 @@ def report_lines(study: MixedStudy, s: dict[str, Any], top: pd.DataFrame) -> lis
                      f" and stage layouts x micro-batches x knobs, each layer split solved) in"
                      f" {s['search_s']:.2f} s: the whole space")
     else:
+        cut = " (interrupted)" if s.get("interrupted") else ""
         lines.append(f"sampled {s['layouts']:,} group orders and layouts in"
-                     f" {s['sampled_trials']:,} Optuna TPE trials, {s['plans']:,} plans"
+                     f" {s['sampled_trials']:,} Optuna TPE trials{cut}, {s['plans']:,} plans"
                      f" ({s['search_s']:.2f} s) of at most"
                      f" {s['space_plans_at_most']:,}: the best found, not proven best (--max-plans"
                      f" {s['space_plans_at_most']} estimates them all)")
@@ -186,7 +188,8 @@ class MixedCommand(BaseCommand):
         if size <= args.max_plans:
             result = search_mixed(study.space)
         else:
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            # ERROR: Optuna warns of a trial Ctrl-C stopped with a traceback; sample_mixed says it
+            optuna.logging.set_verbosity(optuna.logging.ERROR)
             result = sample_mixed(study.space, args.trials, args.seed,
                                   progress=sys.stderr.isatty())
         seconds = time.perf_counter() - start
@@ -208,6 +211,9 @@ class MixedCommand(BaseCommand):
                 print(f"every plan: {args.out}")
             for line in written:
                 print(line)
+        if result.interrupted:
+            raise Interrupted(f"interrupted after {result.trials:,} of {args.trials:,} trials;"
+                              " the best of what was sampled is above")
         return 0
 
 

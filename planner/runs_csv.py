@@ -273,6 +273,10 @@ def _check_header(path: Path, header: list[str]) -> None:
     if not header:
         raise PlannerUsageError(f"{path}: empty; the first line must name the columns"
                                 f" ({', '.join(REQUIRED)}, step_time_s and/or peak_memory_gb)")
+    for sep, said in ((";", "semicolons"), ("\t", "tabs"), ("|", "bars")):
+        if len(header) == 1 and sep in header[0]:
+            raise PlannerUsageError(f"{path}: the header is separated by {said}; separate the"
+                                    " columns with commas (a spreadsheet's \"CSV, comma\")")
     known = REQUIRED + MEASURED + OPTIONAL
     unknown = [c for c in header if c and c not in known]
     missing = [c for c in REQUIRED if c not in header]
@@ -308,7 +312,11 @@ def read_runs_files(paths: Iterable[Path], catalog: Catalog,
     """:func:`read_runs` of several CSV files, read as one."""
     runs: list[MeasuredRun] = []
     skipped: list[SkippedRun] = []
+    seen: set[Path] = set()
     for path in paths:
+        if path.resolve() in seen:  # its runs would count twice in every figure
+            raise PlannerUsageError(f"{path}: given twice; give each file once")
+        seen.add(path.resolve())
         found, left_out = read_runs(path, catalog, framework)
         runs += found
         skipped += left_out
@@ -322,6 +330,8 @@ def read_runs(path: Path, catalog: Catalog,
     --framework``); None reads it with the device's and model's defaults."""
     header, rows = _rows(path)
     _check_header(path, header)
+    if not rows:
+        raise PlannerUsageError(f"{path}: no runs under the header; add one row per measured run")
     where = (path, "model")
     runs: list[MeasuredRun] = []
     skipped: list[SkippedRun] = []

@@ -324,3 +324,20 @@ def test_calibrate_cut_short_writes_nothing_and_says_so_once(tmp_path: Path, mon
     err = capfd.readouterr().err.strip()
     assert err == f"planner calibrate: interrupted while fitting; nothing written to {out}"
     assert not out.exists()
+
+
+def test_a_file_with_no_runs_a_semicolon_file_and_a_file_given_twice_are_one_line(
+        tmp_path: Path, capsys) -> None:
+    header_only = _write(tmp_path, HEADER + ",step_time_s", "", " , , ")
+    assert main(["validate", str(header_only)]) == 2
+    assert "no runs under the header; add one row per measured run" in capsys.readouterr().err
+    semi = tmp_path / "semi.csv"
+    semi.write_text((HEADER + ",step_time_s").replace(",", ";")
+                    + "\na;gpt-1.7b;dgx-a100-8;16;2048;8;1;1;1;1.0\n")
+    assert main(["validate", str(semi)]) == 2
+    err = capsys.readouterr().err
+    assert "the header is separated by semicolons; separate the columns with commas" in err
+    runs = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    assert main(["validate", str(runs), str(tmp_path / "." / "runs.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "given twice; give each file once" in err and err.count("\n") == 1

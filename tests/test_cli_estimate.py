@@ -81,6 +81,9 @@ def test_model_and_system_by_yaml_path(capsys, tmp_path: Path) -> None:
           "--placement", "tp,dp"], "--placement"),
         (["--model", "gpt3-175b", "--system", "dgx-a100-8", "--tp", "8", "--global-batch", "8",
           "--hbm-gb", "0"], "--hbm-gb"),
+        # interleaving one chunk a stage is 1F1B; studies refuse it too (space.v)
+        (["--model", "gpt3-175b", "--system", "dgx-a100-64", "--tp", "8", "--pp", "8",
+          "--global-batch", "8", "--schedule", "interleaved"], "needs model chunks --v > 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message) -> None:

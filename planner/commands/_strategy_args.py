@@ -237,13 +237,17 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
             )
         dp = devices // others
     layout = _layout(args)
+    v = _chunks(args, layout)
+    if args.schedule == Schedule.INTERLEAVED.value and v < 2:
+        raise PlannerUsageError("--schedule interleaved needs model chunks --v > 1 a stage (e.g."
+                                " --v 2); with one chunk it is 1f1b")
     try:
         return Strategy(
             dp=dp, tp=args.tp, pp=args.pp, sp=args.sp,
             sequence_parallel=not args.no_sequence_parallel,
             zero=ZeroStage.PARAMETERS if args.fsdp else ZeroStage(args.zero),
             recompute=Recompute(args.recompute), micro_batch=args.micro_batch,
-            schedule=Schedule(args.schedule), v=_chunks(args, layout),
+            schedule=Schedule(args.schedule), v=v,
             placement=_placement(args.placement),
             precision=Precision(args.precision), first_stage_layers=args.first_stage_layers,
             last_stage_layers=args.last_stage_layers, shard_group=args.shard_group,

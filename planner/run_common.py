@@ -132,14 +132,29 @@ def _what_differs(stored: object, now: dict[str, object]) -> str:
     of an earlier version that recorded none: the generic answer)."""
     if not isinstance(stored, dict):
         return "a different model, system, limit or space"
-    keys = sorted(k for k in set(stored) | set(now)
-                  if k not in ("file", "n_trials", "description") and stored.get(k) != now.get(k))
-    if not keys:  # the same summary, another fingerprint: what the summary does not show
+    changes = _changes(stored, now)
+    if not changes:  # the same summary, another fingerprint: what the summary does not show
         return "a different model, system, limit or space"
-    shown = ", ".join(f"{k} {stored.get(k, '-')!s:.40} -> {now.get(k, '-')!s:.40}"
-                      for k in keys[:3])
-    more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+    shown = ", ".join(f"{k} {old!s:.40} -> {new!s:.40}" for k, old, new in changes[:3])
+    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
     return f"different settings ({shown}{more})"
+
+
+def _changes(stored: dict, now: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """The settings that differ, a mapping's by its own keys (``space.recompute``), so the
+    values shown are the ones that changed."""
+    out: list[tuple[str, object, object]] = []
+    for k in sorted(set(stored) | set(now)):
+        if not prefix and k in ("file", "n_trials", "description"):
+            continue
+        old, new = stored.get(k, "-"), now.get(k, "-")
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += _changes(old, new, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", old, new))
+    return out
 
 
 def _describe(study: optuna.Study, config: StudyConfig) -> None:

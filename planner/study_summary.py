@@ -51,20 +51,43 @@ def unfinished_note(study: optuna.Study) -> str | None:
     """A warning for a study with fewer plans estimated than its space holds: a run stopped
     before its end (Ctrl-C, a crash), so its best is the best of the plans estimated so far.
     Estimated: its finished trials when every plan becomes a trial (``trials kept: all``), else
-    its results table's rows and the plans its bounds ruled out. None when it is whole, when it
-    does not record its plans (a sampled study) or when its table is gone."""
+    its results table's rows and the plans its bounds ruled out; a study of an Optuna sampler is
+    unfinished with fewer finished trials than its ``n_trials``. None when it is whole or when
+    its table is gone."""
     from planner.results_parquet import RESULTS
 
     results = study.user_attrs.get(RESULTS) or {}
     plans = results.get("plans")
     if not plans:
-        return None
+        return _unfinished_sampling(study)
     done = _estimated(study, results)
     if done is None or done >= plans:
         return None
     return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its"
             f" {counted(plans, 'plan')} estimated, so its best is the best of those;"
             " `planner run STUDY.yaml --resume` finishes it")
+
+
+def _unfinished_sampling(study: optuna.Study) -> str | None:
+    """The warning for a study of an Optuna sampler (tpe, nsga2, gp) that finished fewer trials
+    than its ``n_trials``: ``planner run --resume`` runs the rest (:func:`planner.runner`)."""
+    from optuna.trial import TrialState
+
+    config = study.user_attrs.get("config") or {}
+    wanted = config.get("n_trials")
+    if config.get("sampler") not in SAMPLED or not isinstance(wanted, int):
+        return None
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if done >= wanted:
+        return None
+    return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its {wanted:,}"
+            f" {config['sampler']} trials finished, so its best is the best of those;"
+            " `planner run STUDY.yaml --resume` finishes it")
+
+
+SAMPLED = ("tpe", "nsga2", "gp")
+"""The samplers whose study runs ``n_trials`` Optuna trials (``random`` draws its plans and
+records them as the exhaustive path does)."""
 
 
 def _estimated(study: optuna.Study, results: dict[str, Any]) -> int | None:

@@ -196,6 +196,16 @@ def test_ctrl_c_mid_study_is_one_line_with_the_trials_kept(tmp_path, capsys, mon
         f"planner run: interrupted: 4 finished trials of study 'lab' are kept in {storage};"
         f" continue with: planner run {path} --storage {storage} --resume"]
     assert _complete(storage, "lab") == 4
+    # what reads it says it is unfinished, and how to finish it
+    assert main(["best", "lab", "--storage", str(storage)]) == 0
+    assert ("warning: study 'lab' is unfinished: 4 of its 12 tpe trials finished, so its best is"
+            " the best of those; `planner run STUDY.yaml --resume` finishes it"
+            in capsys.readouterr().err)
+    monkeypatch.undo()
+    assert main(["run", str(path), "--storage", str(storage), "--quiet", "--resume"]) == 0
+    capsys.readouterr()
+    assert main(["best", "lab", "--storage", str(storage)]) == 0
+    assert "unfinished" not in capsys.readouterr().err
 
 
 def test_ctrl_c_in_the_last_sampler_trial_finishes_and_says_so(tmp_path, capsys, monkeypatch):

@@ -113,7 +113,9 @@ def test_resume_refuses_a_changed_study(tmp_path):
     path = lab_study(tmp_path)
     _run(tmp_path, path)
     path.write_text(path.read_text().replace("recompute: [none, full]", "recompute: [none]"))
-    with pytest.raises(PlannerUsageError, match="different"):
+    # the message names the field of the space that changed, with both values
+    with pytest.raises(PlannerUsageError, match=r"different settings \(space\.recompute"
+                       r" \['none', 'full'\] -> \['none'\]\)"):
         _run(tmp_path, path, resume=True)
 
 

@@ -59,8 +59,8 @@ def _plottable(study: optuna.Study) -> dict[int, FrozenTrial]:
     trials = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
               if "step_time_s" in t.user_attrs and "peak_memory_gb" in t.user_attrs}
     if not trials:
-        raise PlannerUsageError(f"study {study.study_name!r} has no finished trial to plot; run"
-                                " it first (`planner run FILE`)")
+        raise PlannerUsageError(f"study {study.study_name!r} has no finished trial to plot yet;"
+                                " `planner run STUDY.yaml --resume` runs it to its end")
     return trials
 
 

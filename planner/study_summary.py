@@ -142,11 +142,16 @@ def remember(journal: Path, study: optuna.Study, best: pd.DataFrame | None = Non
     _write_cache(journal.parent, journals)
 
 
-def folder_rows(studies: dict[str, Path]) -> list[dict[str, Any]]:
+def folder_rows(studies: dict[str, Path], problems: list[str] | None = None
+                ) -> list[dict[str, Any]]:
     """The rows of a folder's studies (name -> journal), read from the cache where the journal
-    is unchanged; the cache is rewritten when any row was read anew."""
+    is unchanged; the cache is rewritten when any row was read anew. A study that cannot be
+    read (a damaged journal) has no row: its one-line error goes to ``problems`` (raised if
+    that is None), and the other studies are still listed."""
     if not studies:
         return []
+    from planner.errors import PlannerUsageError
+
     folder = next(iter(studies.values())).parent
     cached = _read_cache(folder)
     fresh: dict[str, Any] = {}
@@ -157,15 +162,25 @@ def folder_rows(studies: dict[str, Path]) -> list[dict[str, Any]]:
         if isinstance(hit, dict) and hit.get("stamp") == stamp and "row" in hit:
             row = hit["row"]
         else:
-            import optuna
-
-            from planner.storage import open_storage
-
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
-            storage = open_storage(str(path), create=False)
-            row = study_row(optuna.load_study(study_name=name, storage=storage))
+            try:
+                row = _fresh_row(name, path)
+            except PlannerUsageError as e:
+                if problems is None:
+                    raise
+                problems.append(f"study {name!r}: {e}")
+                continue
         fresh[path.name] = {"stamp": stamp, "row": row}
         rows.append(row)
     if fresh != cached:
         _write_cache(folder, fresh)
     return rows
+
+
+def _fresh_row(name: str, path: Path) -> dict[str, Any]:
+    import optuna
+
+    from planner.storage import open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(str(path), create=False)
+    return study_row(optuna.load_study(study_name=name, storage=storage))

@@ -57,6 +57,21 @@ def test_a_command_on_one_study_never_reads_another_journal(here, capsys):
         assert main(argv) == 0, (argv, capsys.readouterr().err)
 
 
+def test_planner_studies_lists_the_healthy_studies_beside_a_damaged_one(here, capsys):
+    for name in ("alpha", "beta"):
+        assert main(["run", str(lab_study(here, name)), "--quiet"]) == 0
+    (here / DEFAULT_STORAGE / ".summaries.json").unlink()  # every row read anew
+    alpha = here / DEFAULT_STORAGE / "alpha.journal"
+    lines = alpha.read_text().splitlines(keepends=True)
+    alpha.write_text(lines[0] + "not a journal entry\n" + "".join(lines[1:]))
+    capsys.readouterr()
+    assert main(["studies"]) == 1  # a study to repair: a failure, the rest still listed
+    out, err = capsys.readouterr()
+    assert "beta" in out and "alpha" not in out
+    assert err.startswith("planner studies: study 'alpha': ") and "planner repair" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_planner_studies_caches_each_row_while_its_journal_is_unchanged(here, capsys,
                                                                          monkeypatch):
     for name in ("alpha", "beta"):

@@ -117,8 +117,9 @@ class StudiesCommand(BaseCommand):
         from planner.study_summary import folder_rows, study_row
 
         label = storage_label(args.storage)
+        problems: list[str] = []
         if is_folder(label):  # each study's own journal, its row cached while it is unchanged
-            rows = folder_rows(folder_studies(label))
+            rows = folder_rows(folder_studies(label), problems)
         else:
             import optuna
 
@@ -128,8 +129,10 @@ class StudiesCommand(BaseCommand):
             storage = open_storage(args.storage, create=False)
             rows = [study_row(optuna.load_study(study_name=name, storage=storage))
                     for name in sorted(optuna.get_all_study_names(storage))]
-        if not rows:
-            print(f"no studies in {storage_label(args.storage)}")
-        else:
+        if rows:
             print(text_table(rows))
-        return 0
+        elif not problems:
+            print(f"no studies in {storage_label(args.storage)}")
+        for line in problems:  # a damaged journal: listed apart, the others still shown
+            print(f"planner studies: {line}", file=sys.stderr)
+        return 1 if problems else 0

@@ -46,8 +46,9 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     if path.is_dir():
         raise PlannerUsageError(f"{path}: is a folder; give a file path")
     if not folder.is_dir():
-        raise PlannerUsageError(f"{path}: the folder {folder} does not exist; create it or"
-                                " choose another output path")
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise PlannerUsageError(f"{path}: the folder {folder} {what}; create it or choose"
+                                " another output path")
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part")
     except OSError as e:

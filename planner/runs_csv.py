@@ -191,13 +191,13 @@ class SkippedRun:
         return f"{self.file}:{self.line}" if self.file else f"line {self.line}"
 
 
-def _spec(find: Callable[[str], object], ref: str, kind: str) -> object:
+def _spec(find: Callable[[str], object], ref: str, kind: str, path: Path) -> object:
     if not ref:
         raise BadValue(f"{kind} is empty; give a catalog name or a YAML path")
     try:
         return find(ref)
-    except PlannerUsageError as e:
-        raise BadValue(str(e)) from None
+    except PlannerUsageError as e:  # the row's place is said beside it: the file once
+        raise BadValue(str(e).removeprefix(f"{path}: ")) from None
 
 
 def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]:
@@ -348,9 +348,10 @@ def read_runs(path: Path, catalog: Catalog,
             if step is None and memory is None:
                 raise BadValue("no measured step_time_s (or tokens_per_s, tokens_per_s_per_gpu)"
                                " or peak_memory_gb; fill one in or remove the row")
-            model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model")
+            model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model",
+                          path)
             system = _spec(lambda r: catalog.system(r, where=(path, "system")),
-                           row.get("system", ""), "system")
+                           row.get("system", ""), "system", path)
             _check_gpus(row, strategy, system)
             hbm = positive(row, "hbm_gb")
             if hbm is not None:  # a part with more or less memory than the catalog's

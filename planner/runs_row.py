@@ -57,7 +57,7 @@ def integer(row: dict[str, str], key: str, default: int | None = None) -> int:
     except ValueError:
         raise BadValue(f"{key}={text!r} must be a whole number") from None
     if not value.is_integer() or not 1 <= value <= MAX_INTEGER:
-        raise BadValue(f"{key}={text!r} must be a whole number >= 1")
+        raise BadValue(f"{key}={text!r} must be a whole number from 1 to {MAX_INTEGER:,}")
     return int(value)
 
 

@@ -111,9 +111,8 @@ def _check_journal(path: Path, label: str) -> None:
     start = start.replace(b" ", b"")[:len(JOURNAL_START)]
     if start and start != JOURNAL_START[:len(start)]:
         raise PlannerUsageError(
-            f"--storage {label}: is not an Optuna journal, and planner would overwrite it;"
-            " give a new file (such as planner-results/studies.journal) or a journal a planner"
-            " run made")
+            f"--storage {label}: is not an Optuna journal (a run would write into it); give a"
+            " journal a planner run made, or a new file such as planner-results/studies.journal")
 
 
 

@@ -38,9 +38,10 @@ def open_rdb(label: str, heartbeat: int | None, attempts: int = 4) -> PlannerRDB
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return PlannerRDBStorage(label, **kwargs)
         except (ImportError, ModuleNotFoundError) as e:
+            hint = (" (pip install 'parallel-planner[postgres]')"
+                    if label.startswith("postgresql") else "")
             raise PlannerUsageError(f"--storage {label}: the database driver is missing ({e});"
-                                    " install it, e.g. pip install 'parallel-planner[postgres]'"
-                                    ) from None
+                                    f" install it{hint}") from None
         except Exception as e:  # noqa: BLE001 - SQLAlchemy's errors for a bad URL are many
             if attempt + 1 < attempts and _schema_race(e):
                 time.sleep(0.2 * (attempt + 1))

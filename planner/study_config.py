@@ -53,9 +53,9 @@ from planner.study_space import as_list, enums, space_from_entry
 from planner.units import GB
 from search_spaces import StrategySpace
 from search_spaces.frameworks import ANY, FRAMEWORKS, with_framework_defaults
+from simcore import convention_of
 from simcore.megatron.checks import recompute_modules_problem
 from simcore.megatron.precision import fp8_attention_problem
-from simcore import convention_of
 from simcore.network import Congestion
 from simcore.specs import (
     TRAINING_CHOICES,
@@ -209,9 +209,11 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     e = fields(path, "", raw, _FIELDS, _OPTIONAL, kind="study file")
     name = e.get("name", path.stem)
     if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
-        raise fail(path, "name", f"must be a name of letters, digits, '.', '_', '+' or '-' that"
-                   f" starts with a letter or digit (it names export folders), but got"
-                   f" {_short(name)}")
+        given = ("" if "name" in e else
+                 "; with no name: field the file's name is the study's, so add one")
+        raise fail(path, "name", f"must be a name of up to 200 letters, digits, '.', '_', '+'"
+                   f" or '-' that starts with a letter or digit (it names export folders), but"
+                   f" got {_short(name)}{given}")
     model = _ref(path, "model", e["model"], "model", catalog)
     override, system = system, _ref(path, "system", e["system"], "system", catalog)
     if override is not None:  # the same question on another system, a study of its own

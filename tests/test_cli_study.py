@@ -149,3 +149,13 @@ def test_hint_for_an_empty_storage_names_it(tmp_path, monkeypatch, capsys):
 
 def test_default_storage_adds_no_option():
     assert storage_option(str(DEFAULT_STORAGE)) == ""
+
+
+def test_a_file_name_that_is_no_study_name_says_to_add_one(tmp_path, storage, capsys):
+    # with no name: field the study takes the file's name, which here has a space
+    path = tmp_path / "my study.yaml"
+    path.write_text(lab_study(tmp_path).read_text().replace("name: lab\n", ""))
+    assert main(["run", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "but got 'my study'; with no name: field the file's name is the study's" in err
+    assert "up to 200 letters" in err and len(err.strip().splitlines()) == 1

@@ -331,3 +331,27 @@ def test_torchtitan_schedule_names() -> None:
     # torch/distributed/pipelining/schedules.py get_schedule_class accepts these names
     assert SCHEDULES == {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
                          Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.ZBV: "ZBVZeroBubble"}
+
+
+@pytest.mark.parametrize(("system", "grad_bytes", "flag"), [
+    # Megatron-LM d98e8a64 megatron/training/arguments.py: bf16 training keeps fp32 main
+    # gradients unless --grad-reduce-in-bf16; fp16 training keeps 16-bit ones unless
+    # --accumulate-allreduce-grads-in-fp32
+    ("dgx-h100-1024", 2, "--grad-reduce-in-bf16"),
+    ("dgx-h100-1024", 4, None),
+    ("dgx1-v100-16", 2, None),
+    ("dgx1-v100-16", 4, "--accumulate-allreduce-grads-in-fp32"),
+])
+def test_megatron_runs_the_gradients_in_the_type_they_were_priced_in(system, grad_bytes,
+                                                                     flag) -> None:
+    c = load_catalog()
+    gpus = c.system(system).devices
+    plan = make_plan(c.model("gpt-1.7b"), c.system(system),
+                     TrainingSpec(global_batch=gpus, seq_len=2048,
+                                  bytes_per_param_grads=grad_bytes),
+                     Strategy(dp=gpus, zero=ZeroStage.OPTIMIZER), Convention.MEGATRON)
+    args = _args(export_files(plan, "megatron")["megatron.sh"])
+    grad_flags = {"--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"}
+    assert [a for a in args if a in grad_flags] == ([flag] if flag else [])
+    with pytest.raises(ValueError, match="grad_bytes must be 2 .* or 4"):
+        TrainingSpec(global_batch=8, seq_len=2048, bytes_per_param_grads=3)

@@ -255,8 +255,11 @@ def test_pareto_errors(tmp_path, storage, capsys):
     assert main(["pareto", "lab", "--out", str(tmp_path / "nowhere" / "p.html")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["pareto", "lab", "--out", str(tmp_path / "p.pdf")]) == 2
-    assert "unknown figure format" in capsys.readouterr().err
+    assert f"--out {tmp_path / 'p.pdf'}: unknown figure format 'pdf'" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.pdf"))
+    (tmp_path / "a-file").write_text("")
+    assert main(["pareto", "lab", "--out", str(tmp_path / "a-file" / "p.html")]) == 2
+    assert "a-file is a file, not a folder" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="PNG needs Debian's chromium for"

@@ -341,3 +341,14 @@ def test_a_file_with_no_runs_a_semicolon_file_and_a_file_given_twice_are_one_lin
     assert main(["validate", str(runs), str(tmp_path / "." / "runs.csv")]) == 2
     err = capsys.readouterr().err
     assert "given twice; give each file once" in err and err.count("\n") == 1
+
+
+def test_a_rows_bad_cells_name_the_file_once_and_the_limit(tmp_path: Path, capsys) -> None:
+    path = _write(tmp_path, HEADER + ",step_time_s",
+                  "r1,unkmodel,dgx-a100-8,16,2048,8,1,1,1,1.0",
+                  "r2,gpt-1.7b,dgx-a100-8,999999999999,2048,8,1,1,1,1.0",
+                  "r3,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:2 (r1): model: unknown model 'unkmodel'" in out and out.count(str(path)) == 2
+    assert "global_batch='999999999999' must be a whole number from 1 to 1,000,000,000" in out

@@ -33,10 +33,12 @@ def _chrome() -> str | None:
 
 def figure_format(path: Path | None, fmt: str | None) -> str:
     """``fmt``, else the suffix of ``path``, else HTML; a one-line error for anything else."""
+    given = fmt
     fmt = fmt or (path.suffix.lstrip(".").lower() if path is not None and path.suffix
                   else "html")
     if fmt not in FORMATS:
-        raise PlannerUsageError(f"--format {fmt}: unknown figure format; use html or png")
+        where = f"--format {fmt}" if given else f"--out {path}"
+        raise PlannerUsageError(f"{where}: unknown figure format {fmt!r}; use html or png")
     return fmt
 
 

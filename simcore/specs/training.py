@@ -13,6 +13,9 @@ from simcore.specs.choices import (
     _positive,
 )
 
+GRAD_BYTES = (2, 4)
+"""A gradient's bytes: 16-bit (bf16 or fp16) or fp32; the frameworks keep one or the other."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSpec:
@@ -174,6 +177,10 @@ class TrainingSpec:
             "bytes_per_activation",
         ):
             _positive(name, getattr(self, name))
+        if self.bytes_per_param_grads not in GRAD_BYTES:
+            raise ValueError(f"grad_bytes must be 2 (16-bit gradients) or 4 (fp32 gradients, as"
+                             f" Megatron-LM accumulates them in bf16 training), not"
+                             f" {self.bytes_per_param_grads}")
         if not self.master_weights and self.bytes_per_param_optimizer != 12:
             raise ValueError("master_weights false sets the optimizer state (Adam's two moments in"
                              " the weights' type); give bytes_per_param_optimizer or"

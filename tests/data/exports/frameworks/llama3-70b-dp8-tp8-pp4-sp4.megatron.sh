@@ -40,6 +40,9 @@ ARGS=(
   # ZeRO 1: Megatron's distributed optimizer shards the optimizer state
   # (fp32 master weights, Adam moments) over data-parallel ranks: ZeRO-1-like
   --use-distributed-optimizer
+  # gradients accumulated and reduced in bf16 (2 bytes a parameter), as estimated;
+  # Megatron-LM's default is fp32 main gradients (a study's grad_bytes: 4)
+  --grad-reduce-in-bf16
   --overlap-grad-reduce
 
   # model llama3-70b (vocab 128256 comes from the tokenizer)

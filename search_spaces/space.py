@@ -24,7 +24,6 @@ from search_spaces.frameworks import ANY, why_not
 from simcore.conventions import implementation
 from simcore.specs import (
     DEFAULT_PLACEMENT,
-    ZERO_BUBBLE,
     Axis,
     Convention,
     ModelSpec,
@@ -304,36 +303,9 @@ class StrategySpace:
     def columns_at(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """The knobs of the strategies at these flat indices as arrays, in the form
         :func:`simcore.megatron.bounds.lower_bounds` reads (codes for the enums)."""
-        from simcore.megatron.bounds import (
-            PARTIAL_RECOMPUTE,
-            PRECISION_CODES,
-            RECOMPUTE_CODES,
-            SCHEDULE_CODES,
-        )
+        from search_spaces.space_index import columns_at
 
-        layouts, pipes = self.layouts(), self.pipelines()
-        li, zi, ri, mi, pi, _, si, qi, ui, hi, _, ki, oi = np.unravel_index(
-            np.asarray(flat, np.int64), self._shape())
-        lay = np.array([(x.dp, x.tp, x.pp, x.sp) for x in layouts], np.int64)[li]
-        zero = np.array([int(z) for z in self.zero], np.int64)[zi]
-        ends = np.array([[self._ends(x.pp, k) or 0 for k in self.uneven] for x in layouts],
-                        np.int64)[li, ui]
-        group = np.asarray(self.shard_group, np.int64)[hi]
-        return {
-            "dp": lay[:, 0], "tp": lay[:, 1], "pp": lay[:, 2], "sp": lay[:, 3], "zero": zero,
-            "shard_ranks": np.where(group > 0, group, lay[:, 0] * lay[:, 3]),
-            "recompute": np.where(np.asarray(self.recompute_layers, np.int64)[ki] > 0,
-                                  PARTIAL_RECOMPUTE, np.array([RECOMPUTE_CODES[r] for r in
-                                                               self.recompute], np.int64)[ri]),
-            "micro_batch": np.asarray(self.micro_batch, np.int64)[mi],
-            "schedule": np.array([SCHEDULE_CODES[p.schedule.value] for p in pipes],
-                                 np.int64)[pi],
-            "v": np.array([p.v for p in pipes], np.int64)[pi],
-            "sequence_parallel": np.asarray(self.sequence_parallel, bool)[si],
-            "precision": np.array([PRECISION_CODES[q] for q in self.precision], np.int64)[qi],
-            "first_stage_layers": np.maximum(ends, 0),
-            "offload_layers": np.asarray(self.offload_layers, np.int64)[oi],
-        }
+        return columns_at(self, flat)
 
     def valid_layouts(self) -> list[Layout]:
         """The layouts that hold at least one valid strategy, in :attr:`valid`'s order (from the
@@ -368,56 +340,9 @@ class StrategySpace:
 
     @cached_property
     def _valid_index_array(self) -> np.ndarray:
-        layouts, pipes = self.layouts(), self.pipelines()
-        if not layouts or not pipes:
-            return np.empty(0, np.int64)
-        lay = np.array([(x.dp, x.tp, x.pp, x.sp) for x in layouts], np.int64)
-        read = (len(layouts), len(self.micro_batch), len(pipes), len(self.sequence_parallel),
-                len(self.uneven))
-        li, mi, pi, si, ui = np.indices(read).reshape(len(read), -1)
-        ends = np.array([[self._ends(x.pp, k) or 0 for k in self.uneven] for x in layouts],
-                        np.int64)[li, ui]
-        columns = {
-            "dp": lay[li, 0], "tp": lay[li, 1], "pp": lay[li, 2], "sp": lay[li, 3],
-            "micro_batch": np.asarray(self.micro_batch, np.int64)[mi],
-            "v": np.array([p.v for p in pipes], np.int64)[pi],
-            "interleaved": np.array([p.schedule is Schedule.INTERLEAVED for p in pipes])[pi],
-            "zero_bubble": np.array([p.schedule in ZERO_BUBBLE for p in pipes])[pi],
-            "zbv": np.array([p.schedule is Schedule.ZBV for p in pipes])[pi],
-            "sequence_parallel": np.asarray(self.sequence_parallel, bool)[si],
-        }
-        check = implementation(self.convention).valid_plans
-        assert check is not None
-        if self.uneven != (0,):  # only the megatron convention reads the ends' columns
-            columns["first_stage_layers"] = columns["last_stage_layers"] = np.maximum(ends, 0)
-        ok = check(self.model, self.system, self.training, columns)
-        if self.uneven != (0,):
-            shorts = np.asarray(self.uneven, np.int64)[ui]
-            ok &= (ends >= 0) & ((shorts == 0) | (self.convention is Convention.MEGATRON))
-        ok = ok.reshape(read[0], 1, 1, read[1], read[2], 1, read[3], 1, read[4], 1, 1, 1, 1)
-        ok = ok & self._precision_ok().reshape(1, 1, 1, 1, 1, 1, 1, -1, 1, 1, 1, 1, 1)
-        hsdp = np.array([[[_shard_group_ok(x, z, k) for k in self.shard_group] for z in self.zero]
-                         for x in layouts], bool)
-        ok = ok & hsdp.reshape(len(layouts), len(self.zero), 1, 1, 1, 1, 1, 1, 1, -1, 1, 1, 1)
-        # a dense model (the only kind listed here): no expert parallelism
-        dense = np.array([[ep == 1 and (etp is None or etp == x.tp)
-                           and _experts_ok(x, ep, etp, self.etp)
-                           for ep, etp, _, _ in self.experts()] for x in layouts], bool)
-        ok = ok & dense.reshape(len(layouts), 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, 1, 1)
-        if self.recompute_layers != (0,):
-            partial = np.array([[[[self._partial_ok(x.pp, p.v, r, k)
-                                   for k in self.recompute_layers] for p in pipes]
-                                 for r in self.recompute] for x in layouts], bool)
-            ok = ok & partial.reshape(len(layouts), 1, len(self.recompute), 1, len(pipes),
-                                      1, 1, 1, 1, 1, 1, -1, 1)
-        if self.offload_layers != (0,):
-            offload = np.array([[[self._offload_ok(x.pp, r, k) for k in self.offload_layers]
-                                 for r in self.recompute] for x in layouts], bool)
-            ok = ok & offload.reshape(len(layouts), 1, len(self.recompute), 1, 1, 1, 1, 1, 1,
-                                      1, 1, 1, -1)
-        found = np.flatnonzero(np.broadcast_to(ok, self._shape()))
-        found.flags.writeable = False
-        return found
+        from search_spaces.space_index import valid_index_array
+
+        return valid_index_array(self)
 
     def _precision_ok(self) -> np.ndarray:
         """Which of the allowed precisions the device and convention can run (the same rule as

@@ -110,7 +110,9 @@ def test_a_runs_csv_names_a_member_and_a_bad_count_skips_the_row_naming_file_and
     bad.write_text(header + "a,gpt3-175b,dgx-h100-6150,1536,2048,96,8,8,1,2.0\n")
     runs, (reason,) = read_runs(bad, load_catalog())
     assert not runs
-    assert "bad.csv: system: system 'dgx-h100-6150'" in reason.reason
+    # the file once, in the row's place (FILE:LINE), the field in the reason
+    assert reason.where == f"{bad}:2"
+    assert reason.reason.startswith("system: system 'dgx-h100-6150'")
     assert "multiple of 8" in reason.reason
 
 

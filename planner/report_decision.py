@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from search_spaces.frameworks import ANY, FRAMEWORKS
+
 __all__ = ["ESTIMATE_ERROR", "SHORT_STEP_S", "WIDE_DP", "Decision", "decide", "decision_html",
            "export_formats", "short_wide"]
 
@@ -60,8 +62,8 @@ PARTS = {
 """Each time part of a stored trial (``time_<part>_s``) in words."""
 
 
-TRAINING_FORMATS = ("megatron", "deepspeed", "torchtitan")
-"""The export formats that launch a training framework (:mod:`planner.exports._runnable`)."""
+TRAINING_FORMATS = tuple(f for f in FRAMEWORKS if f != ANY)
+"""The export formats that launch a training framework: each is named after it."""
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,11 @@ def unfinished_note(study: optuna.Study) -> str | None:
             " `planner run STUDY.yaml --resume` finishes it")
 
 
+SAMPLED = ("tpe", "nsga2", "gp")
+"""The samplers whose study runs ``n_trials`` Optuna trials (``random`` draws its plans and
+records them as the exhaustive path does)."""
+
+
 def _unfinished_sampling(study: optuna.Study) -> str | None:
     """The warning for a study of an Optuna sampler (tpe, nsga2, gp) that finished fewer trials
     than its ``n_trials``: ``planner run --resume`` runs the rest (:func:`planner.runner`)."""
@@ -83,11 +88,6 @@ def _unfinished_sampling(study: optuna.Study) -> str | None:
     return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its {wanted:,}"
             f" {config['sampler']} trials finished, so its best is the best of those;"
             " `planner run STUDY.yaml --resume` finishes it")
-
-
-SAMPLED = ("tpe", "nsga2", "gp")
-"""The samplers whose study runs ``n_trials`` Optuna trials (``random`` draws its plans and
-records them as the exhaustive path does)."""
 
 
 def _estimated(study: optuna.Study, results: dict[str, Any]) -> int | None:

@@ -14,6 +14,7 @@ does, else the files say the new figures.
 from __future__ import annotations
 
 import simcore
+from planner.exports._runnable import FRAMEWORK_NAMES
 from planner.plan import Plan
 from planner.units import GB
 from search_spaces.frameworks import with_framework_defaults
@@ -22,7 +23,6 @@ from simcore.specs import TrainingSpec
 
 __all__ = ["reprice", "stack_check"]
 
-_NAMES = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed"}
 
 
 def reprice(plan: Plan, training: TrainingSpec, under: str, hint: str) -> Estimate | None:
@@ -43,7 +43,7 @@ def reprice(plan: Plan, training: TrainingSpec, under: str, hint: str) -> Estima
 def stack_check(plan: Plan, framework: str) -> str | None:
     """A comment for the exported files when ``framework``'s stack changes the plan's figures
     (None when it does not); raises ValueError when a plan that fits no longer fits under it."""
-    name = _NAMES[framework]
+    name = FRAMEWORK_NAMES[framework]
     training = with_framework_defaults(plan.training, framework,
                                        plan.system.device.transformer_engine)
     est = reprice(plan, training, f"{name}'s stack",

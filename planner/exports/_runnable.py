@@ -11,11 +11,12 @@ from planner.plan import Plan
 from planner.units import GB
 from simcore.specs import Convention
 
-__all__ = ["FRAMEWORK_FORMATS", "not_runnable"]
+__all__ = ["FRAMEWORK_NAMES", "not_runnable"]
 
-FRAMEWORK_FORMATS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed",
-                     "torchtitan": "torchtitan"}
-"""The export formats that launch a training framework, by the framework's name."""
+FRAMEWORK_NAMES = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed",
+                   "torchtitan": "torchtitan"}
+"""The export formats that launch a training framework (:data:`search_spaces.frameworks.
+FRAMEWORKS` but ``any``), each with the framework's name as its users write it."""
 
 _CONVENTIONS = {Convention.STAGE: "STAGE's graph as ASTRA-sim replays it",
                 Convention.MLP: "the MLP model of DistIR's notebook"}
@@ -24,7 +25,7 @@ _CONVENTIONS = {Convention.STAGE: "STAGE's graph as ASTRA-sim replays it",
 def not_runnable(plan: Plan, fmt: str) -> str | None:
     """Why ``plan`` cannot be written for ``fmt``'s framework before its own rules, or None
     (also for the formats that launch no framework)."""
-    name = FRAMEWORK_FORMATS.get(fmt)
+    name = FRAMEWORK_NAMES.get(fmt)
     if name is None:
         return None
     if plan.convention is not Convention.MEGATRON:

@@ -66,3 +66,16 @@ def test_megatron_wants_a_sequence_a_multiple_of_twice_cp() -> None:
     # the rule is Megatron-LM's: DeepSpeed-Ulysses splits the sequence cp ways only
     assert "multiple of 2 x cp" not in (why_not(
         "deepspeed", model, TrainingSpec(global_batch=8, seq_len=4098), plan) or "")
+
+
+def test_an_mlp_convention_plan_is_only_a_plan_file(tmp_path, capsys) -> None:
+    # DistIR's MLP is no transformer a framework trains: its plan is written as a plan file only
+    storage = ("--storage", str(tmp_path / "s"))
+    assert main(["run", str(STUDIES / "distir-mlp-16.yaml"), "--quiet", *storage]) == 0
+    capsys.readouterr()
+    assert main(["export", "distir-mlp-16", "--format", "megatron", "--out",
+                 str(tmp_path / "m"), *storage]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "mlp convention" in err and err.endswith("; export plan")
+    assert main(["export", "distir-mlp-16", "--format", "plan", "--out", str(tmp_path / "p"),
+                 *storage]) == 0

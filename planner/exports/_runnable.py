@@ -18,8 +18,13 @@ FRAMEWORK_NAMES = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed",
 """The export formats that launch a training framework (:data:`search_spaces.frameworks.
 FRAMEWORKS` but ``any``), each with the framework's name as its users write it."""
 
-_CONVENTIONS = {Convention.STAGE: "STAGE's graph as ASTRA-sim replays it",
-                Convention.MLP: "the MLP model of DistIR's notebook"}
+_CONVENTIONS = {
+    Convention.STAGE: ("STAGE's graph as ASTRA-sim replays it", "export astra-sim, chakra or"
+                       " plan, or run the study with convention: megatron"),
+    Convention.MLP: ("the MLP model of DistIR's notebook, which no training framework runs",
+                     "export plan"),
+}
+"""Each convention a framework does not run: what it prices, and what to do instead."""
 
 
 def not_runnable(plan: Plan, fmt: str) -> str | None:
@@ -29,10 +34,9 @@ def not_runnable(plan: Plan, fmt: str) -> str | None:
     if name is None:
         return None
     if plan.convention is not Convention.MEGATRON:
-        return (f"the plan was estimated in the {plan.convention.value} convention"
-                f" ({_CONVENTIONS.get(plan.convention, plan.convention.value)}), not as {name}"
-                " runs it; export astra-sim, chakra or plan, or run the study with convention:"
-                " megatron")
+        what, instead = _CONVENTIONS[plan.convention]
+        return (f"the plan was estimated in the {plan.convention.value} convention ({what}),"
+                f" not as {name} runs it; {instead}")
     est = plan.estimate
     if not est.fits:
         return (f"it needs {est.memory.total / GB:.1f} GB a device, over the"

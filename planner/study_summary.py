@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # imported where a journal is read: cached rows need neither
 __all__ = ["CACHE", "folder_rows", "remember", "study_row"]
 
 CACHE = ".summaries.json"
-_VERSION = 1
-"""Bumped when a row's columns change: an older cache is read as empty."""
+_VERSION = 2
+"""Bumped when a row's columns change: an older cache is read as empty (2: ``finished``)."""
 
 
 def study_row(study: optuna.Study, best: pd.DataFrame | None = None) -> dict[str, Any]:
@@ -44,6 +44,7 @@ def study_row(study: optuna.Study, best: pd.DataFrame | None = None) -> dict[str
             "hbm_gb": cfg.get("hbm_gb") or "unlimited", "trials": trials,
             "plans": results.get("plans", trials),
             "trials kept": _kept(results),
+            "finished": "yes" if unfinished_note(study) is None else "no",
             "best step s": (f"{best['step_time_s'].iloc[0]:.4g}" if not best.empty else "-")}
 
 

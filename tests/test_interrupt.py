@@ -182,6 +182,12 @@ def _ctrl_c_in_trial(monkeypatch, number: int) -> None:
     monkeypatch.setattr(runner, "_objective", stopped)
 
 
+def _finished(studies_out: str) -> str:
+    """The ``finished`` cell of ``planner studies``' one row."""
+    header, row = studies_out.strip().splitlines()
+    return dict(zip(header.replace("trials kept", "kept").split(), row.split()))["finished"]
+
+
 def _interrupted_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if "interrupted" in line]
 
@@ -201,11 +207,15 @@ def test_ctrl_c_mid_study_is_one_line_with_the_trials_kept(tmp_path, capsys, mon
     assert ("warning: study 'lab' is unfinished: 4 of its 12 tpe trials finished, so its best is"
             " the best of those; `planner run STUDY.yaml --resume` finishes it"
             in capsys.readouterr().err)
+    assert main(["studies", "--storage", str(storage)]) == 0
+    assert _finished(capsys.readouterr().out) == "no"
     monkeypatch.undo()
     assert main(["run", str(path), "--storage", str(storage), "--quiet", "--resume"]) == 0
     capsys.readouterr()
     assert main(["best", "lab", "--storage", str(storage)]) == 0
     assert "unfinished" not in capsys.readouterr().err
+    assert main(["studies", "--storage", str(storage)]) == 0
+    assert _finished(capsys.readouterr().out) == "yes"
 
 
 def test_ctrl_c_in_the_last_sampler_trial_finishes_and_says_so(tmp_path, capsys, monkeypatch):

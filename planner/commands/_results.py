@@ -107,7 +107,7 @@ class TrialsCommand(BaseCommand):
 class StudiesCommand(BaseCommand):
     name = "studies"
     help = ("The studies in the storage: model, system, sampler, trials, plans (and which"
-            " are kept as trials), best step time.")
+            " are kept as trials), whether the run finished, best step time.")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         add_storage_argument(parser)

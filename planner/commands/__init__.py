@@ -48,7 +48,8 @@ COMMANDS: list[BaseCommand] = [
     LazyCommand("trials", "Every trial of a stored study: strategy, estimate parts, feasibility;"
                 " CSV / Parquet.", "_results", "TrialsCommand"),
     LazyCommand("studies", "The studies in the storage: model, system, sampler, trials, plans (and"
-                " which are kept as trials), best step time.", "_results", "StudiesCommand"),
+                " which are kept as trials), whether the run finished, best step time.", "_results",
+                "StudiesCommand"),
     LazyCommand("repair", "Drop the lines of a damaged journal file that are not Optuna entries,"
                 " keeping every valid one (a .bak copy first).", "_repair", "RepairCommand"),
     LazyCommand("pareto", "A page of step time against peak memory: every trial, the Pareto"

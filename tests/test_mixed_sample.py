@@ -49,17 +49,22 @@ def test_sampling_finds_the_exhaustive_best(study, exhaustive):
     assert (merged["step_time_s"] == merged["step_time_s_all"]).all()
 
 
-def test_ctrl_c_keeps_the_plans_estimated_so_far(study, monkeypatch):
+def _ctrl_c_after(monkeypatch, estimates: int) -> None:
+    """Ctrl-C in the plan estimate after the first ``estimates``."""
     calls = []
     real = mixed_sample.plan_row
 
     def interrupted(*args):
-        if len(calls) == 40:
+        if len(calls) == estimates:
             raise KeyboardInterrupt
         calls.append(1)
         return real(*args)
 
     monkeypatch.setattr(mixed_sample, "plan_row", interrupted)
+
+
+def test_ctrl_c_keeps_the_plans_estimated_so_far(study, monkeypatch):
+    _ctrl_c_after(monkeypatch, 40)
     result = sample_mixed(study.space, trials=500, seed=0)
     assert 0 < len(result.table) <= 40 and result.trials < 500
     assert result.best() is not None
@@ -68,16 +73,7 @@ def test_ctrl_c_keeps_the_plans_estimated_so_far(study, monkeypatch):
 def test_planner_mixed_cut_short_says_so_in_one_line_and_exits_130(monkeypatch, capfd):
     # Ctrl-C in the 41st layout's estimate: the plans of the first 40 are shown as what was
     # sampled, then one line on stderr (no Optuna traceback) and the interrupted exit code.
-    calls = []
-    real = mixed_sample.plan_row
-
-    def interrupted(*args):
-        if len(calls) == 40:
-            raise KeyboardInterrupt
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(mixed_sample, "plan_row", interrupted)
+    _ctrl_c_after(monkeypatch, 40)
     args = ["mixed", str(MIXED / "metis-16-16.yaml"), "--max-plans", "0", "--trials", "500"]
     assert main(args) == 130
     out, err = capfd.readouterr()

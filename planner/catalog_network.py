@@ -16,6 +16,7 @@ from simcore.network import (
     MultiDimOptimization,
     NetworkDim,
     SchedulingPolicy,
+    SwitchAllReduce,
     Topology,
 )
 from simcore.specs import DeviceSpec
@@ -41,7 +42,7 @@ def spec_or_fail(path: Path, where: str, build: Any) -> Any:
 
 _DIM_FIELDS = {"topology", "npus", "latency_us"}
 _DIM_OPTIONAL = {"bandwidth_gbps", "bandwidth_astra_gbps", "algorithm", "algorithms", "width",
-                 "source", "call_latency_us", "p2p_bandwidth_gbps", "per_communicator"}
+                 "source", "call_latency_us", "p2p_bandwidth_gbps", "per_communicator", "nvls"}
 
 
 def _algorithms(path: Path, where: str, e: dict) -> dict[Collective, AlgorithmChoice]:
@@ -62,6 +63,23 @@ def _algorithms(path: Path, where: str, e: dict) -> dict[Collective, AlgorithmCh
         collective = choice(path, f"{where}.algorithms", key, Collective)
         chosen[collective] = parse(f"{where}.algorithms.{key}", text)
     return chosen
+
+
+_NVLS_FIELDS = {"bandwidth_gbps", "latency_us", "min_npus"}
+
+
+def _nvls(path: Path, where: str, entry: Any) -> SwitchAllReduce | None:
+    """A dimension's ``nvls`` (an all-reduce the switch reduces), or None where not given."""
+    if entry is None:
+        return None
+    e = fields(path, where, entry, _NVLS_FIELDS, set())
+    return spec_or_fail(path, where, lambda: SwitchAllReduce(
+        bandwidth_bytes_per_s=number(path, f"{where}.bandwidth_gbps", e["bandwidth_gbps"],
+                                     minimum=0, strict=True) * GB,
+        latency_s=number(path, f"{where}.latency_us", e["latency_us"], minimum=0,
+                         strict=False) * 1e-6,
+        min_npus=integer(path, f"{where}.min_npus", e["min_npus"], minimum=2),
+    ))
 
 
 def network_dim(path: Path, where: str, entry: Any) -> NetworkDim:
@@ -101,6 +119,7 @@ def network_dim(path: Path, where: str, entry: Any) -> NetworkDim:
         p2p_bandwidth_bytes_per_s=p2p,
         per_communicator=boolean(path, f"{where}.per_communicator",
                                  e.get("per_communicator", False)),
+        nvls=_nvls(path, f"{where}.nvls", e.get("nvls")),
     ))
 
 

@@ -191,6 +191,10 @@ def _dim_entry(dim: NetworkDim) -> dict[str, Any]:
         entry["p2p_bandwidth_gbps"] = _scaled(dim.p2p_bandwidth_bytes_per_s, GB)
     if dim.per_communicator:
         entry["per_communicator"] = True
+    if dim.nvls is not None:
+        entry["nvls"] = {"bandwidth_gbps": _scaled(dim.nvls.bandwidth_bytes_per_s, GB),
+                         "latency_us": _scaled(dim.nvls.latency_s, 1e-6),
+                         "min_npus": dim.nvls.min_npus}
     common = dim.algorithms[Collective.ALL_REDUCE]
     entry["algorithm"] = str(common)
     others = {c.value: str(a) for c, a in dim.algorithms.items() if a != common}

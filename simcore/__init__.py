@@ -47,6 +47,7 @@ from simcore.network import (
     Network,
     NetworkDim,
     SchedulingPolicy,
+    SwitchAllReduce,
     Topology,
 )
 from simcore.specs import (
@@ -190,6 +191,7 @@ __all__ = [
     "SchedulingPolicy",
     "StageEstimate",
     "Strategy",
+    "SwitchAllReduce",
     "SystemSpec",
     "TimeParts",
     "Timeline",

@@ -18,6 +18,7 @@ from typing import Generic, TypeVar
 __all__ = [
     "PerNetwork",
     "Collective",
+    "SwitchAllReduce",
     "CollectiveAlgorithm",
     "AlgorithmChoice",
     "Topology",
@@ -134,6 +135,34 @@ def _default_algorithms() -> dict[Collective, AlgorithmChoice]:
     return {c: AlgorithmChoice(CollectiveAlgorithm.RING) for c in Collective}
 
 
+@dataclass(frozen=True, slots=True)
+class SwitchAllReduce:
+    """An all-reduce the switch reduces itself (NVLink SHARP: NCCL's NVLS algorithm), which a
+    communication library picks over its ring for a group of ``min_npus`` or more ranks on the
+    dimension: each rank sends its data once and receives the sum once, so the time is
+    ``latency_s + size / bandwidth_bytes_per_s`` whatever the group's size, where a ring's grows
+    with ``2 (n - 1) / n``. The ring still serves where it is faster (small messages)."""
+
+    bandwidth_bytes_per_s: float
+    """What one rank's all-reduce reaches, bytes/s of the tensor (nccl-tests' algbw)."""
+    latency_s: float
+    """The fixed time of one call, seconds (launch, the switch's set-up and the ramp)."""
+    min_npus: int
+    """The smallest group the library runs it for."""
+
+    def __post_init__(self) -> None:
+        if not (self.bandwidth_bytes_per_s > 0 and math.isfinite(self.bandwidth_bytes_per_s)):
+            raise ValueError("`nvls.bandwidth > 0` must hold, but got"
+                             f" {self.bandwidth_bytes_per_s} B/s")
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise ValueError(f"`nvls.latency >= 0` must hold, but got {self.latency_s} s")
+        if self.min_npus < 2:
+            raise ValueError(f"`nvls.min_npus >= 2` must hold, but got {self.min_npus}")
+
+    def time_s(self, size_bytes: float) -> float:
+        return self.latency_s + size_bytes / self.bandwidth_bytes_per_s
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NetworkDim:
     """One dimension of the network: its topology, size, links and algorithms."""
@@ -171,6 +200,10 @@ class NetworkDim:
     reaches ``G / L`` times the link bandwidth, and a send (``L = 1``) ``G`` times
     (:mod:`simcore.megatron.placement`). False: the links bound every group alike (ASTRA-sim,
     InfiniBand with a NIC per GPU)."""
+    nvls: SwitchAllReduce | None = None
+    """An all-reduce the switch reduces itself, for a group within this dimension alone
+    (:class:`SwitchAllReduce`; :mod:`simcore.megatron.placement`). None: every collective runs
+    at the link bandwidth (ASTRA-sim's own systems never set it)."""
 
     def __post_init__(self) -> None:
         if not (self.call_latency_s >= 0 and math.isfinite(self.call_latency_s)):

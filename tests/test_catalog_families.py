@@ -1,7 +1,8 @@
 """Cluster families (planner/catalog_families.py): ``dgx-h100-{gpus}`` names a cluster of any
 number of whole DGX H100 nodes, as the Megatron-LM, MLPerf and MegaScale runs use (6,144,
 10,752, 12,288 GPUs), wherever a system name is taken. The figures are dgx.yaml's header's: a
-DGX H100 node of 8 GPUs (545 GB/s each, fit on stas00/ml-engineering's H200 table), 42.5 GB/s a
+DGX H100 node of 8 GPUs (392 GB/s each for the ring, fit on a 4-GPU slice of an H100 node's
+nccl-tests, and NVLink SHARP's all-reduce at 270 GB/s and 89 us from 6 GPUs), 42.5 GB/s a
 GPU over InfiniBand between nodes, sends at 48 GB/s (one NDR 400G NIC a GPU, NVIDIA/nccl-tests
 issue 119)."""
 
@@ -36,7 +37,8 @@ def test_a_member_is_the_family_node_at_that_many_nodes() -> None:
     assert system.devices == 6144
     assert system.device.name == "h100-sxm"
     assert (node.npus, between.npus) == (8, 6144 // 8)  # 768 nodes
-    assert node.bandwidth_bytes_per_s == pytest.approx(545 * GB)
+    assert node.bandwidth_bytes_per_s == pytest.approx(392 * GB)
+    assert node.nvls is not None and node.nvls.bandwidth_bytes_per_s == pytest.approx(270 * GB)
     assert between.bandwidth_bytes_per_s == pytest.approx(42.5 * GB)
     assert between.p2p_bandwidth_bytes_per_s == pytest.approx(48 * GB)
     assert load_catalog().system("dgx-h100-6144") is system  # built once
@@ -83,8 +85,9 @@ def test_the_estimate_on_a_member_is_the_one_on_the_same_cluster_written_out(
         eos:
           device: h100-sxm
           network:
-            - {topology: Switch, npus: 8, bandwidth_gbps: 545, latency_us: 0.33,
-               call_latency_us: 11.0}
+            - {topology: Switch, npus: 8, bandwidth_gbps: 392, latency_us: 0.33,
+               call_latency_us: 11.0,
+               nvls: {bandwidth_gbps: 270, latency_us: 89, min_npus: 6}}
             - {topology: Switch, npus: 768, bandwidth_gbps: 42.5, latency_us: 8.8,
                call_latency_us: 0.7, p2p_bandwidth_gbps: 48}
           scheduling: {preferred_dataset_splits: 4, active_chunks_per_dim: 1}
@@ -159,9 +162,12 @@ def test_a_bad_family_entry_names_its_file_and_field(user_catalog: Path, last: s
 
 def test_the_dgx_b200_node_is_the_h100_fit_scaled_by_measured_busbw() -> None:
     """dgx.yaml: stas00/ml-engineering's nccl-tests at 8 GiB on 8 GPUs, 838.0 GB/s busbw on
-    B200 against 473.1 on H200 (the table the H100 node is fit on): 545 x 838.0 / 473.1."""
+    B200 against 473.1 on H200 (the table the H100 node's nvls is fit on): the ring
+    392 x 838.0 / 473.1 = 694, nvls 270 x 838.0 / 473.1 = 478."""
     node = load_catalog().system("dgx-b200-8").network.dims[0]
-    assert node.bandwidth_bytes_per_s == pytest.approx(545 * 838.0 / 473.1 * GB, rel=1e-3)
+    assert node.bandwidth_bytes_per_s == pytest.approx(392 * 838.0 / 473.1 * GB, rel=1e-3)
+    assert node.nvls is not None
+    assert node.nvls.bandwidth_bytes_per_s == pytest.approx(270 * 838.0 / 473.1 * GB, rel=1e-3)
     cluster = load_catalog().system("dgx-b200-128")
     assert cluster.device.name == "b200"
     assert cluster.network.dims[0] == node

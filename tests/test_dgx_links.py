@@ -15,6 +15,7 @@ import pytest
 
 from planner.catalog import load_catalog
 from simcore.collectives import collective_time
+from simcore.megatron.placement import switch_all_reduce_s, switch_reduced
 from simcore.network import Collective, Network
 from simcore.specs import SystemSpec
 
@@ -33,17 +34,33 @@ def _abci(nodes: int = 2) -> SystemSpec:
     return replace(system, network=Network(dims=(node, ib), scheduling=system.network.scheduling))
 
 
-def _model_s(system: SystemSpec, size: int) -> float:
+def _model_s(system: SystemSpec, size: int,
+             collective: Collective = Collective.ALL_REDUCE) -> float:
+    """The time of a collective of nccl-tests' ``size`` (all-gather: the gathered output, which
+    is the ranks' inputs together), as the estimate prices a group on the whole system: the
+    chunked schedule plus the call latencies, or for an all-reduce the switch's own where it is
+    faster (placement.switch_all_reduce_s; across nodes placement.switch_reduced)."""
     network = system.network
-    return (collective_time(network, Collective.ALL_REDUCE, size).time_s
+    if collective is Collective.ALL_GATHER:
+        size //= network.npus
+    ring = (collective_time(network, collective, size).time_s
             + sum(d.call_latency_s for d in network.dims))
+    if collective is not Collective.ALL_REDUCE:
+        return ring
+    reduced = switch_reduced(network) if len(network.dims) > 1 else None
+    if reduced is not None:
+        ring = min(ring, collective_time(reduced, collective, size).time_s
+                   + sum(d.call_latency_s for d in network.dims))
+    return min(ring, switch_all_reduce_s(network, size))
 
 
 def _mean_error(role: str, system: SystemSpec, low: int, high: int) -> float:
-    pairs = [(int(r["size_bytes"]), float(r["time_us"]) * 1e-6) for r in ROWS
-             if r["role"] == role and low <= int(r["size_bytes"]) <= high]
-    assert pairs, role
-    return statistics.fmean(abs(math.expm1(math.log(_model_s(system, s) / t))) for s, t in pairs)
+    rows = [(int(r["size_bytes"]), float(r["time_us"]) * 1e-6, Collective(r["collective"]))
+            for r in ROWS if r["role"] == role and low <= int(r["size_bytes"]) <= high]
+    assert rows, role
+    assert all(int(r["gpus"]) == system.network.npus for r in ROWS if r["role"] == role)
+    return statistics.fmean(abs(math.expm1(math.log(_model_s(system, s, c) / t)))
+                            for s, t, c in rows)
 
 
 # (role, system, size range, bound): fit figures as dgx.yaml states them, plus a margin; the
@@ -56,10 +73,19 @@ CASES = [
     # nccl-tests issue 119, 3 nodes: +34%. The hierarchical schedule's step between nodes grows
     # with their number where NCCL's ring does not (dgx.yaml's header); not changed.
     ("a100-ib4-n3-check", "abci-3", 64 * MIB, GIB, 0.40),
-    ("h100-node-fit", "dgx-h100-8", 256 * KIB, GIB, 0.15),
-    ("h100-node-check", "dgx-h100-8", 128 * MIB, 4 * GIB, 0.10),  # nccl-tests issue 290: 5%
-    ("h100-ib-fit", "dgx-h100-16", 256 * MIB, 8 * GIB, 0.05),
-    ("h100-ib-check", "dgx-h100-16", 2 * GIB, 16 * GIB, 0.08),  # the log is erratic below 1 GiB
+    # The H100 node's ring rate (all-gather, reduce-scatter, an all-reduce of 2-4 GPUs) fit on
+    # the 4-GPU table of the three: 12.8%, all-gathers fast by 12-30%, all-reduces slow by 0-21%
+    ("h100-ring-fit", "dgx-h100-4", 256 * KIB, GIB, 0.15),
+    ("h100-ring-check", "dgx-h100-2", 256 * MIB, 8 * GIB, 0.06),  # 2 GPUs: 4.2%
+    # NVLink SHARP (nvls), the ring's rate held: fit on the 8-GPU table, 7.1%
+    ("h100-node-fit", "dgx-h100-8", 256 * KIB, GIB, 0.10),
+    ("h100-node-check", "dgx-h100-8", 128 * MIB, 4 * GIB, 0.05),  # nccl-tests issue 290: 2.6%
+    ("h100-nvls-check", "dgx-h100-6", 256 * MIB, 8 * GIB, 0.05),  # 6 GPUs: 2.7%
+    # Two nodes: 8.0% and 9.8%, where they were 1.4% and 6% with the node's old all-reduce rate.
+    # The switch's all-reduce inside each node now paces these (placement.switch_reduced), so
+    # InfiniBand's 42.5 GB/s is kept as it was fit, not re-identified from this table.
+    ("h100-ib-fit", "dgx-h100-16", 256 * MIB, 8 * GIB, 0.09),
+    ("h100-ib-check", "dgx-h100-16", 2 * GIB, 16 * GIB, 0.11),  # the log is erratic below 1 GiB
 ]
 
 
@@ -67,7 +93,14 @@ CASES = [
                          ids=[c[0] for c in CASES])
 def test_all_reduce_time_against_nccl_tests(role: str, system: str, low: int, high: int,
                                             bound: float) -> None:
-    spec = _abci(int(system[5:] or 2)) if system.startswith("abci") else CATALOG.system(system)
+    if system.startswith("abci"):
+        spec = _abci(int(system[5:] or 2))
+    elif system == "dgx-h100-6":  # 6 GPUs of a node: the catalog has 1, 2, 4 and 8
+        node = CATALOG.system("dgx-h100-8")
+        spec = replace(node, network=Network(dims=(replace(node.network.dims[0], npus=6),),
+                                             scheduling=node.network.scheduling))
+    else:
+        spec = CATALOG.system(system)
     assert _mean_error(role, spec, low, high) <= bound
 
 

@@ -46,7 +46,7 @@ def test_up_to_64_gpus_are_one_nvlink_domain_and_more_are_racks_of_64() -> None:
     catalog = load_catalog()
     rack = catalog.system("dgx-gb200-64")
     assert [d.npus for d in rack.network.dims] == [64]
-    assert rack.network.dims[0].bandwidth_bytes_per_s == pytest.approx(965 * GB)  # DGX B200's
+    assert rack.network.dims[0].bandwidth_bytes_per_s == pytest.approx(694 * GB)  # DGX B200's
     four = catalog.system("dgx-gb200-256")
     assert [d.npus for d in four.network.dims] == [64, 4]
     assert four.network.dims[1].bandwidth_bytes_per_s == pytest.approx(42.5 * GB)
@@ -58,7 +58,7 @@ def test_up_to_64_gpus_are_one_nvlink_domain_and_more_are_racks_of_64() -> None:
 
 def test_tp_16_stays_on_nvlink_in_a_rack_but_crosses_infiniband_between_two_dgx_b200s() -> None:
     """GPT-3 175B (96 heads) at tp 16: on an NVL72 rack its all-gathers and reduce-scatters stay
-    on NVLink (965 GB/s a GPU); between two DGX B200 nodes each adds a phase over InfiniBand
+    on NVLink (694 GB/s a GPU); between two DGX B200 nodes each adds a phase over InfiniBand
     (42.5 GB/s a GPU) to the same in-node phase, so the tp time is longer there, and the step.
     Both issue their collectives as torch.distributed calls (no Transformer Engine userbuffers,
     which only the rack could run and which cost the host a kernel's time a collective:

@@ -116,12 +116,12 @@ def test_all_to_all_is_pairwise_sends_over_the_slowest_dimension() -> None:
 def test_the_estimate_times_each_moe_layer_s_four_all_to_alls() -> None:
     # Forward: dispatch and combine over ep; backward the same again. Each rank's buffer is its
     # T k rows of h bf16 values, T = 4096 tokens (mb 1, tp 1): 4096 * 2 * 4096 * 2 bytes. The
-    # ep 8 group is one node of H100s: pairwise, (7/8) size / 545 GB/s + 0.33 us, plus NCCL's
+    # ep 8 group is one node of H100s: pairwise, (7/8) size / 392 GB/s + 0.33 us, plus NCCL's
     # call (11 us) and the host's collective launch (the H100's collective_launch_us, 5.07 us),
     # per all-to-all.
     size = 4096 * 2 * 4096 * 2
     assert H100_64.device.collective_launch_s == pytest.approx(5.07e-6)
-    one = size * 7 / 8 / 545e9 + 0.33e-6 + 11e-6 + 5.07e-6
+    one = size * 7 / 8 / 392e9 + 0.33e-6 + 11e-6 + 5.07e-6
     est = simcore.estimate(MIXTRAL, H100_64, TRAINING, PLAN)
     m = TRAINING.global_batch // PLAN.dp
     layers = MIXTRAL.layers // PLAN.pp

@@ -35,13 +35,13 @@ def test_the_dedup_all_to_all_in_closed_form() -> None:
     # Two nodes of 8, top-8: a token reaches the other node with probability 1 - (1/2)^8, so
     # the network between nodes carries size / 8 * (1 - 1/256) against size / 2 without
     # deduplication (0.249 of it); the node's links forward every copy not for the rank it
-    # lands on, size * 7 / 8 (by hand, with the DGX H100 links: 545 and 42.5 GB/s).
+    # lands on, size * 7 / 8 (by hand, with the DGX H100 links: 392 and 42.5 GB/s).
     node, ib = H100_16.network.dims
     net = Network(dims=(node, ib), scheduling=H100_16.network.scheduling)
     size = 268_435_456
     across = size / 8 * (1 - 0.5**8)
     inside = size * 7 / 8
-    expected = max(across / 42.5e9 + ib.latency_s, inside / 545e9 + node.latency_s)
+    expected = max(across / 42.5e9 + ib.latency_s, inside / 392e9 + node.latency_s)
     assert pairwise_all_to_all(net, size, dedup_k=8) == pytest.approx(expected, rel=1e-12)
     assert pairwise_all_to_all(net, size) == pytest.approx(size / 2 / 42.5e9 + ib.latency_s)
     # within one node there is nothing to deduplicate

@@ -91,22 +91,24 @@ def test_nemotron_check(capsys) -> None:
     """The 79 runs (README, "Nemotron-4"), nothing fit on them: NVIDIA's DGX Cloud benchmarks on
     16-2,048 H100s within a few percent; the same model on GB200 fast (-14 to -25% with the b200
     entry's GEMM rate, before the GB200's own was fit on Megatron-Bridge's runs); the report's
-    production run on up to 6,144 H100s 10-12% fast (the run's virtual stages are not stated: 8
-    assumed, NeMo 2.0's recipe)."""
+    production run on up to 6,144 H100s 12-13% fast (the run's virtual stages are not stated: 8
+    assumed, NeMo 2.0's recipe). The H100 benchmarks 2.9% mean error, the worst -11.2%, and the
+    production run -10.1..-11.6% before the NVLink's ring / NVLS split and the TE GEMM rate's
+    refit (systems/dgx.yaml)."""
     assert main(["validate", str(DATA / "nemotron-check.csv"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["step_time_runs"] == 79 and data["skipped"] == [] and data["groups"] == []
     errors = {row["name"]: row["step_time_error"] for row in data["rows"]}
     h100 = [e for name, e in errors.items() if name.startswith("dgxc") and "gb200" not in name]
     assert len(h100) == 70
-    assert sum(abs(e) for e in h100) / len(h100) <= 0.035  # measured 2.9%
-    assert all(abs(e) <= 0.12 for e in h100)  # 340B FP8 on 2,048 (24.11.1) -11.2% at worst
+    assert sum(abs(e) for e in h100) / len(h100) <= 0.03  # measured 2.4%
+    assert all(abs(e) <= 0.13 for e in h100)  # 340B FP8 on 2,048 (24.11.1) -12.2% at worst
     gb200 = {name: e for name, e in errors.items() if "gb200" in name}
     bf16 = [e for name, e in gb200.items() if " bf16 " in name]
     fp8 = [e for name, e in gb200.items() if " fp8 " in name]
-    assert len(bf16) == 3 and all(-0.11 <= e <= -0.05 for e in bf16)  # -7.2 to -9.0%
-    # -10.7 to -14.8% (-15.6 to -19.6% before the host's time per kernel: their 340B layers at
+    assert len(bf16) == 3 and all(-0.10 <= e <= -0.05 for e in bf16)  # -6.3 to -8.2%
+    # -10.5 to -14.7% (-15.6 to -19.6% before the host's time per kernel: their 340B layers at
     # tp 8 in FP8 are shorter on a GB200 than the host's time to issue them)
     assert len(fp8) == 3 and all(-0.17 <= e <= -0.08 for e in fp8)
     report = [e for name, e in errors.items() if "report" in name]
-    assert len(report) == 3 and all(-0.13 <= e <= -0.09 for e in report)  # -10.1 to -11.6%
+    assert len(report) == 3 and all(-0.145 <= e <= -0.11 for e in report)  # -11.8 to -13.3%

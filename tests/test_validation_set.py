@@ -61,12 +61,13 @@ B200_CHECK_MEDIAN = 0.11  # measured 9.9% (Llama 3.1 405B -9.5%, -9.9%; Qwen3-30
 GB200_FIT_MAPE = 0.045
 GB200_CHECK_MEDIAN = 0.045  # measured 3.6% (8.9% over dgxc's six alone; 15.6% before the fit)
 # GPT-3 175B on 128-2,048 H100s (README, "GPT-3 175B on H100"): FP8 estimated 10-24% fast.
-GPT3_CHECK_MAPE = 0.10  # measured 9.4%
+GPT3_CHECK_MAPE = 0.115  # measured 10.9% (9.4% before the TE GEMM rate's refit to 0.666)
 # NeMo's long-context tables (4K-1M tokens): the attention constant is of a newer stack than
 # NeMo 24.03's (README there), so the long H100 rows come out fast.
-# up to 8K on H100, 16K on B200: measured -0.5, -4.1, -0.7, -0.6% (+3.0, -1.0 on H100 before the
-# TE stack's GEMM rate, fused_matmul_efficiency: gpus.yaml's header)
-LONG_CONTEXT_SHORT_ERROR = 0.045
+# up to 8K on H100, 16K on B200: measured -2.2, -5.5, -0.7, -0.6% (-0.5, -4.1 on H100 before the
+# TE GEMM rate's refit to 0.666; +3.0, -1.0 before the TE stack's GEMM rate,
+# fused_matmul_efficiency: gpus.yaml's header)
+LONG_CONTEXT_SHORT_ERROR = 0.06
 FLASH_ATTENTION_CHECK_MAPE = 0.05  # measured 4.2%
 LONG_CONTEXT_MEDIAN = 0.125  # measured 11.7% (12.6% before the context-parallel ring's merges)
 # Every *-check file together: the issue's targets are stated on the runs gathered and not fit
@@ -103,8 +104,9 @@ ALL_CHECKS_RUNS = 726  # 721 before flash-attention-a100-check.csv's 5, 711 befo
 # "FlagPerf's Megatron-LM runs"), 5.89% with its other 27 (9.8% on them: README, "FlagPerf's
 # other stacks"), 5.89% with LiBai's 10 V100 runs (6.3% on them: README, "LiBai's Megatron-LM
 # runs"), 5.87% with FlashAttention's 5 single-node A100 runs (4.9% on them: README,
-# "FlashAttention's A100 runs")
-ALL_CHECKS_MEDIAN = 0.06
+# "FlashAttention's A100 runs"), 5.35% with the H100-era NVLink's ring and NVLS rates apart and
+# the TE GEMM rate refit (README, "The H100-era NVLink's two rates")
+ALL_CHECKS_MEDIAN = 0.055
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional
 # tests' two (-9.0%, -10.6%; the 16 before them: 1.4%); 4.1% over 32 since KempnerForge's 14
@@ -369,8 +371,10 @@ def test_gb200_fit_and_check_error(capsys) -> None:
     errors = {row["name"]: row["step_time_error"] for row in data["rows"]}
     bf16 = [e for name, e in errors.items() if name.endswith("bf16")]
     fp8 = [e for name, e in errors.items() if name.endswith("fp8")]
-    assert len(bf16) == 3 and all(-0.06 <= e <= 0.0 for e in bf16)  # -2.1 to -3.6%
-    assert len(fp8) == 3 and all(-0.18 <= e <= -0.12 for e in fp8)  # -14.2 to -15.5%
+    assert len(bf16) == 3 and all(-0.06 <= e <= 0.0 for e in bf16)  # -0.5 to -2.1%
+    # -11.9 to -13.3% (-14.2 to -15.5%, BF16 -2.1 to -3.6%, before the NVLink's ring / NVLS split:
+    # systems/dgx.yaml)
+    assert len(fp8) == 3 and all(-0.15 <= e <= -0.10 for e in fp8)
 
 
 def test_gb200_gemm_rate_is_the_fit_on_its_fit_file() -> None:
@@ -395,15 +399,18 @@ def test_gb200_gemm_rate_is_the_fit_on_its_fit_file() -> None:
 
 def test_gpt3_h100_check(capsys) -> None:
     """dgxc-benchmarking's GPT-3 175B (README, "GPT-3 175B on H100"), nothing fit on it: BF16 of
-    release 25.02 within 1%, its FP8 10-15% fast (measured FP8 speed-up 1.48x at 128 GPUs, the
-    estimate's 1.66x), where the same stack's Llama FP8 runs are not: held so that neither grows."""
+    release 25.02 1.7-2.5% fast, its FP8 12-15% fast (measured FP8 speed-up 1.48x at 128 GPUs,
+    the estimate's 1.66x), where the same stack's Llama FP8 runs are not: held so that neither
+    grows. (Within 1% and 10.5-14.2% before the TE GEMM rate's refit, 0.645 -> 0.666, which the
+    Llama runs it was fit on asked for once the NVLink's ring and NVLS rates were split.)"""
     data = _validate(capsys, "gpt3-h100-check.csv")
     assert data["step_time_runs"] == 20 and data["skipped"] == [] and data["groups"] == []
     assert data["step_time_mape"] <= GPT3_CHECK_MAPE
     errors = {row["name"]: row["step_time_error"] for row in data["rows"]}
-    assert all(abs(e) <= 0.01 for name, e in errors.items() if "25.02" in name and "bf16" in name)
+    assert all(-0.03 <= e <= -0.01 for name, e in errors.items()
+               if "25.02" in name and "bf16" in name)
     fp8 = [e for name, e in errors.items() if "25.02" in name and "fp8" in name]
-    assert len(fp8) == 5 and all(-0.16 <= e <= -0.09 for e in fp8)  # -10.5 to -14.2%
+    assert len(fp8) == 5 and all(-0.165 <= e <= -0.11 for e in fp8)  # -11.7 to -15.4%
     rows = {row["name"]: row for row in data["rows"]}
     speedup = (rows["dgxc 25.02 gpt3-175b bf16 x128"]["predicted_step_time_s"]
                / rows["dgxc 25.02 gpt3-175b fp8 x128"]["predicted_step_time_s"])

@@ -217,6 +217,10 @@ def _model_caveats(plan: Plan) -> list[str]:
         out.append("a send rate of its own on a link (p2p_bandwidth_gbps): ASTRA-sim's"
                    " network.yml has one bandwidth per dimension, the collectives' one; it is"
                    " not written.")
+    if any(dim.nvls is not None for dim in plan.system.network.dims):
+        out.append("an all-reduce the switch reduces (nvls: NVLink SHARP): ASTRA-sim's"
+                   " network.yml has no in-switch reduction; the ring at the link's bandwidth"
+                   " is written.")
     if any(dim.per_communicator for dim in plan.system.network.dims):
         out.append("a link bound per communicator (per_communicator): ASTRA-sim's links carry"
                    " every group at one bandwidth; the link's own is written.")

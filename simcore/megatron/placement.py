@@ -42,7 +42,8 @@ from simcore.network import Collective, Network, NetworkDim, PerNetwork, Topolog
 from simcore.specs import Axis, Strategy
 
 __all__ = ["AxisLike", "AxisNetworks", "DpPart", "ExpertPart", "axis_networks",
-           "pairwise_all_to_all", "within_innermost"]
+           "pairwise_all_to_all", "switch_all_reduce_s",
+           "switch_reduced", "within_innermost"]
 
 
 class ExpertPart(StrEnum):
@@ -172,6 +173,7 @@ class AxisNetworks:
                       for axis, net in self.networks.items()}
         """Per call on the axis: the call latency of every dimension it spans."""
         self._times: dict[tuple[AxisLike, Collective, int], float] = {}
+        self._reduced: dict[AxisLike, Network] = {}
         self._p2p: dict[tuple[Axis, int], float] = {}
         self._dedup: dict[tuple[int, int], float] = {}
 
@@ -192,8 +194,23 @@ class AxisNetworks:
                 cached = (collective_time(network, collective, size,
                                           congestion=network.congestion).time_s
                           + self._call[axis])
+                if collective is Collective.ALL_REDUCE:
+                    cached = min(cached, self._switch_all_reduce(axis, network, size))
             self._times[key] = cached
         return cached
+
+    def _switch_all_reduce(self, axis: AxisLike, network: Network, size: int) -> float:
+        """An all-reduce's time where a switch reduces it (:func:`switch_all_reduce_s`, and
+        across dimensions :func:`switch_reduced`); infinity where none does."""
+        if len(network.dims) == 1:
+            return switch_all_reduce_s(network, size)
+        reduced = self._reduced.get(axis)
+        if reduced is None:
+            reduced = self._reduced[axis] = switch_reduced(network) or network
+        if reduced is network:
+            return math.inf
+        return (collective_time(reduced, Collective.ALL_REDUCE, size,
+                                congestion=network.congestion).time_s + self._call[axis])
 
     def dispatch(self, size_bytes: float, top_k: int) -> float:
         """Seconds for an all-to-all over the ep group that sends each token once per block
@@ -229,6 +246,38 @@ class AxisNetworks:
         if cached is None:
             cached = self._p2p[(axis, size)] = _send_mean(network, size)
         return cached
+
+
+def switch_all_reduce_s(network: Network, size: int) -> float:
+    """Seconds of an all-reduce the switch reduces (:class:`~simcore.network.SwitchAllReduce`,
+    NCCL's NVLS) over a group within one dimension that offers it and is large enough for the
+    library to pick it; infinity otherwise. A group across dimensions keeps the hierarchical
+    schedule, its phases inside the node at the link's ring rate."""
+    if len(network.dims) != 1:
+        return math.inf
+    (dim,) = network.dims
+    if dim.nvls is None or dim.npus < dim.nvls.min_npus:
+        return math.inf
+    return dim.nvls.time_s(size)
+
+
+def switch_reduced(network: Network) -> Network | None:
+    """The network an all-reduce across several dimensions runs on where a dimension's switch
+    reduces (NCCL's NVLS tree: the switch reduces and multicasts inside the node, the network
+    between nodes carries the rest), or None where no dimension's does. The hierarchical
+    schedule's phases on such a dimension, a reduce-scatter and an all-gather of ``(n - 1) / n``
+    of the data each, take as long as the switch's own all-reduce of it at a link bandwidth of
+    ``2 (n - 1) / n`` times :attr:`SwitchAllReduce.bandwidth_bytes_per_s`; its fixed latency is
+    the call's, once."""
+    dims = []
+    for dim in network.dims:
+        if dim.nvls is not None and dim.npus >= dim.nvls.min_npus:
+            dim = replace(dim, nvls=None, bandwidth_bytes_per_s=(
+                2 * (dim.npus - 1) / dim.npus * dim.nvls.bandwidth_bytes_per_s))
+        dims.append(dim)
+    if tuple(dims) == network.dims:
+        return None
+    return replace(network, dims=tuple(dims))
 
 
 def _send_mean(network: Network, size: int) -> float:

@@ -201,7 +201,8 @@ class NetworkDim:
     (:mod:`simcore.megatron.placement`). False: the links bound every group alike (ASTRA-sim,
     InfiniBand with a NIC per GPU)."""
     nvls: SwitchAllReduce | None = None
-    """An all-reduce the switch reduces itself, for a group within this dimension alone
+    """An all-reduce the switch reduces itself: a group on this dimension alone takes its time
+    where faster, and a group across dimensions runs this dimension's phases at its rate
     (:class:`SwitchAllReduce`; :mod:`simcore.megatron.placement`). None: every collective runs
     at the link bandwidth (ASTRA-sim's own systems never set it)."""
 

@@ -251,8 +251,7 @@ class AxisNetworks:
 def switch_all_reduce_s(network: Network, size: int) -> float:
     """Seconds of an all-reduce the switch reduces (:class:`~simcore.network.SwitchAllReduce`,
     NCCL's NVLS) over a group within one dimension that offers it and is large enough for the
-    library to pick it; infinity otherwise. A group across dimensions keeps the hierarchical
-    schedule, its phases inside the node at the link's ring rate."""
+    library to pick it; infinity otherwise (a group across dimensions: :func:`switch_reduced`)."""
     if len(network.dims) != 1:
         return math.inf
     (dim,) = network.dims
@@ -267,8 +266,9 @@ def switch_reduced(network: Network) -> Network | None:
     between nodes carries the rest), or None where no dimension's does. The hierarchical
     schedule's phases on such a dimension, a reduce-scatter and an all-gather of ``(n - 1) / n``
     of the data each, take as long as the switch's own all-reduce of it at a link bandwidth of
-    ``2 (n - 1) / n`` times :attr:`SwitchAllReduce.bandwidth_bytes_per_s`; its fixed latency is
-    the call's, once."""
+    ``2 (n - 1) / n`` times :attr:`SwitchAllReduce.bandwidth_bytes_per_s`. Its fixed time
+    (:attr:`SwitchAllReduce.latency_s`, fit on one node) is not charged: the call's latencies
+    are, as for any collective across dimensions."""
     dims = []
     for dim in network.dims:
         if dim.nvls is not None and dim.npus >= dim.nvls.min_npus:

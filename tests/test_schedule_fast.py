@@ -21,10 +21,10 @@ from simcore.collectives._halving_doubling import HalvingDoublingCollective
 from simcore.collectives._ring import RingCollective
 from simcore.collectives._schedule import (
     _event_schedule,
-    _merged_levels,
     _up_then_down_schedule,
     schedule_chunks,
 )
+from simcore.collectives._schedule_levels import _merged_levels
 from simcore.network import (
     AlgorithmChoice,
     Collective,

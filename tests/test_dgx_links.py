@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from planner.catalog import load_catalog
-from simcore.collectives import collective_time
-from simcore.megatron.placement import switch_all_reduce_s, switch_reduced
+from simcore.megatron.placement import AxisNetworks
 from simcore.network import Collective, Network
-from simcore.specs import SystemSpec
+from simcore.specs import Axis, SystemSpec
 
 DATA = Path(__file__).parent / "data" / "nccl_tests.csv"
 CATALOG = load_catalog()
@@ -37,21 +36,15 @@ def _abci(nodes: int = 2) -> SystemSpec:
 def _model_s(system: SystemSpec, size: int,
              collective: Collective = Collective.ALL_REDUCE) -> float:
     """The time of a collective of nccl-tests' ``size`` (all-gather: the gathered output, which
-    is the ranks' inputs together), as the estimate prices a group on the whole system: the
-    chunked schedule plus the call latencies, or for an all-reduce the switch's own where it is
-    faster (placement.switch_all_reduce_s; across nodes placement.switch_reduced)."""
+    is the ranks' inputs together) as the estimate prices it for a group of every GPU of the
+    system (simcore.megatron.placement.AxisNetworks: the chunked schedule plus the call
+    latencies, or for an all-reduce the switch's own where it is faster)."""
     network = system.network
     if collective is Collective.ALL_GATHER:
         size //= network.npus
-    ring = (collective_time(network, collective, size).time_s
-            + sum(d.call_latency_s for d in network.dims))
-    if collective is not Collective.ALL_REDUCE:
-        return ring
-    reduced = switch_reduced(network) if len(network.dims) > 1 else None
-    if reduced is not None:
-        ring = min(ring, collective_time(reduced, collective, size).time_s
-                   + sum(d.call_latency_s for d in network.dims))
-    return min(ring, switch_all_reduce_s(network, size))
+    degrees = {Axis.TP: 1, Axis.SP: 1, Axis.DP: network.npus, Axis.PP: 1}
+    group = AxisNetworks(network, degrees, (Axis.TP, Axis.SP, Axis.DP, Axis.PP))
+    return group.collective(Axis.DP, collective, size)
 
 
 def _mean_error(role: str, system: SystemSpec, low: int, high: int) -> float:

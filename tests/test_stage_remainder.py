@@ -19,8 +19,8 @@ import pytest
 from planner.commands._astra_estimate import parse_stage_args
 from planner.errors import PlannerUsageError
 from simcore.stage import NodeKind, StageArgs, build_model, check_args
+from simcore.stage._args import coordinates_of
 from simcore.stage._counts import Count, Refused, stage_float
-from simcore.stage._graph import coordinates_of
 from simcore.stage._inventory import inventory
 from simcore.stage._symbolic import rank0_graph
 

@@ -32,7 +32,7 @@ from planner.chakra.io import TraceProgress, encode_traces, trace_bytes
 from planner.chakra.nodes import chakra_node, comm_group_text, number_groups
 from planner.chakra.schema import message_class
 from simcore.stage import NodeKind, RankGraph, StageModel
-from simcore.stage._graph import coordinates_of, rank_of, stage_groups
+from simcore.stage._args import coordinates_of, rank_of, stage_groups
 
 __all__ = ["COMM_GROUP_FILE", "comm_groups", "rank_traces", "stage_trace_files",
            "write_stage_traces"]

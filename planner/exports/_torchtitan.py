@@ -59,31 +59,25 @@ from __future__ import annotations
 import json
 
 from planner.exports._megatron import header_lines, micro_batches
+from planner.exports._torchtitan_fields import (
+    SCHEDULES,
+    configuration,
+    data_parallel,
+    llama3_flavor,
+    pipeline,
+    pipeline_comment,
+    zero_comment,
+)
 from planner.exports._torchtitan_loss import torchtitan_loss_check
-from planner.exports._torchtitan_moe import expert_comment, expert_fields, moe_flavor
+from planner.exports._torchtitan_moe import expert_comment, expert_fields
+from planner.exports._torchtitan_python import python_config
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
-from simcore.specs import Family, Precision, Recompute, Schedule, SelectiveRecompute, ZeroStage
+from simcore.specs import Precision, Recompute, SelectiveRecompute
 
 __all__ = ["SCHEDULES", "export_torchtitan", "llama3_flavor"]
 
 TOML_SOURCE = "pytorch/torchtitan v0.2.2 (73a0e697), torchtitan/config/job_config.py"
-PY_SOURCE = ("pytorch/torchtitan main b5bcd76c (2026-08-22), torchtitan/trainer.py and\n"
-             "torchtitan/config/configs.py")
-
-SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
-             Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.ZBV: "ZBVZeroBubble"}
-"""The plan's schedule -> torch.distributed.pipelining's schedule name."""
-
-_LLAMA3 = {(32, 4096, 14336, 32, 8): "8B", (80, 8192, 28672, 64, 8): "70B",
-           (126, 16384, 53248, 128, 8): "405B"}
-"""torchtitan's llama3 flavors by (layers, dim, ffn, heads, kv_heads); vocab 128256."""
-
-_FLOAT8_BUILTIN = {"405B"}
-"""Flavors whose config_registry function (main, b5bcd76c) already converts to float8."""
-
-_RESHARD = {ZeroStage.OPTIMIZER: "never", ZeroStage.GRADIENTS: "never",
-            ZeroStage.PARAMETERS: "always"}
 
 
 def export_torchtitan(plan: Plan) -> dict[str, str]:
@@ -102,105 +96,7 @@ def export_torchtitan(plan: Plan) -> dict[str, str]:
                          " export for megatron or deepspeed, which train in fp16")
     loss = torchtitan_loss_check(plan)
     toml = _toml(plan) if loss is None else f"# {loss}\n{_toml(plan)}"
-    return {"torchtitan.toml": toml, "torchtitan_config.py": _python(plan, loss)}
-
-
-def llama3_flavor(plan: Plan) -> str | None:
-    """torchtitan's llama3 flavor with exactly the plan's model shape, if there is one."""
-    m = plan.model
-    if m.family is not Family.LLAMA or m.vocab != 128256:
-        return None
-    return _LLAMA3.get((m.layers, m.hidden, m.ffn_hidden, m.heads, m.n_kv_heads))
-
-
-# -- values shared by both forms --------------------------------------------------------------
-def _data_parallel(plan: Plan) -> dict[str, int | str]:
-    """Replicate/shard degrees and the FSDP reshard policy for the plan's ZeRO stage."""
-    s = plan.strategy
-    if s.zero is ZeroStage.NONE or s.dp == 1:
-        return {"data_parallel_replicate_degree": s.dp, "data_parallel_shard_degree": 1}
-    # HSDP: torchtitan shards over dp_shard * cp and replicates over dp_replicate
-    # (torchtitan/distributed/parallel_dims.py, b5bcd76c), so dp_shard = shard_group / sp.
-    replicate = s.replicas
-    return {"data_parallel_replicate_degree": replicate,
-            "data_parallel_shard_degree": s.dp // replicate,
-            "fsdp_reshard_after_forward": _RESHARD[s.zero]}
-
-
-def _zero_comment(plan: Plan) -> list[str]:
-    s = plan.strategy
-    if s.dp == 1:
-        lines = ["dp=1: no data parallelism"]
-    elif s.zero is ZeroStage.NONE:
-        lines = ["ZeRO 0: data parallel by replication (DDP)"]
-    elif s.zero is ZeroStage.PARAMETERS and s.replicas > 1:
-        lines = [f"HSDP: FSDP within shard groups of {s.shard_ranks} ranks (dp_shard * cp),",
-                 f"replicated {s.replicas} times (dp_replicate): gradients all-reduced across"]
-    elif s.zero is ZeroStage.PARAMETERS:
-        lines = ["ZeRO 3: FSDP over the dp ranks, parameters resharded after forward"]
-    else:
-        lines = [f"ZeRO {int(s.zero)}: torchtitan has no ZeRO-1/2; FSDP that keeps the",
-                 "parameters gathered from forward to backward (reshard never) shards",
-                 "gradients and optimizer state: ZeRO-2-like"]
-        if s.replicas > 1:
-            lines.append(f"sharded within groups of {s.shard_ranks} ranks (dp_shard * cp),"
-                         f" replicated {s.replicas} times (dp_replicate)")
-    if s.sp > 1:
-        lines.append(f"torchtitan's FSDP also shards weights over the cp={s.sp} ranks")
-    return lines
-
-
-def _pipeline(plan: Plan) -> dict[str, int | str]:
-    """Pipeline fields both forms share (empty without pipeline parallelism)."""
-    s = plan.strategy
-    if s.pp == 1:
-        return {}
-    chunks = s.v  # interleaved's v, zbv's 2, else 1
-    ends = s.short_ends(plan.model.layers)
-    if ends is not None:  # v > 1: the first / last virtual stage one layer short
-        per_chunk = max(s.chunk_layers(plan.model.layers, 0))
-        return {"pipeline_parallel_schedule": SCHEDULES[s.schedule],
-                "pipeline_parallel_layers_per_stage": per_chunk,
-                "pipeline_parallel_first_stage_less_layers": int(ends[0]),
-                "pipeline_parallel_last_stage_less_layers": int(ends[1])}
-    if s.uneven:  # v = 1 (search_spaces.frameworks refuses the rest)
-        counts = s.stage_layers(plan.model.layers)
-        middle = counts[1]
-        return {"pipeline_parallel_schedule": SCHEDULES[s.schedule],
-                "pipeline_parallel_layers_per_stage": middle,
-                "pipeline_parallel_first_stage_less_layers": middle - counts[0],
-                "pipeline_parallel_last_stage_less_layers": middle - counts[-1]}
-    return {"pipeline_parallel_schedule": SCHEDULES[s.schedule],
-            "pipeline_parallel_layers_per_stage": plan.model.layers // (s.pp * chunks),
-            "pipeline_parallel_first_stage_less_layers": 0,
-            "pipeline_parallel_last_stage_less_layers": 0}
-
-
-def _pipeline_comment(plan: Plan) -> list[str]:
-    s = plan.strategy
-    if s.pp == 1:
-        return []
-    if s.uneven:
-        counts = s.stage_layers(plan.model.layers)
-        if s.v > 1:
-            return [(f"uneven stages {counts[0]}, {counts[1]} x {s.pp - 2}, {counts[-1]} over"
-                     f" {s.v} stages per rank: the first and last of the {s.pp * s.v} stages hold"
-                     " layers_per_stage - less_layers"),
-                    ("(_generate_llm_fqn_per_model_part, torchtitan/distributed/"
-                     "pipeline_parallel.py b5bcd76c); Megatron-LM's"
-                     " --account-for-embedding/loss-in-pipeline-split")]
-        return [(f"uneven stages {counts[0]}, {counts[1]} x {s.pp - 2}, {counts[-1]}:"
-                 " first and last stage hold layers_per_stage - less_layers"),
-                ("(_generate_llm_fqn_per_model_part, torchtitan/distributed/pipeline_parallel.py"
-                 " b5bcd76c); embedding and output count as no layers, as in the estimate")]
-    chunks = s.v  # interleaved's v, zbv's 2, else 1
-    lines = [(f"{chunks} stage(s) per rank: layers per stage = layers / (pp * v)"
-              f" = {plan.model.layers} / ({s.pp} * {chunks});"),
-             "embedding and output count as no layers, as in the plan's estimate"]
-    if s.schedule is Schedule.ZBV:
-        lines.append(f"ZBVZeroBubble lays the {2 * s.pp} stages out in a V: rank r holds stages"
-                     f" r and {2 * s.pp - 1} - r, so rank 0 holds the embedding and the output")
-    return lines
+    return {"torchtitan.toml": toml, "torchtitan_config.py": python_config(plan, loss)}
 
 
 # -- torchtitan.toml (v0.2.2) -----------------------------------------------------------------
@@ -226,17 +122,8 @@ def _kv(key: str, value: float | str | bool) -> str:
     return f"{key} = {value}"
 
 
-def _configuration(plan: Plan) -> tuple[str, str, str] | None:
-    """torchtitan's (model package, flavor, config_registry function) of the plan's model."""
-    moe = moe_flavor(plan)
-    if moe is not None:
-        return moe
-    flavor = llama3_flavor(plan)
-    return None if flavor is None else ("llama3", flavor, f"llama3_{flavor.lower()}")
-
-
 def _toml_model(plan: Plan) -> list[str]:
-    found = _configuration(plan)
+    found = configuration(plan)
     if found is None:
         lines = ["[model]", (f"# no torchtitan flavor has model {plan.model.name}'s shape;"
                  " set name and flavor to yours")]
@@ -271,8 +158,8 @@ def _toml_training(plan: Plan) -> list[str]:
 
 def _toml_parallelism(plan: Plan) -> list[str]:
     s = plan.strategy
-    lines = ["[parallelism]", *(f"# {c}" for c in _zero_comment(plan))]
-    lines += [_kv(k, v) for k, v in _data_parallel(plan).items()]
+    lines = ["[parallelism]", *(f"# {c}" for c in zero_comment(plan))]
+    lines += [_kv(k, v) for k, v in data_parallel(plan).items()]
     lines.append(_kv("tensor_parallel_degree", s.tp))
     lines += [f"# {c}" for c in expert_comment(plan)]
     lines += [_kv(k, v) for k, v in expert_fields(plan, toml=True).items()]
@@ -282,8 +169,8 @@ def _toml_parallelism(plan: Plan) -> list[str]:
         lines.append(_kv("enable_async_tensor_parallel", False))
     lines.append(_kv("pipeline_parallel_degree", s.pp))
     if s.pp > 1:
-        lines += [f"# {c}" for c in _pipeline_comment(plan)]
-        lines += [_kv(k, v) for k, v in _pipeline(plan).items()]
+        lines += [f"# {c}" for c in pipeline_comment(plan)]
+        lines += [_kv(k, v) for k, v in pipeline(plan).items()]
         lines.append(f"# {micro_batches(plan)} micro-batches = local_batch_size /"
                      " pipeline_parallel_microbatch_size")
         lines.append(_kv("pipeline_parallel_microbatch_size", s.micro_batch))
@@ -300,123 +187,3 @@ def _toml_activation_checkpoint(plan: Plan) -> list[str]:
                   " study prices this)")
         lines += [f"# per-op selective checkpointing{priced}", _kv("selective_ac_option", "op")]
     return lines
-
-
-# -- torchtitan_config.py (Trainer.Config, main) ----------------------------------------------
-def _python(plan: Plan, loss: str | None = None) -> str:
-    docstring = ["torchtitan Trainer.Config (Python form, torchtitan main since 2026)", "",
-                 *header_lines(plan), *([f"{loss[0].upper()}{loss[1:]}."] if loss else []), "",
-                 "Field names:", f"{PY_SOURCE}.",
-                 (f"Run with NGPU={plan.strategy.devices} in total, this file's folder on"
-                 " PYTHONPATH:"),
-                 "MODULE=torchtitan_config CONFIG=plan_config ./run_train.sh"]
-    lines = ['"""' + "\n".join(docstring) + '\n"""', "", "import dataclasses", ""]
-    lines += _python_imports(plan) + ["", ""]
-    lines += _python_apply(plan) + ["", ""]
-    lines += _python_entry(plan)
-    return "\n".join(lines) + "\n"
-
-
-def _py(value: int | str) -> str:
-    """A Python literal, strings in double quotes."""
-    return json.dumps(value) if isinstance(value, str) else str(value)
-
-
-def _ac_class(plan: Plan) -> str | None:
-    return {Recompute.SELECTIVE: "SelectiveAC", Recompute.FULL: "FullAC"}.get(
-        plan.strategy.recompute)
-
-
-def _model_spec(plan: Plan) -> list[str]:
-    """``model_spec=...`` lines of ``apply_plan`` (none when the flavor's config is right)."""
-    flavor = llama3_flavor(plan)
-    fp8 = plan.strategy.precision is Precision.FP8
-    if flavor is None:
-        return (["        # fp8: add Float8LinearConverter.Config(filter_fqns=[\"lm_head\"])",
-                 "        # to your model_registry(..., converters=[...])"] if fp8 else [])
-    if fp8:
-        return ["        # fp8: torchao Float8Linear for the linear layers, the LM head in bf16",
-                f"        model_spec=model_registry({_py(flavor)}, converters=[",
-                "            Float8LinearConverter.Config(",
-                '                filter_fqns=["lm_head"],',
-                "                model_compile_enabled=(",
-                '                    config.compile.enable and "model" in config.compile.components',
-                "                ),",
-                "            ),",
-                "        ]),"]
-    if flavor in _FLOAT8_BUILTIN:
-        return [f"        # bf16: torchtitan's {flavor} config converts to float8; this plan does not",
-                f"        model_spec=model_registry({_py(flavor)}),"]
-    return []
-
-
-def _python_imports(plan: Plan) -> list[str]:
-    lines = []
-    if plan.strategy.precision is Precision.FP8 and llama3_flavor(plan) is not None:
-        lines.append("from torchtitan.components.quantization import Float8LinearConverter")
-    lines.append("from torchtitan.config import ParallelismConfig")
-    ac = _ac_class(plan)
-    if ac is not None:
-        lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac}")
-    if _model_spec(plan) and llama3_flavor(plan) is not None:
-        lines.append("from torchtitan.models.llama3 import model_registry")
-    lines.append("from torchtitan.trainer import Trainer")
-    return lines
-
-
-def _python_apply(plan: Plan) -> list[str]:
-    s, t = plan.strategy, plan.training
-    lines = ["def apply_plan(config: Trainer.Config) -> Trainer.Config:",
-             ('    """``config`` with the plan\'s parallelism, batch and activation'
-             ' checkpointing."""'),
-             "    parallelism = ParallelismConfig(",
-             *(f"        # {c}" for c in _zero_comment(plan))]
-    lines += [f"        {k}={_py(v)}," for k, v in _data_parallel(plan).items()]
-    lines += [f"        tensor_parallel_degree={s.tp},",
-              f"        enable_sequence_parallel={s.tp > 1 and s.sequence_parallel},",
-              *(f"        # {c}" for c in expert_comment(plan)),
-              *(f"        {k}={v}," for k, v in expert_fields(plan, toml=False).items()),
-              f"        pipeline_parallel_degree={s.pp},"]
-    if s.pp > 1:
-        lines += [f"        # {c}" for c in _pipeline_comment(plan)]
-        lines += [f"        {k}={_py(v)}," for k, v in _pipeline(plan).items()]
-    pp_micro = micro_batches(plan) if s.pp > 1 else 1
-    lines += [f"        num_pp_microbatches={pp_micro},",
-              f"        context_parallel_degree={s.sp},",
-              "    )"]
-    lines += ["    training = dataclasses.replace(",
-              "        config.training,",
-              f"        # micro_batch {s.micro_batch} * seq {t.seq_len}",
-              f"        num_tokens_per_microbatch_per_dp_rank={s.micro_batch * t.seq_len},",
-              f"        # global_batch {t.global_batch} * seq {t.seq_len}",
-              f"        num_tokens_per_train_step={t.global_batch * t.seq_len},",
-              f"        max_context_length={t.seq_len},",
-              '        mixed_precision_param="bfloat16",',
-              '        mixed_precision_reduce="float32",']
-    if s.pp > 1:
-        lines += ["        # CUDA graphs do not support pipeline parallelism yet",
-                  "        disable_cuda_graphs=True,"]
-    ac = _ac_class(plan)
-    lines += ["    )",
-              "    return dataclasses.replace(",
-              "        config,",
-              *_model_spec(plan),
-              "        parallelism=parallelism,",
-              "        training=training,",
-              f"        activation_checkpoint={'None' if ac is None else ac + '.Config()'},",
-              "    )"]
-    return lines
-
-
-def _python_entry(plan: Plan) -> list[str]:
-    found = _configuration(plan)
-    lines = ["def plan_config() -> Trainer.Config:"]
-    if found is None:
-        return lines + [(f'    """No torchtitan configuration has model {plan.model.name}\'s'
-                        ' shape: call apply_plan on yours."""'),
-                        f"    raise NotImplementedError({plan.model.name!r})"]
-    package, flavor, name = found
-    return lines + [f'    """The plan on torchtitan\'s {package} {flavor} configuration."""',
-                    f"    from torchtitan.models.{package}.config_registry import {name}",
-                    "",
-                    f"    return apply_plan({name}())"]

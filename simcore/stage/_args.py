@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["StageArgs"]
+__all__ = ["StageArgs", "coordinates_of", "rank_of", "stage_groups"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +69,30 @@ class StageArgs:
     def value_of(self, symbol: str) -> int:
         """The value of one of STAGE's shape symbols (``Batch``, ``Dmodel``, ``dp``, ...)."""
         return getattr(self, _SYMBOL_FIELDS[symbol])
+
+
+def rank_of(a: StageArgs, pos: int, dp: int = 0, tp: int = 0, sp: int = 0) -> int:
+    """STAGE's rank of (dp, tp, sp) coordinates on the ``pos``-th pipeline stage."""
+    return dp + a.dp * (tp + a.tp * (sp + a.sp * pos))
+
+
+def coordinates_of(a: StageArgs, rank: int) -> tuple[int, int, int, int]:
+    """(pipeline position, dp, tp, sp) of ``rank``: the inverse of :func:`rank_of`."""
+    rest, dp = divmod(rank, a.dp)
+    rest, tp = divmod(rest, a.tp)
+    pos, sp = divmod(rest, a.sp)
+    return pos, dp, tp, sp
+
+
+def stage_groups(a: StageArgs, pos: int, dp: int = 0, tp: int = 0, sp: int = 0
+                 ) -> dict[str, tuple[int, ...]]:
+    """The communicator groups, per axis, of the rank at (dp, tp, sp) on the ``pos``-th stage
+    (by default the stage's representative rank)."""
+    return {
+        "dp": tuple(rank_of(a, pos, i, tp, sp) for i in range(a.dp)),
+        "tp": tuple(rank_of(a, pos, dp, i, sp) for i in range(a.tp)),
+        "sp": tuple(rank_of(a, pos, dp, tp, i) for i in range(a.sp)),
+    }
 
 
 _SYMBOL_FIELDS = {

@@ -25,7 +25,7 @@ from enum import IntEnum
 from itertools import pairwise
 
 from simcore.network import Collective
-from simcore.stage._args import StageArgs
+from simcore.stage._args import StageArgs, rank_of, stage_groups
 from simcore.stage._counts import Total, count_of, entry_size, number
 from simcore.stage._shapes import PARALLEL_AXES, Shape, einsum, match_collectives, parse_shape
 from simcore.stage._templates import Row, attention, embedding, feed_forward
@@ -379,30 +379,6 @@ class _Builder:
             for prev, n in pairwise(free):
                 n.deps.append(prev.id)
         return tuple(kept)
-
-
-def rank_of(a: StageArgs, pos: int, dp: int = 0, tp: int = 0, sp: int = 0) -> int:
-    """STAGE's rank of (dp, tp, sp) coordinates on the ``pos``-th pipeline stage."""
-    return dp + a.dp * (tp + a.tp * (sp + a.sp * pos))
-
-
-def coordinates_of(a: StageArgs, rank: int) -> tuple[int, int, int, int]:
-    """(pipeline position, dp, tp, sp) of ``rank``: the inverse of :func:`rank_of`."""
-    rest, dp = divmod(rank, a.dp)
-    rest, tp = divmod(rest, a.tp)
-    pos, sp = divmod(rest, a.sp)
-    return pos, dp, tp, sp
-
-
-def stage_groups(a: StageArgs, pos: int, dp: int = 0, tp: int = 0, sp: int = 0
-                 ) -> dict[str, tuple[int, ...]]:
-    """The communicator groups, per axis, of the rank at (dp, tp, sp) on the ``pos``-th stage
-    (by default the stage's representative rank)."""
-    return {
-        "dp": tuple(rank_of(a, pos, i, tp, sp) for i in range(a.dp)),
-        "tp": tuple(rank_of(a, pos, dp, i, sp) for i in range(a.tp)),
-        "sp": tuple(rank_of(a, pos, dp, tp, i) for i in range(a.sp)),
-    }
 
 
 def _link(source: _Tensor, leaf: _Tensor) -> None:

@@ -1,6 +1,6 @@
 """The local-memory tracker's peak for a long repeated trace, over arrays instead of per node.
 
-The rules are :func:`simcore.stage._replay._peak_memory_direct`'s (a tensor is live from its
+The rules are :func:`peak_memory_direct`'s (a tensor is live from its
 writer's start to the latest end of its readers; read but never written means live from 0;
 sizes from the writer, else from the first reader in (end, index) order): here the tensors, their
 writer and their readers are laid out once per trace shape (:class:`MemoryPlan`), and the
@@ -13,11 +13,12 @@ for int64 arithmetic. A tensor written twice is caught when the plan is made (``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MemoryPlan", "memory_plan", "peak_memory"]
+__all__ = ["MemoryPlan", "memory_plan", "peak_memory", "peak_memory_direct"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +103,56 @@ def peak_memory(plan: MemoryPlan, start: np.ndarray, end: np.ndarray, in_sizes: 
     ticks, live = ticks[order], np.cumsum(values[order])
     settled = np.r_[ticks[1:] != ticks[:-1], True]  # after every delta of a tick is applied
     return max(0, int(live[settled].max())) if len(live) else 0
+
+
+def peak_memory_direct(inputs: Sequence[tuple[tuple[object, int], ...]],
+                        outputs: Sequence[tuple[tuple[object, int], ...]],
+                        start: list[int], end: list[int]) -> int:
+    """The tracker's peak (``LocalMemUsageTracker.cc``) without walking the nodes in end order: a tensor's write tick is
+    its writer's start and its last read the latest end of its readers. The walk fails when a
+    reader comes before the tensor's writer in (end, index) order; so does this."""
+    write: dict[object, int] = {}  # tensor -> writer index
+    last_read: dict[object, int] = {}
+    first_read: dict[object, int] = {}  # tensor -> its first reader in (end, index) order
+    for i, ins in enumerate(inputs):
+        e = end[i]
+        for name, size in ins:
+            if size:
+                last = last_read.get(name)
+                if last is None:
+                    last_read[name] = e
+                    first_read[name] = i
+                elif e > last:
+                    last_read[name] = e
+                elif e < end[first_read[name]]:  # an equal end comes later in index order
+                    first_read[name] = i
+        for name, size in outputs[i]:
+            if size:
+                if name in write:
+                    raise AssertionError(f"tensor {name} written twice")
+                write[name] = i
+    delta: dict[int, int] = {}
+    for name, i in write.items():
+        size = _size_in(outputs[i], name)
+        r = first_read.get(name)
+        if r is not None and (end[r], r) <= (end[i], i):  # (a node reading its own output too)
+            raise AssertionError(f"tensor {name} written twice")
+        tick = start[i]
+        delta[tick] = delta.get(tick, 0) + size
+    for name, r in first_read.items():
+        w = write.get(name)
+        size = _size_in(inputs[r], name) if w is None else _size_in(outputs[w], name)
+        if w is None:
+            delta[0] = delta.get(0, 0) + size
+        tick = last_read[name]
+        delta[tick] = delta.get(tick, 0) - size
+    peak = live = 0
+    for tick in sorted(delta):
+        live += delta[tick]
+        peak = max(peak, live)
+    return peak
+
+
+def _size_in(side: tuple[tuple[object, int], ...], name: object) -> int:
+    """The (first nonzero) size ``side`` gives tensor ``name``."""
+    return next(size for n, size in side if n == name and size)

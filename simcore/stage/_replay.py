@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simcore.stage._graph import Node, NodeKind, RankGraph
-from simcore.stage._memory import MemoryPlan, peak_memory
+from simcore.stage._memory import MemoryPlan, peak_memory, peak_memory_direct
 from simcore.stage._periodic import Geometry, filled_ticks, replay_periodic
 
 __all__ = ["FlatRank", "RankTimes", "Repeated", "flatten", "replay", "replay_flat",
@@ -279,7 +279,7 @@ def _rank_times(f: FlatRank, start: list[int], end: list[int], gpu_time: int, co
         gpu_time=gpu_time,
         comm_time=comm_time,
         exposed_comm=wall - comp_total,
-        peak_memory_usage=_peak_memory_direct(f.inputs, f.outputs, start, end),
+        peak_memory_usage=peak_memory_direct(f.inputs, f.outputs, start, end),
     )
 
 
@@ -353,7 +353,7 @@ def _replay_repeated(f: FlatRank, rep: Repeated) -> RankTimes:
         rep.memory, start, end, np.array(rep.in_sizes, dtype=np.int64),
         np.array(rep.out_sizes, dtype=np.int64))
     if peak is None:  # what the arrays cannot decide (see _memory): the walk over the nodes
-        peak = _peak_memory_direct(f.inputs, f.outputs, start.tolist(), end.tolist())
+        peak = peak_memory_direct(f.inputs, f.outputs, start.tolist(), end.tolist())
     return RankTimes(
         wall_time=wall,
         gpu_time=run.comp_total,
@@ -361,56 +361,3 @@ def _replay_repeated(f: FlatRank, rep: Repeated) -> RankTimes:
         exposed_comm=wall - run.comp_total,
         peak_memory_usage=peak,
     )
-
-
-def _peak_memory_direct(inputs: Sequence[tuple[tuple[object, int], ...]],
-                        outputs: Sequence[tuple[tuple[object, int], ...]],
-                        start: list[int], end: list[int]) -> int:
-    """:func:`_peak_memory` without walking the nodes in end order: a tensor's write tick is
-    its writer's start and its last read the latest end of its readers. The walk fails when a
-    reader comes before the tensor's writer in (end, index) order; so does this."""
-    write: dict[object, int] = {}  # tensor -> writer index
-    last_read: dict[object, int] = {}
-    first_read: dict[object, int] = {}  # tensor -> its first reader in (end, index) order
-    for i, ins in enumerate(inputs):
-        e = end[i]
-        for name, size in ins:
-            if size:
-                last = last_read.get(name)
-                if last is None:
-                    last_read[name] = e
-                    first_read[name] = i
-                elif e > last:
-                    last_read[name] = e
-                elif e < end[first_read[name]]:  # an equal end comes later in index order
-                    first_read[name] = i
-        for name, size in outputs[i]:
-            if size:
-                if name in write:
-                    raise AssertionError(f"tensor {name} written twice")
-                write[name] = i
-    delta: dict[int, int] = {}
-    for name, i in write.items():
-        size = _size_in(outputs[i], name)
-        r = first_read.get(name)
-        if r is not None and (end[r], r) <= (end[i], i):  # (a node reading its own output too)
-            raise AssertionError(f"tensor {name} written twice")
-        tick = start[i]
-        delta[tick] = delta.get(tick, 0) + size
-    for name, r in first_read.items():
-        w = write.get(name)
-        size = _size_in(inputs[r], name) if w is None else _size_in(outputs[w], name)
-        if w is None:
-            delta[0] = delta.get(0, 0) + size
-        tick = last_read[name]
-        delta[tick] = delta.get(tick, 0) - size
-    peak = live = 0
-    for tick in sorted(delta):
-        live += delta[tick]
-        peak = max(peak, live)
-    return peak
-
-
-def _size_in(side: tuple[tuple[object, int], ...], name: object) -> int:
-    """The (first nonzero) size ``side`` gives tensor ``name``."""
-    return next(size for n, size in side if n == name and size)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from simcore.network import Collective
-from simcore.stage._args import StageArgs
+from simcore.stage._args import StageArgs, stage_groups
 from simcore.stage._counts import EXACT_BELOW, Count, Total, count_of, numbers
 from simcore.stage._graph import (
     Node,
@@ -29,7 +29,6 @@ from simcore.stage._graph import (
     _Builder,
     _Tensor,
     build_model,
-    stage_groups,
 )
 from simcore.stage._shapes import PARALLEL_AXES, Shape
 

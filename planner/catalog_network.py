@@ -42,7 +42,8 @@ def spec_or_fail(path: Path, where: str, build: Any) -> Any:
 
 _DIM_FIELDS = {"topology", "npus", "latency_us"}
 _DIM_OPTIONAL = {"bandwidth_gbps", "bandwidth_astra_gbps", "algorithm", "algorithms", "width",
-                 "source", "call_latency_us", "p2p_bandwidth_gbps", "per_communicator", "nvls"}
+                 "source", "call_latency_us", "p2p_bandwidth_gbps", "per_communicator", "nvls",
+                 "links", "group_links"}
 
 
 def _algorithms(path: Path, where: str, e: dict) -> dict[Collective, AlgorithmChoice]:
@@ -80,6 +81,15 @@ def _nvls(path: Path, where: str, entry: Any) -> SwitchAllReduce | None:
                          strict=False) * 1e-6,
         min_npus=integer(path, f"{where}.min_npus", e["min_npus"], minimum=2),
     ))
+
+
+def _group_links(path: Path, where: str, entry: Any) -> tuple[tuple[int, int], ...]:
+    """A dimension's ``group_links`` (group size -> a device's links within the group)."""
+    if not isinstance(entry, Mapping):
+        raise fail(path, where, "must map a group size to a device's links within the group,"
+                   " e.g. {2: 1, 4: 4}")
+    return tuple(sorted((integer(path, where, k, minimum=2),
+                         integer(path, f"{where}.{k}", v, minimum=1)) for k, v in entry.items()))
 
 
 def network_dim(path: Path, where: str, entry: Any) -> NetworkDim:
@@ -120,6 +130,9 @@ def network_dim(path: Path, where: str, entry: Any) -> NetworkDim:
         per_communicator=boolean(path, f"{where}.per_communicator",
                                  e.get("per_communicator", False)),
         nvls=_nvls(path, f"{where}.nvls", e.get("nvls")),
+        links=(None if e.get("links") is None else
+               integer(path, f"{where}.links", e["links"], minimum=1)),
+        group_links=_group_links(path, f"{where}.group_links", e.get("group_links", {})),
     ))
 
 

@@ -191,6 +191,9 @@ def _dim_entry(dim: NetworkDim) -> dict[str, Any]:
         entry["p2p_bandwidth_gbps"] = _scaled(dim.p2p_bandwidth_bytes_per_s, GB)
     if dim.per_communicator:
         entry["per_communicator"] = True
+    if dim.links is not None:
+        entry["links"] = dim.links
+        entry["group_links"] = dict(dim.group_links)
     if dim.nvls is not None:
         entry["nvls"] = {"bandwidth_gbps": _scaled(dim.nvls.bandwidth_bytes_per_s, GB),
                          "latency_us": _scaled(dim.nvls.latency_s, 1e-6),

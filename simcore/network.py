@@ -205,6 +205,18 @@ class NetworkDim:
     where faster, and a group across dimensions runs this dimension's phases at its rate
     (:class:`SwitchAllReduce`; :mod:`simcore.megatron.placement`). None: every collective runs
     at the link bandwidth (ASTRA-sim's own systems never set it)."""
+    links: int | None = None
+    """Where no switch joins this dimension's devices (NVLink GPU to GPU: a DGX-1's hybrid
+    cube-mesh, a 4-GPU HGX board), the links each device has on it; a group of the plan then
+    reaches only its own links (:attr:`group_links`). None: a switch, every group at the link
+    bandwidth (ASTRA-sim's own systems never set it)."""
+    group_links: tuple[tuple[int, int], ...] = ()
+    """``(k, l)``: in a group of ``k`` of the dimension's devices, as the plan places them
+    (consecutive ones), a device has ``l`` of its :attr:`links` to the group's other members,
+    the fewest over the groups (``nvidia-smi topo -m``'s ``NV#`` summed). Such a group reaches
+    ``l / links`` of ``bandwidth_bytes_per_s``, which is what a collective over all of the
+    devices reaches (:meth:`group_bandwidth`); a size not listed reaches all of it. A part of
+    a node (``npus`` fewer than the node's) keeps the node's sizes."""
 
     def __post_init__(self) -> None:
         if not (self.call_latency_s >= 0 and math.isfinite(self.call_latency_s)):
@@ -229,12 +241,35 @@ class NetworkDim:
                 )
         elif self.width is not None:
             raise ValueError(f"width applies only to Mesh2D and Torus2D, not {self.topology}")
+        self._check_links()
         missing = [c.value for c in Collective if c not in self.algorithms]
         if missing:
             raise ValueError(f"no algorithm given for {', '.join(missing)}")
 
     def algorithm(self, collective: Collective) -> AlgorithmChoice:
         return self.algorithms[collective]
+
+    def _check_links(self) -> None:
+        if self.links is None:
+            if self.group_links:
+                raise ValueError("`group_links` needs `links`, the links a device has")
+            return
+        if self.links < 1:
+            raise ValueError(f"`links >= 1` must hold, but got links={self.links}")
+        for k, mine in self.group_links:
+            if k < 2:
+                raise ValueError(f"`group_links` sizes must be 2 or more, but got {k}")
+            if not 1 <= mine <= self.links:
+                raise ValueError(f"`group_links` of {k} devices must be from 1 to links="
+                                 f"{self.links}, but got {mine}")
+
+    def group_bandwidth(self, npus: int) -> float:
+        """The link bandwidth a group of ``npus`` of this dimension's devices reaches: all of it
+        through a switch, its share of the device's links without one (:attr:`group_links`)."""
+        mine = dict(self.group_links).get(npus) if self.links is not None else None
+        if mine is None:
+            return self.bandwidth_bytes_per_s
+        return self.bandwidth_bytes_per_s * mine / self.links
 
     def for_sends(self) -> NetworkDim:
         """This dimension as a send sees it: its link at ``p2p_bandwidth_bytes_per_s``."""

@@ -23,8 +23,11 @@ SAMPLES_PER_S = {"1x1x1 mb6 gb6": 15.5, "4x1x1 mb4 gb16": 53.3, "8x1x1 mb4 gb32"
                  "1x4x1 mb6 gb6": 38.0, "1x8x1 mb8 gb8": 55.7, "1x1x1 ac mb32 gb256": 13.3,
                  "1x1x4 ac mb32 gb256": 33.2, "2x2x1 ac mb32 gb512": 36.9,
                  "4x2x1 ac mb32 gb1024": 73.2, "2x1x4 ac mb32 gb512": 65.3}
-MAPE = 0.10  # measured 9.7% (11.7% while a tp collective cost the host a kernel's time)
-TP_NO_RECOMPUTE = 0.25  # tp 4 and tp 8 without recompute: +14.0% and +22.2% (+23.7, +33.0%)
+MAPE = 0.07  # measured 6.1% (9.7% while a tp 2 group had the node's whole NVLink rate, 11.7%
+# while a tp collective also cost the host a kernel's time)
+TP_NO_RECOMPUTE = 0.25  # tp 4 and tp 8 without recompute: +14.1% and +22.2% (+23.7, +33.0%)
+TP_2 = 0.03  # tp 2 with full recompute: +0.4% and -0.5% on the pair's one NVLink (-17.6% and
+# -18.2% at the node's whole rate: libai-systems.yaml's header)
 
 
 def _validate(capsys) -> dict:
@@ -61,3 +64,6 @@ def test_the_runs_stay_as_near_as_measured(capsys) -> None:
     tp = [r for r in data["rows"] if " 1x4x1 " in r["name"] or " 1x8x1 " in r["name"]]
     assert len(tp) == 2
     assert all(0 < r["step_time_error"] <= TP_NO_RECOMPUTE for r in tp)
+    pairs = [r for r in data["rows"] if "x2x1 ac" in r["name"]]
+    assert len(pairs) == 2
+    assert all(abs(r["step_time_error"]) <= TP_2 for r in pairs)

@@ -105,7 +105,8 @@ ALL_CHECKS_RUNS = 726  # 721 before flash-attention-a100-check.csv's 5, 711 befo
 # other stacks"), 5.89% with LiBai's 10 V100 runs (6.3% on them: README, "LiBai's Megatron-LM
 # runs"), 5.87% with FlashAttention's 5 single-node A100 runs (4.9% on them: README,
 # "FlashAttention's A100 runs"), 5.35% with the H100-era NVLink's ring and NVLS rates apart and
-# the TE GEMM rate refit (README, "The H100-era NVLink's two rates")
+# the TE GEMM rate refit (README, "The H100-era NVLink's two rates"), 5.28% with a group's own
+# links on nodes without an NVSwitch (README, "NVLink without a switch")
 ALL_CHECKS_MEDIAN = 0.055
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional
@@ -144,7 +145,8 @@ JEAN_ZAY_CHECK_MEDIAN = 0.07  # measured 6.6% (19.8% before)
 JEAN_ZAY_CHECK_REGRET = 0.03  # measured 2.6% over 6 groups (12.5% before)
 # KempnerForge's H200 runs (README, "KempnerForge's H200 runs"): the h200 entry is h100-sxm's
 # constants, not fit on any H200 run; held so that it does not get worse.
-KEMPNER_MEDIAN = 0.095  # measured 8.8% (plans without tp +6..+41%, with tp -1..-25%)
+KEMPNER_MEDIAN = 0.085  # measured 7.8% (plans without tp +6..+41%, with tp +2..-24%; 8.3% while a
+# tp 2 group had the board's whole NVLink rate)
 KEMPNER_MEMORY_MEDIAN = 0.03  # measured 2.7% (29.7% read as torchtitan's FSDP stack, 10.4% with
 # pure bf16, no_sync and the gathered loss; README: "KempnerForge's memory, read as its code runs")
 # nanotron's H100 runs (README, "nanotron's H100 runs"): nothing is fit on them; held so that

@@ -221,6 +221,10 @@ def _model_caveats(plan: Plan) -> list[str]:
         out.append("an all-reduce the switch reduces (nvls: NVLink SHARP): ASTRA-sim's"
                    " network.yml has no in-switch reduction; the ring at the link's bandwidth"
                    " is written.")
+    if any(dim.links is not None for dim in plan.system.network.dims):
+        out.append("GPUs joined link by link with no switch (links, group_links): a group's"
+                   " share of the links is not written; ASTRA-sim's Switch dimension gives every"
+                   " group the link's bandwidth.")
     if any(dim.per_communicator for dim in plan.system.network.dims):
         out.append("a link bound per communicator (per_communicator): ASTRA-sim's links carry"
                    " every group at one bandwidth; the link's own is written.")

@@ -113,6 +113,9 @@ def _innermost_axes(shape: tuple[int, ...], degrees: tuple[tuple[Axis, int], ...
 
 
 def _sub_dim(dim: NetworkDim, size: int) -> NetworkDim:
+    if dim.links is not None:  # no switch: the group's own links
+        dim = replace(dim, bandwidth_bytes_per_s=dim.group_bandwidth(size), links=None,
+                      group_links=())
     if size == dim.npus:
         return dim
     if dim.topology in (Topology.MESH_2D, Topology.TORUS_2D):

@@ -213,7 +213,8 @@ class NetworkDim:
     group_links: tuple[tuple[int, int], ...] = ()
     """``(k, l)``: in a group of ``k`` of the dimension's devices, as the plan places them
     (consecutive ones), a device has ``l`` of its :attr:`links` to the group's other members,
-    the fewest over the groups (``nvidia-smi topo -m``'s ``NV#`` summed). Such a group reaches
+    the fewest over the groups (``nvidia-smi topo -m``'s ``NV#`` summed; a strided group, dp
+    over tp, is read as a consecutive one of its size). Such a group reaches
     ``l / links`` of ``bandwidth_bytes_per_s``, which is what a collective over all of the
     devices reaches (:meth:`group_bandwidth`); a size not listed reaches all of it. A part of
     a node (``npus`` fewer than the node's) keeps the node's sizes."""

@@ -15,6 +15,7 @@ import pytest
 
 from planner.catalog import load_catalog, system_from_entry
 from planner.catalog_write import system_entry
+from planner.cli import main
 from planner.errors import PlannerUsageError
 from planner.exports._astra import caveats
 from planner.plan import make_plan
@@ -146,3 +147,11 @@ def test_the_astra_export_says_it_is_not_written() -> None:
     plain = replace(KEMPNER_4, network=_switch(KEMPNER_4.network))
     plan = make_plan(plan.model, plain, plan.training, plan.strategy, Convention.MEGATRON)
     assert "group_links" not in " ".join(caveats(plan))
+
+
+def test_the_catalog_listing_says_which_nodes_have_no_switch(capsys) -> None:
+    assert main(["catalog", "systems"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
+    assert "GPU-to-GPU 8 (6 links a GPU)" in rows["dgx1-v100-8"]
+    assert "GPU-to-GPU 4 (18 links a GPU) x Switch {nodes}" in rows["kempner-h200-{gpus}"]
+    assert "Switch 8" in rows["dgx-h100-8"] and "GPU-to-GPU" not in rows["dgx-h100-8"]

@@ -9,8 +9,9 @@ from planner.catalog_families import NODES, ClusterFamily
 from planner.commands._base import BaseCommand
 from planner.outputs import text_table
 from planner.units import GB
-from simcore.megatron.layers import layer_shape
 from simcore import precision_problem
+from simcore.megatron.layers import layer_shape
+from simcore.network import NetworkDim
 from simcore.specs import Convention, DeviceSpec, Family, ModelSpec, Precision
 
 
@@ -30,13 +31,22 @@ def _where(catalog: Catalog, kind: str, name: str) -> str:
         return str(path)
 
 
+def _dim(dim: NetworkDim, npus: object = None) -> str:
+    """A network dimension in a listing: its topology and size, or, where no switch joins its
+    GPUs, the links each has (``links``)."""
+    size = dim.npus if npus is None else npus
+    if dim.links is not None:
+        return f"GPU-to-GPU {size} ({dim.links} links a GPU)"
+    return f"{dim.topology.value} {size}"
+
+
 def _family_row(catalog: Catalog, family: ClusterFamily) -> dict[str, object]:
     """A cluster family as a listing row: its members' node and the node count left open."""
     gpus = 2 * family.per_node
     two_nodes = family.system(family.named(gpus), gpus, catalog.devices,
                               system_from_entry)
-    dims = [f"{d.topology.value} {d.npus}" for d in two_nodes.network.dims[:-1]]
-    dims.append(f"{two_nodes.network.dims[-1].topology.value} {NODES}")
+    dims = [_dim(d) for d in two_nodes.network.dims[:-1]]
+    dims.append(_dim(two_nodes.network.dims[-1], NODES))
     return {"name": family.name, "devices": f"{family.per_node} x {NODES}",
             "device": two_nodes.device.name, "network (inner -> outer)": " x ".join(dims),
             "file": _where(catalog, "system", family.name)}
@@ -59,14 +69,13 @@ class CatalogCommand(BaseCommand):
                     for n, m in c.models.items()]
         elif args.kind == "systems":
             rows = [{"name": n, "devices": str(s.devices), "device": s.device.name,
-                     "network (inner -> outer)": " x ".join(
-                         f"{d.topology.value} {d.npus}" for d in s.network.dims),
+                     "network (inner -> outer)": " x ".join(_dim(d) for d in s.network.dims),
                      "file": _where(c, "system", n)} for n, s in c.systems.items()]
             rows += [_family_row(c, f) for f in c.families.values()]
             rows += [{"name": n, "devices": str(s.devices),
                       "device": " + ".join(f"{g.devices} {g.device.name}" for g in s.groups),
                       "network (inner -> outer)": " | ".join(
-                          " x ".join(f"{d.topology.value} {d.npus}" for d in g.network.dims)
+                          " x ".join(_dim(d) for d in g.network.dims)
                           for g in s.groups),
                       "file": _where(c, "system", n)} for n, s in c.mixed.items()]
         else:

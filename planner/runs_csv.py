@@ -50,10 +50,13 @@ Columns (a header row, any order; names as below, case-insensitive):
   DistributedFusedAdam keeps 10 for a bf16 model, the fp32 master's 16-bit remainders, and
   with ``dtype: bf16`` 4, the moments alone, or 6 with FP8 parameters, a bf16 copy too),
   ``grad_copy`` (true/false: the 16-bit ``.grad`` kept beside the accumulation buffer, as
-  DeepSpeed's BF16_Optimizer keeps it; false), ``launch_blocking`` (true/false: the run set
-  ``CUDA_LAUNCH_BLOCKING=1``; false), ``cuda_graphs`` (true/false: the layers ran as CUDA
-  graphs, Megatron-LM's ``--cuda-graph-impl``; false), ``tp_comm_overlap`` (true/false: false
-  where a Transformer Engine run with sequence parallelism did not set ``--tp-comm-overlap``,
+  DeepSpeed's BF16_Optimizer keeps it; false), ``main_grad_copy`` (true/false: the optimizer
+  step's fp32 copy of 16-bit gradients, held after the backward, as Megatron-LM's optimizers
+  make it; false, true with ``framework megatron`` and ``grad_bytes 2``), ``launch_blocking``
+  (true/false: the run set ``CUDA_LAUNCH_BLOCKING=1``; false), ``cuda_graphs`` (true/false:
+  the layers ran as CUDA graphs, Megatron-LM's ``--cuda-graph-impl``; false),
+  ``tp_comm_overlap`` (true/false: false where a Transformer Engine run with sequence
+  parallelism did not set ``--tp-comm-overlap``,
   Megatron-LM's default, so its tp collectives are not hidden in TE's userbuffers; true),
   ``master_weights`` (true/false: false
   for pure 16-bit training, Adam's moments in bf16 and no fp32 copy; true), ``fsdp_no_sync``
@@ -121,8 +124,8 @@ OPTIONAL = ("sp", "gpus", "zero", "recompute", "recompute_layers", "offload_laye
             "transformer_engine", "recompute_early_stop", "selective_recompute",
             "cross_entropy", "cp_comm", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
             "optimizer_bytes",
-            "grad_copy", "launch_blocking", "cuda_graphs", "tp_comm_overlap", "master_weights",
-            "fsdp_no_sync",
+            "grad_copy", "main_grad_copy", "launch_blocking", "cuda_graphs", "tp_comm_overlap",
+            "master_weights", "fsdp_no_sync",
             "swiglu_fusion", "vocab_parallel_embedding", "fp8_attention", "hbm_gb",
             "memory_measured", "framework", "release", "name", "source", "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""

@@ -206,6 +206,7 @@ def row_training(row: dict[str, str]) -> TrainingSpec:
         transformer_engine=_boolean(row, "transformer_engine"),
         recompute_early_stop=_boolean(row, "recompute_early_stop"),
         grad_copy=_boolean(row, "grad_copy"),
+        main_grad_copy=_boolean(row, "main_grad_copy"),
         launch_blocking=bool(_boolean(row, "launch_blocking")),
         cuda_graphs=bool(_boolean(row, "cuda_graphs")),
         tp_comm_overlap=_boolean(row, "tp_comm_overlap") is not False,

@@ -68,7 +68,8 @@ from simcore.specs import (
 
 __all__ = ["ANY", "CP_COMM", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "cp_comm",
            "cross_entropy", "framework_training", "recompute_early_stop", "selective_recompute",
-           "transformer_engine", "grad_copy", "with_framework_defaults", "why_not"]
+           "transformer_engine", "grad_copy", "main_grad_copy", "with_framework_defaults",
+           "why_not"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
@@ -144,12 +145,23 @@ def grad_copy(framework: str, training: TrainingSpec) -> bool | None:
     return None
 
 
+def main_grad_copy(framework: str, training: TrainingSpec) -> bool | None:
+    """The ``main_grad_copy`` of a ``framework`` study whose training names none: Megatron-LM's
+    optimizers copy 16-bit gradients (``grad_bytes 2``) to fp32 for the master weights at the
+    step (:attr:`simcore.specs.TrainingSpec.main_grad_copy`). Else None (off): DeepSpeed's
+    and PyTorch's optimizers are priced by ``grad_copy`` and FSDP's fp32 shards."""
+    if (framework == "megatron" and training.bytes_per_param_grads == 2
+            and training.master_weights):
+        return True
+    return None
+
+
 def with_framework_defaults(training: TrainingSpec, framework: str,
                             device_transformer_engine: bool) -> TrainingSpec:
     """``training`` with what a ``framework`` study runs wherever the training names none: the
     stack (:func:`transformer_engine`), the recompute's early stop, the selective recompute,
-    the loss, context parallelism's exchange (:func:`cp_comm`) and the 16-bit gradient copy
-    (:func:`grad_copy`)."""
+    the loss, context parallelism's exchange (:func:`cp_comm`), the 16-bit gradient copy
+    (:func:`grad_copy`) and the step's fp32 one (:func:`main_grad_copy`)."""
     defaults = {
         "transformer_engine": transformer_engine(framework, device_transformer_engine),
         "recompute_early_stop": recompute_early_stop(framework),
@@ -157,6 +169,7 @@ def with_framework_defaults(training: TrainingSpec, framework: str,
         "cross_entropy": cross_entropy(framework),
         "cp_comm": cp_comm(framework),
         "grad_copy": grad_copy(framework, training),
+        "main_grad_copy": main_grad_copy(framework, training),
     }
     return replace(training, **{k: v for k, v in defaults.items()
                                 if getattr(training, k) is None})

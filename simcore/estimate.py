@@ -66,11 +66,16 @@ class MemoryParts:
     tracked: float = 0.0
     """The ``stage`` convention's peak of live tensors by ASTRA-sim's memory tracker (weights,
     gradients and activations together, one byte per element as STAGE counts)."""
+    step_copy: float = 0.0
+    """What the optimizer step's fp32 copy of the 16-bit gradients adds to the peak beyond
+    the backward's activations (:attr:`simcore.specs.TrainingSpec.main_grad_copy`): the copy's
+    bytes less the activations, 0 where the backward's peak is the higher."""
 
     @property
     def total(self) -> float:
         return (self.weights + self.gradients + self.optimizer + self.activations
-                + self.gathered_weights + self.comm_buffers + self.overhead + self.tracked)
+                + self.gathered_weights + self.comm_buffers + self.overhead + self.tracked
+                + self.step_copy)
 
 
 @dataclass(frozen=True, slots=True)

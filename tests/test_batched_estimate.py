@@ -115,8 +115,8 @@ def test_columns_name_every_part() -> None:
 
 def test_totals_add_every_part() -> None:
     # each part a distinct power of two: the total is their sum exactly (2^11 - 1 for the eleven
-    # time parts, 2^8 - 1 for the eight memory parts), so a part left out of a total shows
+    # time parts, 2^9 - 1 for the nine memory parts), so a part left out of a total shows
     time = TimeParts(**{name: float(2**i) for i, name in enumerate(TIME_PARTS)})
     memory = MemoryParts(**{name: float(2**i) for i, name in enumerate(MEMORY_PARTS)})
     assert (len(TIME_PARTS), time.total) == (11, 2.0**11 - 1)
-    assert (len(MEMORY_PARTS), memory.total) == (8, 2.0**8 - 1)
+    assert (len(MEMORY_PARTS), memory.total) == (9, 2.0**9 - 1)

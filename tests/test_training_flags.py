@@ -14,13 +14,14 @@ from planner.plan import make_plan, read_plan, write_plan
 from planner.study_config import load_study_config
 from simcore.specs import Convention
 
-# The options as simcore/specs/training.py's TrainingSpec declares them: nine switches with a default,
-# four left to the device or the stack (None) unless a file says.
+# The options as simcore/specs/training.py's TrainingSpec declares them: nine switches with a
+# default, five left to the device or the stack (None) unless a file says.
 SWITCHES = {"overlap_grad_reduce": True, "tp_comm_overlap": True, "launch_blocking": False,
             "cuda_graphs": False, "master_weights": True,
             "fsdp_no_sync": False, "swiglu_fusion": True, "vocab_parallel_embedding": True,
             "fp8_attention": False}
-STACK_CHOICES = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy")
+STACK_CHOICES = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy",
+                 "main_grad_copy")
 
 STUDY = """model: llama3-8b
 system: dgx-h100-8
@@ -48,7 +49,7 @@ def test_every_flag_a_study_sets_reaches_the_plan_file_and_back(tmp_path: Path) 
     # each switch the other way round from its default, each stack choice set
     flipped = {**{k: not v for k, v in SWITCHES.items()},
                "flash_attention": True, "transformer_engine": False,
-               "recompute_early_stop": True, "grad_copy": False}
+               "recompute_early_stop": True, "grad_copy": False, "main_grad_copy": True}
     config = load_study_config(_study(tmp_path, flipped))
     for key, value in flipped.items():
         assert getattr(config.training, key) is value, key

@@ -184,6 +184,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="each parameter's 16-bit .grad stays beside the accumulation buffer,"
                    " as DeepSpeed's BF16_Optimizer keeps it (bf16 with fp32 accumulation,"
                    " ZeRO 0-1; default: off)")
+    t.add_argument("--main-grad-copy", action=argparse.BooleanOptionalAction, default=None,
+                   help="the optimizer step copies 16-bit gradients to fp32 for the master"
+                   " weights after the backward, as Megatron-LM's optimizers do with"
+                   " --grad-bytes 2 (default: off; on with --framework megatron)")
     t.add_argument("--fp8-attention", action="store_true",
                    help="Transformer Engine's fused attention in FP8 too, in a quantised plan"
                    " (Megatron-Core's fp8_dot_product_attention), at the device's measured"

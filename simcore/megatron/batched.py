@@ -46,7 +46,12 @@ from simcore.megatron.layers import layer_shape
 from simcore.megatron.pipeline import in_flight, zbv_bubble
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.recompute import recomputed_fraction
-from simcore.megatron.stage_memory import stage_activations, stage_memory
+from simcore.megatron.stage_memory import (
+    main_grad_copy_bytes,
+    stage_activations,
+    stage_memory,
+    step_copy_beyond,
+)
 from simcore.megatron.step import (
     _dp_time,
     _ends,
@@ -144,6 +149,7 @@ class _Groups:
         self.present = np.zeros((k, 3), bool)
         self.stage = {name: np.zeros((k, 3)) for name in _STAGE_FIELDS}
         self.memory = {name: np.zeros((k, 3)) for name in _MEMORY_FIXED}
+        self.step_copy = np.zeros((k, 3))  # the optimizer step's gradient copy, whole
         self.representative: list[Strategy] = []
         self.te = np.zeros(k, bool)
 
@@ -188,6 +194,7 @@ class _Groups:
             parts, _ = stage_memory(p, st, pp)
             for name in _MEMORY_FIXED:
                 self.memory[name][index, column] = getattr(parts, name)
+            self.step_copy[index, column] = main_grad_copy_bytes(p, st)
             flights = np.array([in_flight(s, st.index, pp, m, v) for s, v in schedules])
             self.stage_activations[column].append(stage_activations(p, st, flights, pp))
 
@@ -289,8 +296,11 @@ class _Groups:
         at = order.index("activations")
         totals = _sum(fixed[name] for name in order[:at])[g]
         totals += self.activations
-        for name in order[at + 1:]:
+        for name in order[at + 1:-1]:  # the step's copy last, as MemoryParts.total adds it
             totals += fixed[name][g]
+        step_copy = step_copy_beyond(self.step_copy[g],
+                                     self.activations + fixed["comm_buffers"][g])
+        totals += step_copy
         hbm = self.system.device.hbm_bytes
         fits = np.all(~present | (totals <= hbm), axis=1)
         ratio = totals / hbm
@@ -300,7 +310,8 @@ class _Groups:
         peak_stage = np.where(peak == FIRST, 0, np.where(peak == MIDDLE, 1, pp - 1))
         rows = np.arange(len(g))
         memory = MemoryColumns(**{
-            name: self.activations[rows, peak] if name == "activations" else fixed[name][g, peak]
+            name: self.activations[rows, peak] if name == "activations"
+            else step_copy[rows, peak] if name == "step_copy" else fixed[name][g, peak]
             for name in order})
         return memory, totals[rows, peak], peak_stage.astype(np.int64), fits
 

@@ -42,6 +42,7 @@ class MemoryColumns:
     comm_buffers: np.ndarray
     overhead: np.ndarray
     tracked: np.ndarray
+    step_copy: np.ndarray
 
 
 TIME_PARTS = tuple(f.name for f in fields(TimeParts))

@@ -16,10 +16,11 @@ from simcore.megatron.pipeline import head_stage, in_flight
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.precision import FORMATS
 from simcore.megatron.recompute import recomputed_share
-from simcore.megatron.states import model_state_bytes
+from simcore.megatron.states import FP32_GRAD_BYTES, model_state_bytes
 from simcore.specs import CrossEntropy, Recompute, ZeroStage
 
-__all__ = ["LOGIT_BYTES", "fp8_weight_params", "stage_activations", "stage_memory"]
+__all__ = ["LOGIT_BYTES", "fp8_weight_params", "main_grad_copy_bytes", "stage_activations",
+           "stage_memory", "step_copy_beyond"]
 
 LOGIT_BYTES: dict[CrossEntropy, int] = {
     CrossEntropy.FUSED: 4,  # the fp32 logits (Korthikanti et al. 2022, section 4.3)
@@ -90,8 +91,35 @@ def stage_memory(p: StepPlan, stage: Stage, pp: int | None = None) -> tuple[Memo
         fixed = p.memory_memo[key] = _fixed_memory(p, stage, pp)
     flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
     activations = stage_activations(p, stage, flight, pp)
+    step_copy = step_copy_beyond(fixed.step_copy, activations + fixed.comm_buffers)
     return MemoryParts(fixed.weights, fixed.gradients, fixed.optimizer, activations,
-                       fixed.gathered_weights, fixed.comm_buffers, fixed.overhead), flight
+                       fixed.gathered_weights, fixed.comm_buffers, fixed.overhead,
+                       step_copy=step_copy), flight
+
+
+def step_copy_beyond(copy: _F, transient: _F) -> _F:
+    """What the optimizer step's gradient copy of ``copy`` bytes adds to a stage's peak whose
+    backward holds ``transient`` bytes beside the model states (its activations and
+    communication buffers): the step runs after the backward has freed them, so the peak is
+    the larger of the two (floats, or arrays element by element)."""
+    if isinstance(transient, np.ndarray):
+        return np.maximum(copy - transient, 0.0)
+    return max(copy - transient, 0.0)
+
+
+def main_grad_copy_bytes(p: StepPlan, stage: Stage) -> float:
+    """Bytes of the fp32 copy of the stage's 16-bit gradients its optimizer step makes, 4 a
+    parameter of the optimizer's shard (:attr:`simcore.specs.TrainingSpec.main_grad_copy`);
+    0 unless the training says so with master weights, 16-bit gradients and ZeRO 0-1."""
+    tr, s = p.training, p.s
+    if not (tr.main_grad_copy and tr.master_weights and tr.bytes_per_param_grads == 2
+            and s.zero <= ZeroStage.OPTIMIZER and not p.fp32_shards):
+        return 0.0
+    sharded = s.zero is ZeroStage.OPTIMIZER
+    params = stage.params / (p.shard_ranks if sharded else 1)
+    if stage.expert_params:  # the routed experts' optimizer is sharded over expert dp
+        params += stage.expert_params / (s.edp if sharded else 1)
+    return FP32_GRAD_BYTES * params
 
 
 def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
@@ -128,7 +156,8 @@ def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
         comm += 2 * sbh * tr.bytes_per_activation / t  # send and receive buffers
     return MemoryParts(weights=weights, gradients=grads, optimizer=optimizer,
                        activations=0.0, gathered_weights=gathered, comm_buffers=comm,
-                       overhead=p.system.device.memory_overhead_bytes)
+                       overhead=p.system.device.memory_overhead_bytes,
+                       step_copy=main_grad_copy_bytes(p, stage))
 
 
 def _linear_params(p: StepPlan, stage: Stage) -> float:

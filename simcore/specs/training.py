@@ -39,6 +39,20 @@ class TrainingSpec:
     gradient after its reduce-scatter: neither keeps it. None: off, except in a ``framework:
     deepspeed`` study that accumulates in fp32 (:func:`search_spaces.frameworks.grad_copy`).
     Counted for ZeRO 0-1 plans only (DeepSpeed runs ZeRO-2/3 with its ZeRO optimizer)."""
+    main_grad_copy: bool | None = None
+    """At the optimizer step the fp32 master weights take an fp32 copy of their 16-bit
+    gradients (4 bytes a parameter of the optimizer's shard), held from the step to the next
+    step's ``zero_grad``, when the activations are freed: the step's peak is the model states
+    and that copy, and a stage's peak the larger of it and the backward's
+    (:attr:`simcore.estimate.MemoryParts.step_copy`). Megatron-LM's optimizers do so when the
+    gradient buffer is 16-bit (``grad_bytes 2``: fp16 training, or bf16 with
+    ``--grad-reduce-in-bf16``): ``Float16OptimizerWithFloat16Params`` sets ``main_param.grad =
+    model_param.main_grad.float()`` and the distributed optimizer ``shard_main_param.grad =
+    shard_model_grad.float()`` (``megatron/core/optimizer/optimizer.py``,
+    ``distrib_optimizer.py`` ``_copy_model_grads_to_main_grads``; with an fp32 buffer
+    ``.float()`` returns the buffer itself, no copy). Counted with master weights, 16-bit
+    gradients and ZeRO 0-1 only. None: off, except in a ``framework: megatron`` study
+    (:func:`search_spaces.frameworks.main_grad_copy`)."""
     bytes_per_param_optimizer: int = 12
     """Mixed-precision Adam: fp32 master weights, momentum and variance (4 + 4 + 4)."""
     master_weights: bool = True

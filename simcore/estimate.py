@@ -68,8 +68,9 @@ class MemoryParts:
     gradients and activations together, one byte per element as STAGE counts)."""
     step_copy: float = 0.0
     """What the optimizer step's fp32 copy of the 16-bit gradients adds to the peak beyond
-    the backward's activations (:attr:`simcore.specs.TrainingSpec.main_grad_copy`): the copy's
-    bytes less the activations, 0 where the backward's peak is the higher."""
+    the backward's activations and communication buffers, which the step has freed
+    (:attr:`simcore.specs.TrainingSpec.main_grad_copy`): the copy's bytes less them, 0 where
+    the backward's peak is the higher."""
 
     @property
     def total(self) -> float:

@@ -137,3 +137,22 @@ def test_bigscience_megatron_v100_peaks(capsys) -> None:
     assert [row["measured_peak_memory_gb"] for row in rows] == [27.4775, 23.1872, 25.9657,
                                                                   24.542, 23.8758]
     assert all(-0.16 < row["memory_error"] < -0.10 for row in rows), rows
+
+
+def test_a_megatron_study_records_the_copy(tmp_path: Path) -> None:
+    # the study's stored settings say so, so a study priced before the copy was counted is not
+    # resumed as the same study (its fingerprint differs: tests/test_runner.py's resume rule)
+    from planner.study_config import load_study_config
+
+    def config(framework: str):  # type: ignore[no-untyped-def]
+        path = tmp_path / f"{framework}.yaml"
+        path.write_text(f"model: llama3-8b\nsystem: dgx-a100-8\nframework: {framework}\n"
+                        "training: {global_batch: 16, seq_len: 4096}\n"
+                        "space: {tp: [1, 2], pp: [1], micro_batch: [1]}\n")
+        return load_study_config(path)
+
+    megatron, any_ = config("megatron"), config("any")
+    assert megatron.training.main_grad_copy is True
+    assert megatron.summary()["main_grad_copy"] is True and "main_grad_copy" not in any_.summary()
+    assert megatron.fingerprint() != replace(megatron, training=replace(
+        megatron.training, main_grad_copy=None)).fingerprint()

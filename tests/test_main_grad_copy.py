@@ -114,7 +114,14 @@ def test_the_batched_estimate_takes_the_larger_peak_too() -> None:
     assert any(result.memory.step_copy > 0) and any(result.memory.step_copy == 0)
 
 
-def test_the_csv_column_and_the_estimate_option(capsys) -> None:
+def test_the_csv_column_and_the_estimate_option(tmp_path: Path, capsys) -> None:
+    from tests.study_files import one_run
+
+    row = {"model": "gpt-39.1b", "system": "jean-zay-v100-32gb-64", "global_batch": 16,
+           "seq_len": 2048, "dp": 1, "tp": 4, "pp": 16, "micro_batch": 1, "recompute": "full",
+           "step_time_s": 3.0, "framework": "megatron"}
+    assert one_run(tmp_path, row).training.main_grad_copy is True  # Megatron-LM's default
+    assert one_run(tmp_path, {**row, "main_grad_copy": "false"}).training.main_grad_copy is False
     args = ["estimate", "--model", "gpt-39.1b", "--system", "jean-zay-v100-32gb-64",
             "--dp", "1", "--tp", "4", "--pp", "16", "--micro-batch", "1", "--recompute",
             "full", "--global-batch", "16", "--seq-len", "2048", "--json"]

@@ -163,3 +163,13 @@ def test_a_megatron_study_records_the_copy(tmp_path: Path) -> None:
     assert megatron.summary()["main_grad_copy"] is True and "main_grad_copy" not in any_.summary()
     assert megatron.fingerprint() != replace(megatron, training=replace(
         megatron.training, main_grad_copy=None)).fingerprint()
+
+
+def test_planner_estimate_says_where_the_stage_peaks(capsys) -> None:
+    args = ["estimate", "--model", "gpt-39.1b", "--system", "jean-zay-v100-32gb-64", "--dp", "1",
+            "--tp", "4", "--pp", "16", "--micro-batch", "1", "--recompute", "full",
+            "--global-batch", "16", "--seq-len", "2048"]
+    assert main([*args, "--framework", "megatron"]) == 0
+    assert "the stage peaks at the optimizer step" in capsys.readouterr().out
+    assert main(args) == 0  # framework any: no copy counted, nothing said
+    assert "optimizer step" not in capsys.readouterr().out

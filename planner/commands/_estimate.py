@@ -61,6 +61,9 @@ def _table(est: Estimate, quantized: bool = False, host: tuple[float, float] = (
         value = getattr(est.memory, f.name)
         if value:
             lines.append(f"  {f.name:<16} {value / GB:8.2f} GB")
+    if est.memory.step_copy:
+        lines.append("  (step_copy: the stage peaks at the optimizer step, whose fp32 copy of the"
+                     " 16-bit gradients outweighs the backward's activations; --main-grad-copy)")
     if len(est.stages) > 1:
         lines.append("per stage: layers, micro-batches in flight, memory")
         for st in est.stages:

@@ -76,7 +76,8 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
 
 
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
-_DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "source",
+_DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "workspace_gb",
+                    "source",
                     "notes", "calibration", "kernel_launch_us", "host_kernel_us",
                     "collective_launch_us", "sm_count",
                     "gemm_wave_us",
@@ -122,6 +123,9 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
     nvfp4 = e.get("nvfp4_matmul_efficiency")
     host = e.get("host_bandwidth_gbps")
     sm_count = e.get("sm_count", 0)
+    if num("workspace_gb", 0.0, strict=False) > num("memory_overhead_gb", 0.0, strict=False):
+        raise fail(path, f"{name}.workspace_gb", "must be at most memory_overhead_gb: the"
+                   " workspaces are part of that allowance")
     return spec_or_fail(path, name, lambda: DeviceSpec(
         name=name,
         kernel_launch_s=num("kernel_launch_us", 0.0, strict=False) * 1e-6,
@@ -150,6 +154,7 @@ def device_from_entry(path: Path, name: str, entry: Any) -> DeviceSpec:
         matmul_efficiency=num("matmul_efficiency", 1.0),
         memory_efficiency=num("memory_efficiency", 1.0),
         memory_overhead_bytes=num("memory_overhead_gb", 0.0, strict=False) * GB,
+        workspace_bytes=num("workspace_gb", 0.0, strict=False) * GB,
     ))
 
 

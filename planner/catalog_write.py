@@ -131,6 +131,8 @@ def device_entry(device: DeviceSpec) -> dict[str, Any]:
         "memory_overhead_gb": _scaled(device.memory_overhead_bytes, GB),
     }
     # The fixed-cost constants only where set, so entries without them read as before.
+    if device.workspace_bytes:
+        entry["workspace_gb"] = _scaled(device.workspace_bytes, GB)
     if device.kernel_launch_s:
         entry["kernel_launch_us"] = _scaled(device.kernel_launch_s, 1e-6)
     if device.host_kernel_s:

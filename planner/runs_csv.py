@@ -72,7 +72,10 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``device``, the whole device's use as nvidia-smi shows it, or ``allocated``, PyTorch's
   ``max_memory_allocated`` as Megatron-LM's memory report prints it, which leaves out the CUDA
   context, NCCL's buffers and the caching allocator's slack: the device's ``memory_overhead_gb``
-  allowance; ``device``), ``framework`` (``megatron``, ``deepspeed``, ``torchtitan`` or ``any``:
+  allowance; ``device``), ``memory_stage`` (the pipeline stage ``peak_memory_gb`` is of:
+  ``peak``, the stage the estimate finds highest, as a report of every rank's gives; ``first``
+  or ``last``, a report of one rank's, as Megatron-LM's TensorBoard memory is the last rank's;
+  ``peak``), ``framework`` (``megatron``, ``deepspeed``, ``torchtitan`` or ``any``:
   the cells left empty take what a study with that framework runs, its stack, loss, recompute
   and context parallelism, and a plan the framework cannot run as written is left out with the
   reason, :func:`search_spaces.frameworks.framework_training`; ``any``), ``release`` (the
@@ -104,6 +107,7 @@ from planner.runs_row import (
     allocated,
     as_run_by,
     integer,
+    memory_stage,
     positive,
     row_framework,
     row_strategy,
@@ -127,7 +131,8 @@ OPTIONAL = ("sp", "gpus", "zero", "recompute", "recompute_layers", "offload_laye
             "grad_copy", "main_grad_copy", "launch_blocking", "cuda_graphs", "tp_comm_overlap",
             "master_weights", "fsdp_no_sync",
             "swiglu_fusion", "vocab_parallel_embedding", "fp8_attention", "hbm_gb",
-            "memory_measured", "framework", "release", "name", "source", "notes")
+            "memory_measured", "memory_stage", "framework", "release", "name", "source",
+            "notes")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 ALIASES = {"cp": "sp", "vp": "v"}
 """Other names of a column, as Megatron-LM and NeMo's tables call the degree: read as it."""
@@ -161,6 +166,9 @@ class MeasuredRun:
     memory_allocated: bool = False
     """``peak_memory_gb`` is PyTorch's allocated peak, not the device's use
     (``memory_measured``)."""
+    memory_stage: str = "peak"
+    """The pipeline stage ``peak_memory_gb`` is of: ``peak`` (the estimate's highest), ``first``
+    or ``last`` (``memory_stage``)."""
     file: str = ""
     """The CSV the run is in, as given on the command line."""
     release: str = ""
@@ -365,6 +373,7 @@ def read_runs(path: Path, catalog: Catalog,
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
                 model=model, system=system, training=training, strategy=strategy,
                 step_time_s=step, peak_memory_gb=memory, memory_allocated=allocated(row),
+                memory_stage=memory_stage(row),
                 file=str(path), release=row.get("release", ""),
                 framework=run_framework))
         except RowError as e:

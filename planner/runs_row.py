@@ -100,6 +100,21 @@ def allocated(row: dict[str, str]) -> bool:
     return text == "allocated"
 
 
+MEMORY_STAGES = ("peak", "first", "last")
+"""Which pipeline stage a measured peak is of (``memory_stage``): the stage the estimate finds
+highest (a report of every rank's, or of the fullest one), the first or the last (a report of
+one rank's: Megatron-LM's TensorBoard memory, written by the last rank, is the last stage's)."""
+
+
+def memory_stage(row: dict[str, str]) -> str:
+    """The ``memory_stage`` cell (empty: ``peak``)."""
+    text = row.get("memory_stage", "").lower() or "peak"
+    if text not in MEMORY_STAGES:
+        raise BadValue(f"memory_stage={row['memory_stage']!r} is not one of"
+                       f" {', '.join(MEMORY_STAGES)}")
+    return text
+
+
 def _enum(row: dict[str, str], key: str, enum: type, default: object) -> object:
     text = row.get(key, "")
     if not text:

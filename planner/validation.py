@@ -19,9 +19,9 @@ from functools import cached_property
 from planner.runs_csv import GroupKey, MeasuredRun, SkippedRun
 from planner.units import GB
 from simcore import estimate
-from simcore.estimate import Estimate
+from simcore.estimate import Estimate, MemoryParts
 from simcore.megatron.checks import micro_batches
-from simcore.specs import SystemSpec
+from simcore.specs import DeviceSpec, SystemSpec
 
 __all__ = ["RunResult", "GroupResult", "Validation", "validate", "kendall_tau"]
 
@@ -245,6 +245,22 @@ def validate(runs: Iterable[MeasuredRun], skipped: Iterable[SkippedRun] = (), *,
         except ValueError as e:
             left_out.append(SkippedRun(run.line, run.name, str(e), file=run.file))
             continue
-        memory = est.memory.total - (est.memory.overhead if run.memory_allocated else 0.0)
+        parts = _measured_stage(est, run.memory_stage)
+        memory = parts.total - (_unallocated(parts, system.device) if run.memory_allocated
+                                else 0.0)
         results.append(RunResult(run, est.step_time, memory / GB, est.fits))
     return Validation(tuple(results), tuple(sorted(left_out, key=lambda s: (s.file, s.line))))
+
+
+def _measured_stage(est: Estimate, stage: str) -> MemoryParts:
+    """The memory of the stage a run's peak was measured on (:attr:`MeasuredRun.memory_stage`):
+    the estimate's peak stage, or its first or last."""
+    if stage == "peak" or not est.stages:
+        return est.memory
+    return est.stages[0 if stage == "first" else -1].memory
+
+
+def _unallocated(parts: MemoryParts, device: DeviceSpec) -> float:
+    """The part of the stage's allowance a measured allocated peak leaves out: all of it but
+    the GEMM libraries' workspaces (:attr:`simcore.specs.DeviceSpec.workspace_bytes`)."""
+    return max(0.0, parts.overhead - device.workspace_bytes)

@@ -24,6 +24,7 @@ __all__ = ["LOGIT_BYTES", "fp8_weight_params", "main_grad_copy_bytes", "stage_ac
 
 LOGIT_BYTES: dict[CrossEntropy, int] = {
     CrossEntropy.FUSED: 4,  # the fp32 logits (Korthikanti et al. 2022, section 4.3)
+    CrossEntropy.MEGATRON: 6,  # the 16-bit logits and their fp32 copy (Megatron-LM's)
     CrossEntropy.PYTORCH: 12,  # its saved log-softmax output and, backward, two gradients
     CrossEntropy.NANOTRON: 8,  # the fp32 logits and their shifted copy, at its forward
     CrossEntropy.REPLICATED: 8,  # the held 16-bit logits, the log-softmax output, two gradients

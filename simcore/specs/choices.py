@@ -155,8 +155,18 @@ class CrossEntropy(_Named):
     """How the loss holds the logits at its peak (per logit, on the last stage)."""
 
     FUSED = "fused"
-    """Megatron-LM's vocab-parallel cross-entropy: the fp32 logits, 4 bytes (Korthikanti et al.
-    2022, section 4.3)."""
+    """A loss that holds only the fp32 logits, 4 bytes (Korthikanti et al. 2022, section 4.3,
+    count so), as an in-place fused kernel does (flash-attn's ``cross_entropy``, llm-foundry's
+    loss). The default where no framework is named."""
+    MEGATRON = "megatron"
+    """Megatron-LM's vocab-parallel cross-entropy (NVIDIA/Megatron-LM@d98e8a64dd
+    ``megatron/core/tensor_parallel/cross_entropy.py``): ``calculate_logits_max`` takes an fp32
+    copy of the 16-bit logits the output layer returned, which its caller still holds
+    (``language_module.py`` ``compute_language_model_loss``), and the shift and exponent run in
+    place on that copy, which it saves for the backward; the backward turns it into the
+    gradient in place and casts that back to 16 bits. So 2 + 4 bytes a logit of the rank's
+    vocabulary shard at its forward, 4 + 2 at its backward: 6. A ``framework: megatron``
+    study's default."""
     PYTORCH = "pytorch"
     """``torch.nn.functional.cross_entropy`` on an fp32 copy of the bf16 logits, as torchtitan
     computes its loss (pytorch/torchtitan@31a17bfdb7 ``torchtitan/components/loss.py``

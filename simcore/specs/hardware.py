@@ -26,6 +26,13 @@ class DeviceSpec:
     """Achievable fraction of HBM bandwidth on element-wise kernels."""
     memory_overhead_bytes: float = 0.0
     """Allowance for the CUDA context, communication library and allocator on this device."""
+    workspace_bytes: float = 0.0
+    """Of ``memory_overhead_bytes``, what PyTorch's caching allocator counts: the GEMM
+    libraries' workspaces (cuBLAS's, 32 MiB a stream under ``CUBLAS_WORKSPACE_CONFIG=:4096:8``,
+    and Transformer Engine's), which a measured allocated peak (``max_memory_allocated``)
+    includes and the rest of the allowance (the CUDA context, NCCL's buffers, the allocator's
+    slack) does not. The estimate's totals are the same either way; only a comparison with an
+    allocated peak reads it (:mod:`planner.validation`)."""
     kernel_launch_s: float = 0.0
     """Floor of every kernel: its launch and the framework's dispatch on the host. A kernel whose
     work takes less leaves the device waiting for the next one. 0 disables the floor."""
@@ -121,6 +128,9 @@ class DeviceSpec:
                      "nvfp4_matmul_efficiency"):
             if getattr(self, name) is not None:
                 _fraction(name, getattr(self, name))
+        if not (self.workspace_bytes >= 0 and math.isfinite(self.workspace_bytes)):
+            raise ValueError("`workspace_bytes >= 0` must hold, but got"
+                             f" workspace_bytes={self.workspace_bytes!r}")
         if not (self.memory_overhead_bytes >= 0 and math.isfinite(self.memory_overhead_bytes)):
             raise ValueError(
                 "`memory_overhead_bytes >= 0` must hold, but got"

@@ -105,7 +105,10 @@ class Constant:
         return raw / self.scale
 
     def apply(self, device: DeviceSpec, value: float) -> DeviceSpec:
-        return replace(device, **{self.field: value * self.scale})
+        out = replace(device, **{self.field: value * self.scale})
+        if self.field == "memory_overhead_bytes":  # the workspaces are part of the allowance
+            out = replace(out, workspace_bytes=min(out.workspace_bytes, value * self.scale))
+        return out
 
 
 # The prior's spreads (the last number): a tenth of the peak for the efficiencies (gpus.yaml's

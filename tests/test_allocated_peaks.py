@@ -119,3 +119,17 @@ def test_megatron_ci_small_gpt_on_gb200(capsys) -> None:
     assert data["memory_median_ape"] <= 0.025
     assert data["step_time_median_ape"] <= 0.2
     assert data["regret_mean"] <= 0.005
+
+
+def test_a_calibrated_allowance_keeps_the_workspace_within_it(tmp_path: Path) -> None:
+    # `planner calibrate` may fit memory_overhead_gb below the 0.1 GB workspace; the workspace
+    # is part of the allowance, so it follows, and the written entry reads back
+    from planner.calibration import CONSTANTS
+
+    overhead = next(c for c in CONSTANTS if c.key == "memory_overhead_gb")
+    small = overhead.apply(CATALOG.device("a100-80gb"), 0.05)
+    assert (small.memory_overhead_bytes, small.workspace_bytes) == (0.05e9, 0.05e9)
+    assert device_from_entry(tmp_path / "d.yaml", "a", device_entry(small)).workspace_bytes == \
+        pytest.approx(0.05e9)
+    assert overhead.apply(CATALOG.device("a100-80gb"), 5.0).workspace_bytes == \
+        pytest.approx(0.1e9)

@@ -77,8 +77,7 @@ def model_from_entry(path: Path, name: str, entry: Any) -> ModelSpec:
 
 _DEVICE_FIELDS = {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}
 _DEVICE_OPTIONAL = {"matmul_efficiency", "memory_efficiency", "memory_overhead_gb", "workspace_gb",
-                    "source",
-                    "notes", "calibration", "kernel_launch_us", "host_kernel_us",
+                    "source", "notes", "calibration", "kernel_launch_us", "host_kernel_us",
                     "collective_launch_us", "sm_count",
                     "gemm_wave_us",
                     "overlap_slowdown", "fp8_peak_tflops",

@@ -157,7 +157,7 @@ class CrossEntropy(_Named):
     FUSED = "fused"
     """A loss that holds only the fp32 logits, 4 bytes (Korthikanti et al. 2022, section 4.3,
     count so), as an in-place fused kernel does (flash-attn's ``cross_entropy``, llm-foundry's
-    loss). The default where no framework is named."""
+    loss). The default, but in a ``framework: torchtitan`` study."""
     MEGATRON = "megatron"
     """Megatron-LM's vocab-parallel cross-entropy (NVIDIA/Megatron-LM@d98e8a64dd
     ``megatron/core/tensor_parallel/cross_entropy.py``): ``calculate_logits_max`` takes an fp32
@@ -165,8 +165,9 @@ class CrossEntropy(_Named):
     (``language_module.py`` ``compute_language_model_loss``), and the shift and exponent run in
     place on that copy, which it saves for the backward; the backward turns it into the
     gradient in place and casts that back to 16 bits. So 2 + 4 bytes a logit of the rank's
-    vocabulary shard at its forward, 4 + 2 at its backward: 6. A ``framework: megatron``
-    study's default."""
+    vocabulary shard at its forward, 4 + 2 at its backward: 6. Named where a run uses
+    Megatron-LM's default (unfused) loss; a ``framework: megatron`` study keeps ``fused``, as
+    Megatron-Bridge's and NeMo's recipes fuse the loss (``cross_entropy_loss_fusion``)."""
     PYTORCH = "pytorch"
     """``torch.nn.functional.cross_entropy`` on an fp32 copy of the bf16 logits, as torchtitan
     computes its loss (pytorch/torchtitan@31a17bfdb7 ``torchtitan/components/loss.py``

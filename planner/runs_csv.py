@@ -39,8 +39,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   torchtitan's per-op checkpointing; ``attention``), ``recompute_modules`` (what a selective
   recompute runs again, Megatron-LM's ``--recompute-modules`` names separated by spaces or
   ``+``: ``core_attn``, ``mla_up_proj``, ``mlp``), ``cross_entropy`` (``fused``,
-  Megatron-LM's; ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit
-  at its peak, not 4; ``replicated``, KempnerForge's on the gathered 16-bit logits; ``nanotron``,
+  the fp32 logits, 4 bytes a logit; ``megatron``, Megatron-LM's unfused loss on an fp32 copy
+  of the 16-bit logits, 6; ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a
+  logit at its peak; ``replicated``, KempnerForge's on the gathered 16-bit logits; ``nanotron``,
   nanotron's fp32 logits and their shifted copy, 8 bytes; ``fused``), ``cp_comm`` (``p2p``,
   context parallelism's ring; ``all_gather``, K and V gathered whole, exposed; ``a2a``,
   DeepSpeed-Ulysses' all-to-alls; ``p2p``),

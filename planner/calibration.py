@@ -4,8 +4,9 @@ The constants are the device entry's own (:data:`CONSTANTS`): the achievable fra
 FLOP/s on large GEMMs and of HBM bandwidth on element-wise kernels, the flash-attention
 kernels' fraction of peak (classic stacks; Transformer Engine's fused attention apart), the
 per-kernel launch floor, the host's cost of issuing a collective, and the framework's memory
-allowance; the compute's slowdown beside a collective
-(``overlap_slowdown``) only when asked for by name, as the catalog takes it from a measurement.
+allowance; the compute's slowdown beside a collective (``overlap_slowdown``) and the part of the
+allowance the allocator counts (``workspace_gb``, told by allocated peaks) only when asked for by
+name, as the catalog takes each from a measurement of its own.
 Nothing per run: every run is estimated with the same device.
 
 The fit is an Optuna study (CMA-ES, seeded, so a fit is reproducible) over the constants the runs
@@ -86,7 +87,8 @@ class Constant:
     needs: str
     """Which runs tell it apart: ``time``, ``flash`` (timed with flash attention), ``te`` (timed
     with Transformer Engine), ``mxfp8`` / ``nvfp4`` (timed in MXFP8 / NVFP4), ``comm`` (timed on
-    more than one device) or ``memory``."""
+    more than one device), ``memory`` (a measured peak of the device's use) or ``allocated``
+    (a measured allocated peak, ``memory_measured allocated``)."""
     spread: float
     """The prior's standard deviation (catalog units): how far a team's cluster and stack
     plausibly sit from the starting value before any run is seen."""
@@ -108,6 +110,8 @@ class Constant:
         out = replace(device, **{self.field: value * self.scale})
         if self.field == "memory_overhead_bytes":  # the workspaces are part of the allowance
             out = replace(out, workspace_bytes=min(out.workspace_bytes, value * self.scale))
+        if self.field == "workspace_bytes":
+            out = replace(out, workspace_bytes=min(value * self.scale, out.memory_overhead_bytes))
         return out
 
 
@@ -132,6 +136,8 @@ CONSTANTS = (
     Constant("overlap_slowdown", "overlap_slowdown", 1.0, 0.0, 0.5, "comm", 0.1,
              by_default=False),
     Constant("memory_overhead_gb", "memory_overhead_bytes", GB, 0.0, 20.0, "memory", 3.0),
+    Constant("workspace_gb", "workspace_bytes", GB, 0.0, 5.0, "allocated", 0.1,
+             by_default=False),
 )
 
 
@@ -175,10 +181,13 @@ def _identifiable(runs: Sequence[MeasuredRun]) -> tuple[Constant, ...]:
     classic = [r for r in flash if r not in te]
     # the allowance shows only in the device's use, not in PyTorch's allocated peak
     memory = [r for r in runs if r.peak_memory_gb is not None and not r.memory_allocated]
+    # the workspaces show only in the allocated peak (the device's use holds the whole allowance)
+    allocated = [r for r in runs if r.peak_memory_gb is not None and r.memory_allocated]
     comm = [r for r in timed if r.strategy.devices > 1]
     mxfp8 = [r for r in timed if r.strategy.precision is Precision.MXFP8]
     nvfp4 = [r for r in timed if r.strategy.precision is Precision.NVFP4]
     have = {"time": bool(timed), "flash": bool(classic), "te": bool(te), "memory": bool(memory),
+            "allocated": bool(allocated),
             "comm": bool(comm), "mxfp8": bool(mxfp8), "nvfp4": bool(nvfp4)}
     return tuple(c for c in CONSTANTS if have[c.needs])
 
@@ -273,7 +282,8 @@ def _constants(runs: Sequence[MeasuredRun], only: Sequence[str] | None) -> tuple
     if not constants:
         raise ValueError("no constant to fit: the runs measure none of those asked for (time"
                          " constants need step_time_s, attention_efficiency runs with flash"
-                         " attention, memory_overhead_gb peak_memory_gb)")
+                         " attention, memory_overhead_gb peak_memory_gb of the device's use,"
+                         " workspace_gb peak_memory_gb with memory_measured allocated)")
     return constants
 
 

@@ -90,7 +90,9 @@ class CalibrateCommand(BaseCommand):
                             help="replace a device of the same name in your catalog")
         parser.add_argument("--fit", metavar="KEYS",
                             help="comma-separated constants to fit (default: every one the runs"
-                            f" measure): {', '.join(c.key for c in CONSTANTS)}")
+                            " measure, but "
+                            f"{', '.join(c.key for c in CONSTANTS if not c.by_default)}, fitted"
+                            f" only by name): {', '.join(c.key for c in CONSTANTS)}")
         parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                             help=f"fit trials (default {DEFAULT_TRIALS})")
         parser.add_argument("--seed", type=int, default=0, help="the fit's seed (default 0)")

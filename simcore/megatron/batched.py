@@ -47,9 +47,8 @@ from simcore.megatron.pipeline import in_flight, zbv_bubble
 from simcore.megatron.plan import StepPlan
 from simcore.megatron.recompute import recomputed_fraction
 from simcore.megatron.stage_memory import (
-    main_grad_copy_bytes,
+    fixed_memory,
     stage_activations,
-    stage_memory,
     step_copy_beyond,
 )
 from simcore.megatron.step import (
@@ -191,10 +190,10 @@ class _Groups:
             self.present[index, column] = True
             for name in _STAGE_FIELDS:
                 self.stage[name][index, column] = getattr(st, name)
-            parts, _ = stage_memory(p, st, pp)
+            fixed = fixed_memory(p, st, pp)
             for name in _MEMORY_FIXED:
-                self.memory[name][index, column] = getattr(parts, name)
-            self.step_copy[index, column] = main_grad_copy_bytes(p, st)
+                self.memory[name][index, column] = getattr(fixed, name)
+            self.step_copy[index, column] = fixed.step_copy  # the whole copy, weighed later
             flights = np.array([in_flight(s, st.index, pp, m, v) for s, v in schedules])
             self.stage_activations[column].append(stage_activations(p, st, flights, pp))
 

@@ -19,8 +19,8 @@ from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.states import FP32_GRAD_BYTES, model_state_bytes
 from simcore.specs import CrossEntropy, Recompute, ZeroStage
 
-__all__ = ["LOGIT_BYTES", "fp8_weight_params", "main_grad_copy_bytes", "stage_activations",
-           "stage_memory", "step_copy_beyond"]
+__all__ = ["LOGIT_BYTES", "fixed_memory", "fp8_weight_params", "main_grad_copy_bytes",
+           "stage_activations", "stage_memory", "step_copy_beyond"]
 
 LOGIT_BYTES: dict[CrossEntropy, int] = {
     CrossEntropy.FUSED: 4,  # the fp32 logits (Korthikanti et al. 2022, section 4.3)
@@ -83,13 +83,22 @@ def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
     return activations
 
 
+def fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
+    """The stage's memory but its activations, which depend on the micro-batches in flight
+    (memoised on the plan: the stages between the first and the last hold the same states).
+    Its ``step_copy`` is the optimizer step's whole copy (:func:`main_grad_copy_bytes`), before
+    :func:`step_copy_beyond` weighs it against the activations."""
+    key = (stage.params, stage.expert_params, stage.layers, stage.moe_layers, pp)
+    fixed = p.memory_memo.get(key)
+    if fixed is None:
+        fixed = p.memory_memo[key] = _fixed_memory(p, stage, pp)
+    return fixed
+
+
 def stage_memory(p: StepPlan, stage: Stage, pp: int | None = None) -> tuple[MemoryParts, float]:
     s = p.s
     pp = s.pp if pp is None else pp
-    key = (stage.params, stage.expert_params, stage.layers, stage.moe_layers, pp)
-    fixed = p.memory_memo.get(key)
-    if fixed is None:  # the stages between the first and the last hold the same states
-        fixed = p.memory_memo[key] = _fixed_memory(p, stage, pp)
+    fixed = fixed_memory(p, stage, pp)
     flight = in_flight(s.schedule, stage.index, pp, p.m, s.v)
     activations = stage_activations(p, stage, flight, pp)
     step_copy = step_copy_beyond(fixed.step_copy, activations + fixed.comm_buffers)
@@ -124,7 +133,7 @@ def main_grad_copy_bytes(p: StepPlan, stage: Stage) -> float:
 
 
 def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
-    """The stage's memory but its activations (which depend on the micro-batches in flight)."""
+    """:func:`fixed_memory`, computed."""
     s, tr, model = p.s, p.training, p.model
     group = p.shard_ranks  # the shard group under HSDP, else dp * sp
     zero = s.zero

@@ -17,10 +17,11 @@ from planner.cli import main
 
 DATA = Path(__file__).parent / "data" / "validation"
 
-# What the estimate reaches on the 42 runs (held so that a modelling change that loses accuracy
-# fails): measured 8.9% MAPE, 6.9% median error (the 29 GPT-3 and 405B runs: 7.5%, 5.7%; the
-# 37 before the single-node B200 and B300 rows 9.6%, 7.1%, or 9.9% and 7.8% with the 8B's FP8
-# attention priced in 16-bit).
+# What the estimate reaches on the 45 runs (held so that a modelling change that loses accuracy
+# fails): measured 7.0% MAPE, 4.5% median error (the 42 before the three AMD runs 7.1%, 4.7%;
+# when they were first read 8.9%, 6.9%, the 29 GPT-3 and 405B runs 7.5%, 5.7%; the 37 before
+# the single-node B200 and B300 rows 9.6%, 7.1%, or 9.9% and 7.8% with the 8B's FP8 attention
+# priced in 16-bit).
 MLPERF_MAPE = 0.095
 MLPERF_MEDIAN = 0.075
 
@@ -28,7 +29,7 @@ MLPERF_MEDIAN = 0.075
 def _rows(capsys) -> dict[str, dict]:
     assert main(["validate", str(DATA / "mlperf-check.csv"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["skipped"] == [] and data["step_time_runs"] == 42
+    assert data["skipped"] == [] and data["step_time_runs"] == 45
     assert data["step_time_mape"] <= MLPERF_MAPE
     assert data["step_time_median_ape"] <= MLPERF_MEDIAN
     return {row["name"]: row for row in data["rows"]}
@@ -112,7 +113,7 @@ def test_llama31_8b_one_micro_batch_a_replica(capsys) -> None:
     rows = _rows(capsys)
     errors = {name.removeprefix("mlperf v5.1 "): row["step_time_error"]
               for name, row in rows.items() if "llama31-8b" in name}
-    assert len(errors) == 13
+    assert len(errors) == 16  # 13 on NVIDIA's parts, three on AMD's (tests/test_amd_instinct.py)
     assert 0.075 <= errors["nvidia llama31-8b gb200 x8 nvfp4"] <= 0.09
     assert 0.015 <= errors["nvidia llama31-8b gb300 x8 nvfp4"] <= 0.03
     assert all(-0.045 <= errors[f"nvidia llama31-8b {part} x72"] <= -0.005

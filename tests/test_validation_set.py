@@ -72,7 +72,8 @@ FLASH_ATTENTION_CHECK_MAPE = 0.05  # measured 4.2%
 LONG_CONTEXT_MEDIAN = 0.125  # measured 11.7% (12.6% before the context-parallel ring's merges)
 # Every *-check file together: the issue's targets are stated on the runs gathered and not fit
 # on, as one set.
-ALL_CHECKS_RUNS = 771  # 768 before mlperf-check.csv's three AMD Instinct runs,
+ALL_CHECKS_RUNS = 848  # 771 before bloom-sweeps-a100-check.csv's 77, 768 before mlperf-check.csv's
+# three AMD Instinct runs,
 # 731 before megatron-ci-gb200-check.csv's 37, 726 before
 # bigscience-megatron-v100-check.csv's 5, 721 before
 # flash-attention-a100-check.csv's 5, 711 before
@@ -111,7 +112,9 @@ ALL_CHECKS_RUNS = 771  # 768 before mlperf-check.csv's three AMD Instinct runs,
 # the TE GEMM rate refit (README, "The H100-era NVLink's two rates"), 5.28% with a group's own
 # links on nodes without an NVSwitch (README, "NVLink without a switch"), 5.30% with BigScience's
 # five Megatron-LM V100 runs, 5.62% with Megatron-LM's 37 functional tests of its small GPT on
-# GB200 (18.8% on them, estimated fast: README, "Megatron-LM's small GPT on GB200")
+# GB200 (18.8% on them, estimated fast: README, "Megatron-LM's small GPT on GB200"), 5.97% with
+# BigScience's 77 BLOOM topology sweeps (11.8% on them: README, "BigScience's BLOOM topology
+# sweeps")
 ALL_CHECKS_MEDIAN = 0.06
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional
@@ -144,8 +147,10 @@ ALL_CHECKS_OVER_MEMORY = 0
 # h100-megatron-check's did, which keeps Megatron-Bridge's 70B from NeMo AutoModel's on 64 H100s).
 # It was 3.4% when Jean Zay's 2024 sequence-4096 runs joined (their six groups 12.5%: a
 # micro-batch-1 plan picked in each), 2.6% on them since launch blocking's host time; the files
-# before them 0.7% over 20 groups.
-ALL_CHECKS_REGRET = 0.015
+# before them 0.7% over 20 groups. 2.96% over 65 since BigScience's BLOOM topology sweeps (their
+# 15 groups 10.7%: tp 8 and one-sequence micro-batches estimated fast, README, "BigScience's BLOOM
+# topology sweeps"): at the issue's 3%; the files before them 0.63% over 50.
+ALL_CHECKS_REGRET = 0.03
 EARLIER_CHECKS_REGRET = 0.015
 # Jean Zay's 2024 runs (README, "Jean Zay's 2024 runs"): what the estimate reaches on them,
 # held so that it does not grow.
@@ -191,17 +196,18 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     # Issue 14: "on the runs you gather (not fit on): median step-time error <= 8%, memory
     # <= 5%, and the plan-choice regret mean <= 3%". Every check file joins (a new one too).
     checks = sorted(str(path) for path in DATA.glob("*-check.csv"))
-    assert len(checks) == 28
+    assert len(checks) == 29
     assert main(["validate", *checks, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == []
     assert data["step_time_runs"] == ALL_CHECKS_RUNS
-    assert data["groups_count"] == 50  # 47 before the GB200 tests' three, 42 before PaddleNLP's
+    assert data["groups_count"] == 65  # 50 before the BLOOM sweeps' 15, 47 before the GB200
+    # tests' three, 42 before PaddleNLP's
     assert data["step_time_median_ape"] <= ALL_CHECKS_MEDIAN <= 0.08
     assert data["memory_median_ape"] <= ALL_CHECKS_MEMORY_MEDIAN <= 0.05
     assert data["regret_mean"] <= ALL_CHECKS_REGRET
     assert data["over_memory_runs"] <= ALL_CHECKS_OVER_MEMORY
-    earlier = [path for path in checks if "jean-zay" not in path]
+    earlier = [path for path in checks if "jean-zay" not in path and "bloom-sweeps" not in path]
     assert main(["validate", *earlier, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["regret_mean"] <= EARLIER_CHECKS_REGRET <= 0.03
     # nanotron's runs miss the memory target on their own (README, "nanotron's H100 runs"); the
@@ -213,7 +219,7 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     # in tests/test_flagperf_runs.py)
     later = ("nanotron", "dgxc", "gb200", "nemotron", "gpt3", "gb300", "mlperf", "internlm",
              "megatron-ci-h100", "flagperf", "libai", "flash-attention", "bigscience-megatron",
-             "megatron-ci-gb200")
+             "megatron-ci-gb200", "bloom-sweeps")
     before = [path for path in checks if not any(name in path for name in later)]
     assert main(["validate", *before, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -723,5 +729,6 @@ def test_every_run_of_a_named_framework_passes_its_rules() -> None:
     # FlagPerf's 20 runs (Megatron-LM core_v0.6.0 and FlagScale), 536 before its two MoE runs;
     # deepspeed: 111 before FlagPerf's five DeepSpeed and Megatron-DeepSpeed runs; megatron: 538
     # before LiBai's ten Megatron-LM runs on V100, 548 before BigScience's five on V100, 553
-    # before Megatron-LM's 37 functional tests on GB200, 590 before MLPerf's three AMD runs
-    assert by_framework == {"megatron": 593, "deepspeed": 116, "torchtitan": 11}
+    # before Megatron-LM's 37 functional tests on GB200, 590 before MLPerf's three AMD runs;
+    # deepspeed: 116 before the BLOOM sweeps' 65 (their 12 uneven pipelines name no framework)
+    assert by_framework == {"megatron": 593, "deepspeed": 181, "torchtitan": 11}

@@ -4,9 +4,10 @@ nodes of 8 A100 80GB, Megatron-DeepSpeed with DeepSpeed's pipeline engine, Febru
 is fit on them. The 02-28 rows of the same document and BLOOM's production run are issue 14's
 held-out check and are in no file: a test holds that.
 
-The figures are held as measured: the file is a known weak spot (tp 8, and one-sequence
-micro-batches, estimated 10-26% fast; plan-choice regret 10.7%), so that a modelling change is
-seen moving them either way."""
+The runs launched blocking (`CUDA_LAUNCH_BLOCKING=1`, the document's workaround for a hang at
+40 nodes and more): read so, with the host's cost per kernel fit on Lucie's Jean Zay runs
+(jean-zay-fit.csv), the estimate ranks them as measured; read without it, tp 8 and one-sequence
+micro-batches came out 10-26% fast and the regret was 10.7%. The figures are held as measured."""
 
 from __future__ import annotations
 
@@ -51,15 +52,17 @@ def test_model_sizes_as_the_tables_print_them() -> None:
 
 
 def test_the_sweeps_as_estimated(capsys) -> None:
-    """Measured: 12.2% MAPE, 11.8% median, regret 10.7% over 15 groups (the fastest picked in
-    2). By tp and micro-batch (64 heads): tp 8 -24.2 / -19.3 / -10.5% at micro-batch 1 / 2 / 4,
-    tp 4 -22.1 / -3.5 / -1.7%, tp 1-2 within 2%."""
+    """Measured: 6.3% MAPE, 4.9% median, regret 2.0% over 15 groups (the fastest picked in 9,
+    Kendall tau 0.65; 21.8% of it the batch-1568 group, whose tp 8 x pp 6 run measured as long
+    as at batch 2048). The 64-head rows by tp and micro-batch: tp 8 -0.8 / -5.5 / -2.8% at 1 /
+    2 / 4, tp 4 +5.5 / +3.0% at 2 / 4, tp 1-2 +5..+7%."""
     assert main(["validate", str(FILE), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == [] and data["step_time_runs"] == 77
-    assert 0.11 <= data["step_time_mape"] <= 0.13
-    assert 0.105 <= data["step_time_median_ape"] <= 0.13
-    assert data["groups_count"] == 15 and 0.09 <= data["regret_mean"] <= 0.12
+    assert 0.055 <= data["step_time_mape"] <= 0.07
+    assert 0.04 <= data["step_time_median_ape"] <= 0.055
+    assert data["groups_count"] == 15 and data["regret_mean"] <= 0.025
+    assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 9
     errors: dict[tuple[int, int], list[float]] = {}
     for row in data["rows"]:
         name = row["name"]
@@ -68,8 +71,30 @@ def test_the_sweeps_as_estimated(capsys) -> None:
         key = (int(re.search(r" tp(\d+)", name)[1]), int(re.search(r" mb(\d+)", name)[1]))
         errors.setdefault(key, []).append(row["step_time_error"])
     mean = {key: statistics.mean(values) for key, values in errors.items()}
-    assert -0.27 <= mean[(8, 1)] <= -0.21 and -0.22 <= mean[(8, 2)] <= -0.16
-    assert -0.13 <= mean[(8, 4)] <= -0.08
-    assert -0.06 <= mean[(4, 2)] <= -0.01 and -0.04 <= mean[(4, 4)] <= 0.01
+    assert -0.03 <= mean[(8, 1)] <= 0.01 and -0.07 <= mean[(8, 2)] <= -0.04
+    assert -0.04 <= mean[(8, 4)] <= -0.015
+    assert 0.04 <= mean[(4, 2)] <= 0.07 and 0.015 <= mean[(4, 4)] <= 0.045
     tp2 = [e for (tp, _), values in errors.items() if tp <= 2 for e in values]
-    assert len(tp2) == 4 and all(abs(e) <= 0.02 for e in tp2)
+    assert len(tp2) == 4 and all(0.04 <= e <= 0.075 for e in tp2)
+
+
+def test_read_without_launch_blocking_the_ranking_fails(capsys, tmp_path) -> None:
+    """The same rows read as launching asynchronously: 12.2% MAPE, regret 10.7% (the fastest
+    picked in 2 of 15), tp 8 estimated 10-24% fast. The host's wait per kernel is what ranks
+    these plans: it weighs most where a layer's kernels are shortest."""
+    with FILE.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows, fields = list(reader), reader.fieldnames
+    assert all(row["launch_blocking"] == "true" for row in rows)
+    for row in rows:
+        row["launch_blocking"] = "false"
+        row["model"] = str(DATA / "models.yaml") + "#" + row["model"].split("#")[1]
+    unblocked = tmp_path / "unblocked.csv"
+    with unblocked.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    assert main(["validate", str(unblocked), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert 0.11 <= data["step_time_mape"] <= 0.13 and 0.09 <= data["regret_mean"] <= 0.12
+    assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 2

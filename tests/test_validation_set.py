@@ -72,10 +72,9 @@ FLASH_ATTENTION_CHECK_MAPE = 0.05  # measured 4.2%
 LONG_CONTEXT_MEDIAN = 0.125  # measured 11.7% (12.6% before the context-parallel ring's merges)
 # Every *-check file together: the targets are stated on the runs gathered and not fit
 # on, as one set.
-ALL_CHECKS_RUNS = 848  # 771 before bloom-sweeps-a100-check.csv's 77, 768 before mlperf-check.csv's
-# three AMD Instinct runs,
-# 731 before megatron-ci-gb200-check.csv's 37, 726 before
-# bigscience-megatron-v100-check.csv's 5, 721 before
+ALL_CHECKS_RUNS = 848  # 771 before bloom-sweeps-a100-check.csv's 77, 768 before
+# mlperf-check.csv's three AMD Instinct runs, 731 before megatron-ci-gb200-check.csv's 37,
+# 726 before bigscience-megatron-v100-check.csv's 5, 721 before
 # flash-attention-a100-check.csv's 5, 711 before
 # libai-v100-check.csv's 10, 529 before nvfp4-check.csv's 9 and qwen3-blackwell-check.csv's 11,
 # 549 before mlperf-check.csv's 42, 591 before internlm-check.csv's 32, 623 before

@@ -53,7 +53,10 @@ Columns (a header row, any order; names as below, case-insensitive):
   ``grad_copy`` (true/false: the 16-bit ``.grad`` kept beside the accumulation buffer, as
   DeepSpeed's BF16_Optimizer keeps it; false), ``main_grad_copy`` (true/false: the optimizer
   step's fp32 copy of 16-bit gradients, held after the backward, as Megatron-LM's optimizers
-  make it; false, true with ``framework megatron`` and ``grad_bytes 2``), ``launch_blocking``
+  make it; false, true with ``framework megatron`` and ``grad_bytes 2``),
+  ``fp32_grad_partition`` (true/false: the optimizer keeps an fp32 copy of its shard's 16-bit
+  gradients, 4 bytes a parameter of the shard, as DeepSpeed's mixed-precision optimizers do;
+  false), ``launch_blocking``
   (true/false: the run set ``CUDA_LAUNCH_BLOCKING=1``; false), ``cuda_graphs`` (true/false:
   the layers ran as CUDA graphs, Megatron-LM's ``--cuda-graph-impl``; false),
   ``tp_comm_overlap`` (true/false: false where a Transformer Engine run with sequence
@@ -129,7 +132,8 @@ OPTIONAL = ("sp", "gpus", "zero", "recompute", "recompute_layers", "offload_laye
             "transformer_engine", "recompute_early_stop", "selective_recompute",
             "cross_entropy", "cp_comm", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
             "optimizer_bytes",
-            "grad_copy", "main_grad_copy", "launch_blocking", "cuda_graphs", "tp_comm_overlap",
+            "grad_copy", "main_grad_copy", "fp32_grad_partition", "launch_blocking", "cuda_graphs",
+            "tp_comm_overlap",
             "master_weights", "fsdp_no_sync",
             "swiglu_fusion", "vocab_parallel_embedding", "fp8_attention", "hbm_gb",
             "memory_measured", "memory_stage", "framework", "release", "name", "source",

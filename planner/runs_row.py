@@ -222,6 +222,7 @@ def row_training(row: dict[str, str]) -> TrainingSpec:
         recompute_early_stop=_boolean(row, "recompute_early_stop"),
         grad_copy=_boolean(row, "grad_copy"),
         main_grad_copy=_boolean(row, "main_grad_copy"),
+        fp32_grad_partition=_boolean(row, "fp32_grad_partition"),
         launch_blocking=bool(_boolean(row, "launch_blocking")),
         cuda_graphs=bool(_boolean(row, "cuda_graphs")),
         tp_comm_overlap=_boolean(row, "tp_comm_overlap") is not False,

@@ -132,6 +132,7 @@ class StudyConfig:
                if self.training.recompute_early_stop is not None else {}),
             **({"grad_copy": True} if self.training.grad_copy else {}),
             **({"main_grad_copy": True} if self.training.main_grad_copy else {}),
+            **({"fp32_grad_partition": True} if self.training.fp32_grad_partition else {}),
             **({"grad_bytes": self.training.bytes_per_param_grads}
                if self.training.bytes_per_param_grads != 2 else {}),
             **({"optimizer_bytes": self.training.bytes_per_param_optimizer}

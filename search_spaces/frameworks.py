@@ -68,7 +68,8 @@ from simcore.specs import (
 
 __all__ = ["ANY", "CP_COMM", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "cp_comm",
            "cross_entropy", "framework_training", "recompute_early_stop", "selective_recompute",
-           "transformer_engine", "grad_copy", "main_grad_copy", "with_framework_defaults",
+           "transformer_engine", "grad_copy", "main_grad_copy", "fp32_grad_partition",
+           "with_framework_defaults",
            "why_not"]
 
 ANY = "any"
@@ -156,12 +157,24 @@ def main_grad_copy(framework: str, training: TrainingSpec) -> bool | None:
     return None
 
 
+def fp32_grad_partition(framework: str, training: TrainingSpec) -> bool | None:
+    """The ``fp32_grad_partition`` of a ``framework`` study whose training names none:
+    DeepSpeed's mixed-precision optimizers keep an fp32 copy of their shard's 16-bit gradients
+    (``grad_bytes 2``) beside the master weights (:attr:`simcore.specs.TrainingSpec.
+    fp32_grad_partition`). Else None (off)."""
+    if (framework == "deepspeed" and training.bytes_per_param_grads == 2
+            and training.master_weights):
+        return True
+    return None
+
+
 def with_framework_defaults(training: TrainingSpec, framework: str,
                             device_transformer_engine: bool) -> TrainingSpec:
     """``training`` with what a ``framework`` study runs wherever the training names none: the
     stack (:func:`transformer_engine`), the recompute's early stop, the selective recompute,
     the loss, context parallelism's exchange (:func:`cp_comm`), the 16-bit gradient copy
-    (:func:`grad_copy`) and the step's fp32 one (:func:`main_grad_copy`)."""
+    (:func:`grad_copy`), the step's fp32 one (:func:`main_grad_copy`) and DeepSpeed's fp32
+    gradient partition (:func:`fp32_grad_partition`)."""
     defaults = {
         "transformer_engine": transformer_engine(framework, device_transformer_engine),
         "recompute_early_stop": recompute_early_stop(framework),
@@ -170,6 +183,7 @@ def with_framework_defaults(training: TrainingSpec, framework: str,
         "cp_comm": cp_comm(framework),
         "grad_copy": grad_copy(framework, training),
         "main_grad_copy": main_grad_copy(framework, training),
+        "fp32_grad_partition": fp32_grad_partition(framework, training),
     }
     return replace(training, **{k: v for k, v in defaults.items()
                                 if getattr(training, k) is None})

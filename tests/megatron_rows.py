@@ -74,7 +74,7 @@ def runs() -> list[Run]:
             # DeepSpeed ZeRO-1 with 16-bit weights and gradients; the sharded optimizer holds
             # fp32 master weights, momentum, variance and the fp32 gradient partition (16 B).
             training = TrainingSpec(global_batch=global_batch, seq_len=int(x["seq_len"]),
-                                    bytes_per_param_grads=2, bytes_per_param_optimizer=16)
+                                    bytes_per_param_grads=2, fp32_grad_partition=True)
         else:
             # Megatron-LM: fp32 main gradients (18 B/param; Korthikanti Table 3 uses 18).
             # Section 6.3's dp = 8 run had no gradient all-reduce overlap.

@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from planner.cli import main
+from tests.runs_files import reread
 
 DATA = Path(__file__).parent / "data" / "validation"
 FILE = DATA / "bloom-sweeps-a100-check.csv"
@@ -86,18 +87,9 @@ def test_read_without_launch_blocking_the_ranking_fails(capsys, tmp_path) -> Non
     """The same rows read as launching asynchronously: 12.2% MAPE, regret 10.7% (the fastest
     picked in 2 of 15), tp 8 estimated 10-24% fast. The host's wait per kernel is what ranks
     these plans: it weighs most where a layer's kernels are shortest."""
-    with FILE.open(newline="") as f:
-        reader = csv.DictReader(f)
-        rows, fields = list(reader), reader.fieldnames
-    assert all(row["launch_blocking"] == "true" for row in rows)
-    for row in rows:
-        row["launch_blocking"] = "false"
-        row["model"] = str(DATA / "models.yaml") + "#" + row["model"].split("#")[1]
     unblocked = tmp_path / "unblocked.csv"
-    with unblocked.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    rows = reread(FILE, unblocked, launch_blocking="false")
+    assert all(row["launch_blocking"] == "true" for row in rows)
     assert main(["validate", str(unblocked), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert 0.11 <= data["step_time_mape"] <= 0.13 and 0.09 <= data["regret_mean"] <= 0.12

@@ -30,11 +30,14 @@ def test_report_holds_inputs_best_plans_and_three_figures(report, storage):
     text = report.read_text()
     # The export commands carry the storage the study is in ($PLANNER_STORAGE here). The best
     # plan (dp 2 x tp 32, ZeRO 0, 40.0 of 40 GB) is not offered for Megatron-LM: its optimizer
-    # step copies the 16-bit gradients to fp32 (4 bytes a parameter, 2.45 B a device: 49.0 GB),
-    # and the page says so.
-    assert f"planner export lab --format deepspeed --storage {storage}" in text
+    # step copies the 16-bit gradients to fp32 (4 bytes a parameter, 2.45 B a device: 49.0 GB at
+    # the step); nor for DeepSpeed, whose optimizer keeps that fp32 copy beside its states
+    # (40.0 + 4 x 2.45 = 49.8 GB); the page says so, and offers torchtitan.
+    assert f"planner export lab --format torchtitan --storage {storage}" in text
     assert "planner export lab --format megatron" not in text
+    assert "planner export lab --format deepspeed" not in text
     assert "Not for megatron" in text and "needs 49.0 GB a device" in text
+    assert "needs 49.8 GB a device" in text
     for part in ("llama70b", "lab-system1", "HBM limit", "40 GB", "Best plans", "Pareto front",
                  "timeline", "Search space", "Recommendation", "The runner-up"):
         assert part in text, part

@@ -21,7 +21,7 @@ SWITCHES = {"overlap_grad_reduce": True, "tp_comm_overlap": True, "launch_blocki
             "fsdp_no_sync": False, "swiglu_fusion": True, "vocab_parallel_embedding": True,
             "fp8_attention": False}
 STACK_CHOICES = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy",
-                 "main_grad_copy")
+                 "main_grad_copy", "fp32_grad_partition")
 
 STUDY = """model: llama3-8b
 system: dgx-h100-8
@@ -49,7 +49,8 @@ def test_every_flag_a_study_sets_reaches_the_plan_file_and_back(tmp_path: Path) 
     # each switch the other way round from its default, each stack choice set
     flipped = {**{k: not v for k, v in SWITCHES.items()},
                "flash_attention": True, "transformer_engine": False,
-               "recompute_early_stop": True, "grad_copy": False, "main_grad_copy": True}
+               "recompute_early_stop": True, "grad_copy": False, "main_grad_copy": True,
+               "fp32_grad_partition": True}
     config = load_study_config(_study(tmp_path, flipped))
     for key, value in flipped.items():
         assert getattr(config.training, key) is value, key

@@ -526,14 +526,15 @@ def test_dgx1_links_between_nodes(capsys) -> None:
     """The DGX-1s' InfiniBand all-reduce bandwidth (0.55 GB/s per GPU, systems/v100.yaml) is fit
     on DLPerf's two 16-GPU Megatron-LM runs whose collectives cross it (+7.1%, -5.2%; the
     derived 0.95 put them at -8.2% and -38.5%) and checked on DLPerf's DeepSpeed runs on the same
-    two nodes (-34.3% and -38.1%; -44.4% and -47.8% with 0.95: the single-node runs are 36-40%
-    fast too, DeepSpeed's own overheads)."""
+    two nodes (-29.9% and -34.4% since DeepSpeed's fp32 gradient partition, -30.5% and -34.4%
+    before; -34.3% and -38.1% once, -44.4% and -47.8% with 0.95: the single-node runs are
+    30-34% fast too, DeepSpeed's own overheads)."""
     fit = {r["name"]: r["step_time_error"] for r in _validate(capsys, "v100-fit.csv")["rows"]}
     assert all(abs(fit[f"DLPerf Megatron {case}"]) < 0.08
                for case in ("DP_16x1x1_32_1536x16", "MP_1x16x1_16_3072x16"))
     check = _validate(capsys, "v100-check.csv")["rows"]
     sixteen = [r["step_time_error"] for r in check if "x16" in r["name"]]
-    assert len(sixteen) == 2 and all(-0.40 < e < -0.30 for e in sixteen)
+    assert len(sixteen) == 2 and all(-0.40 < e < -0.29 for e in sixteen)
 
 
 def test_calibrating_on_a_fifth_improves_the_other_four_fifths() -> None:

@@ -138,6 +138,7 @@ class EstimateCommand(BaseCommand):
                                     recompute_early_stop=args.recompute_early_stop,
                                     grad_copy=args.grad_copy,
                                     main_grad_copy=args.main_grad_copy,
+                                    fp32_grad_partition=args.fp32_grad_partition,
                                     launch_blocking=args.launch_blocking,
                                     cuda_graphs=args.cuda_graphs,
                                     tp_comm_overlap=args.tp_comm_overlap,

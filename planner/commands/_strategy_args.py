@@ -188,6 +188,11 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the optimizer step copies 16-bit gradients to fp32 for the master"
                    " weights after the backward, as Megatron-LM's optimizers do with"
                    " --grad-bytes 2 (default: off; on with --framework megatron)")
+    t.add_argument("--fp32-grad-partition", action=argparse.BooleanOptionalAction, default=None,
+                   help="the optimizer keeps an fp32 copy of its shard's 16-bit gradients beside"
+                   " the master weights (4 bytes a parameter of the shard), as DeepSpeed's"
+                   " mixed-precision optimizers do (default: off; on with --framework deepspeed"
+                   " and --grad-bytes 2)")
     t.add_argument("--fp8-attention", action="store_true",
                    help="Transformer Engine's fused attention in FP8 too, in a quantised plan"
                    " (Megatron-Core's fp8_dot_product_attention), at the device's measured"

@@ -53,6 +53,19 @@ class TrainingSpec:
     ``.float()`` returns the buffer itself, no copy). Counted with master weights, 16-bit
     gradients and ZeRO 0-1 only. None: off, except in a ``framework: megatron`` study
     (:func:`search_spaces.frameworks.main_grad_copy`)."""
+    fp32_grad_partition: bool | None = None
+    """The optimizer keeps an fp32 copy of its shard's 16-bit gradients beside the master
+    weights and Adam's moments, 4 bytes a parameter of its shard more optimizer state: DeepSpeed's
+    mixed-precision optimizers make it at each step (``deepspeed/runtime/zero/stage_1_and_2.py``
+    ``step``: the partition's 16-bit gradients flattened ``.to()`` the fp32 partition's type and
+    set as its ``.grad``, dropped after ``optimizer.step()``; ZeRO-3 and the fp16 optimizer
+    alike), and PyTorch's caching allocator keeps the block reserved from one step to the next,
+    so a device's use holds it throughout (BigScience's pre-BLOOM sweeps on Jean Zay: their
+    first-node peaks 4.2% median error with it, 6.3% without, tests/data/validation/README.md,
+    "BigScience's BLOOM topology sweeps"). Counted with master weights and 16-bit gradients
+    (``grad_bytes 2``); DeepSpeed's BF16_Optimizer, which accumulates in fp32, steps on its
+    buffer (``grad_copy``). None: off, except in a ``framework: deepspeed`` study
+    (:func:`search_spaces.frameworks.fp32_grad_partition`)."""
     bytes_per_param_optimizer: int = 12
     """Mixed-precision Adam: fp32 master weights, momentum and variance (4 + 4 + 4)."""
     master_weights: bool = True
@@ -203,9 +216,11 @@ class TrainingSpec:
     @property
     def optimizer_bytes(self) -> int:
         """Bytes of optimizer state a parameter: ``bytes_per_param_optimizer`` with master
-        weights, else Adam's two moments in the weights' type."""
+        weights (and the fp32 gradient partition's 4, :attr:`fp32_grad_partition`), else Adam's
+        two moments in the weights' type."""
         if self.master_weights:
-            return self.bytes_per_param_optimizer
+            partition = 4 if self.fp32_grad_partition and self.bytes_per_param_grads == 2 else 0
+            return self.bytes_per_param_optimizer + partition
         return 2 * self.bytes_per_param_weights
 
 

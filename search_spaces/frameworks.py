@@ -160,8 +160,8 @@ def main_grad_copy(framework: str, training: TrainingSpec) -> bool | None:
 def fp32_grad_partition(framework: str, training: TrainingSpec) -> bool | None:
     """The ``fp32_grad_partition`` of a ``framework`` study whose training names none:
     DeepSpeed's mixed-precision optimizers keep an fp32 copy of their shard's 16-bit gradients
-    (``grad_bytes 2``) beside the master weights (:attr:`simcore.specs.TrainingSpec.
-    fp32_grad_partition`). Else None (off)."""
+    (``grad_bytes 2``) beside the master weights
+    (:attr:`simcore.specs.TrainingSpec.fp32_grad_partition`). Else None (off)."""
     if (framework == "deepspeed" and training.bytes_per_param_grads == 2
             and training.master_weights):
         return True

@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-DATA = Path(__file__).parent / "data" / "validation"
-
 
 def reread(source: Path, dest: Path, **columns: str) -> list[dict[str, str]]:
     """Writes ``source``'s rows to ``dest`` with each of ``columns`` set as given (its model

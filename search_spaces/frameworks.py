@@ -168,13 +168,23 @@ def fp32_grad_partition(framework: str, training: TrainingSpec) -> bool | None:
     return None
 
 
+def async_tp_allreduce(framework: str) -> bool | None:
+    """The ``async_tp_allreduce`` of a ``framework`` study whose training names none:
+    Megatron-DeepSpeed turns Megatron-LM's asynchronous tp all-reduce off whenever DeepSpeed
+    runs it (deepspeedai/Megatron-DeepSpeed@4efb479d ``megatron/arguments.py``), so the
+    backward's tp collective waits for the layer's GEMMs
+    (:attr:`simcore.specs.TrainingSpec.async_tp_allreduce`). Else None (on)."""
+    return False if framework == "deepspeed" else None
+
+
 def with_framework_defaults(training: TrainingSpec, framework: str,
                             device_transformer_engine: bool) -> TrainingSpec:
     """``training`` with what a ``framework`` study runs wherever the training names none: the
     stack (:func:`transformer_engine`), the recompute's early stop, the selective recompute,
     the loss, context parallelism's exchange (:func:`cp_comm`), the 16-bit gradient copy
-    (:func:`grad_copy`), the step's fp32 one (:func:`main_grad_copy`) and DeepSpeed's fp32
-    gradient partition (:func:`fp32_grad_partition`)."""
+    (:func:`grad_copy`), the step's fp32 one (:func:`main_grad_copy`), DeepSpeed's fp32
+    gradient partition (:func:`fp32_grad_partition`) and its synchronous tp all-reduce
+    (:func:`async_tp_allreduce`)."""
     defaults = {
         "transformer_engine": transformer_engine(framework, device_transformer_engine),
         "recompute_early_stop": recompute_early_stop(framework),
@@ -184,6 +194,7 @@ def with_framework_defaults(training: TrainingSpec, framework: str,
         "grad_copy": grad_copy(framework, training),
         "main_grad_copy": main_grad_copy(framework, training),
         "fp32_grad_partition": fp32_grad_partition(framework, training),
+        "async_tp_allreduce": async_tp_allreduce(framework),
     }
     return replace(training, **{k: v for k, v in defaults.items()
                                 if getattr(training, k) is None})

@@ -53,18 +53,20 @@ def test_model_sizes_as_the_tables_print_them() -> None:
 
 
 def test_the_sweeps_as_estimated(capsys) -> None:
-    """Measured: 6.3% MAPE, 4.9% median, regret 2.0% over 15 groups (the fastest picked in 9,
-    Kendall tau 0.65; 21.8% of it the batch-1568 group, whose tp 8 x pp 6 run measured as long
-    as at batch 2048). The 64-head rows by tp and micro-batch: tp 8 -0.8 / -5.5 / -2.8% at 1 /
-    2 / 4, tp 4 +5.5 / +3.0% at 2 / 4, tp 1-2 +5..+7%. Peak memory of the first stage (31 runs):
-    4.9% MAPE, 4.2% median."""
+    """Measured: 5.7% MAPE, 4.4% median, regret 1.7% over 15 groups (the fastest picked in 11,
+    Kendall tau 0.83; most of it the batch-1568 group, whose tp 8 x pp 6 run measured as long
+    as at batch 2048), with the backward's tp all-reduce waiting for the GEMMs, as
+    Megatron-DeepSpeed runs it under DeepSpeed (``async_tp_allreduce``; before it 6.3 / 4.9%,
+    regret 2.0%, 9 picked). The 64-head rows by tp and micro-batch: tp 8 +1.3 / -3.1 / -0.3% at
+    1 / 2 / 4, tp 4 +6.8 / +4.2% at 2 / 4, tp 1-2 +5..+7%. Peak memory of the first stage (31
+    runs): 4.9% MAPE, 4.2% median."""
     assert main(["validate", str(FILE), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == [] and data["step_time_runs"] == 77
-    assert 0.055 <= data["step_time_mape"] <= 0.07
-    assert 0.04 <= data["step_time_median_ape"] <= 0.055
-    assert data["groups_count"] == 15 and data["regret_mean"] <= 0.025
-    assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 9
+    assert 0.05 <= data["step_time_mape"] <= 0.065
+    assert 0.035 <= data["step_time_median_ape"] <= 0.05
+    assert data["groups_count"] == 15 and data["regret_mean"] <= 0.02
+    assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 11
     # the first node's nvidia-smi use, 02-23 to 02-27: 4.9% MAPE, 4.2% median over 31
     assert data["memory_runs"] == 31 and data["memory_median_ape"] <= 0.05
     assert data["memory_mape"] <= 0.055 and data["over_memory_runs"] == 0
@@ -76,21 +78,22 @@ def test_the_sweeps_as_estimated(capsys) -> None:
         key = (int(re.search(r" tp(\d+)", name)[1]), int(re.search(r" mb(\d+)", name)[1]))
         errors.setdefault(key, []).append(row["step_time_error"])
     mean = {key: statistics.mean(values) for key, values in errors.items()}
-    assert -0.03 <= mean[(8, 1)] <= 0.01 and -0.07 <= mean[(8, 2)] <= -0.04
-    assert -0.04 <= mean[(8, 4)] <= -0.015
-    assert 0.04 <= mean[(4, 2)] <= 0.07 and 0.015 <= mean[(4, 4)] <= 0.045
+    assert -0.01 <= mean[(8, 1)] <= 0.03 and -0.045 <= mean[(8, 2)] <= -0.02
+    assert -0.015 <= mean[(8, 4)] <= 0.01
+    assert 0.055 <= mean[(4, 2)] <= 0.08 and 0.03 <= mean[(4, 4)] <= 0.055
     tp2 = [e for (tp, _), values in errors.items() if tp <= 2 for e in values]
     assert len(tp2) == 4 and all(0.04 <= e <= 0.075 for e in tp2)
 
 
 def test_read_without_launch_blocking_the_ranking_fails(capsys, tmp_path) -> None:
-    """The same rows read as launching asynchronously: 12.2% MAPE, regret 10.7% (the fastest
-    picked in 2 of 15), tp 8 estimated 10-24% fast. The host's wait per kernel is what ranks
-    these plans: it weighs most where a layer's kernels are shortest."""
+    """The same rows read as launching asynchronously: 10.6% MAPE, regret 8.7% (the fastest
+    picked in 5 of 15; 12.2%, 10.7% and 2 before DeepSpeed's synchronous tp all-reduce), tp 8
+    estimated fast. The host's wait per kernel is what ranks these plans: it weighs most where
+    a layer's kernels are shortest."""
     unblocked = tmp_path / "unblocked.csv"
     rows = reread(FILE, unblocked, launch_blocking="false")
     assert all(row["launch_blocking"] == "true" for row in rows)
     assert main(["validate", str(unblocked), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert 0.11 <= data["step_time_mape"] <= 0.13 and 0.09 <= data["regret_mean"] <= 0.12
-    assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 2
+    assert 0.095 <= data["step_time_mape"] <= 0.12 and 0.07 <= data["regret_mean"] <= 0.11
+    assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 5

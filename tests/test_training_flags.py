@@ -21,7 +21,7 @@ SWITCHES = {"overlap_grad_reduce": True, "tp_comm_overlap": True, "launch_blocki
             "fsdp_no_sync": False, "swiglu_fusion": True, "vocab_parallel_embedding": True,
             "fp8_attention": False}
 STACK_CHOICES = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy",
-                 "main_grad_copy", "fp32_grad_partition")
+                 "main_grad_copy", "fp32_grad_partition", "async_tp_allreduce")
 
 STUDY = """model: llama3-8b
 system: dgx-h100-8

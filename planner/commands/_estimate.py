@@ -142,6 +142,7 @@ class EstimateCommand(BaseCommand):
                                     launch_blocking=args.launch_blocking,
                                     cuda_graphs=args.cuda_graphs,
                                     tp_comm_overlap=args.tp_comm_overlap,
+                                    async_tp_allreduce=args.async_tp_allreduce,
                                     fp8_attention=args.fp8_attention,
                                     master_weights=args.master_weights,
                                     fsdp_no_sync=args.fsdp_no_sync,
@@ -163,6 +164,7 @@ class EstimateCommand(BaseCommand):
     def _print(args: argparse.Namespace, model: ModelSpec, system: SystemSpec,
                strategy: Strategy, est: Estimate, training: TrainingSpec) -> None:
         from simcore.megatron.stack import (
+            uses_async_tp_allreduce,
             uses_flash_attention,
             uses_fp8_attention,
             uses_fp32_shards,
@@ -200,6 +202,9 @@ class EstimateCommand(BaseCommand):
                     and strategy.sequence_parallel):
                 stack += (", tp collectives beside the GEMMs" if uses_tp_comm_overlap(
                     system, training, strategy) else ", tp collectives not overlapped")
+            elif (est.convention == "megatron" and strategy.tp > 1
+                  and not uses_async_tp_allreduce(training)):
+                stack += ", backward tp reduction after the GEMMs"
             if early:
                 stack += ", recompute stops at each layer's last saved tensor"
             if fp32:

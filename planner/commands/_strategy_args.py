@@ -206,6 +206,12 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--no-tp-comm-overlap", dest="tp_comm_overlap", action="store_false",
                    help="Transformer Engine's tp all-gathers and reduce-scatters are not run"
                    " beside the GEMMs (Megatron-LM without --tp-comm-overlap, its default)")
+    t.add_argument("--no-async-tp-allreduce", dest="async_tp_allreduce", action="store_const",
+                   const=False, default=None,
+                   help="the stack reduces the backward's tp gradient after the layer's GEMMs,"
+                   " not beside the weight-gradient GEMM (Megatron-LM before 2021-09,"
+                   " Megatron-DeepSpeed under DeepSpeed, which --framework deepspeed sets,"
+                   " Aleph Alpha's Scaling)")
     t.add_argument("--no-master-weights", dest="master_weights", action="store_false",
                    help="pure 16-bit training: no fp32 master copy, Adam's moments in bf16"
                    " (4 bytes a parameter of optimizer state, not 12)")

@@ -136,9 +136,9 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
         # Backward hides its tp communication behind the weight-gradient GEMMs (Megatron-LM's
         # asynchronous tensor-parallel all-reduce / all-gather; Korthikanti section 5). A
         # zero-bubble schedule defers those GEMMs to its W pass, so its B pass waits for the
-        # whole collective.
+        # whole collective, as a stack without the asynchronous reduction always does.
         tp_fwd = tp
-        tp_bwd = tp if zero_bubble else hidden_cost(p, tp, wgrad)
+        tp_bwd = tp if zero_bubble or not p.tp_async else hidden_cost(p, tp, wgrad)
 
     sp_fwd = sp_bwd = 0.0
     if s.sp > 1:

@@ -15,6 +15,7 @@ from simcore.megatron.layers import LayerShape, layer_shape
 from simcore.megatron.placement import AxisLike, AxisNetworks, axis_networks
 from simcore.megatron.precision import saved_input_bytes
 from simcore.megatron.stack import (
+    uses_async_tp_allreduce,
     uses_flash_attention,
     uses_fp8_attention,
     uses_fp8_param_gather,
@@ -137,6 +138,8 @@ class StepPlan:
         """Megatron-Core with Transformer Engine (fused attention, tp overlap)."""
         self.tp_overlap = uses_tp_comm_overlap(system, training, strategy)
         """TE's userbuffers run the tp all-gathers and reduce-scatters beside the GEMMs."""
+        self.tp_async = uses_async_tp_allreduce(training)
+        """The backward's tp collective runs beside the weight-gradient GEMM."""
         self.flash = uses_flash_attention(model, system, training)
         self.fp8_attention = uses_fp8_attention(training, strategy.precision, self.te, self.flash)
         """TE's fused attention runs in FP8 (:attr:`TrainingSpec.fp8_attention`)."""

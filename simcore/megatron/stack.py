@@ -20,7 +20,7 @@ from simcore.specs import (
 
 __all__ = ["uses_flash_attention", "uses_fp32_shards", "uses_fp8_attention",
            "uses_fp8_param_gather", "uses_quantized_params", "uses_recompute_early_stop",
-           "uses_tp_comm_overlap", "uses_transformer_engine"]
+           "uses_async_tp_allreduce", "uses_tp_comm_overlap", "uses_transformer_engine"]
 
 
 def uses_transformer_engine(system: SystemSpec, training: TrainingSpec, zero: ZeroStage) -> bool:
@@ -75,6 +75,14 @@ def uses_fp32_shards(system: SystemSpec, training: TrainingSpec, zero: ZeroStage
     weights (``master_weights: false``): FSDP then shards the 16-bit parameter itself."""
     return (training.master_weights and training.recompute_early_stop is not False
             and _pytorch_fsdp_default(system, training, zero))
+
+
+def uses_async_tp_allreduce(training: TrainingSpec) -> bool:
+    """The backward's tp collective runs beside the weight-gradient GEMM
+    (:attr:`TrainingSpec.async_tp_allreduce`). Not under ``launch_blocking``: each launch waits
+    for its kernel, so the collective, issued first on its own stream, ends before the GEMM
+    starts."""
+    return training.async_tp_allreduce is not False and not training.launch_blocking
 
 
 def uses_tp_comm_overlap(system: SystemSpec, training: TrainingSpec, strategy: Strategy) -> bool:

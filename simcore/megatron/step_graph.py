@@ -281,7 +281,8 @@ class _Stage:
             cur = n.compute(f"{name} dgrad", times.compute - wgrad, cur)
             # zb-h1: the weight gradients are a W pass of their own, later (:meth:`weights`)
             grads = cur if self.zero_bubble else n.compute(f"{name} wgrad", wgrad, cur)
-            tp = n.chain(f"{name} tp", calls.tp, cur)
+            # a stack without the asynchronous tp reduction reduces after the weight gradients
+            tp = n.chain(f"{name} tp", calls.tp, cur if self.p.tp_async else grads)
             end = n.chain(f"{name} tail", calls.tail, sorted(set(grads + tp + beside)))
         end = self._p2p(NodeKind.SEND, chunk, micro, backward, end)
         return end, start

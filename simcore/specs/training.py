@@ -137,6 +137,21 @@ class TrainingSpec:
     and Megatron-Bridge's recipes set; :func:`simcore.megatron.stack.uses_tp_comm_overlap`).
     False: Megatron-LM's own default, the forward's collectives exposed and the backward's
     hidden only behind the weight-gradient GEMMs, as on the classic stack."""
+    async_tp_allreduce: bool | None = None
+    """The backward's tp collective (the input gradient's all-reduce, or with sequence
+    parallelism its all-gather and reduce-scatter) runs beside the weight-gradient GEMM, as
+    Megatron-LM's has since 2021-09 (``--async-tensor-model-parallel-allreduce``, f3e57f6fee;
+    ``LinearWithGradAccumulationAndAsyncCommunication``) and Megatron-Core's and Transformer
+    Engine's do. False: the stack reduces the gradient in the autograd function before or after
+    the layer's two GEMMs (``copy_to_tensor_model_parallel_region``), waiting for the whole
+    collective, as Megatron-LM before that did, Megatron-DeepSpeed does under DeepSpeed
+    (deepspeedai/Megatron-DeepSpeed@4efb479d ``megatron/arguments.py``: "DeepSpeed seems to be
+    incompatible with async_tensor_model_parallel_allreduce thus temporarily disabling it";
+    BigScience's 2021-22 fork, ``megatron/mpu/layers.py``, had no asynchronous one) and Aleph
+    Alpha's Scaling (``src/scaling/core/nn/linear/utils.py``) do. None: on, but off in a
+    ``framework: deepspeed`` study (:func:`search_spaces.frameworks.async_tp_allreduce`). A run
+    with ``launch_blocking`` overlaps nothing either way
+    (:func:`simcore.megatron.stack.uses_async_tp_allreduce`)."""
     flash_attention: bool | None = None
     """Fused (flash) attention: the attention core is one kernel that never stores the s x s
     scores (Dao et al. 2022). None takes the default: on for the llama family and on devices

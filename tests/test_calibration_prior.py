@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.calibration import CONSTANTS, OFF_BY, RUN_ERROR, _folds, _prior, calibrate
+from planner.calibration import CONSTANTS, OFF_BY, RUN_ERROR, _fit, _folds, _prior, calibrate
 from planner.catalog import load_catalog
 from planner.cli import main
 from planner.runs_csv import read_runs
@@ -124,20 +124,24 @@ def test_two_runs_the_device_already_gets_keep_it() -> None:
 def test_the_hosts_time_per_kernel_makes_the_same_runs_agree() -> None:
     # With the host's time per kernel among the constants (a default of the fit) the three runs
     # agree: the tp 2 runs' layers are shorter on the V100 than the host's time to issue them
-    # (310 us a kernel fitted; Jean Zay's 2019 Intel hosts and DeepSpeed of 2021), the fit is
-    # taken, and the other 12 runs, which it never saw, go from 15.5% to 3.3% MAPE. Its
-    # cross-validation (three folds of one left-out run) is now nearly even, 0.284 -> 0.278
-    # mean absolute log error (0.31 -> 0.26 before a tp 2 group had only its own NVLink links,
-    # stop 65; 0.31 -> 0.10 while a tp collective cost the host a kernel's time, before stop
-    # 61), so the search's end decides whether it is taken: at 240 trials it is (at the default
-    # 120 it stops at 0.291 and keeps the device; at 60, 0.259, taken).
+    # (310 us a kernel fitted; Jean Zay's 2019 Intel hosts and DeepSpeed of 2021), and the fit
+    # takes the other 12 runs, which it never saw, from 15.5% to 3.0% MAPE. Its cross-validation
+    # (three folds of one left-out run) is nearly even, so the search's end decides whether it
+    # is taken: 0.263 -> 0.264 mean absolute log error at 240 trials since a DeepSpeed plan's
+    # backward waits for its tp all-reduce (async_tp_allreduce; 0.263 -> 0.271 at 120), so the
+    # device is kept; before that 0.284 -> 0.278 at 240 trials, taken (0.31 -> 0.26 before a
+    # tp 2 group had only its own NVLink links, stop 65; 0.31 -> 0.10 while a tp collective cost
+    # the host a kernel's time, before stop 61). Three runs, one left out at a time, cannot tell
+    # a fit this close from noise.
     fifth, rest = _bigscience_fifth()
     start = fifth[0].system.device
     fit = calibrate(fifth, start, "v100-fifth", trials=240)
-    assert not fit.kept and "host_kernel_us" in [c.key for c in fit.constants]
+    assert "host_kernel_us" in [c.key for c in fit.constants]
     assert fit.cross_validation is not None
-    assert fit.cross_validation.after < fit.cross_validation.before
-    assert 200e-6 <= fit.device.host_kernel_s <= 400e-6
+    assert fit.cross_validation.after == pytest.approx(fit.cross_validation.before, abs=0.01)
+    assert fit.gain > 0.2  # the fit itself: 0.26 -> 0.01 on the three runs
+    refit = _fit(fifth, start, "v100-fifth", fit.constants, 240, 0, lambda i, n: None)
+    assert 200e-6 <= refit.host_kernel_s <= 400e-6
 
     def mape(device) -> float:
         moved = [replace(r, system=replace(r.system, device=device)) for r in rest]
@@ -145,7 +149,7 @@ def test_the_hosts_time_per_kernel_makes_the_same_runs_agree() -> None:
         return sum(errors) / len(errors)
 
     assert mape(start) > 0.12
-    assert mape(replace(fit.device, name=start.name)) < 0.06
+    assert mape(replace(refit, name=start.name)) < 0.06
 
 
 def test_the_cross_validation_folds() -> None:

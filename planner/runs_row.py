@@ -227,6 +227,7 @@ def row_training(row: dict[str, str]) -> TrainingSpec:
         cuda_graphs=bool(_boolean(row, "cuda_graphs")),
         tp_comm_overlap=_boolean(row, "tp_comm_overlap") is not False,
         async_tp_allreduce=_boolean(row, "async_tp_allreduce"),
+        fused_norm=_boolean(row, "fused_norm") is not False,
         fp8_attention=bool(_boolean(row, "fp8_attention")),
         master_weights=_boolean(row, "master_weights") is not False,
         fsdp_no_sync=bool(_boolean(row, "fsdp_no_sync")),

@@ -134,6 +134,7 @@ class StudyConfig:
             **({"main_grad_copy": True} if self.training.main_grad_copy else {}),
             **({"fp32_grad_partition": True} if self.training.fp32_grad_partition else {}),
             **({"async_tp_allreduce": False} if self.training.async_tp_allreduce is False else {}),
+            **({"fused_norm": False} if not self.training.fused_norm else {}),
             **({"grad_bytes": self.training.bytes_per_param_grads}
                if self.training.bytes_per_param_grads != 2 else {}),
             **({"optimizer_bytes": self.training.bytes_per_param_optimizer}

@@ -5,8 +5,9 @@ The sweep (Hagemann et al. 2023, arXiv:2311.05610; its spreadsheets at Aleph-Alp
 submission-efficient-parallelization-layouts@e13c2cb ``data/``) trained LLaMA 13B, 30B and 65B on
 32-256 A100 80GB of 32 DGX A100 nodes with Aleph Alpha's Megatron-based Scaling, every layout
 of tp, pp, micro-batch and recompute, each run 10 steps (the mean of the last 9). The file holds
-its runs with FlashAttention 2 and the fused RMSNorm (tests/data/validation/README.md, "Aleph
-Alpha's layout sweep"). Scaling's tensor-parallel layers all-reduce the input gradient in the
+its runs with FlashAttention 2, with the flash-attention repository's fused RMSNorm and with
+Scaling's own PyTorch one (``fused_norm``; tests/data/validation/README.md, "Aleph Alpha's
+layout sweep"). Scaling's tensor-parallel layers all-reduce the input gradient in the
 autograd function of their input's copy (Aleph-Alpha/scaling@737f855
 ``src/scaling/core/nn/linear/utils.py``: ``_all_reduce`` in the backward), so nothing overlaps
 it; Megatron-DeepSpeed turns Megatron-LM's asynchronous all-reduce off under DeepSpeed
@@ -25,7 +26,10 @@ from planner.cli import main
 from planner.runs_csv import read_runs
 from search_spaces.frameworks import with_framework_defaults
 from simcore import Collective, collective_time, estimate
+from simcore.megatron.activations import layer_activations
+from simcore.megatron.kernels import UNFUSED_NORM, KernelCosts, layer_kernels
 from simcore.megatron.layer_step import dense_layer
+from simcore.megatron.layers import layer_shape
 from simcore.megatron.plan import StepPlan
 from simcore.specs import Strategy, TrainingSpec
 from tests.runs_files import reread
@@ -75,37 +79,78 @@ def test_only_plans_with_tp_change_and_deepspeed_runs_it_so() -> None:
         assert with_framework_defaults(training, framework, False).async_tp_allreduce is None
 
 
-def test_the_runs_csv_column() -> None:
+def test_an_unfused_rmsnorm() -> None:
+    # Scaling's RMSNorm, x * rsqrt(mean(x^2) + eps), cast to fp32 and back, times the weight:
+    # in units of the (tokens, h) input's bytes, the square reads and writes it (2), the mean
+    # reads it (1), the epsilon and the root touch one value a token (0, 0), the product reads
+    # and writes it (2), the cast to fp32 reads it and writes twice as much (3), the cast back
+    # reads twice and writes once (3), the weight's product reads and writes it (2): 13 units,
+    # where one fused kernel moves 2, in 8 kernels, not 1
+    assert len(UNFUSED_NORM) + 1 == 8 and 2 + sum(UNFUSED_NORM) == 13
+    model = LLAMA2_7B
+    costs = KernelCosts.of(A100.device, Strategy().precision, False, False, False)
+    shape = layer_shape(model)
+    kwargs = dict(micro_batch=1, queries=4096, seq_len=4096, tp=1, sequence_parallel=False,
+                  flash=True, act_bytes=2)
+    fused = layer_kernels(model, shape, costs, **kwargs)
+    unfused = layer_kernels(model, shape, costs, norm_fused=False, **kwargs)
+    assert unfused.kernels_forward - fused.kernels_forward == 2 * 7  # two norms a layer
+    outer = 4096 * model.hidden * 2  # bytes of the bf16 (s, h) input
+    extra = 2 * sum(costs.elementwise(u * outer) for u in UNFUSED_NORM)
+    assert unfused.forward - fused.forward == pytest.approx(extra, rel=1e-12)
+    # the weight's product keeps the normalised tensor too: 2sbh bytes a norm
+    stored = [layer_activations(model, shape, micro_batch=1, seq_len=4096, tp=1, sp=1,
+                                sequence_parallel=False, recompute=Strategy().recompute,
+                                flash=True, norm_fused=fused_norm).stored
+              for fused_norm in (True, False)]
+    assert stored[1] - stored[0] == pytest.approx(2 * 2 * 4096 * model.hidden, rel=1e-12)
+
+
+def test_the_runs_csv_columns() -> None:
     runs, skipped = read_runs(FILE, CATALOG)
-    assert skipped == [] and len(runs) == 130
+    assert skipped == [] and len(runs) == 234
     assert all(run.training.async_tp_allreduce is False for run in runs)
+    assert sum(run.training.fused_norm for run in runs) == 130
 
 
 def test_the_sweep_as_estimated(capsys) -> None:
-    """Measured: 11.5% MAPE, 10.6% median, all runs but three estimated fast (mean -11.3%: -9.6%
-    on the 13B, -13.9% on the 30B, -11.1% on the 65B; -26% on the 30B's 256 GPUs; the three
-    13B runs at sequence 8192 +1.7 to +3.8%); regret 0.7% over 9
-    groups, the fastest picked in 8 (the 30B on 256 GPUs: tp 1 x pp 4 picked, 5.9% slower than
-    tp 2 x pp 4), Kendall tau 0.77. One run is estimated over the 85.9 GB it ran in (the 65B at
-    tp 8 x pp 4, micro-batch 4: 88.9 GB)."""
+    """Measured: 13.1% MAPE, 11.7% median (the fused-norm runs 11.5 / 10.6%, the unfused ones
+    15.0 / 14.1%), nearly all runs estimated fast (mean -12.9%; the 30B's 256 GPUs -26%; a few
+    13B runs at sequence 8192 up to +5.8%); regret 1.7% over 14 groups, the fastest picked in
+    11 (the 30B on 256 GPUs: 5.9% and 17.9%), Kendall tau 0.75. One run is estimated over the
+    85.9 GB it ran in (the 65B at tp 8 x pp 4, micro-batch 4: 88.9 GB)."""
     assert main(["validate", str(FILE), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["skipped"] == [] and data["step_time_runs"] == 130
-    assert 0.10 <= data["step_time_mape"] <= 0.125
-    assert 0.095 <= data["step_time_median_ape"] <= 0.115
+    assert data["skipped"] == [] and data["step_time_runs"] == 234
+    assert 0.12 <= data["step_time_mape"] <= 0.14
+    assert 0.105 <= data["step_time_median_ape"] <= 0.125
     errors = [row["step_time_error"] for row in data["rows"]]
-    assert max(errors) < 0.04 and sum(errors) / len(errors) < -0.09
-    assert data["groups_count"] == 9 and data["regret_mean"] <= 0.01
-    assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 8
+    assert max(errors) < 0.07 and sum(errors) / len(errors) < -0.11
+    assert data["groups_count"] == 14 and data["regret_mean"] <= 0.02
+    assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 11
     assert data["over_memory_runs"] == 1
 
 
+def test_read_with_a_fused_norm(capsys, tmp_path) -> None:
+    """The 104 runs with Scaling's own RMSNorm read as if it were one fused kernel: 24.0% MAPE
+    where the unfused norm's kernels make them 15.0%, Kendall tau 0.58 -> 0.70."""
+    fused = tmp_path / "fused.csv"
+    reread(FILE, fused, fused_norm="true")
+    assert main(["validate", str(fused), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    unfused_rows = [row for row in data["rows"] if "fa2-rms" not in row["name"]]
+    assert len(unfused_rows) == 104
+    mape = sum(abs(row["step_time_error"]) for row in unfused_rows) / len(unfused_rows)
+    assert 0.22 <= mape <= 0.26
+
+
 def test_read_with_megatron_lms_asynchronous_all_reduce(capsys, tmp_path) -> None:
-    """The same runs with the backward's all-reduce hidden, as Megatron-LM's is: 14.5% MAPE,
-    regret 3.7% (the 30B on 256 GPUs 25%: tp 2 x pp 2 picked), tp 8 estimated 20-30% fast."""
+    """The same runs with the backward's all-reduce hidden, as Megatron-LM's is: 15.2% MAPE
+    against 13.1%, regret 3.1% against 1.7% (the fused-norm runs alone: 14.5% and 3.7%, the
+    30B on 256 GPUs 25%, tp 2 x pp 2 picked), tp 8 estimated 20-30% fast."""
     hidden = tmp_path / "hidden.csv"
     rows = reread(FILE, hidden, async_tp_allreduce="true")
     assert all(row["async_tp_allreduce"] == "false" for row in rows)
     assert main(["validate", str(hidden), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert 0.135 <= data["step_time_mape"] <= 0.155 and data["regret_mean"] >= 0.02
+    assert 0.14 <= data["step_time_mape"] <= 0.165 and data["regret_mean"] >= 0.025

@@ -72,7 +72,7 @@ FLASH_ATTENTION_CHECK_MAPE = 0.05  # measured 4.2%
 LONG_CONTEXT_MEDIAN = 0.125  # measured 11.7% (12.6% before the context-parallel ring's merges)
 # Every *-check file together: the issue's targets are stated on the runs gathered and not fit
 # on, as one set.
-ALL_CHECKS_RUNS = 978  # 848 before aleph-alpha-a100-check.csv's 130, 771 before
+ALL_CHECKS_RUNS = 1082  # 848 before aleph-alpha-a100-check.csv's 234, 771 before
 # bloom-sweeps-a100-check.csv's 77, 768 before
 # mlperf-check.csv's three AMD Instinct runs, 731 before megatron-ci-gb200-check.csv's 37,
 # 726 before bigscience-megatron-v100-check.csv's 5, 721 before
@@ -115,9 +115,9 @@ ALL_CHECKS_RUNS = 978  # 848 before aleph-alpha-a100-check.csv's 130, 771 before
 # GB200 (18.8% on them, estimated fast: README, "Megatron-LM's small GPT on GB200"), 5.40% with
 # BigScience's 77 BLOOM topology sweeps (4.9% on them: README, "BigScience's BLOOM topology
 # sweeps"), 5.32% with Megatron-DeepSpeed's synchronous tp all-reduce (async_tp_allreduce),
-# 6.09% with Aleph Alpha's 130 layout-sweep runs (10.6% on them, estimated fast: README, "Aleph
-# Alpha's layout sweep")
-ALL_CHECKS_MEDIAN = 0.065
+# 6.53% with Aleph Alpha's 234 layout-sweep runs (11.7% on them, estimated fast: README, "Aleph
+# Alpha's layout sweep"; 6.09% with the 130 of them on a fused norm alone)
+ALL_CHECKS_MEDIAN = 0.07
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional
 # tests' two (-9.0%, -10.6%; the 16 before them: 1.4%); 4.1% over 32 since KempnerForge's 14
@@ -141,7 +141,7 @@ EARLIER_CHECKS_MEMORY_MEDIAN = 0.03  # measured 2.3% (4.1% before KempnerForge's
 # A100 40GB's allowance scaled by capacity (4.5 GB, not 9) to 2, NeMo AutoModel's Llama 3 70B read
 # with its committed configuration (full recompute, not none) to 1, Megatron-Bridge's DeepSeek-V3
 # with its recompute_modules (mla_up_proj and mlp: 95.5 -> 78.1 GB on 85.5) to 0. The fit files'
-# 29 went 11, 9, then 0 with PyTorch FSDP's fp32 shards. 1 of 978 since Aleph Alpha's layout
+# 29 went 11, 9, then 0 with PyTorch FSDP's fp32 shards. 1 of 1082 since Aleph Alpha's layout
 # sweep: its Llama 65B at tp 8 x pp 4, micro-batch 4, without recompute on 64 A100s, estimated
 # at 88.9 GB of 85.9 (README, "Aleph Alpha's layout sweep").
 ALL_CHECKS_OVER_MEMORY = 1
@@ -156,8 +156,9 @@ ALL_CHECKS_OVER_MEMORY = 1
 # before them 0.7% over 20 groups. 0.95% over 65 since BigScience's BLOOM topology sweeps (their
 # 15 groups 2.0%, read with their launch blocking; 10.7% read without it: README, "BigScience's
 # BLOOM topology sweeps"); the files before them 0.63% over 50. 0.87% over 65 with
-# Megatron-DeepSpeed's synchronous tp all-reduce (the BLOOM groups 1.7%), 0.84% over 74 with
-# Aleph Alpha's layout sweep (its 9 groups 0.7%, the fastest picked in 8).
+# Megatron-DeepSpeed's synchronous tp all-reduce (the BLOOM groups 1.7%), 1.02% over 79 with
+# Aleph Alpha's layout sweep (its 14 groups 1.7%, the fastest picked in 11; 0.84% over 74 with
+# its 9 fused-norm groups alone).
 ALL_CHECKS_REGRET = 0.015
 EARLIER_CHECKS_REGRET = 0.015
 # Jean Zay's 2024 runs (README, "Jean Zay's 2024 runs"): what the estimate reaches on them,
@@ -210,7 +211,7 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == []
     assert data["step_time_runs"] == ALL_CHECKS_RUNS
-    assert data["groups_count"] == 74  # 65 before Aleph Alpha's 9, 50 before the BLOOM sweeps'
+    assert data["groups_count"] == 79  # 65 before Aleph Alpha's 14, 50 before the BLOOM sweeps'
     # 15, 47 before the GB200
     # tests' three, 42 before PaddleNLP's
     assert data["step_time_median_ape"] <= ALL_CHECKS_MEDIAN <= 0.08

@@ -143,6 +143,7 @@ class EstimateCommand(BaseCommand):
                                     cuda_graphs=args.cuda_graphs,
                                     tp_comm_overlap=args.tp_comm_overlap,
                                     async_tp_allreduce=args.async_tp_allreduce,
+                                    fused_norm=args.fused_norm,
                                     fp8_attention=args.fp8_attention,
                                     master_weights=args.master_weights,
                                     fsdp_no_sync=args.fsdp_no_sync,

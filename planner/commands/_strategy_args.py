@@ -212,6 +212,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " not beside the weight-gradient GEMM (Megatron-LM before 2021-09,"
                    " Megatron-DeepSpeed under DeepSpeed, which --framework deepspeed sets,"
                    " Aleph Alpha's Scaling)")
+    t.add_argument("--no-fused-norm", dest="fused_norm", action="store_false",
+                   help="each RMSNorm runs as PyTorch's element-wise ops (eight kernels), not"
+                   " one fused kernel (Aleph Alpha's Scaling without the flash-attention"
+                   " repository's rms_norm)")
     t.add_argument("--no-master-weights", dest="master_weights", action="store_false",
                    help="pure 16-bit training: no fp32 master copy, Adam's moments in bf16"
                    " (4 bytes a parameter of optimizer state, not 12)")

@@ -65,6 +65,7 @@ def layer_activations(
     modules: frozenset[RecomputeModule] | None = None,
     swiglu_fused: bool = True,
     fp8_attention: bool = False,
+    norm_fused: bool = True,
 ) -> LayerActivations:
     """``ffn``: the FFN's width when it is not the model's (an MoE layer's shared experts; 0:
     none; the routed experts' activations are counted apart, :mod:`simcore.megatron.moe`).
@@ -73,7 +74,9 @@ def layer_activations(
     (:func:`_module_drops`; ``mlp`` only on a dense layer, ``ffn`` None). ``swiglu_fused``:
     :attr:`simcore.specs.TrainingSpec.swiglu_fusion`. ``fp8_attention``: the fused attention
     runs in FP8 and keeps Q, K and V for its backward in 1 byte, not 2
-    (:attr:`simcore.specs.TrainingSpec.fp8_attention`)."""
+    (:attr:`simcore.specs.TrainingSpec.fp8_attention`). ``norm_fused`` false: each norm keeps
+    its normalised tensor for the weight's gradient too (2sbh a norm;
+    :attr:`simcore.specs.TrainingSpec.fused_norm`)."""
     h, a = model.hidden, model.heads
     f = model.ffn_hidden if ffn is None else ffn
     sbh = seq_len / sp * micro_batch * h  # elements of one (s/sp, b, h) tensor
@@ -87,6 +90,8 @@ def layer_activations(
     # FP8 saves the linear layers' inputs in fewer bytes (0 saved in 16-bit).
     saved = 2 - linear_input_bytes
     replicated = (4 + 4) * sbh + 2 * mask * sbh - saved * 2 * sbh
+    if not norm_fused:  # the two norms' normalised tensors, before the weight's product
+        replicated += 4 * sbh
     # Split over tp: Q (2sbh), K and V (2sbh * kv each), the projection input (2sbh) and the MLP
     # (FC1's outputs and the activation's output, FC2's input: 2sbf each).
     # An unfused SwiGLU (swiglu_fused false) keeps the SiLU's output for the multiply too.

@@ -150,7 +150,7 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                           seq_len=training.seq_len, tp=tp, sequence_parallel=bool(seqpar),
                           flash=flash, act_bytes=training.bytes_per_activation,
                           micro_batches=max(micro, 1), swiglu_fused=training.swiglu_fusion,
-                          cp_comm=training.cp_exchange)
+                          cp_comm=training.cp_exchange, norm_fused=training.fused_norm)
         recompute = recomputes[rc]
         # full recompute stopping early skips the forward's tail (recompute_early_stop)
         selective = (k.op_recompute if per_op else k.core_forward if modules is None
@@ -166,7 +166,8 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
             linear_input_bytes=saved_input_bytes(precision),
             per_op=per_op and recompute is Recompute.SELECTIVE,
             modules=modules if recompute is Recompute.SELECTIVE else None,
-            swiglu_fused=training.swiglu_fusion, fp8_attention=fp8_attention).stored
+            swiglu_fused=training.swiglu_fusion, fp8_attention=fp8_attention,
+            norm_fused=training.fused_norm).stored
     return per_layer[inverse], stored[inverse]
 
 

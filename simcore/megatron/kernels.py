@@ -68,6 +68,7 @@ __all__ = [
     "CAUSAL_FRACTION",
     "FLASH_BACKWARD_FLOPS",
     "TILE",
+    "UNFUSED_NORM",
     "KernelCosts",
     "LayerKernels",
     "layer_kernels",
@@ -94,6 +95,15 @@ only runs known to set it), the grid 100-300 us in steps of 50 with the network'
 ``per_communicator``: 200 us gives the fit file's least mean error; checked on
 jean-zay-check.csv and a100-check.csv's Lucie rows (tests/data/validation/README.md). It also
 stands for the kernels the inventory does not count (an eager layer's unfused RoPE)."""
+
+UNFUSED_NORM = (1.0, 0.0, 0.0, 2.0, 3.0, 3.0, 2.0)
+"""The kernels an unfused RMSNorm runs after its square (read and write the input: the fused
+norm's place), in units of the input's bytes (Aleph Alpha's Scaling, ``x * torch.rsqrt(x.pow(2)
+.mean(-1, keepdim=True) + eps)``, ``.float().type_as(x)``, times the weight): the mean (read),
+the epsilon's add and the reciprocal root (one value a token: launches, next to no bytes), the
+product (read, write), the cast to fp32 (read, write twice the bytes), the cast back (read
+twice, write) and the weight's product (read, write): 13 units with the square, 8 kernels
+(:attr:`simcore.specs.TrainingSpec.fused_norm`)."""
 
 CAUSAL_FRACTION = 0.5
 """A causal flash-attention kernel skips the blocks above the diagonal: about half the s^2 work
@@ -266,14 +276,16 @@ def _linear_pair(costs: KernelCosts, m: float, n: float, k: float) -> tuple[floa
 def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, micro_batch: int,
                   queries: float, seq_len: int, tp: int, sequence_parallel: bool, flash: bool,
                   act_bytes: int, micro_batches: int = 1, ffn: int | None = None,
-                  swiglu_fused: bool = True, cp_comm: CpComm = CpComm.P2P) -> LayerKernels:
+                  swiglu_fused: bool = True, cp_comm: CpComm = CpComm.P2P,
+                  norm_fused: bool = True) -> LayerKernels:
     """The layer's kernels for one micro-batch of ``micro_batch`` sequences, each with
     ``queries`` tokens on this rank (the sequence split by context parallelism) attending over
     ``seq_len`` keys, on one of ``tp`` ranks; a step runs ``micro_batches`` of them (fp8 casts
     the weights once a step). ``ffn``: the FFN's width when it is not the model's (an MoE
     layer's shared experts; 0: none, the routed experts are priced apart,
     :mod:`simcore.megatron.moe`). ``swiglu_fused`` false: a SwiGLU's SiLU and product run as two
-    kernels (:attr:`simcore.specs.TrainingSpec.swiglu_fusion`). With ``queries`` short of
+    kernels (:attr:`simcore.specs.TrainingSpec.swiglu_fusion`); ``norm_fused`` false: each norm
+    runs as PyTorch's element-wise ops (:data:`UNFUSED_NORM`). With ``queries`` short of
     ``seq_len`` (cp ranks) a fused core runs context parallelism's kernels, as ``cp_comm``
     exchanges K and V (:mod:`simcore.megatron.cp_kernels`)."""
     h, t = model.hidden, tp
@@ -310,6 +322,8 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     activation_fn = tokens * f / t * a * (3 if swiglu and swiglu_fused else 2)
     elementwise = [norm, residual, norm, residual] + ([activation_fn] if f else [])
     unfused_product = 3 * tokens * f / t * a if swiglu and not swiglu_fused and f else 0.0
+    if not norm_fused:  # each norm's other kernels (its square is the norm above)
+        elementwise += [units * outer for _ in range(2) for units in UNFUSED_NORM]
     if rope:
         elementwise.append(2 * tokens * (q + kv) / t * a)  # RoPE on Q and K
     if unfused_product:

@@ -198,13 +198,15 @@ class StepPlan:
         self.kernels: LayerKernels = _shared(
             shared, ("kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
                      self.te, self.m if self.fp8 else 0,  # fp8 casts the weights once per step
-                     training.swiglu_fusion, self.fp8_attention, training.cp_exchange),
+                     training.swiglu_fusion, self.fp8_attention, training.cp_exchange,
+                     training.fused_norm),
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
                 sequence_parallel=s.sequence_parallel, flash=self.flash,
                 act_bytes=training.bytes_per_activation, micro_batches=self.m,
                 swiglu_fused=training.swiglu_fusion, cp_comm=training.cp_exchange,
+                norm_fused=training.fused_norm,
             ))
         if self.moe is not None:
             self._moe_parts(shared)
@@ -260,13 +262,15 @@ class StepPlan:
         kind = "act" if ffn is None else "moe act"
         return _shared(
             self.shared, (kind, s.micro_batch, s.tp, s.sp, s.sequence_parallel, recompute,
-                          s.precision, self.training.swiglu_fusion, self.fp8_attention),
+                          s.precision, self.training.swiglu_fusion, self.fp8_attention,
+                          self.training.fused_norm),
             lambda: layer_activations(
                 self.model, self.shape, micro_batch=s.micro_batch, seq_len=self.seq, tp=s.tp,
                 sp=s.sp, sequence_parallel=s.sequence_parallel, recompute=recompute,
                 flash=self.flash, linear_input_bytes=saved_input_bytes(s.precision), ffn=ffn,
                 per_op=self.per_op, modules=self.modules,
                 swiglu_fused=self.training.swiglu_fusion, fp8_attention=self.fp8_attention,
+                norm_fused=self.training.fused_norm,
             ))
 
     def _moe_parts(self, shared: dict[tuple[Any, ...], Any] | None) -> None:
@@ -285,13 +289,13 @@ class StepPlan:
         self.moe_kernels: LayerKernels = _shared(
             shared, ("moe kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
                      self.te, self.m if self.fp8 else 0, training.swiglu_fusion,
-                     self.fp8_attention, training.cp_exchange),
+                     self.fp8_attention, training.cp_exchange, training.fused_norm),
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
                 sequence_parallel=s.sequence_parallel, flash=self.flash, act_bytes=a,
                 micro_batches=self.m, ffn=width, swiglu_fused=training.swiglu_fusion,
-                cp_comm=training.cp_exchange,
+                cp_comm=training.cp_exchange, norm_fused=training.fused_norm,
             ))
         self.experts = _shared(
             shared, ("experts", s.micro_batch, s.sp, s.tp, s.ep, s.expert_tp, s.precision,

@@ -101,6 +101,15 @@ class TrainingSpec:
     Llama, nanotron's ``GLUActivation``, Megatron-DeepSpeed's ``swiglu``), whose autograd keeps
     the SiLU's output too (8 bytes) and which run two element-wise kernels, not one. Models
     without SwiGLU are the same either way."""
+    fused_norm: bool = True
+    """Each RMSNorm or LayerNorm runs as one kernel (Megatron-LM's and Apex's fused layer norm,
+    Transformer Engine's, the flash-attention repository's ``rms_norm``) that reads its input
+    and writes its output. False: PyTorch's element-wise ops, as Aleph Alpha's Scaling writes its
+    RMSNorm (Aleph-Alpha/scaling@737f855 ``src/scaling/core/nn/norm/rms_norm.py``: ``x *
+    torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``, cast through fp32 and back, times the
+    weight): eight kernels that move 13 times the input's bytes, not 2 (the square, the mean,
+    the epsilon and the reciprocal root, the product, the two casts, the weight), each with its
+    backward, and the normalised tensor kept for the weight's gradient besides the input."""
     vocab_parallel_embedding: bool = True
     """The token embedding is split over tp, each rank holding V / tp rows, and its output
     all-reduced (reduce-scattered with sequence parallelism), as Megatron-LM's

@@ -115,7 +115,7 @@ ALL_CHECKS_RUNS = 1082  # 848 before aleph-alpha-a100-check.csv's 234, 771 befor
 # GB200 (18.8% on them, estimated fast: README, "Megatron-LM's small GPT on GB200"), 5.40% with
 # BigScience's 77 BLOOM topology sweeps (4.9% on them: README, "BigScience's BLOOM topology
 # sweeps"), 5.32% with Megatron-DeepSpeed's synchronous tp all-reduce (async_tp_allreduce),
-# 6.53% with Aleph Alpha's 234 layout-sweep runs (11.7% on them, estimated fast: README, "Aleph
+# 6.53% with Aleph Alpha's 234 layout-sweep runs (11.3% on them, estimated fast: README, "Aleph
 # Alpha's layout sweep"; 6.09% with the 130 of them on a fused norm alone)
 ALL_CHECKS_MEDIAN = 0.07
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100

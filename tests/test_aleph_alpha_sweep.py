@@ -1,5 +1,6 @@
-"""Aleph Alpha's layout sweep as a check, and the option it needs: a stack whose backward waits
-for its tp all-reduce (``async_tp_allreduce``).
+"""Aleph Alpha's layout sweep as a check, and the two options it needs: a stack whose backward
+waits for its tp all-reduce (``async_tp_allreduce``) and an RMSNorm of PyTorch ops
+(``fused_norm``).
 
 The sweep (Hagemann et al. 2023, arXiv:2311.05610; its spreadsheets at Aleph-Alpha/NeurIPS-WANT-
 submission-efficient-parallelization-layouts@e13c2cb ``data/``) trained LLaMA 13B, 30B and 65B on

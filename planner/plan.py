@@ -111,10 +111,11 @@ def strategy_dict(s: Strategy) -> dict[str, Any]:
 
 
 def training_dict(t: TrainingSpec) -> dict[str, Any]:
-    """The training's fields; a choice only where set (so plan files without it read as
-    before)."""
+    """The training's fields; a choice and ``grad_reduce_bytes`` only where set (so plan files
+    without them read as before)."""
     out = {f.name: getattr(t, f.name) for f in fields(t)
-           if f.name not in TRAINING_CHOICES and f.name != "recompute_modules"}
+           if f.name not in TRAINING_CHOICES and f.name != "recompute_modules"
+           and not (f.name == "grad_reduce_bytes" and t.grad_reduce_bytes is None)}
     if t.recompute_modules is not None:
         out["recompute_modules"] = [m.value for m in t.recompute_modules]
     for name in TRAINING_CHOICES:

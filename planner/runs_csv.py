@@ -46,7 +46,11 @@ Columns (a header row, any order; names as below, case-insensitive):
   context parallelism's ring; ``all_gather``, K and V gathered whole, exposed; ``a2a``,
   DeepSpeed-Ulysses' all-to-alls; ``p2p``),
   ``overlap_grad_reduce``
-  (true), ``grad_bytes`` (2), ``optimizer_bytes`` (the optimizer state's bytes a parameter with
+  (true), ``grad_bytes`` (2), ``grad_reduce_bytes`` (bytes a gradient element sends in the
+  data-parallel reduction: 4 where 16-bit gradients are cast to fp32 for it, as Aleph Alpha's
+  Scaling does; ``grad_bytes``), ``grad_all_reduce`` (true/false: ZeRO-1 all-reduces the whole
+  gradient before each rank steps its shard, as Scaling does, not a reduce-scatter; false),
+  ``optimizer_bytes`` (the optimizer state's bytes a parameter with
   master weights: 12, Adam's fp32 master copy, momentum and variance; NeMo's Apex
   DistributedFusedAdam keeps 10 for a bf16 model, the fp32 master's 16-bit remainders, and
   with ``dtype: bf16`` 4, the moments alone, or 6 with FP8 parameters, a bf16 copy too),
@@ -136,6 +140,7 @@ OPTIONAL = ("sp", "gpus", "zero", "recompute", "recompute_layers", "offload_laye
             "shard_group", "ep", "etp", "ep_overlap", "ep_dedup", "flash_attention",
             "transformer_engine", "recompute_early_stop", "selective_recompute",
             "cross_entropy", "cp_comm", "recompute_modules", "overlap_grad_reduce", "grad_bytes",
+            "grad_reduce_bytes", "grad_all_reduce",
             "optimizer_bytes",
             "grad_copy", "main_grad_copy", "fp32_grad_partition", "launch_blocking", "cuda_graphs",
             "tp_comm_overlap", "async_tp_allreduce", "fused_norm",

@@ -215,6 +215,9 @@ def row_training(row: dict[str, str]) -> TrainingSpec:
     return _built(lambda: TrainingSpec(
         global_batch=integer(row, "global_batch"), seq_len=integer(row, "seq_len"),
         bytes_per_param_grads=integer(row, "grad_bytes", 2),
+        grad_reduce_bytes=integer(row, "grad_reduce_bytes") if row.get("grad_reduce_bytes")
+        else None,
+        grad_all_reduce=bool(_boolean(row, "grad_all_reduce")),
         bytes_per_param_optimizer=integer(row, "optimizer_bytes", 12),
         overlap_grad_reduce=True if overlap is None else overlap,
         flash_attention=_boolean(row, "flash_attention"),

@@ -80,7 +80,8 @@ _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "convention", "hbm_gb", "objectives", "sampler", "n_trials",
              "seed", "vocab_multiple", "congestion", "framework"}
 _TRAINING = {"global_batch"}
-_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "optimizer_bytes", "recompute_modules",
+_TRAINING_OPTIONAL = {"seq_len", "grad_bytes", "grad_reduce_bytes", "optimizer_bytes",
+                      "recompute_modules",
                       *TRAINING_FLAGS, *TRAINING_CHOICES}
 DEFAULT_N_TRIALS = 200
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
@@ -135,6 +136,9 @@ class StudyConfig:
             **({"fp32_grad_partition": True} if self.training.fp32_grad_partition else {}),
             **({"async_tp_allreduce": False} if self.training.async_tp_allreduce is False else {}),
             **({"fused_norm": False} if not self.training.fused_norm else {}),
+            **({"grad_all_reduce": True} if self.training.grad_all_reduce else {}),
+            **({"grad_reduce_bytes": self.training.grad_reduce_bytes}
+               if self.training.grad_reduce_bytes is not None else {}),
             **({"grad_bytes": self.training.bytes_per_param_grads}
                if self.training.bytes_per_param_grads != 2 else {}),
             **({"optimizer_bytes": self.training.bytes_per_param_optimizer}
@@ -245,9 +249,12 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     grad_bytes = integer(path, "training.grad_bytes", t.get("grad_bytes", 2), minimum=1)
     optimizer_bytes = integer(path, "training.optimizer_bytes", t.get("optimizer_bytes", 12),
                               minimum=1)
+    reduce_bytes = (None if t.get("grad_reduce_bytes") is None else
+                    integer(path, "training.grad_reduce_bytes", t["grad_reduce_bytes"], minimum=1))
     training = spec_or_fail(path, "training", lambda: TrainingSpec(
         **chosen, **flags, recompute_modules=modules, global_batch=batch, seq_len=seq_len,
-        bytes_per_param_grads=grad_bytes, bytes_per_param_optimizer=optimizer_bytes))
+        bytes_per_param_grads=grad_bytes, bytes_per_param_optimizer=optimizer_bytes,
+        grad_reduce_bytes=reduce_bytes))
     refused = recompute_modules_problem(model, training)
     if refused is not None:
         raise fail(path, "training.recompute_modules", refused)
@@ -275,6 +282,11 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     if framework not in FRAMEWORKS:
         raise fail(path, "framework", f"unknown framework {framework!r}; use one of"
                    f" {', '.join(FRAMEWORKS)}")
+    if framework != ANY and (training.grad_all_reduce or training.grad_reduce_bytes):
+        key = "grad_all_reduce" if training.grad_all_reduce else "grad_reduce_bytes"
+        raise fail(path, f"training.{key}", f"is a stack's own data-parallel reduction (Aleph"
+                   f" Alpha's Scaling); framework {framework} reduces its own way: remove it or"
+                   f" the study's framework")
     training = with_framework_defaults(training, framework, system.device.transformer_engine)
     space = space_from_entry(path, e["space"], model, system, training, convention, framework)
     if training.fp8_attention and any(q.quantized for q in space.precision):

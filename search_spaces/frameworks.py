@@ -184,7 +184,8 @@ def with_framework_defaults(training: TrainingSpec, framework: str,
     the loss, context parallelism's exchange (:func:`cp_comm`), the 16-bit gradient copy
     (:func:`grad_copy`), the step's fp32 one (:func:`main_grad_copy`), DeepSpeed's fp32
     gradient partition (:func:`fp32_grad_partition`) and its synchronous tp all-reduce
-    (:func:`async_tp_allreduce`)."""
+    (:func:`async_tp_allreduce`); and the framework's own gradient reduction, never Scaling's
+    (``grad_all_reduce`` off, ``grad_reduce_bytes`` the buffer's)."""
     defaults = {
         "transformer_engine": transformer_engine(framework, device_transformer_engine),
         "recompute_early_stop": recompute_early_stop(framework),
@@ -196,8 +197,10 @@ def with_framework_defaults(training: TrainingSpec, framework: str,
         "fp32_grad_partition": fp32_grad_partition(framework, training),
         "async_tp_allreduce": async_tp_allreduce(framework),
     }
-    return replace(training, **{k: v for k, v in defaults.items()
-                                if getattr(training, k) is None})
+    named = {k: v for k, v in defaults.items() if getattr(training, k) is None}
+    if framework != ANY:  # each reduces its gradients its own way, none as Scaling does
+        named.update(grad_all_reduce=False, grad_reduce_bytes=None)
+    return replace(training, **named)
 
 
 def framework_training(framework: str, model: ModelSpec, system: SystemSpec,

@@ -132,6 +132,8 @@ class EstimateCommand(BaseCommand):
             seq_len = args.seq_len if args.seq_len is not None else model.seq_len
             training = TrainingSpec(global_batch=args.global_batch, seq_len=seq_len,
                                     bytes_per_param_grads=args.grad_bytes,
+                                    grad_reduce_bytes=args.grad_reduce_bytes,
+                                    grad_all_reduce=args.grad_all_reduce,
                                     bytes_per_param_optimizer=args.optimizer_bytes,
                                     flash_attention=args.flash_attention,
                                     transformer_engine=args.transformer_engine,
@@ -154,6 +156,10 @@ class EstimateCommand(BaseCommand):
                                     **{k: enum(getattr(args, k))
                                        for k, enum in TRAINING_CHOICES.items()
                                        if getattr(args, k) is not None})
+            if args.framework != ANY and (args.grad_all_reduce or args.grad_reduce_bytes):
+                raise ValueError(f"--grad-all-reduce and --grad-reduce-bytes are a stack's own"
+                                 f" gradient reduction (Aleph Alpha's Scaling); --framework"
+                                 f" {args.framework} reduces its own way: drop one of them")
             training = framework_training(args.framework, model, system, training, strategy)
             est = estimate(model, system, training, strategy, convention)
         except ValueError as e:

@@ -172,6 +172,14 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--grad-bytes", type=int, default=2,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
                    " gradients as Megatron-LM keeps them)")
+    t.add_argument("--grad-reduce-bytes", type=int, default=None, choices=(2, 4),
+                   help="bytes a gradient element sends in the data-parallel reduction (default:"
+                   " --grad-bytes; 4: 16-bit gradients cast to fp32 for it, as Aleph Alpha's"
+                   " Scaling does)")
+    t.add_argument("--grad-all-reduce", action="store_true",
+                   help="ZeRO-1 all-reduces the whole gradient, then each rank steps its shard"
+                   " and the weights are all-gathered (Aleph Alpha's Scaling), not a"
+                   " reduce-scatter")
     t.add_argument("--optimizer-bytes", type=int, default=12,
                    help="optimizer state bytes per parameter with master weights (12: Adam's"
                    " fp32 master copy, momentum and variance, the default; 4: NeMo's Apex"

@@ -116,7 +116,7 @@ def fsdp_layer_calls(p: StepPlan) -> tuple[list[Call], list[Call]]:
     fp8 = p.shape.matmul_params / p.s.tp if p.fp8_params else 0.0
     weights = gathered_weight_bytes(params, fp8, tr.bytes_per_param_weights)
     return (dp_group_calls(p, Collective.ALL_GATHER, weights / p.shard_ranks, shard=True),
-            dp_group_calls(p, Collective.REDUCE_SCATTER, params * tr.bytes_per_param_grads,
+            dp_group_calls(p, Collective.REDUCE_SCATTER, params * tr.reduced_grad_bytes,
                            shard=True))
 
 
@@ -135,20 +135,25 @@ def grad_reduction_calls(p: StepPlan, params: float,
     FSDP2 does after the shard group's reduce-scatter (``foreach_reduce``'s ``all_reduce`` over
     the replicate mesh axis, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``);
     torchtitan skips it on all but the last micro-batch (``set_requires_all_reduce``).
+    ZeRO-1 with ``grad_all_reduce`` (Scaling's): the gradients all-reduced whole, then the
+    weights all-gathered. Each gradient element sends ``reduced_grad_bytes``.
     ZeRO-1 with a shard group (Megatron-LM's distributed optimizer instances): the gradients
     reduce-scattered within the shard group, each rank's shard all-reduced across the
     replicas, the weights all-gathered within the shard group (``param_and_grad_buffer.py``,
     d98e8a64: "RS" then "AR" on the communication stream)."""
     s, tr = p.s, p.training
     if p.hsdp and s.zero is ZeroStage.PARAMETERS:
-        shard = params * tr.bytes_per_param_grads / p.shard_ranks
+        shard = params * tr.reduced_grad_bytes / p.shard_ranks
         return [(DpPart.REPLICATE, Collective.ALL_REDUCE, shard)], []
     if p.dp_group == 1 or s.zero is ZeroStage.PARAMETERS:
         return [], []
-    grads = params * tr.bytes_per_param_grads
+    grads = params * tr.reduced_grad_bytes
     if s.zero is ZeroStage.NONE:
         return dp_group_calls(p, Collective.ALL_REDUCE, grads), []
     weights = gathered_weight_bytes(params, fp8_params, tr.bytes_per_param_weights)
+    if tr.grad_all_reduce and s.zero is ZeroStage.OPTIMIZER and not p.hsdp:
+        return (dp_group_calls(p, Collective.ALL_REDUCE, grads),
+                dp_group_calls(p, Collective.ALL_GATHER, weights / p.dp_group))
     if p.hsdp:
         return (dp_group_calls(p, Collective.REDUCE_SCATTER, grads, shard=True)
                 + [(DpPart.REPLICATE, Collective.ALL_REDUCE, grads / p.shard_ranks)],

@@ -278,7 +278,7 @@ def expert_grad_calls(p: StepPlan, params: float) -> tuple[list[Call], list[Call
     s, tr = p.s, p.training
     if s.edp == 1:
         return [], []
-    grads = params * tr.bytes_per_param_grads
+    grads = params * tr.reduced_grad_bytes
     if s.zero is ZeroStage.NONE:
         return [(ExpertPart.EDP, Collective.ALL_REDUCE, grads)], []
     return ([(ExpertPart.EDP, Collective.REDUCE_SCATTER, grads)],

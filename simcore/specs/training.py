@@ -39,6 +39,19 @@ class TrainingSpec:
     gradient after its reduce-scatter: neither keeps it. None: off, except in a ``framework:
     deepspeed`` study that accumulates in fp32 (:func:`search_spaces.frameworks.grad_copy`).
     Counted for ZeRO 0-1 plans only (DeepSpeed runs ZeRO-2/3 with its ZeRO optimizer)."""
+    grad_reduce_bytes: int | None = None
+    """Bytes of each gradient element the data-parallel reduction sends: 4 where the stack casts
+    16-bit gradients to fp32 for the collective and back, as Aleph Alpha's Scaling does
+    (Aleph-Alpha/scaling@737f855 ``src/scaling/core/optimizer/allreduce.py``:
+    ``allreduce_tensor_in_float32``). None: the gradient buffer's, ``bytes_per_param_grads``.
+    It prices the collective only; the buffer's memory stays ``bytes_per_param_grads``."""
+    grad_all_reduce: bool = False
+    """Under ZeRO-1 the optimizer all-reduces the whole gradient, each rank then steps its shard
+    of the master weights and the updated 16-bit weights are all-gathered, as Scaling's ZeRO
+    does (``optimizer.py`` ``step``: ``allreduce_gradients(optimized_grads=False)`` before the
+    shard's update, ``parameter_group.py`` ``step_sequel``: ``all_gather``); twice the
+    gradients' traffic of the reduce-scatter that Megatron-LM's distributed optimizer and
+    DeepSpeed's ZeRO-1 run. Other ZeRO stages are the same either way."""
     main_grad_copy: bool | None = None
     """At the optimizer step the fp32 master weights take an fp32 copy of their 16-bit
     gradients (4 bytes a parameter of the optimizer's shard), held from the step to the next
@@ -232,10 +245,19 @@ class TrainingSpec:
             raise ValueError(f"grad_bytes must be 2 (16-bit gradients) or 4 (fp32 gradients, as"
                              f" Megatron-LM accumulates them in bf16 training), not"
                              f" {self.bytes_per_param_grads}")
+        if self.grad_reduce_bytes is not None and self.grad_reduce_bytes not in GRAD_BYTES:
+            raise ValueError(f"grad_reduce_bytes must be 2 (16-bit gradients on the wire) or 4"
+                             f" (cast to fp32 for the reduction), not {self.grad_reduce_bytes}")
         if not self.master_weights and self.bytes_per_param_optimizer != 12:
             raise ValueError("master_weights false sets the optimizer state (Adam's two moments in"
                              " the weights' type); give bytes_per_param_optimizer or"
                              " master_weights, not both")
+
+    @property
+    def reduced_grad_bytes(self) -> int:
+        """Bytes a gradient element sends in the data-parallel reduction
+        (:attr:`grad_reduce_bytes`, else the buffer's)."""
+        return self.grad_reduce_bytes or self.bytes_per_param_grads
 
     @property
     def optimizer_bytes(self) -> int:

@@ -8,7 +8,8 @@ weight of 0.02 on the squared distance from the starting values in units of each
 range, whatever the number of runs; searched as today, around the start), with the pull that
 weakens as runs grow in number (``planner.calibration._prior``), and with that pull and the
 check ``planner calibrate`` runs today (from three runs the fit is kept only if its refits
-predict left-out runs better; one or two runs are kept where the device is off on them by
+predict left-out runs better, by more than ``planner.calibration.CV_MARGIN`` standard errors of
+the per-run gain; one or two runs are kept where the device is off on them by
 ``planner.calibration.OFF_BY`` or more).
 
     python benchmarks/bench_calibrate_fifths.py [--trials 120] [--case FILE:DEVICE ...]

@@ -550,10 +550,12 @@ def test_dgx1_links_between_nodes(capsys) -> None:
 def test_calibrating_on_a_fifth_improves_the_other_four_fifths() -> None:
     # The issue's check of `planner calibrate`: fit the uncalibrated A100 on every fifth run of
     # the A100 check set, then compare the other runs before and after. Measured 3.73 -> 3.59%
-    # MAPE until Megatron-DeepSpeed's synchronous tp all-reduce (`async_tp_allreduce`), 3.99 ->
-    # 4.14% since: within half a point. Of the file's five fifths three keep the device and the
-    # fifth from the fifth run (offset 4) takes the rest 3.70 -> 6.54% (3.40 -> 6.07% before):
-    # README, "planner calibrate on a fifth".
+    # MAPE until Megatron-DeepSpeed's synchronous tp all-reduce (`async_tp_allreduce`), then
+    # 3.99 -> 4.14%; since stop 69 the refits' gain on the runs they did not see (3.03 -> 3.02%
+    # mean absolute log error) is under half its standard error (0.36 points; CV_MARGIN), so
+    # the device is kept and the rest stays at 3.99%. Of the shipped device's five fifths
+    # (bench_calibrate_fifths.py) the one from the fifth run (offset 4) still takes the rest
+    # 3.3 -> 6.9%: README, "planner calibrate on a fifth".
     catalog = load_catalog()
     runs, _ = read_runs(DATA / "a100-check.csv", catalog)
     runs = [r for r in runs if r.system.device.name == "a100-80gb"]
@@ -563,7 +565,7 @@ def test_calibrating_on_a_fifth_improves_the_other_four_fifths() -> None:
     fit = calibrate(fifth, start, "a100-fifth")
     before = validate(rest, system_for=lambda r: replace(r.system, device=start)).summary()
     after = validate(rest, system_for=lambda r: replace(r.system, device=fit.device)).summary()
-    assert after["step_time_mape"] <= before["step_time_mape"] + 0.005
+    assert after["step_time_mape"] <= before["step_time_mape"]
     assert fit.after.summary()["step_time_mape"] <= fit.before.summary()["step_time_mape"]
 
 

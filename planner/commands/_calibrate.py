@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from planner.calibration import CONSTANTS, DEFAULT_TRIALS, OFF_BY, Fit, calibrate
+from planner.calibration import CONSTANTS, CV_MARGIN, DEFAULT_TRIALS, OFF_BY, Fit, calibrate
 from planner.catalog import device_from_entry, load_catalog, user_catalog_dir
 from planner.catalog_write import check_entry_name, check_writable, device_entry, write_entry
 from planner.commands._base import BaseCommand
@@ -36,7 +36,8 @@ def _cross_validation(fit: Fit) -> dict[str, Any] | None:
     cv = fit.cross_validation
     if cv is None:
         return None
-    return {"folds": cv.folds, "before": round(cv.before, 6), "after": round(cv.after, 6)}
+    return {"folds": cv.folds, "before": round(cv.before, 6), "after": round(cv.after, 6),
+            "gain_se": round(cv.gain_se, 6)}
 
 
 def _entry_text(fit: Fit, runs_csv: list[Path], base: str) -> str:
@@ -196,9 +197,13 @@ def _cross_validation_lines(fit: Fit, base: DeviceSpec) -> list[str]:
                 " taken"]
     how = "leaving one run out at a time" if cv.folds == len(fit.runs) else f"{cv.folds} folds"
     line = (f"cross-validated ({how}): mean absolute log error {percent(cv.before)} ->"
-            f" {percent(cv.after)} on runs each refit was not fit on")
+            f" {percent(cv.after)} on runs each refit was not fit on (standard error of the"
+            f" gain {percent(cv.gain_se)})")
     if not fit.kept:
         return [line]
-    return [line, (f"the refits do not predict the runs they were not fit on better, so"
-                   f" {fit.device.name} keeps {base.name}'s constants (the runs disagree with"
-                   " one another; more runs, or --fit with fewer constants, may settle it)")]
+    why = ("do not predict the runs they were not fit on better" if cv.after >= cv.before else
+           f"predict the runs they were not fit on better by less than {CV_MARGIN:g} standard"
+           " errors of the gain, which chance could make")
+    return [line, (f"the refits {why}, so {fit.device.name} keeps {base.name}'s constants (the"
+                   " runs disagree with one another or are too few; more runs, or --fit with"
+                   " fewer constants, may settle it)")]

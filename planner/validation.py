@@ -136,6 +136,7 @@ BREAKDOWNS: dict[str, Callable[[MeasuredRun], str]] = {
     "file": lambda run: run.file,
     # the plan's knobs, to find where a set of runs is estimated fast or slow as a body
     "gpus": lambda run: str(run.strategy.devices),
+    "nodes": lambda run: str(nodes_spanned(run)),
     "dp": lambda run: str(run.strategy.dp),
     "tp": lambda run: str(run.strategy.tp),
     "pp": lambda run: str(run.strategy.pp),
@@ -150,7 +151,13 @@ BREAKDOWNS: dict[str, Callable[[MeasuredRun], str]] = {
 }
 """What ``planner validate --by`` splits the runs by: each run's value of it (``cp``: context
 parallelism, the strategy's ``sp``; ``micro_batches``: a step's per pipeline, global batch /
-(dp x micro-batch))."""
+(dp x micro-batch); ``nodes``: :func:`nodes_spanned`)."""
+
+
+def nodes_spanned(run: MeasuredRun) -> int:
+    """The nodes the run's plan spans: its devices over the system's first network dimension
+    (a node's NVLink domain; an NVL72 rack's 72), rounded up."""
+    return math.ceil(run.strategy.devices / run.system.network.dims[0].npus)
 
 
 @dataclass(frozen=True)

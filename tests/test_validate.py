@@ -10,7 +10,7 @@ import pytest
 from planner.catalog import load_catalog
 from planner.cli import main
 from planner.runs_csv import MeasuredRun, read_runs
-from planner.validation import RunResult, Validation, kendall_tau, validate
+from planner.validation import RunResult, Validation, kendall_tau, nodes_spanned, validate
 from simcore.specs import Recompute, Strategy, TrainingSpec
 
 HEADER = "name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch"
@@ -354,3 +354,19 @@ def test_a_rows_bad_cells_name_the_file_once_and_the_limit(tmp_path: Path, capsy
     out = capsys.readouterr().out
     assert f"{path}:2 (r1): model: unknown model 'unkmodel'" in out and out.count(str(path)) == 2
     assert "global_batch='999999999999' must be a whole number from 1 to 1,000,000,000" in out
+
+
+def test_by_nodes_counts_the_nodes_each_plan_spans(tmp_path: Path, capsys) -> None:
+    # A DGX A100 node holds 8 GPUs (its first network dimension), a Jean Zay V100 node 4: 8 GPUs
+    # on one DGX are 1 node, 16 on two DGX 2, 8 V100s 8 / 4 = 2 and 12 V100s 3 (hand counts).
+    path = _write(tmp_path, HEADER + ",step_time_s",
+                  "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
+                  "b,gpt-1.7b,dgx-a100-16,16,2048,16,1,1,1,1.0",
+                  "c,gpt-1.7b,jean-zay-v100-32gb-8,16,2048,8,1,1,1,1.0",
+                  "d,gpt-1.7b,jean-zay-v100-32gb-12,24,2048,12,1,1,1,1.0")
+    runs, skipped = read_runs(path, load_catalog())
+    assert skipped == []
+    assert [nodes_spanned(r) for r in runs] == [1, 2, 2, 3]
+    assert main(["validate", str(path), "--by", "nodes", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["by"]["rows"]
+    assert [(r["nodes"], r["step_time_runs"]) for r in rows] == [("1", 1), ("2", 2), ("3", 1)]

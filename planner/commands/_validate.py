@@ -121,8 +121,8 @@ class ValidateCommand(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--by", choices=sorted(BREAKDOWNS), default=None,
                             help="also split the figures by the runs' release, model, system,"
-                            " device, precision or file, or by a knob of their plans (gpus, dp,"
-                            " tp, pp, cp, micro_batch, micro_batches, zero, recompute,"
+                            " device, precision or file, or by a knob of their plans (gpus, nodes,"
+                            " dp, tp, pp, cp, micro_batch, micro_batches, zero, recompute,"
                             " schedule, cp_comm) or their framework: per value its runs,"
                             " MAPE, median and mean signed error (fast or slow as a body)")
         parser.add_argument("--framework", choices=FRAMEWORKS, default=None,

@@ -79,6 +79,12 @@ CASES = [
     # InfiniBand's 42.5 GB/s is kept as it was fit, not re-identified from this table.
     ("h100-ib-fit", "dgx-h100-16", 256 * MIB, 8 * GIB, 0.09),
     ("h100-ib-check", "dgx-h100-16", 2 * GIB, 16 * GIB, 0.11),  # the log is erratic below 1 GiB
+    # NVIDIA/nccl-tests issue 309's two HGX H100 hosts (8 x 400G each, NCCL 2.26.2): 8.4% from
+    # 32 MiB to 16 GiB (-5.9..+12.4%). Below 32 MiB the estimate is 1.2-2.3x slow (166 us at 1
+    # MiB against 72): the chunked hierarchical schedule's latencies against NCCL's NVLSTree;
+    # kept, as training's short collectives are where the estimate already runs fast
+    # (tests/data/validation/README.md, "Short steps at large data parallelism").
+    ("h100-ib2-check", "dgx-h100-16", 32 * MIB, 16 * GIB, 0.10),
 ]
 
 

@@ -285,8 +285,9 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
             done += trials
         owner = [refit for refit, fold in zip(refits, folds) for _ in fold]
         # the folds hold every run once: the start's error on them is its error on the runs
-        cross = CrossValidation(len(folds), off, _pooled_loss(held, owner),
-                                _gain_se(held, device, owner))
+        pooled = _on_own_devices(held, owner).results
+        cross = CrossValidation(len(folds), off, _mean_log_errors(pooled),
+                                _gain_se(before.results, pooled))
     gain = off - _loss(runs, fitted)
     kept = not cross.convincing if cross is not None else off < OFF_BY or gain <= 0
     if kept:
@@ -322,22 +323,19 @@ def _folds(n: int) -> list[list[int]]:
     return [list(range(j, n, k)) for j in range(k)]
 
 
-def _pooled_loss(runs: Sequence[MeasuredRun], devices: Sequence[DeviceSpec]) -> float:
-    """:func:`_loss` with each run on its own device (its fold's refit)."""
+def _on_own_devices(runs: Sequence[MeasuredRun], devices: Sequence[DeviceSpec]) -> Validation:
+    """The runs validated each on its own device (its fold's refit)."""
     by_run = dict(zip((id(r) for r in runs), devices))
-    results = validate(runs, system_for=lambda r: replace(r.system, device=by_run[id(r)]))
-    return _mean_log_errors(results.results)
+    return validate(runs, system_for=lambda r: replace(r.system, device=by_run[id(r)]))
 
 
-def _gain_se(runs: Sequence[MeasuredRun], device: DeviceSpec,
-             refits: Sequence[DeviceSpec]) -> float:
-    """The standard error of the per-run gain of ``refits`` (one a run) over ``device``: the
-    absolute log errors of step time plus memory, the start's less the refit's."""
-    start = _per_run_losses(validate(runs, system_for=_on(device)).results)
-    by_run = dict(zip((id(r) for r in runs), refits))
-    refit = _per_run_losses(validate(runs, system_for=lambda r: replace(
-        r.system, device=by_run[id(r)])).results)
-    gains = [a - b for a, b in zip(start, refit)]
+def _gain_se(start: Sequence[RunResult], refit: Sequence[RunResult]) -> float:
+    """The standard error of the per-run gain of the refits (``refit``: each run on its fold's
+    refit) over the starting device (``start``): the absolute log errors of step time plus
+    memory, the start's less the refit's, paired by run."""
+    start_loss = dict(zip((id(r.run) for r in start), _per_run_losses(start)))
+    gains = [start_loss[id(r.run)] - loss for r, loss in zip(refit, _per_run_losses(refit))
+             if id(r.run) in start_loss]
     return statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
 
 

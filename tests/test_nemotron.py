@@ -107,8 +107,9 @@ def test_nemotron_check(capsys) -> None:
     bf16 = [e for name, e in gb200.items() if " bf16 " in name]
     fp8 = [e for name, e in gb200.items() if " fp8 " in name]
     assert len(bf16) == 3 and all(-0.10 <= e <= -0.05 for e in bf16)  # -6.3 to -8.2%
-    # -10.5 to -14.7% (-15.6 to -19.6% before the host's time per kernel: their 340B layers at
-    # tp 8 in FP8 are shorter on a GB200 than the host's time to issue them)
-    assert len(fp8) == 3 and all(-0.17 <= e <= -0.08 for e in fp8)
+    # +0.7 to +5.6% (-10.5 to -14.7% before Transformer Engine's attention cost the host the
+    # unfused core's kernels, stop 71; -15.6 to -19.6% before the host's time per kernel: their
+    # 340B layers at tp 8 in FP8 are shorter on a GB200 than the host's time to issue them)
+    assert len(fp8) == 3 and all(-0.02 <= e <= 0.08 for e in fp8)
     report = [e for name, e in errors.items() if "report" in name]
     assert len(report) == 3 and all(-0.145 <= e <= -0.11 for e in report)  # -11.8 to -13.3%

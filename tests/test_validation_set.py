@@ -61,7 +61,8 @@ B200_CHECK_MEDIAN = 0.11  # measured 9.9% (Llama 3.1 405B -9.5%, -9.9%; Qwen3-30
 GB200_FIT_MAPE = 0.045
 GB200_CHECK_MEDIAN = 0.045  # measured 3.6% (8.9% over dgxc's six alone; 15.6% before the fit)
 # GPT-3 175B on 128-2,048 H100s (README, "GPT-3 175B on H100"): FP8 estimated 10-24% fast.
-GPT3_CHECK_MAPE = 0.115  # measured 10.9% (9.4% before the TE GEMM rate's refit to 0.666)
+GPT3_CHECK_MAPE = 0.05  # measured 4.7% (10.9% before TE's attention cost the host the unfused
+# core's kernels, stop 71; 9.4% before the TE GEMM rate's refit to 0.666)
 # NeMo's long-context tables (4K-1M tokens): the attention constant is of a newer stack than
 # NeMo 24.03's (README there), so the long H100 rows come out fast.
 # up to 8K on H100, 16K on B200: measured -2.2, -5.5, -0.7, -0.6% (-0.5, -4.1 on H100 before the
@@ -445,10 +446,11 @@ def test_gb200_gemm_rate_is_the_fit_on_its_fit_file() -> None:
 
 def test_gpt3_h100_check(capsys) -> None:
     """dgxc-benchmarking's GPT-3 175B (README, "GPT-3 175B on H100"), nothing fit on it: BF16 of
-    release 25.02 1.7-2.5% fast, its FP8 12-15% fast (measured FP8 speed-up 1.48x at 128 GPUs,
-    the estimate's 1.66x), where the same stack's Llama FP8 runs are not: held so that neither
-    grows. (Within 1% and 10.5-14.2% before the TE GEMM rate's refit, 0.645 -> 0.666, which the
-    Llama runs it was fit on asked for once the NVLink's ring and NVLS rates were split.)"""
+    release 25.02 1.7-2.5% fast, its FP8 -0.0..+4.6% (measured FP8 speed-up 1.48x at 128 GPUs,
+    the estimate's 1.39x): its FP8 layers, one a virtual stage at micro-batch 1, are shorter than
+    the host's time to issue them, and Transformer Engine's attention costs the host the unfused
+    core's kernels (stop 71; until then FP8 12-15% fast, the estimate's speed-up 1.66x; within
+    1% and 10.5-14.2% before the TE GEMM rate's refit, 0.645 -> 0.666)."""
     data = _validate(capsys, "gpt3-h100-check.csv")
     assert data["step_time_runs"] == 20 and data["skipped"] == [] and data["groups"] == []
     assert data["step_time_mape"] <= GPT3_CHECK_MAPE
@@ -456,11 +458,11 @@ def test_gpt3_h100_check(capsys) -> None:
     assert all(-0.03 <= e <= -0.01 for name, e in errors.items()
                if "25.02" in name and "bf16" in name)
     fp8 = [e for name, e in errors.items() if "25.02" in name and "fp8" in name]
-    assert len(fp8) == 5 and all(-0.165 <= e <= -0.11 for e in fp8)  # -11.7 to -15.4%
+    assert len(fp8) == 5 and all(-0.01 <= e <= 0.055 for e in fp8)  # -0.0 to +4.6%
     rows = {row["name"]: row for row in data["rows"]}
     speedup = (rows["dgxc 25.02 gpt3-175b bf16 x128"]["predicted_step_time_s"]
                / rows["dgxc 25.02 gpt3-175b fp8 x128"]["predicted_step_time_s"])
-    assert 8.309 / 5.626 < speedup <= 1.70  # measured 1.48x, estimated 1.66x
+    assert 1.35 <= speedup < 8.309 / 5.626  # measured 1.48x, estimated 1.39x
 
 
 def test_long_context_check(capsys) -> None:
@@ -711,15 +713,16 @@ def test_nanotron_h100_runs(capsys) -> None:
 
 def test_validate_splits_the_figures_by_a_column(capsys) -> None:
     """`planner validate --by device`: nemotron-check's 73 H100 runs and 6 GB200 runs apart, the
-    GB200 ones estimated fast as a body (-7.2 to -19.6% each, README "Nemotron-4"); the parts'
-    runs and absolute errors add up to the whole file's."""
+    GB200 ones -2.0% on average (BF16 -7.2 to -9.0%, FP8 +0.7 to +5.6%, README "Nemotron-4"; all
+    fast, -7.2 to -19.6%, before stop 71); the parts' runs and absolute errors add up to the whole
+    file's."""
     assert main(["validate", str(DATA / "nemotron-check.csv"), "--by", "device",
                  "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     rows = {r["device"]: r for r in data["by"]["rows"]}
     assert data["by"]["field"] == "device" and list(rows) == ["h100-sxm", "gb200"]
     assert (rows["h100-sxm"]["step_time_runs"], rows["gb200"]["step_time_runs"]) == (73, 6)
-    assert -0.20 <= rows["gb200"]["step_time_mean_error"] <= -0.07
+    assert -0.05 <= rows["gb200"]["step_time_mean_error"] <= 0.0
     total = sum(r["step_time_mape"] * r["step_time_runs"] for r in rows.values())
     assert total == pytest.approx(data["step_time_mape"] * data["step_time_runs"], rel=1e-12)
     assert main(["validate", str(DATA / "nemotron-check.csv"), "--by", "release"]) == 0

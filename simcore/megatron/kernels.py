@@ -68,6 +68,7 @@ __all__ = [
     "CAUSAL_FRACTION",
     "FLASH_BACKWARD_FLOPS",
     "TILE",
+    "UNFUSED_CORE_KERNELS",
     "UNFUSED_NORM",
     "KernelCosts",
     "LayerKernels",
@@ -108,6 +109,18 @@ twice, write) and the weight's product (read, write): 13 units with the square, 
 CAUSAL_FRACTION = 0.5
 """A causal flash-attention kernel skips the blocks above the diagonal: about half the s^2 work
 (the unfused path computes the whole square and masks it)."""
+
+
+UNFUSED_CORE_KERNELS = (4, 6)
+"""Kernels of the unfused attention core without dropout: forward Q K^T, the softmax, P V and
+the context's layout; backward two of each matmul, the softmax's gradient and the layout.
+Dropout adds one each way. Transformer Engine's fused attention costs the host as many
+(:func:`layer_kernels`' ``te_attention``): its ``DotProductAttention`` selects and checks its
+backend and packs the cuDNN call's arguments in Python on every call (NVIDIA/
+TransformerEngine issues 2033 and 2498, "Reduce CPU overhead in attention"), and Megatron-LM's
+functional tests of its small GPT, whose steps the host paces, run as long with it as with
+Megatron-LM's own unfused core on the same plan (tests/data/validation/README.md, section "The
+host's pace")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +290,7 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
                   queries: float, seq_len: int, tp: int, sequence_parallel: bool, flash: bool,
                   act_bytes: int, micro_batches: int = 1, ffn: int | None = None,
                   swiglu_fused: bool = True, cp_comm: CpComm = CpComm.P2P,
-                  norm_fused: bool = True) -> LayerKernels:
+                  norm_fused: bool = True, te_attention: bool = False) -> LayerKernels:
     """The layer's kernels for one micro-batch of ``micro_batch`` sequences, each with
     ``queries`` tokens on this rank (the sequence split by context parallelism) attending over
     ``seq_len`` keys, on one of ``tp`` ranks; a step runs ``micro_batches`` of them (fp8 casts
@@ -287,7 +300,9 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     kernels (:attr:`simcore.specs.TrainingSpec.swiglu_fusion`); ``norm_fused`` false: each norm
     runs as PyTorch's element-wise ops (:data:`UNFUSED_NORM`). With ``queries`` short of
     ``seq_len`` (cp ranks) a fused core runs context parallelism's kernels, as ``cp_comm``
-    exchanges K and V (:mod:`simcore.megatron.cp_kernels`)."""
+    exchanges K and V (:mod:`simcore.megatron.cp_kernels`). ``te_attention``: the fused core
+    runs in Transformer Engine, whose host issues it as :data:`UNFUSED_CORE_KERNELS` (the
+    ``issued_*`` counts; its GPU time is the fused kernel's)."""
     h, t = model.hidden, tp
     f = model.ffn_hidden if ffn is None else ffn
     tokens = micro_batch * queries
@@ -361,10 +376,14 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     wgrad = sum(g[2] for g in gemms)
     backward = sum(g[1] for g in gemms) + wgrad + sum(ew_bwd) + sum(core_bwd)
     n_core_fwd = sum(1 for x in core_fwd if x)
+    n_core_bwd = sum(1 for x in core_bwd if x)
     kernels_forward = len(gemms) + len(elementwise) + n_core_fwd
-    kernels_backward = (2 * len(gemms) + BACKWARD_KERNELS * len(elementwise)
-                        + sum(1 for x in core_bwd if x))
+    kernels_backward = 2 * len(gemms) + BACKWARD_KERNELS * len(elementwise) + n_core_bwd
     issued_forward, issued_backward = kernels_forward, kernels_backward
+    if flash and te_attention:
+        drop = 1 if shape.dropout else 0
+        issued_forward += max(0, UNFUSED_CORE_KERNELS[0] + drop - n_core_fwd)
+        issued_backward += max(0, UNFUSED_CORE_KERNELS[1] + drop - n_core_bwd)
     op_recompute = sum(ew_fwd) + _every_second_matmul(model, gemms, kv, qkv)
     if costs.fp8_rate is not None:
         fp8 = fp8_overheads(costs, linears, micro_batches)

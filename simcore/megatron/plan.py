@@ -206,7 +206,7 @@ class StepPlan:
                 sequence_parallel=s.sequence_parallel, flash=self.flash,
                 act_bytes=training.bytes_per_activation, micro_batches=self.m,
                 swiglu_fused=training.swiglu_fusion, cp_comm=training.cp_exchange,
-                norm_fused=training.fused_norm,
+                norm_fused=training.fused_norm, te_attention=self.te,
             ))
         if self.moe is not None:
             self._moe_parts(shared)
@@ -296,6 +296,7 @@ class StepPlan:
                 sequence_parallel=s.sequence_parallel, flash=self.flash, act_bytes=a,
                 micro_batches=self.m, ffn=width, swiglu_fused=training.swiglu_fusion,
                 cp_comm=training.cp_exchange, norm_fused=training.fused_norm,
+                te_attention=self.te,
             ))
         self.experts = _shared(
             shared, ("experts", s.micro_batch, s.sp, s.tp, s.ep, s.expert_tp, s.precision,

@@ -27,7 +27,7 @@ K and V travel; the kernels around it are not (NVIDIA/TransformerEngine@v2.9
   reduce-scattered.
 
 Each element-wise kernel costs its bytes at the device's memory rate with the launch floor
-(:meth:`simcore.megatron.kernels.KernelCosts.elementwise`); each attention kernel its share of
+(:meth:`simcore.megatron.kernel_costs.KernelCosts.elementwise`); each attention kernel its share of
 the FLOPs at the attention rate.
 """
 

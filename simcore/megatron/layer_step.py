@@ -216,7 +216,7 @@ def host_wait(p: StepPlan, kernels: int, calls: int, gpu: float) -> float:
     kernels are on average shorter than the host's time per kernel waits (a small layer, high
     tp, a short micro-batch), and the identical layers of a stage all wait alike. None under
     CUDA graphs (one launch a graph) or launch blocking, whose host time is in every kernel
-    already (:attr:`simcore.megatron.kernels.KernelCosts.host`)."""
+    already (:attr:`simcore.megatron.kernel_costs.KernelCosts.host`)."""
     device = p.system.device
     if not device.host_kernel_s or p.training.cuda_graphs or p.training.launch_blocking:
         return 0.0

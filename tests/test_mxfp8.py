@@ -197,17 +197,19 @@ def test_gb200_mxfp8_rate_is_its_fit() -> None:
     """The fit of `planner calibrate tests/data/validation/gb200-fit.csv --device gb200 --fit
     mxfp8_matmul_efficiency` from the per-tensor rate (0.532) lands on the catalog's 0.520
     (the 13 MXFP8 runs; the 8 FP8-CS runs hold the per-tensor rate; 0.515 before the H100-era
-    NVLink's ring and NVLS rates were split, systems/dgx.yaml): 4.0 -> 3.7% MAPE. Since stop 69
-    the command keeps 0.532: cross-validated over five folds the refits gain 4.10 -> 4.05% mean
-    absolute log error, under half the gain's standard error (0.25 points; CV_MARGIN)."""
+    NVLink's ring and NVLS rates were split, systems/dgx.yaml): 4.0 -> 3.7% MAPE. The command
+    takes it: cross-validated over five folds the refits gain 4.03 -> 3.88% mean absolute log
+    error, more than half the gain's standard error (0.20 points; CV_MARGIN). From stop 69 to
+    stop 71 it kept 0.532 (4.10 -> 4.05%, under the margin): since FP8's casts and scale updates
+    are host work (stop 71) the 405B's MXFP8 run of container 25.09 is 1 point nearer."""
     runs, skipped = read_runs(DATA / "gb200-fit.csv", CATALOG)
     assert len(runs) == 21 and skipped == []
     assert sum(r.strategy.precision is MX for r in runs) == 13
     start = replace(GB200, mxfp8_matmul_efficiency=GB200.fused_matmul_efficiency)
     fit = calibrate(runs, start, "gb200-refit", only=("mxfp8_matmul_efficiency",))
     cv = fit.cross_validation
-    assert fit.kept and cv is not None and 0 < cv.before - cv.after < CV_MARGIN * cv.gain_se
-    assert fit.device.mxfp8_matmul_efficiency == pytest.approx(0.532)
+    assert not fit.kept and cv is not None and cv.before - cv.after > CV_MARGIN * cv.gain_se
+    assert fit.device.mxfp8_matmul_efficiency == pytest.approx(0.520, abs=0.003)
     refit = _fit(runs, start, "gb200-refit", fit.constants, DEFAULT_TRIALS, 0, lambda i, n: None)
     assert refit.mxfp8_matmul_efficiency == pytest.approx(0.520, abs=0.003)
     moved = [replace(r, system=replace(r.system, device=replace(

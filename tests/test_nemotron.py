@@ -107,9 +107,10 @@ def test_nemotron_check(capsys) -> None:
     bf16 = [e for name, e in gb200.items() if " bf16 " in name]
     fp8 = [e for name, e in gb200.items() if " fp8 " in name]
     assert len(bf16) == 3 and all(-0.10 <= e <= -0.05 for e in bf16)  # -6.3 to -8.2%
-    # +0.7 to +5.6% (-10.5 to -14.7% before Transformer Engine's attention cost the host the
-    # unfused core's kernels, stop 71; -15.6 to -19.6% before the host's time per kernel: their
-    # 340B layers at tp 8 in FP8 are shorter on a GB200 than the host's time to issue them)
-    assert len(fp8) == 3 and all(-0.02 <= e <= 0.08 for e in fp8)
+    # -14.4 to -18.4%: dgxc's launch.sh runs every GB200 job with `--cuda_graphs true`, so the
+    # host does not pace their layers (read as eager until stop 71: +0.7 to +5.6% with
+    # Transformer Engine's attention costing the host the unfused core's kernels, -10.5 to
+    # -14.7% before it)
+    assert len(fp8) == 3 and all(-0.20 <= e <= -0.12 for e in fp8)
     report = [e for name, e in errors.items() if "report" in name]
     assert len(report) == 3 and all(-0.145 <= e <= -0.11 for e in report)  # -11.8 to -13.3%

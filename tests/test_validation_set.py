@@ -419,9 +419,10 @@ def test_gb200_fit_and_check_error(capsys) -> None:
     bf16 = [e for name, e in errors.items() if name.endswith("bf16")]
     fp8 = [e for name, e in errors.items() if name.endswith("fp8")]
     assert len(bf16) == 3 and all(-0.06 <= e <= 0.0 for e in bf16)  # -0.5 to -2.1%
-    # -11.9 to -13.3% (-14.2 to -15.5%, BF16 -2.1 to -3.6%, before the NVLink's ring / NVLS split:
-    # systems/dgx.yaml)
-    assert len(fp8) == 3 and all(-0.15 <= e <= -0.10 for e in fp8)
+    # -6.1 to -7.6% since FP8's casts and scale updates are host work (stop 71); -11.9 to -13.3%
+    # before; -14.2 to -15.5%, BF16 -2.1 to -3.6%, before the NVLink's ring / NVLS split
+    # (systems/dgx.yaml)
+    assert len(fp8) == 3 and all(-0.10 <= e <= -0.04 for e in fp8)
 
 
 def test_gb200_gemm_rate_is_the_fit_on_its_fit_file() -> None:
@@ -446,8 +447,8 @@ def test_gb200_gemm_rate_is_the_fit_on_its_fit_file() -> None:
 
 def test_gpt3_h100_check(capsys) -> None:
     """dgxc-benchmarking's GPT-3 175B (README, "GPT-3 175B on H100"), nothing fit on it: BF16 of
-    release 25.02 1.7-2.5% fast, its FP8 -0.0..+4.6% (measured FP8 speed-up 1.48x at 128 GPUs,
-    the estimate's 1.39x): its FP8 layers, one a virtual stage at micro-batch 1, are shorter than
+    release 25.02 1.7-2.5% fast, its FP8 -1.5..+3.0% (measured FP8 speed-up 1.48x at 128 GPUs,
+    the estimate's 1.41x): its FP8 layers, one a virtual stage at micro-batch 1, are shorter than
     the host's time to issue them, and Transformer Engine's attention costs the host the unfused
     core's kernels (stop 71; until then FP8 12-15% fast, the estimate's speed-up 1.66x; within
     1% and 10.5-14.2% before the TE GEMM rate's refit, 0.645 -> 0.666)."""
@@ -458,11 +459,13 @@ def test_gpt3_h100_check(capsys) -> None:
     assert all(-0.03 <= e <= -0.01 for name, e in errors.items()
                if "25.02" in name and "bf16" in name)
     fp8 = [e for name, e in errors.items() if "25.02" in name and "fp8" in name]
-    assert len(fp8) == 5 and all(-0.01 <= e <= 0.055 for e in fp8)  # -0.0 to +4.6%
+    # -1.5 to +3.0% (-0.0 to +4.6% while FP8's casts were not host work and the H100's host
+    # time was 150 us)
+    assert len(fp8) == 5 and all(-0.025 <= e <= 0.04 for e in fp8)
     rows = {row["name"]: row for row in data["rows"]}
     speedup = (rows["dgxc 25.02 gpt3-175b bf16 x128"]["predicted_step_time_s"]
                / rows["dgxc 25.02 gpt3-175b fp8 x128"]["predicted_step_time_s"])
-    assert 1.35 <= speedup < 8.309 / 5.626  # measured 1.48x, estimated 1.39x
+    assert 1.35 <= speedup < 8.309 / 5.626  # measured 1.48x, estimated 1.41x
 
 
 def test_long_context_check(capsys) -> None:
@@ -713,16 +716,16 @@ def test_nanotron_h100_runs(capsys) -> None:
 
 def test_validate_splits_the_figures_by_a_column(capsys) -> None:
     """`planner validate --by device`: nemotron-check's 73 H100 runs and 6 GB200 runs apart, the
-    GB200 ones -2.0% on average (BF16 -7.2 to -9.0%, FP8 +0.7 to +5.6%, README "Nemotron-4"; all
-    fast, -7.2 to -19.6%, before stop 71); the parts' runs and absolute errors add up to the whole
-    file's."""
+    GB200 ones estimated fast as a body (BF16 -6.3 to -8.2%, FP8 -14.4 to -18.4%, README
+    "Nemotron-4": their recipe captures the layers as CUDA graphs); the parts' runs and absolute
+    errors add up to the whole file's."""
     assert main(["validate", str(DATA / "nemotron-check.csv"), "--by", "device",
                  "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     rows = {r["device"]: r for r in data["by"]["rows"]}
     assert data["by"]["field"] == "device" and list(rows) == ["h100-sxm", "gb200"]
     assert (rows["h100-sxm"]["step_time_runs"], rows["gb200"]["step_time_runs"]) == (73, 6)
-    assert -0.05 <= rows["gb200"]["step_time_mean_error"] <= 0.0
+    assert -0.15 <= rows["gb200"]["step_time_mean_error"] <= -0.08
     total = sum(r["step_time_mape"] * r["step_time_runs"] for r in rows.values())
     assert total == pytest.approx(data["step_time_mape"] * data["step_time_runs"], rel=1e-12)
     assert main(["validate", str(DATA / "nemotron-check.csv"), "--by", "release"]) == 0

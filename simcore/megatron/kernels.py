@@ -244,6 +244,11 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         backward += fp8.backward
         kernels_forward += fp8.kernels_forward
         kernels_backward += fp8.kernels_backward
+        # the casts and scale updates are host work too: an FP8 te.Linear launches them and
+        # caches and updates the scales from Python (NVIDIA/TransformerEngine issue 836), and
+        # takes more than twice a BF16 one's host time to schedule (issues 761 and 445)
+        issued_forward += fp8.kernels_forward
+        issued_backward += fp8.kernels_backward
         op_recompute += fp8.forward
     # FC2 saves its input (the activation's output) and the residual add saves nothing: the
     # layer's last saved tensor is FC2's input. Without an FFN here (an MoE layer, whose routed

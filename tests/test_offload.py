@@ -200,7 +200,7 @@ def test_the_rack_study_picks_megatron_bridges_offloading_plan() -> None:
     tp2 = next(i for i, s in enumerate(plans) if (s.tp, s.pp, s.v, s.micro_batch, s.zero,
                                                    s.recompute) == (
         2, 4, 5, 1, ZeroStage.OPTIMIZER, Recompute.NONE))
-    assert 1.08 <= times[tp2] / min(times) <= 1.12  # 8.57 / 7.85 s
+    assert 1.08 <= times[tp2] / min(times) <= 1.12  # 8.61 / 7.89 s
 
 
 @pytest.mark.parametrize("strategy", [

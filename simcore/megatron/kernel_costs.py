@@ -49,6 +49,7 @@ only runs known to set it), the grid 100-300 us in steps of 50 with the network'
 jean-zay-check.csv and a100-check.csv's Lucie rows (tests/data/validation/README.md). It also
 stands for the kernels the inventory does not count (an eager layer's unfused RoPE)."""
 
+
 @dataclass(frozen=True, slots=True)
 class KernelCosts:
     """What one kernel costs on a device."""

@@ -68,7 +68,6 @@ CAUSAL_FRACTION = 0.5
 """A causal flash-attention kernel skips the blocks above the diagonal: about half the s^2 work
 (the unfused path computes the whole square and masks it)."""
 
-
 UNFUSED_CORE_KERNELS = (4, 6)
 """Kernels of the unfused attention core without dropout: forward Q K^T, the softmax, P V and
 the context's layout; backward two of each matmul, the softmax's gradient and the layout.

@@ -112,8 +112,11 @@ class LayerKernels:
     """Multi-head latent attention's up projections, forward: what ``mla_up_proj`` runs again
     (one GEMM of their FLOPs over the latents' width)."""
     issued_forward: int = 0
-    """What the host issues forward: the kernels but the FP8 casts and scale updates, which
-    Transformer Engine's module runs from the one call that also launches the GEMM."""
+    """What the host issues forward, in inventory kernels: the kernels, with Transformer
+    Engine's fused attention counted as :data:`UNFUSED_CORE_KERNELS` (the FP8 casts and scale
+    updates are host work too: an FP8 te.Linear launches them and caches and updates the scales
+    from Python, NVIDIA/TransformerEngine issue 836, and takes more than twice a BF16 one's host
+    time to schedule, issues 761 and 445)."""
     issued_backward: int = 0
 
 
@@ -231,11 +234,6 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     n_core_bwd = sum(1 for x in core_bwd if x)
     kernels_forward = len(gemms) + len(elementwise) + n_core_fwd
     kernels_backward = 2 * len(gemms) + BACKWARD_KERNELS * len(elementwise) + n_core_bwd
-    issued_forward, issued_backward = kernels_forward, kernels_backward
-    if flash and te_attention:
-        drop = 1 if shape.dropout else 0
-        issued_forward += max(0, UNFUSED_CORE_KERNELS[0] + drop - n_core_fwd)
-        issued_backward += max(0, UNFUSED_CORE_KERNELS[1] + drop - n_core_bwd)
     op_recompute = sum(ew_fwd) + _every_second_matmul(model, gemms, kv, qkv)
     if costs.fp8_rate is not None:
         fp8 = fp8_overheads(costs, linears, micro_batches)
@@ -243,12 +241,12 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         backward += fp8.backward
         kernels_forward += fp8.kernels_forward
         kernels_backward += fp8.kernels_backward
-        # the casts and scale updates are host work too: an FP8 te.Linear launches them and
-        # caches and updates the scales from Python (NVIDIA/TransformerEngine issue 836), and
-        # takes more than twice a BF16 one's host time to schedule (issues 761 and 445)
-        issued_forward += fp8.kernels_forward
-        issued_backward += fp8.kernels_backward
         op_recompute += fp8.forward
+    issued_forward, issued_backward = kernels_forward, kernels_backward
+    if flash and te_attention:
+        drop = 1 if shape.dropout else 0
+        issued_forward += max(0, UNFUSED_CORE_KERNELS[0] + drop - n_core_fwd)
+        issued_backward += max(0, UNFUSED_CORE_KERNELS[1] + drop - n_core_bwd)
     # FC2 saves its input (the activation's output) and the residual add saves nothing: the
     # layer's last saved tensor is FC2's input. Without an FFN here (an MoE layer, whose routed
     # experts are priced apart) the tail is not counted.

@@ -1,0 +1,171 @@
+"""The README's quotes of the ready studies are what the studies give today.
+
+The README quotes each ready study's best plan, and some of the plans it is compared with
+(section "Studies", paragraph "Ready studies"; the MoE paragraph of "`planner estimate`"). Stop 71
+found several of those quotes drifted since earlier stops' modelling changes: each quoted figure
+is recomputed here from the study's own plans, as `planner run` estimates and ranks them (the
+study's HBM limit, the fastest that fits first), so a change that moves one fails this test until
+the README says the new figure.
+
+A quote names its README passage by the text it starts with and the text it ends before, and
+each figure by the plans it is read from (the fastest that fits of those whose columns match)
+and its format string over that plan's row of :meth:`planner.record.Evaluator.frame`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from planner.study_config import load_study_config
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One quoted figure: ``text`` formatted over the row of the fastest plan that fits among
+    those whose columns equal ``where`` (every plan that fits if empty; None: the column is
+    empty, as ``shard_group`` is for sharding over every data-parallel rank and ``ep_overlap``
+    and ``ep_dedup`` are when off, 1 when on); ``fits=False`` reads the fastest of them whether
+    it fits or not."""
+
+    text: str
+    where: dict[str, Any] = field(default_factory=dict)
+    fits: bool = True
+
+
+@dataclass(frozen=True)
+class Quote:
+    study: str
+    start: str
+    """The README passage begins with this text (its first occurrence)."""
+    end: str
+    """... and ends before the first occurrence of this text after ``start``."""
+    figures: tuple[Figure, ...]
+    counts: tuple[str, ...] = ()
+    """Format strings over ``valid`` (the study's valid plans) and ``fitting``."""
+
+
+QUOTES = (
+    Quote("gpt3-175b-h100-fp8", "(`gpt3-175b-h100-fp8`", "NeMo's own FP8 runs", (
+        Figure("dp64-tp2-pp8 interleaved v6"),
+        Figure("{step_time_s:.2f} s per step, MFU {mfu:.1%}"),
+        Figure("at {peak_memory_gb:.1f} GB of the part's"),
+    )),
+    Quote("llama3-405b-h100-16384", "Llama-3-405B on 16,384 H100s", "; GPT-3 175B", (
+        Figure("dp {dp} at {mfu:.1%} MFU"),
+        Figure("the best 1F1B plan, cp {sp}, dp {dp}, {mfu:.1%}", {"schedule": "1f1b"}),
+    ), counts=("{valid:,} strategies",)),
+    Quote("llama3-70b-h100-hsdp", "(`llama3-70b-h100-hsdp`", "; the DistIR MLP grid", (
+        Figure("best\ndp {dp} x tp {tp} with FSDP shard groups of {shard_group}"),
+        Figure("micro-batch {micro_batch}, {step_time_s:.1f} s per step, MFU {mfu:.1%}"),
+        Figure("against {step_time_s:.1f} s and {mfu:.1%} sharding over all 64",
+               {"dp": 64, "tp": 4, "shard_group": None}),
+    ), counts=("{valid} valid plans",)),
+    Quote("llama3-405b-gb200-256", "(`llama3-405b-gb200-256`", "Llama 3 70B on one GB200 rack", (
+        Figure("best dp {dp}, tp {tp}, pp {pp} interleaved v {v}"),
+        Figure("FP8, {step_time_s:.1f} s per step", {"precision": "fp8"}),
+        Figure("against {step_time_s:.1f} s estimated for Megatron-Bridge's recipe plan",
+               {"dp": 4, "tp": 4, "pp": 16, "sp": 1, "schedule": "interleaved", "v": 4,
+                "precision": "fp8", "first_stage_layers": 7, "recompute": "none",
+                "micro_batch": 1}),
+    ), counts=("{valid:,} valid plans",)),
+    Quote("llama3-70b-gb200-64", "(`llama3-70b-gb200-64`", "Llama-3.1-405B on\n256 GB300s", (
+        Figure("micro-batch {micro_batch}, {offload_layers} layers offloaded, {step_time_s:.2f} s"
+               " a\nstep at {peak_memory_gb:.1f} GB"),
+        Figure("tp 2 x pp 4\nx v 5 plan", {"tp": 2, "pp": 4, "v": 5}),
+        Figure("at {step_time_s:.2f} s", {"tp": 2, "pp": 4, "v": 5}),
+    ), counts=("{valid} plans",)),
+    Quote("llama3-405b-gb300-256", "(`llama3-405b-gb300-256`", "Llama 3.1 8B", (
+        Figure("best NVFP4 at tp {tp} x cp {sp} x pp {pp} x v {v}, {step_time_s:.1f} s a step",
+               {"precision": "nvfp4"}),
+    ), counts=("{valid} plans",)),
+    Quote("llama31-8b-b300-8", "(`llama31-8b-b300-8`", "Llama 2 7B", (
+        Figure("best NVFP4 at dp {dp} x micro-batch {micro_batch}, {step_time_s:.3f} s a step",
+               {"precision": "nvfp4"}),
+        Figure("is estimated {step_time_s:.3f} s",
+               {"precision": "fp8", "dp": 8, "micro_batch": 2}),
+    ), counts=("{valid} plans",)),
+    Quote("llama2-7b-a100-roce-1024", "(`llama2-7b-a100-roce-1024`", "Llama 3 8B on one", (
+        Figure("best dp {dp:,} with the distributed optimizer sharded within each node,"
+               " `shard_group: {shard_group}`, {step_time_s:.2f} s"),
+        Figure("against {step_time_s:.2f} s sharded over all 1,024 ranks", {"shard_group": None}),
+    ), counts=("{valid} plans",)),
+    Quote("llama3-8b-a800-8", "(`llama3-8b-a800-8`", "Start-up:", (
+        Figure("best dp {dp} x tp {tp} at micro-batch {micro_batch},\n{step_time_s:.1f} s a step"),
+        Figure("pp 2 x dp 4 at\nmicro-batch 1, 141.7 s, is third at {step_time_s:.1f} s",
+               {"pp": 2, "dp": 4, "micro_batch": 1}),
+    ), counts=("{valid} plans",)),
+    Quote("mixtral-8x7b-h100-64", "`mixtral-8x7b-h100-64` (best", "`deepseek-v3-h800-2048`", (
+        Figure("best: dp {dp}, tp {tp}, micro-batch {micro_batch}, ep {ep}, overlapped"
+               " all-to-alls, {step_time_s:.2f} s\nper step, MFU {mfu:.1%} at"
+               " {peak_memory_gb:.1f} GB"),
+        Figure("dp 32, tp 2, micro-batch 2 at {step_time_s:.2f} s",
+               {"dp": 32, "tp": 2, "micro_batch": 2}),
+        Figure("dp 32, pp 2 interleaved v8 at {step_time_s:.2f} s",
+               {"dp": 32, "pp": 2, "schedule": "interleaved", "v": 8}),
+        Figure("tp 1, pp 4, ep 8, v8\nis {step_time_s:.2f} s",
+               {"tp": 1, "pp": 4, "ep": 8, "v": 8, "ep_overlap": None}, fits=False),
+        Figure("{step_time_s:.2f} s with the all-to-alls overlapped",
+               {"tp": 1, "pp": 4, "ep": 8, "v": 8, "ep_overlap": 1}, fits=False),
+    )),
+    Quote("deepseek-v3-h800-2048", "`deepseek-v3-h800-2048` (with", "`qwen3-235b-a22b-h100-256`", (
+        Figure("best ep {ep} in FP8 with overlap and full\nrecompute, {step_time_s:.1f} s,"
+               " MFU {mfu:.1%}"),
+        Figure("ep 8 inside a node {step_time_s:.1f} s", {"ep": 8}),
+        Figure("its own ep 64, {step_time_s:.1f} s", {"ep": 64}),
+    )),
+    Quote("qwen3-235b-a22b-h100-256", "`qwen3-235b-a22b-h100-256` (", "DeepSeek-V3's estimate", (
+        Figure("tp 2, pp 8 x vp 4, ep 32 with NCCL's all-to-all overlapped, is"
+               " {step_time_s:.1f} s",
+               {"tp": 2, "pp": 8, "v": 4, "ep": 32, "ep_overlap": 1, "ep_dedup": None}),
+        Figure("the same layout at\nep {ep}, {step_time_s:.1f} s",
+               {"tp": 2, "pp": 8, "v": 4, "ep_dedup": None}),
+        Figure("the recipe's plan takes {step_time_s:.1f} s",
+               {"tp": 2, "pp": 8, "v": 4, "ep": 32, "ep_overlap": 1, "ep_dedup": 1}),
+        Figure("the best, tp {tp} x pp {pp} x vp {v} at ep {ep},\n{step_time_s:.1f} s"),
+    ), counts=("{valid} plans, {fitting} of them fitting",)),
+)
+
+
+@cache
+def _frame(study: str) -> pd.DataFrame:
+    """Every valid plan of the study as `planner run` records it, fastest first."""
+    config = load_study_config(ROOT / "studies" / f"{study}.yaml")
+    frame = config.evaluator().frame(config.space.valid)
+    return frame.sort_values("step_time_s", kind="stable")
+
+
+def _passage(quote: Quote) -> str:
+    begin = README.find(quote.start)
+    assert begin >= 0, f"README no longer has {quote.start!r}"
+    end = README.find(quote.end, begin + len(quote.start))
+    assert end > begin, f"README has no {quote.end!r} after {quote.start!r}"
+    return README[begin:end]
+
+
+def _row(frame: pd.DataFrame, figure: Figure) -> dict[str, Any]:
+    rows = frame[frame["feasible"]] if figure.fits else frame
+    for column, value in figure.where.items():
+        rows = rows[rows[column].isna() if value is None else rows[column] == value]
+    assert len(rows), f"no plan with {figure.where}"
+    return rows.iloc[0].to_dict()
+
+
+@pytest.mark.parametrize("quote", QUOTES, ids=lambda q: q.study)
+def test_the_readme_quotes_what_the_study_gives(quote: Quote) -> None:
+    frame = _frame(quote.study)
+    passage = " ".join(_passage(quote).split())
+    said = [figure.text.format(**_row(frame, figure)) for figure in quote.figures]
+    said += [count.format(valid=len(frame), fitting=int(frame["feasible"].sum()))
+             for count in quote.counts]
+    missing = [text for text in (" ".join(t.split()) for t in said) if text not in passage]
+    assert not missing, (f"README.md's quote of studies/{quote.study}.yaml is stale: it should"
+                         f" say {missing} (passage: {passage!r})")

@@ -122,6 +122,11 @@ README_ROWS: dict[str, tuple[Slot, ...]] = {
 }
 
 
+SPLIT_GROUPS = {"the same, one node against several"}
+"""Rows whose slots split a plan-choice group (its plans on one node and on several): their
+regret cell gives none."""
+
+
 def _readme_row(prefix: str) -> list[str]:
     rows = _table((ROOT / "README.md").read_text(), "| runs | n | step-time MAPE |")
     found = [row for row in rows if row[0].startswith(prefix)]
@@ -162,7 +167,35 @@ def test_the_readme_table_says_what_validate_gives(prefix: str) -> None:
             if not _says(printed, 100 * figures["step_time_median_ape"]):
                 wrong.append(f"{stems}: median {100 * figures['step_time_median_ape']:.2f}%,"
                              f" not {printed}%")
+    if prefix not in SPLIT_GROUPS:
+        wrong += _regret_wrong(cells[4], slots)
     assert not wrong, f"README.md's row {prefix!r} is stale: {wrong}"
+
+
+REGRET = re.compile(r"([\d.]+)%(?: / ([\d.]+)%)? (?:mean )?over (\d+)(?: / (\d+))?"
+                    r" (?:groups|pairs)")
+
+
+def _regret_wrong(cell: str, slots: tuple[Slot, ...]) -> list[str]:
+    """What the regret cell gets wrong, where it begins with the regret (and its groups) of
+    each slot ("0.0% / 2.6% mean over 6 / 6 groups") or says there is none ("-"); a cell that
+    begins otherwise ("A100: ...") is prose and not read."""
+    if cell == "-" or cell.startswith("-;"):  # no plan choice: no group of two plans
+        return [f"{stems}: {f['groups_count']} groups, not none" for stems, select in slots
+                if (f := _figures(stems, select))["groups_count"]]
+    found = REGRET.match(cell.replace("*", ""))
+    if not found:
+        return []
+    regrets = [r for r in found.group(1, 2) if r is not None]
+    groups = [g for g in found.group(3, 4) if g is not None]
+    assert len(regrets) == len(groups) == len(slots), cell
+    wrong = []
+    for (stems, select), regret, count in zip(slots, regrets, groups, strict=True):
+        f = _figures(stems, select)
+        if int(count) != f["groups_count"] or not _says(regret, 100 * f["regret_mean"]):
+            wrong.append(f"{stems}: regret {100 * f['regret_mean']:.2f}% over"
+                         f" {f['groups_count']} groups, not {regret}% over {count}")
+    return wrong
 
 
 def _validation_rows() -> list[list[str]]:

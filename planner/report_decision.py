@@ -218,7 +218,11 @@ def _changes(d: Decision) -> list[str]:
                    f" kernels ({per_kernel * 1e6:g} us each). Captured as CUDA graphs"
                    " (<code>cuda_graphs: true</code> in the study's training; Megatron-LM's"
                    " <code>--cuda-graph-impl local</code>) they would not; run the study again"
-                   " with it, as the best plan may change.")
+                   " with it, as the best plan may change. The host's time a kernel is a software"
+                   " release's more than a part's (Megatron-LM's own A100 tests ran the same plans"
+                   " 1.2-1.5 times as long in 2025 as in 2023): time a few plans on your stack and"
+                   " fit it, <code>planner calibrate RUNS.csv --device PART --name OURS --fit"
+                   " host_kernel_us</code>.")
     if d.tp_overlap >= TP_OVERLAP_SAYS * top["step_time_s"]:
         out.append(f"It counts on Transformer Engine's tp overlap (<code>--tp-comm-overlap</code>,"
                    " which the Megatron export writes): without it its tp collectives would add"

@@ -144,6 +144,11 @@ def test_a_plan_the_host_paces_says_so() -> None:
     assert ("The host paces its layers: 2.000 s of its step (20.0%) waits for the host to issue"
             " their kernels (150 us each)") in text
     assert "cuda_graphs: true" in text and "--cuda-graph-impl local" in text
+    # and that the host's time is a release's: Megatron-LM's A100 tests of 2023 against 2025
+    # (tests/data/validation/README.md, "Looked at in stop 72": 0.213 / 0.144 / 0.095 s against
+    # 0.291-0.302 / 0.213 / 0.117-0.130 s), with the command that fits it
+    assert "1.2-1.5 times as long in 2025 as in 2023" in text
+    assert "--fit host_kernel_us" in text
     quiet = _decision(host=(0.4, 150e-6))
     assert "host paces" not in decision_html(quiet)
     assert "host paces" not in decision_html(_decision())

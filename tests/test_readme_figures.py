@@ -115,6 +115,8 @@ README_ROWS: dict[str, tuple[Slot, ...]] = {
     "BigScience's Megatron-LM GPT": ((("bigscience-megatron-v100-check",), None),),
     "Megatron-LM's functional tests of its small GPT on GB200": (
         (("megatron-ci-gb200-check",), None),),
+    "Megatron-LM's functional tests of its small GPT in 2024": (
+        (("megatron-ci-2024-a100-check",), None),),
     "BigScience's BLOOM": ((("bloom-sweeps-a100-check",), None),),
     "Aleph Alpha's": ((("aleph-alpha-a100-check",), None),),
     "**every check file together**": ((CHECKS, None),),

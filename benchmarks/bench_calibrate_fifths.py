@@ -43,7 +43,8 @@ CASES = (("a100-check.csv", "a100-80gb"), ("a100-check.csv", "a100-40gb"),
          ("dgxc-h100-check.csv", "h100-sxm"), ("moe-check.csv", "h100-sxm"),
          ("libai-v100-check.csv", "v100-32gb"),
          ("bloom-sweeps-a100-check.csv", "a100-80gb"),
-         ("aleph-alpha-a100-check.csv", "a100-80gb"))
+         ("aleph-alpha-a100-check.csv", "a100-80gb"),
+         ("megatron-ci-2024-a100-check.csv", "a100-80gb"))
 FIXED_WEIGHT = 0.02
 
 

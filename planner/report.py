@@ -107,7 +107,8 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
                       host=(waits, plan.system.device.host_kernel_s),
                       tp_overlap=_tp_overlap(plan),
                       wide=short_wide(micro_batches(plan.training, plan.strategy),
-                                      plan.strategy.dp, plan.estimate.step_time))
+                                      plan.strategy.dp, plan.estimate.step_time),
+                      device=plan.system.device.name)
     return Report(study.study_name, summary, _counts(frame), best, figures, decision)
 
 

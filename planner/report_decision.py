@@ -95,6 +95,8 @@ class Decision:
     """Every framework the study's convention could export the plan for refuses it (it needs
     more HBM than the device has, or a framework's rule forbids it): the page then says so
     instead of recommending it."""
+    device: str = ""
+    """The catalog name of the study's device, for the commands the page prints."""
 
 
 def _parts(row: pd.Series) -> dict[str, float]:
@@ -125,13 +127,13 @@ def short_wide(micro_batches: int, dp: int, step_time_s: float) -> int:
 def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
            storage: str = "", refused: dict[str, str] | None = None,
            host: tuple[float, float] = (0.0, 0.0), tp_overlap: float = 0.0,
-           wide: int = 0) -> Decision:
+           wide: int = 0, device: str = "") -> Decision:
     """The decision from the study's :func:`~planner.tables.trials_frame` and its
     :func:`~planner.tables.best_frame` (fastest first, non-empty). ``storage`` is the
     ``--storage`` option the printed commands carry ("" for the default); ``refused``: the
     formats whose export refuses the recommended plan, with the reason (left out of the
     commands); ``host``: :attr:`Decision.host`; ``tp_overlap``: :attr:`Decision.tp_overlap`;
-    ``wide``: :attr:`Decision.short_wide`."""
+    ``wide``: :attr:`Decision.short_wide`; ``device``: :attr:`Decision.device`."""
     refused = refused or {}
     top = best.iloc[0]
     runner_up = best.iloc[1] if len(best) > 1 else None
@@ -148,7 +150,8 @@ def decide(study: str, frame: pd.DataFrame, best: pd.DataFrame, summary: dict,
                     unfit.iloc[0] if len(unfit) else None, exports,
                     str(summary.get("description") or ""), tuple(refused.items()), host,
                     tp_overlap, wide,
-                    unrunnable=bool(frameworks) and all(f in refused for f in frameworks))
+                    unrunnable=bool(frameworks) and all(f in refused for f in frameworks),
+                    device=device)
 
 
 def _why(d: Decision) -> str:
@@ -221,8 +224,8 @@ def _changes(d: Decision) -> list[str]:
                    " with it, as the best plan may change. The host's time a kernel is a software"
                    " release's more than a part's (Megatron-LM's own A100 tests ran the same plans"
                    " 1.2-1.5 times as long in 2025 as in 2023): time a few plans on your stack and"
-                   " fit it, <code>planner calibrate RUNS.csv --device PART --name OURS --fit"
-                   " host_kernel_us</code>.")
+                   f" fit it, <code>planner calibrate RUNS.csv --device {d.device or 'PART'}"
+                   " --name OURS --fit host_kernel_us</code>.")
     if d.tp_overlap >= TP_OVERLAP_SAYS * top["step_time_s"]:
         out.append(f"It counts on Transformer Engine's tp overlap (<code>--tp-comm-overlap</code>,"
                    " which the Megatron export writes): without it its tp collectives would add"

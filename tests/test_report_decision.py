@@ -165,6 +165,9 @@ def test_the_report_measures_the_host_wait(tmp_path, monkeypatch, capsys) -> Non
     for name, text in pages.items():
         said = "The host paces its layers" in text
         assert said is (name == "eager")
+    # with the command that fits the study's own device's host time
+    assert "planner calibrate RUNS.csv --device a100-80gb --name OURS --fit host_kernel_us" in (
+        pages["eager"])
 
 
 def test_a_plan_that_counts_on_te_tp_overlap_says_so() -> None:

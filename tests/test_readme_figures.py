@@ -70,7 +70,6 @@ def _table(text: str, header: str) -> list[list[str]]:
     return rows
 
 
-# The README's rows: the start of the first cell, and each " / " slot's files (and runs).
 def _device(name: str) -> Select:
     return lambda r: r.run.system.device.name == name
 
@@ -80,6 +79,8 @@ def _nodes(one: bool) -> Select:
 
 
 Slot = tuple[tuple[str, ...], Select | None]
+"""A " / " part of a README cell: its files and the runs of them it keeps (None: every one)."""
+# The README's rows: the start of the first cell, and each slot.
 README_ROWS: dict[str, tuple[Slot, ...]] = {
     "A100 check (": ((("a100-check",), None),),
     "A100 Megatron-LM check": ((("a100-megatron-check",), None),),
@@ -159,19 +160,22 @@ def test_the_readme_table_says_what_validate_gives(prefix: str) -> None:
         whole = _figures(stems, select)
         if sum(int(part.replace(",", "")) for part in n.split(" + ")) != whole["step_time_runs"]:
             wrong.append(f"{stems}: {whole['step_time_runs']} runs, not {n}")
-        per_file = [_figures((stem,), select) for stem in stems] if " + " in mape else [whole]
-        for printed, figures in zip(mape.split(" + "), per_file, strict=True):
-            if not _says(printed, 100 * figures["step_time_mape"]):
-                wrong.append(f"{stems}: MAPE {100 * figures['step_time_mape']:.2f}%,"
-                             f" not {printed}%")
-        per_file = [_figures((stem,), select) for stem in stems] if " + " in median else [whole]
-        for printed, figures in zip(median.split(" + "), per_file, strict=True):
-            if not _says(printed, 100 * figures["step_time_median_ape"]):
-                wrong.append(f"{stems}: median {100 * figures['step_time_median_ape']:.2f}%,"
-                             f" not {printed}%")
+        wrong += _percent_wrong("MAPE", "step_time_mape", mape, (stems, select), whole)
+        wrong += _percent_wrong("median", "step_time_median_ape", median, (stems, select), whole)
     if prefix not in SPLIT_GROUPS:
         wrong += _regret_wrong(cells[4], slots)
     assert not wrong, f"README.md's row {prefix!r} is stale: {wrong}"
+
+
+def _percent_wrong(label: str, key: str, printed: str, slot: Slot,
+                   whole: dict[str, object]) -> list[str]:
+    """What a slot's printed percentage gets wrong: "4.8 + 3.3" gives each of the slot's files
+    apart, one figure the slot's files read as one (``whole``)."""
+    stems, select = slot
+    each = [_figures((stem,), select) for stem in stems] if " + " in printed else [whole]
+    return [f"{stems}: {label} {100 * f[key]:.2f}%, not {part}%"
+            for part, f in zip(printed.split(" + "), each, strict=True)
+            if not _says(part, 100 * f[key])]
 
 
 REGRET = re.compile(r"([\d.]+)%(?: / ([\d.]+)%)? (?:mean )?over (\d+)(?: / (\d+))?"

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from planner.prune import prune
 from planner.study_config import load_study_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,3 +177,19 @@ def test_the_readme_quotes_what_the_study_gives(quote: Quote) -> None:
     missing = [text for text in (" ".join(t.split()) for t in said) if text not in passage]
     assert not missing, (f"README.md's quote of studies/{quote.study}.yaml is stale: it should"
                          f" say {missing} (passage: {passage!r})")
+
+
+PRUNED = (("gpt3-175b-calculon-1024", "Calculon's space: {pruned:,} of {valid:,} plans skipped"),
+          ("gpt3-175b-92k-1024", "the {valid:,}-plan study {pruned:,} skipped"))
+"""The README's counts of the plans `planner run --prune` skips (section "Scale"), of the
+studies in benchmarks/studies/."""
+
+
+@pytest.mark.parametrize(("study", "text"), PRUNED, ids=[p[0] for p in PRUNED])
+def test_the_readme_quotes_what_pruning_skips(study: str, text: str) -> None:
+    config = load_study_config(ROOT / "benchmarks" / "studies" / f"{study}.yaml")
+    valid = config.space.valid_indices()
+    assert valid is not None
+    pruning = prune(config.evaluator(), config.space, valid)
+    said = text.format(pruned=pruning.pruned, valid=len(valid))
+    assert said in " ".join(README.split()), f"README.md should say {said!r}"

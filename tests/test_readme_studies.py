@@ -193,3 +193,42 @@ def test_the_readme_quotes_what_pruning_skips(study: str, text: str) -> None:
     pruning = prune(config.evaluator(), config.space, valid)
     said = text.format(pruned=pruning.pruned, valid=len(valid))
     assert said in " ".join(README.split()), f"README.md should say {said!r}"
+
+
+METIS = ("metis-16-16", "metis-32-32", "metis-64-64", "metis-128-128")
+"""Metis's rows (README, "Clusters that mix device types"): each row's plans, best plan and,
+where the best uses both types, the A100s alone."""
+
+
+def _mixed_plan(plan: str) -> str:
+    """A mixed plan as the README's table words it: "a100:tp1dp16x4[3,4,4,4] > v100:tp4dp16x1[3]
+    m8 none zero1" is "4 A100 stages then 1 V100 stage, m 8"; one group at one stage is "A100
+    alone, dp 16, ZeRO-1"."""
+    groups, _, rest = plan.partition(" m")
+    parts = []
+    for group in groups.split(" > "):
+        device, _, layout = group.partition(":")
+        stages = int(layout.split("x")[1].split("[")[0])
+        parts.append((device.upper(), stages, layout.split("dp")[1].split("x")[0]))
+    if len(parts) == 1 and parts[0][1] == 1:
+        zero = rest.split()[-1]
+        return f"{parts[0][0]} alone, dp {parts[0][2]}, ZeRO-{zero.removeprefix('zero')}"
+    words = [f"{n} {device} stage{'s' if n > 1 else ''}" for device, n, _ in parts]
+    return f"{' then '.join(words)}, m {rest.split()[0]}"
+
+
+@pytest.mark.parametrize("study", METIS)
+def test_the_readme_quotes_what_the_mixed_study_gives(study: str) -> None:
+    from planner.mixed_config import load_mixed_study
+    from search_spaces.mixed import search_mixed
+
+    table = search_mixed(load_mixed_study(ROOT / "studies" / "mixed" / f"{study}.yaml")
+                         .space).table
+    fits = table[table["fits"]].sort_values("step_time_s", kind="stable")
+    best, alone = fits.iloc[0], fits[fits["groups"] == "a100"].iloc[0]
+    row = next(line for line in README.splitlines() if line.startswith(f"| `{study}` |"))
+    said = [f"| {len(table):,} |", f"{_mixed_plan(best['plan'])}: {best['step_time_s']:.3f} s"]
+    if best["groups"] != "a100":
+        said.append(f"(A100 alone {alone['step_time_s']:.3f} s)")
+    missing = [text for text in said if text not in row]
+    assert not missing, f"README.md's row of {study} should say {missing}: {row!r}"

@@ -121,7 +121,7 @@ QUOTES = (
         Figure("best ep {ep} in FP8 with overlap and full\nrecompute, {step_time_s:.1f} s,"
                " MFU {mfu:.1%}"),
         Figure("ep 8 inside a node {step_time_s:.1f} s", {"ep": 8}),
-        Figure("its own ep 64, {step_time_s:.1f} s", {"ep": 64}),
+        Figure("its own ep 64, {step_time_s:.1f} s, comes {rank_word}", {"ep": 64}),
     )),
     Quote("qwen3-235b-a22b-h100-256", "`qwen3-235b-a22b-h100-256` (", "DeepSeek-V3's estimate", (
         Figure("tp 2, pp 8 x vp 4, ep 32 with NCCL's all-to-all overlapped, is"

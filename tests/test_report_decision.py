@@ -154,6 +154,24 @@ def test_a_plan_the_host_paces_says_so() -> None:
     assert "host paces" not in decision_html(_decision())
 
 
+def test_an_interleaved_plan_the_host_paces_names_the_plain_one() -> None:
+    # I: 10 s interleaved; P: 11 s without virtual stages (10.0% behind); Q: 9 s plain but over
+    # the HBM. With 2 s (20%) waiting for the host the page says the estimate has P 10.0% slower
+    # than I and that Megatron-LM's small-GPT tests measured interleaving no faster where the host
+    # paces the layers (tests/data/validation/README.md, "Looked at in stop 72")
+    rows = [_row(1, "I", 10.0, 60.0, compute=9.0) | {"schedule": "interleaved"},
+            _row(2, "P", 11.0, 60.0, compute=9.0, bubble=2.0) | {"schedule": "1f1b"},
+            _row(3, "Q", 9.0, 90.0, feasible=False, compute=9.0) | {"schedule": "1f1b"}]
+    text = _text(decision_html(_decision(rows, host=(2.0, 150e-6))))
+    assert ("It interleaves: the estimate has the fastest plan without virtual stages, P ,"
+            " 10.0% slower;") in text
+    assert "measured interleaving no faster than plain 1F1B" in text
+    # not said where the host does not pace it, nor of a plain plan
+    assert "It interleaves" not in _text(decision_html(_decision(rows, host=(0.4, 150e-6))))
+    plain_best = [rows[1] | {"step_time_s": 9.5}, rows[0]]
+    assert "It interleaves" not in _text(decision_html(_decision(plain_best, host=(2.0, 150e-6))))
+
+
 def test_the_report_measures_the_host_wait(tmp_path, monkeypatch, capsys) -> None:
     # GPT 1.7B at tp 2-8 with micro-batch 1 on one DGX A100: every plan waits for the host
     # (README, "The host's pace"); with cuda_graphs the page says nothing of it

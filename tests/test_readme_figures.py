@@ -11,6 +11,7 @@ figure `planner validate` gives on its files, at the precision it is printed to 
 
 from __future__ import annotations
 
+import csv
 import re
 from collections.abc import Callable
 from functools import cache
@@ -234,3 +235,17 @@ def test_the_validation_table_says_what_validate_gives(cells: list[str]) -> None
     else:
         assert (regret, picked, tau) == ("-", "-", "-"), cells
     assert not wrong, f"tests/data/validation/README.md's row {name!r} is stale: {wrong}"
+
+
+def test_the_validation_files_table_counts_each_files_rows() -> None:
+    """The validation README's "Files" table gives each CSV's rows; every CSV is in it."""
+    listed = {}
+    for cells in _table((DATA / "README.md").read_text(), "| file | rows | source |"):
+        found = re.match(r"`([^`]+\.csv)`", cells[0])
+        if found:
+            listed[found.group(1)] = cells[1]
+    files = sorted(p.name for p in DATA.glob("*.csv"))
+    assert sorted(listed) == files
+    with_rows = {name: str(sum(1 for _ in csv.DictReader((DATA / name).open())))
+                 for name in files}
+    assert listed == with_rows

@@ -17,17 +17,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cache
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
+from planner.mixed_config import load_mixed_study
 from planner.prune import prune
 from planner.study_config import load_study_config
+from search_spaces.mixed import search_mixed
+from simcore.mixed.specs import MixedPlan, MixedSystemSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+
+
+def _flat(text: str) -> str:
+    """``text`` with every run of whitespace one space (the README wraps its lines)."""
+    return " ".join(text.split())
+
+
+README_FLAT = _flat(README)
 
 
 @dataclass(frozen=True)
@@ -170,11 +182,11 @@ def _row(frame: pd.DataFrame, figure: Figure) -> dict[str, Any]:
 @pytest.mark.parametrize("quote", QUOTES, ids=lambda q: q.study)
 def test_the_readme_quotes_what_the_study_gives(quote: Quote) -> None:
     frame = _frame(quote.study)
-    passage = " ".join(_passage(quote).split())
+    passage = _flat(_passage(quote))
     said = [figure.text.format(**_row(frame, figure)) for figure in quote.figures]
     said += [count.format(valid=len(frame), fitting=int(frame["feasible"].sum()))
              for count in quote.counts]
-    missing = [text for text in (" ".join(t.split()) for t in said) if text not in passage]
+    missing = [text for text in map(_flat, said) if text not in passage]
     assert not missing, (f"README.md's quote of studies/{quote.study}.yaml is stale: it should"
                          f" say {missing} (passage: {passage!r})")
 
@@ -192,7 +204,7 @@ def test_the_readme_quotes_what_pruning_skips(study: str, text: str) -> None:
     assert valid is not None
     pruning = prune(config.evaluator(), config.space, valid)
     said = text.format(pruned=pruning.pruned, valid=len(valid))
-    assert said in " ".join(README.split()), f"README.md should say {said!r}"
+    assert said in README_FLAT, f"README.md should say {said!r}"
 
 
 METIS = ("metis-16-16", "metis-32-32", "metis-64-64", "metis-128-128")
@@ -200,34 +212,26 @@ METIS = ("metis-16-16", "metis-32-32", "metis-64-64", "metis-128-128")
 where the best uses both types, the A100s alone."""
 
 
-def _mixed_plan(plan: str) -> str:
-    """A mixed plan as the README's table words it: "a100:tp1dp16x4[3,4,4,4] > v100:tp4dp16x1[3]
-    m8 none zero1" is "4 A100 stages then 1 V100 stage, m 8"; one group at one stage is "A100
-    alone, dp 16, ZeRO-1"."""
-    groups, _, rest = plan.partition(" m")
-    parts = []
-    for group in groups.split(" > "):
-        device, _, layout = group.partition(":")
-        stages = int(layout.split("x")[1].split("[")[0])
-        parts.append((device.upper(), stages, layout.split("dp")[1].split("x")[0]))
-    if len(parts) == 1 and parts[0][1] == 1:
-        zero = rest.split()[-1]
-        return f"{parts[0][0]} alone, dp {parts[0][2]}, ZeRO-{zero.removeprefix('zero')}"
-    words = [f"{n} {device} stage{'s' if n > 1 else ''}" for device, n, _ in parts]
-    return f"{' then '.join(words)}, m {rest.split()[0]}"
+def _mixed_plan(plan: MixedPlan, system: MixedSystemSpec) -> str:
+    """A mixed plan as the README's table words it: A100 stages then a V100 stage is "4 A100
+    stages then 1 V100 stage, m 8"; one group at one stage is "A100 alone, dp 16, ZeRO-1"."""
+    runs = [(system.groups[group].name.upper(), len(list(stages)))
+            for group, stages in groupby(s.group for s in plan.stages)]
+    if len(plan.stages) == 1:
+        return f"{runs[0][0]} alone, dp {plan.stages[0].dp}, ZeRO-{plan.zero.value}"
+    words = [f"{n} {name} stage{'s' if n > 1 else ''}" for name, n in runs]
+    return f"{' then '.join(words)}, m {plan.micro_batches}"
 
 
 @pytest.mark.parametrize("study", METIS)
 def test_the_readme_quotes_what_the_mixed_study_gives(study: str) -> None:
-    from planner.mixed_config import load_mixed_study
-    from search_spaces.mixed import search_mixed
-
-    table = search_mixed(load_mixed_study(ROOT / "studies" / "mixed" / f"{study}.yaml")
-                         .space).table
-    fits = table[table["fits"]].sort_values("step_time_s", kind="stable")
-    best, alone = fits.iloc[0], fits[fits["groups"] == "a100"].iloc[0]
+    space = load_mixed_study(ROOT / "studies" / "mixed" / f"{study}.yaml").space
+    result = search_mixed(space)
+    best, alone = result.best(), result.best("a100")
+    assert best is not None and alone is not None
     row = next(line for line in README.splitlines() if line.startswith(f"| `{study}` |"))
-    said = [f"| {len(table):,} |", f"{_mixed_plan(best['plan'])}: {best['step_time_s']:.3f} s"]
+    words = _mixed_plan(result.plans[best["plan"]], space.system)
+    said = [f"| {len(result.table):,} |", f"{words}: {best['step_time_s']:.3f} s"]
     if best["groups"] != "a100":
         said.append(f"(A100 alone {alone['step_time_s']:.3f} s)")
     missing = [text for text in said if text not in row]

@@ -70,7 +70,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   gradient after the layer's GEMMs, not beside the weight-gradient GEMM, as Megatron-LM before
   2021-09, Megatron-DeepSpeed under DeepSpeed and Aleph Alpha's Scaling do; true, false with
   ``framework deepspeed``), ``fused_norm`` (true/false: false where each RMSNorm ran as
-  PyTorch's element-wise ops, not one fused kernel; true),
+  PyTorch's element-wise ops, not one fused kernel; true), ``rope_fusion`` (true/false: false
+  where the rotary embedding ran as PyTorch's element-wise ops, as eager torchtitan, Hugging
+  Face, Megatron-DeepSpeed and Aleph Alpha's Scaling run it; true),
   ``master_weights`` (true/false: false
   for pure 16-bit training, Adam's moments in bf16 and no fp32 copy; true), ``fsdp_no_sync``
   (true/false: ZeRO-3 accumulates gradients unsharded and reduce-scatters once a step, FSDP's
@@ -143,7 +145,7 @@ OPTIONAL = ("sp", "gpus", "zero", "recompute", "recompute_layers", "offload_laye
             "grad_reduce_bytes", "grad_all_reduce",
             "optimizer_bytes",
             "grad_copy", "main_grad_copy", "fp32_grad_partition", "launch_blocking", "cuda_graphs",
-            "tp_comm_overlap", "async_tp_allreduce", "fused_norm",
+            "tp_comm_overlap", "async_tp_allreduce", "fused_norm", "rope_fusion",
             "master_weights", "fsdp_no_sync",
             "swiglu_fusion", "vocab_parallel_embedding", "fp8_attention", "hbm_gb",
             "memory_measured", "memory_stage", "framework", "release", "name", "source",

@@ -231,6 +231,7 @@ def row_training(row: dict[str, str]) -> TrainingSpec:
         tp_comm_overlap=_boolean(row, "tp_comm_overlap") is not False,
         async_tp_allreduce=_boolean(row, "async_tp_allreduce"),
         fused_norm=_boolean(row, "fused_norm") is not False,
+        rope_fusion=_boolean(row, "rope_fusion") is not False,
         fp8_attention=bool(_boolean(row, "fp8_attention")),
         master_weights=_boolean(row, "master_weights") is not False,
         fsdp_no_sync=bool(_boolean(row, "fsdp_no_sync")),

@@ -136,6 +136,7 @@ class StudyConfig:
             **({"fp32_grad_partition": True} if self.training.fp32_grad_partition else {}),
             **({"async_tp_allreduce": False} if self.training.async_tp_allreduce is False else {}),
             **({"fused_norm": False} if not self.training.fused_norm else {}),
+            **({"rope_fusion": False} if not self.training.rope_fusion else {}),
             **({"grad_all_reduce": True} if self.training.grad_all_reduce else {}),
             **({"grad_reduce_bytes": self.training.grad_reduce_bytes}
                if self.training.grad_reduce_bytes is not None else {}),

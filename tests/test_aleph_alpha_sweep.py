@@ -158,15 +158,18 @@ def test_the_runs_csv_columns() -> None:
     assert skipped == [] and len(runs) == 234
     assert all(run.training.async_tp_allreduce is False for run in runs)
     assert sum(run.training.fused_norm for run in runs) == 130
+    assert not any(run.training.rope_fusion for run in runs)
     assert all(run.training.grad_all_reduce and run.training.reduced_grad_bytes == 4
                for run in runs)
 
 
 def test_the_sweep_as_estimated(capsys) -> None:
-    """Measured: 11.9% MAPE, 10.9% median (the fused-norm runs 10.6 / 10.0%, the unfused ones
-    13.5 / 13.1%), nearly all runs estimated fast (mean -11.6%; the 30B's 256 GPUs -20%; a few
-    13B runs at sequence 8192 up to +6.6%); regret 0.44% over 14 groups, the fastest picked in
-    12 (the 30B on 256 GPUs with the fused norm: 5.9%), Kendall tau 0.79. Scaling reduces the
+    """Measured: 10.4% MAPE, 8.9% median (the fused-norm runs 9.1 / 7.9%, the unfused ones
+    11.9 / 10.9%), most runs estimated fast (mean -8.8%; the 30B's 256 GPUs -16%; the 13B at tp
+    2 with Scaling's own norm up to +14%); regret 0.44% over 14 groups, the fastest picked in
+    12 (the 30B on 256 GPUs with the fused norm: 5.9%), Kendall tau 0.78. Scaling runs its
+    rotary embedding as PyTorch's ops (``rope_fusion false``; read as fused: 11.9% MAPE, 10.9%
+    median, mean -11.6%, tests/test_rope_fusion.py). Scaling reduces the
     gradients after the backward (``overlap_grad_reduce false``; 13.1% and tau 0.75 read as
     overlapped, before the fp32 all-reduce) and all-reduces them whole in fp32
     (``grad_all_reduce``, ``grad_reduce_bytes 4``; read as Megatron-LM's bf16 reduce-scatter,
@@ -176,18 +179,19 @@ def test_the_sweep_as_estimated(capsys) -> None:
     assert main(["validate", str(FILE), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == [] and data["step_time_runs"] == 234
-    assert 0.11 <= data["step_time_mape"] <= 0.125
-    assert 0.10 <= data["step_time_median_ape"] <= 0.115
+    assert 0.10 <= data["step_time_mape"] <= 0.108
+    assert 0.085 <= data["step_time_median_ape"] <= 0.095
     errors = [row["step_time_error"] for row in data["rows"]]
-    assert max(errors) < 0.07 and sum(errors) / len(errors) < -0.11
+    assert max(errors) < 0.15 and -0.095 < sum(errors) / len(errors) < -0.08
     assert data["groups_count"] == 14 and data["regret_mean"] <= 0.006
     assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 12
     assert data["over_memory_runs"] == 1
 
 
 def test_read_with_a_fused_norm(capsys, tmp_path) -> None:
-    """The 104 runs with Scaling's own RMSNorm read as if it were one fused kernel: 23.5% MAPE
-    where the unfused norm's kernels make them 14.5%."""
+    """The 104 runs with Scaling's own RMSNorm read as if it were one fused kernel: 20.6% MAPE
+    where the unfused norm's kernels make them 11.9% (23.5% and 14.5% with the rotary embedding
+    read as fused too, before ``rope_fusion``)."""
     fused = tmp_path / "fused.csv"
     reread(FILE, fused, fused_norm="true")
     assert main(["validate", str(fused), "--json"]) == 0
@@ -195,12 +199,13 @@ def test_read_with_a_fused_norm(capsys, tmp_path) -> None:
     unfused_rows = [row for row in data["rows"] if "fa2-rms" not in row["name"]]
     assert len(unfused_rows) == 104
     mape = sum(abs(row["step_time_error"]) for row in unfused_rows) / len(unfused_rows)
-    assert 0.22 <= mape <= 0.26
+    assert 0.19 <= mape <= 0.22
 
 
 def test_read_with_megatron_lms_asynchronous_all_reduce(capsys, tmp_path) -> None:
-    """The same runs with the backward's all-reduce hidden, as Megatron-LM's is: 14.0% MAPE
-    against 11.9%, the mean error -13.8% against -11.6%. Its plan choice is no worse: regret
+    """The same runs with the backward's all-reduce hidden, as Megatron-LM's is: 12.3% MAPE
+    against 10.4%, the mean error -11.0% against -8.8% (14.0% against 11.9%, -13.8% against
+    -11.6% with the rotary embedding read as fused). Its plan choice is no worse: regret
     0.02% against 0.44% (13 groups of 14 picked against 12). Before Scaling's fp32 gradient
     all-reduce (``grad_all_reduce``) the hidden reading was the worse one there too: regret 3.1%
     against 1.7%."""
@@ -209,9 +214,9 @@ def test_read_with_megatron_lms_asynchronous_all_reduce(capsys, tmp_path) -> Non
     assert all(row["async_tp_allreduce"] == "false" for row in rows)
     assert main(["validate", str(hidden), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert 0.135 <= data["step_time_mape"] <= 0.15
+    assert 0.115 <= data["step_time_mape"] <= 0.13
     errors = [row["step_time_error"] for row in data["rows"]]
-    assert sum(errors) / len(errors) < -0.13 and data["regret_mean"] <= 0.005
+    assert sum(errors) / len(errors) < -0.10 and data["regret_mean"] <= 0.005
 
 
 def test_planner_estimate_refuses_scalings_reduction_under_a_framework(capsys) -> None:

@@ -19,7 +19,8 @@ from simcore.specs import Convention
 SWITCHES = {"overlap_grad_reduce": True, "tp_comm_overlap": True, "launch_blocking": False,
             "cuda_graphs": False, "master_weights": True,
             "fsdp_no_sync": False, "swiglu_fusion": True, "vocab_parallel_embedding": True,
-            "fp8_attention": False, "fused_norm": True, "grad_all_reduce": False}
+            "fp8_attention": False, "fused_norm": True, "grad_all_reduce": False,
+            "rope_fusion": True}
 STACK_CHOICES = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy",
                  "main_grad_copy", "fp32_grad_partition", "async_tp_allreduce")
 

@@ -146,6 +146,7 @@ class EstimateCommand(BaseCommand):
                                     tp_comm_overlap=args.tp_comm_overlap,
                                     async_tp_allreduce=args.async_tp_allreduce,
                                     fused_norm=args.fused_norm,
+                                    rope_fusion=args.rope_fusion,
                                     fp8_attention=args.fp8_attention,
                                     master_weights=args.master_weights,
                                     fsdp_no_sync=args.fsdp_no_sync,

@@ -224,6 +224,10 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="each RMSNorm runs as PyTorch's element-wise ops (eight kernels), not"
                    " one fused kernel (Aleph Alpha's Scaling without the flash-attention"
                    " repository's rms_norm)")
+    t.add_argument("--no-rope-fusion", dest="rope_fusion", action="store_false",
+                   help="the rotary embedding runs as PyTorch's element-wise ops (five"
+                   " kernels), not one fused kernel (eager torchtitan, Hugging Face,"
+                   " Megatron-DeepSpeed, Megatron-LM's --no-rope-fusion)")
     t.add_argument("--no-master-weights", dest="master_weights", action="store_false",
                    help="pure 16-bit training: no fp32 master copy, Adam's moments in bf16"
                    " (4 bytes a parameter of optimizer state, not 12)")

@@ -61,6 +61,7 @@ from simcore.megatron.stack import uses_quantized_params, uses_tp_comm_overlap
 from simcore.specs import (
     Activation,
     CpComm,
+    Family,
     Precision,
     Recompute,
     RecomputeModule,
@@ -147,6 +148,9 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
     if not plan.training.swiglu_fusion and plan.model.activation is Activation.SWIGLU:
         # SiLU and the product as two kernels (arguments.py: --no-bias-swiglu-fusion)
         sections.append(["--no-bias-swiglu-fusion"])
+    if not plan.training.rope_fusion and plan.model.family is Family.LLAMA:
+        # the rotary embedding as PyTorch's ops (arguments.py: --no-rope-fusion)
+        sections.append(["--no-rope-fusion"])
     if plan.strategy.precision is not Precision.BF16:
         sections.append(precision_args(
             plan.strategy.precision,

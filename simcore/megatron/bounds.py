@@ -150,7 +150,8 @@ def _layer_figures(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
                           seq_len=training.seq_len, tp=tp, sequence_parallel=bool(seqpar),
                           flash=flash, act_bytes=training.bytes_per_activation,
                           micro_batches=max(micro, 1), swiglu_fused=training.swiglu_fusion,
-                          cp_comm=training.cp_exchange, norm_fused=training.fused_norm)
+                          cp_comm=training.cp_exchange, norm_fused=training.fused_norm,
+                          rope_fused=training.rope_fusion)
         recompute = recomputes[rc]
         # full recompute stopping early skips the forward's tail (recompute_early_stop)
         selective = (k.op_recompute if per_op else k.core_forward if modules is None

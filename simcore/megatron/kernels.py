@@ -41,6 +41,7 @@ __all__ = [
     "TILE",
     "UNFUSED_CORE_KERNELS",
     "UNFUSED_NORM",
+    "UNFUSED_ROPE",
     "KernelCosts",
     "LayerKernels",
     "layer_kernels",
@@ -63,6 +64,17 @@ the epsilon's add and the reciprocal root (one value a token: launches, next to 
 product (read, write), the cast to fp32 (read, write twice the bytes), the cast back (read
 twice, write) and the weight's product (read, write): 13 units with the square, 8 kernels
 (:attr:`simcore.specs.TrainingSpec.fused_norm`)."""
+
+UNFUSED_ROPE = (1.0, 2.0, 2.0, 2.0, 3.0)
+"""Rotary embedding as PyTorch's element-wise ops (:attr:`simcore.specs.TrainingSpec
+.rope_fusion` false), kernel by kernel in units of Q's and K's bytes, as ``x * cos +
+rotate_half(x) * sin`` runs it (NVIDIA/Megatron-LM ``megatron/core/models/common/embeddings/
+rope_utils.py`` ``_rotate_half``, Aleph-Alpha/scaling ``src/scaling/core/nn/rotary.py``): the
+negation of the second half (read and write half), the concatenation (read, write), the two
+products (read, write each; cos and sin are a position's, next to no bytes) and the sum (two
+reads, a write). The complex form (``x.float()``, the complex product, ``.type_as(x)``:
+pytorch/torchtitan ``torchtitan/models/llama/model.py`` ``apply_rotary_emb``) moves the same
+10 units in three kernels. The fused kernel: one read and one write, 2 units."""
 
 CAUSAL_FRACTION = 0.5
 """A causal flash-attention kernel skips the blocks above the diagonal: about half the s^2 work
@@ -145,7 +157,8 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
                   queries: float, seq_len: int, tp: int, sequence_parallel: bool, flash: bool,
                   act_bytes: int, micro_batches: int = 1, ffn: int | None = None,
                   swiglu_fused: bool = True, cp_comm: CpComm = CpComm.P2P,
-                  norm_fused: bool = True, te_attention: bool = False) -> LayerKernels:
+                  norm_fused: bool = True, te_attention: bool = False,
+                  rope_fused: bool = True) -> LayerKernels:
     """The layer's kernels for one micro-batch of ``micro_batch`` sequences, each with
     ``queries`` tokens on this rank (the sequence split by context parallelism) attending over
     ``seq_len`` keys, on one of ``tp`` ranks; a step runs ``micro_batches`` of them (fp8 casts
@@ -153,7 +166,8 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     layer's shared experts; 0: none, the routed experts are priced apart,
     :mod:`simcore.megatron.moe`). ``swiglu_fused`` false: a SwiGLU's SiLU and product run as two
     kernels (:attr:`simcore.specs.TrainingSpec.swiglu_fusion`); ``norm_fused`` false: each norm
-    runs as PyTorch's element-wise ops (:data:`UNFUSED_NORM`). With ``queries`` short of
+    runs as PyTorch's element-wise ops (:data:`UNFUSED_NORM`); ``rope_fused`` false: so does
+    the rotary embedding (:data:`UNFUSED_ROPE`). With ``queries`` short of
     ``seq_len`` (cp ranks) a fused core runs context parallelism's kernels, as ``cp_comm``
     exchanges K and V (:mod:`simcore.megatron.cp_kernels`). ``te_attention``: the fused core
     runs in Transformer Engine, whose host issues it as :data:`UNFUSED_CORE_KERNELS` (the
@@ -195,7 +209,8 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     if not norm_fused:  # each norm's other kernels (its square is the norm above)
         elementwise += [units * outer for _ in range(2) for units in UNFUSED_NORM]
     if rope:
-        elementwise.append(2 * tokens * (q + kv) / t * a)  # RoPE on Q and K
+        rotated = tokens * (q + kv) / t * a  # RoPE on Q and K
+        elementwise += [2 * rotated] if rope_fused else [u * rotated for u in UNFUSED_ROPE]
     if unfused_product:
         elementwise.append(unfused_product)
 

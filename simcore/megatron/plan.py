@@ -199,7 +199,7 @@ class StepPlan:
             shared, ("kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
                      self.te, self.m if self.fp8 else 0,  # fp8 casts the weights once per step
                      training.swiglu_fusion, self.fp8_attention, training.cp_exchange,
-                     training.fused_norm),
+                     training.fused_norm, training.rope_fusion),
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
@@ -207,6 +207,7 @@ class StepPlan:
                 act_bytes=training.bytes_per_activation, micro_batches=self.m,
                 swiglu_fused=training.swiglu_fusion, cp_comm=training.cp_exchange,
                 norm_fused=training.fused_norm, te_attention=self.te,
+                rope_fused=training.rope_fusion,
             ))
         if self.moe is not None:
             self._moe_parts(shared)
@@ -289,14 +290,15 @@ class StepPlan:
         self.moe_kernels: LayerKernels = _shared(
             shared, ("moe kernels", s.micro_batch, s.sp, s.tp, s.sequence_parallel, s.precision,
                      self.te, self.m if self.fp8 else 0, training.swiglu_fusion,
-                     self.fp8_attention, training.cp_exchange, training.fused_norm),
+                     self.fp8_attention, training.cp_exchange, training.fused_norm,
+                     training.rope_fusion),
             lambda: layer_kernels(
                 model, self.shape, self.costs, micro_batch=s.micro_batch,
                 queries=self.seq / s.sp, seq_len=self.seq, tp=s.tp,
                 sequence_parallel=s.sequence_parallel, flash=self.flash, act_bytes=a,
                 micro_batches=self.m, ffn=width, swiglu_fused=training.swiglu_fusion,
                 cp_comm=training.cp_exchange, norm_fused=training.fused_norm,
-                te_attention=self.te,
+                te_attention=self.te, rope_fused=training.rope_fusion,
             ))
         self.experts = _shared(
             shared, ("experts", s.micro_batch, s.sp, s.tp, s.ep, s.expert_tp, s.precision,

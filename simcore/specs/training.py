@@ -123,6 +123,18 @@ class TrainingSpec:
     weight): eight kernels that move 13 times the input's bytes, not 2 (the square, the mean,
     the epsilon and the reciprocal root, the product, the two casts, the weight), each with its
     backward, and the normalised tensor kept for the weight's gradient besides the input."""
+    rope_fusion: bool = True
+    """Rotary position embedding runs as one fused kernel that reads Q and K and writes them
+    rotated (Transformer Engine's ``fused_apply_rotary_pos_emb``, Megatron-LM's default, which
+    ``--no-rope-fusion`` turns off; the flash-attention repository's rotary kernel;
+    torch.compile's generated one). False: PyTorch's element-wise ops, as eager code writes it:
+    ``x * cos + rotate_half(x) * sin`` (Megatron-LM's ``--no-rope-fusion`` path
+    ``_rotate_half``, Megatron-DeepSpeed, Hugging Face's Llama, Aleph Alpha's Scaling
+    ``RotaryEmbedding``) or through complex numbers (``x.float()``, a complex product, the cast
+    back: torchtitan's and Meta's Llama ``apply_rotary_emb``, Scaling's
+    ``RotaryEmbeddingComplex``): five kernels moving 10 times Q's and K's bytes, not 2
+    (:data:`simcore.megatron.kernels.UNFUSED_ROPE`), each with its backward. Nothing more is
+    kept for the backward. Models without rotary embeddings are the same either way."""
     vocab_parallel_embedding: bool = True
     """The token embedding is split over tp, each rank holding V / tp rows, and its output
     all-reduced (reduce-scattered with sequence parallelism), as Megatron-LM's

@@ -164,10 +164,10 @@ def test_the_runs_csv_columns() -> None:
 
 
 def test_the_sweep_as_estimated(capsys) -> None:
-    """Measured: 10.4% MAPE, 8.9% median (the fused-norm runs 9.1 / 7.9%, the unfused ones
-    11.9 / 10.9%), most runs estimated fast (mean -8.8%; the 30B's 256 GPUs -16%; the 13B at tp
-    2 with Scaling's own norm up to +14%); regret 0.44% over 14 groups, the fastest picked in
-    12 (the 30B on 256 GPUs with the fused norm: 5.9%), Kendall tau 0.78. Scaling runs its
+    """Measured: 10.6% MAPE, 9.0% median (the fused-norm runs 9.1 / 7.9%, the unfused ones
+    12.3 / 11.4%), nearly all runs estimated fast (mean -9.7%; the 30B's 256 GPUs -18%; a few
+    13B runs up to +9.4%); regret 0.44% over 14 groups, the fastest picked in 12 (the 30B on
+    256 GPUs with the fused norm: 5.9%), Kendall tau 0.79. Scaling runs its
     rotary embedding as PyTorch's ops (``rope_fusion false``; read as fused: 11.9% MAPE, 10.9%
     median, mean -11.6%, tests/test_rope_fusion.py). Scaling reduces the
     gradients after the backward (``overlap_grad_reduce false``; 13.1% and tau 0.75 read as
@@ -179,10 +179,10 @@ def test_the_sweep_as_estimated(capsys) -> None:
     assert main(["validate", str(FILE), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == [] and data["step_time_runs"] == 234
-    assert 0.10 <= data["step_time_mape"] <= 0.108
+    assert 0.10 <= data["step_time_mape"] <= 0.11
     assert 0.085 <= data["step_time_median_ape"] <= 0.095
     errors = [row["step_time_error"] for row in data["rows"]]
-    assert max(errors) < 0.15 and -0.095 < sum(errors) / len(errors) < -0.08
+    assert max(errors) < 0.10 and -0.105 < sum(errors) / len(errors) < -0.09
     assert data["groups_count"] == 14 and data["regret_mean"] <= 0.006
     assert sum(group["picked"] == group["fastest"] for group in data["groups"]) == 12
     assert data["over_memory_runs"] == 1
@@ -190,7 +190,7 @@ def test_the_sweep_as_estimated(capsys) -> None:
 
 def test_read_with_a_fused_norm(capsys, tmp_path) -> None:
     """The 104 runs with Scaling's own RMSNorm read as if it were one fused kernel: 20.6% MAPE
-    where the unfused norm's kernels make them 11.9% (23.5% and 14.5% with the rotary embedding
+    where the unfused norm's kernels make them 12.3% (23.5% and 14.5% with the rotary embedding
     read as fused too, before ``rope_fusion``)."""
     fused = tmp_path / "fused.csv"
     reread(FILE, fused, fused_norm="true")
@@ -203,8 +203,8 @@ def test_read_with_a_fused_norm(capsys, tmp_path) -> None:
 
 
 def test_read_with_megatron_lms_asynchronous_all_reduce(capsys, tmp_path) -> None:
-    """The same runs with the backward's all-reduce hidden, as Megatron-LM's is: 12.3% MAPE
-    against 10.4%, the mean error -11.0% against -8.8% (14.0% against 11.9%, -13.8% against
+    """The same runs with the backward's all-reduce hidden, as Megatron-LM's is: 12.5% MAPE
+    against 10.6%, the mean error -11.9% against -9.7% (14.0% against 11.9%, -13.8% against
     -11.6% with the rotary embedding read as fused). Its plan choice is no worse: regret
     0.02% against 0.44% (13 groups of 14 picked against 12). Before Scaling's fp32 gradient
     all-reduce (``grad_all_reduce``) the hidden reading was the worse one there too: regret 3.1%
@@ -214,7 +214,7 @@ def test_read_with_megatron_lms_asynchronous_all_reduce(capsys, tmp_path) -> Non
     assert all(row["async_tp_allreduce"] == "false" for row in rows)
     assert main(["validate", str(hidden), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert 0.115 <= data["step_time_mape"] <= 0.13
+    assert 0.118 <= data["step_time_mape"] <= 0.132
     errors = [row["step_time_error"] for row in data["rows"]]
     assert sum(errors) / len(errors) < -0.10 and data["regret_mean"] <= 0.005
 

@@ -258,6 +258,9 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         kernels_backward += fp8.kernels_backward
         op_recompute += fp8.forward
     issued_forward, issued_backward = kernels_forward, kernels_backward
+    if rope and not rope_fused:  # the host issues the five small ops in one kernel's time
+        issued_forward -= len(UNFUSED_ROPE) - 1
+        issued_backward -= BACKWARD_KERNELS * (len(UNFUSED_ROPE) - 1)
     if flash and te_attention:
         drop = 1 if shape.dropout else 0
         issued_forward += max(0, UNFUSED_CORE_KERNELS[0] + drop - n_core_fwd)

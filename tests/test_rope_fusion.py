@@ -174,6 +174,12 @@ def _mape(errors: dict[str, float], part: str) -> float:
     # Hugging Face's Llama 2 7B and ChatGLM3-6B under DeepSpeed ZeRO-3 (their RMSNorm unfused
     # too): within -1.5..+2.3%; with the rope fused -4.1..-2.8% (-9.4..-13.9% with both fused)
     ("flagperf-check.csv", "flagperf deepspeed", (0.0, 0.02), (0.03, 0.05)),
+    # FlagScale's 2023 Megatron-LM forks (their legacy attention calls Megatron-core's unfused
+    # apply_rotary_pos_emb: FlagOpen/FlagScale@ed55532 and @26cd664 megatron/model/
+    # transformer.py): Aquila2-7B's four plans -1.2..+1.0% (-2.3..-4.6% fused), Llama 2 70B's
+    # three on H800s -11.1, -0.7, -1.3% (-13.1, -3.0, -3.6%)
+    ("flagperf-check.csv", "flagperf aquila2-7b", (0.005, 0.01), (0.03, 0.04)),
+    ("flagperf-check.csv", "flagperf llama2-70b h800", (0.04, 0.05), (0.06, 0.07)),
     # torchtitan's eager Llama 3.1 8B on 8 and 128 H100s (its RMSNorm unfused too): +1.6 and
     # -0.9%; with the rope fused -2.7 and -5.0% (-12.4 and -14.5% with both fused)
     ("h100-check.csv", "tp1 cp1 mb2 ac=selective", (0.0, 0.02), (0.03, 0.045)),

@@ -133,8 +133,10 @@ class TrainingSpec:
     ``RotaryEmbedding``) or through complex numbers (``x.float()``, a complex product, the cast
     back: torchtitan's and Meta's Llama ``apply_rotary_emb``, Scaling's
     ``RotaryEmbeddingComplex``): five kernels moving 10 times Q's and K's bytes, not 2
-    (:data:`simcore.megatron.kernels.UNFUSED_ROPE`), each with its backward. Nothing more is
-    kept for the backward. Models without rotary embeddings are the same either way."""
+    (:data:`simcore.megatron.kernels.UNFUSED_ROPE`), each with its backward, which the host
+    issues in one inventory kernel's time (small aten ops, not a module's Python around a
+    kernel). Nothing more is kept for the backward. Models without rotary embeddings are the
+    same either way."""
     vocab_parallel_embedding: bool = True
     """The token embedding is split over tp, each rank holding V / tp rows, and its output
     all-reduced (reduce-scattered with sequence parallelism), as Megatron-LM's

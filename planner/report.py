@@ -35,7 +35,7 @@ from search_spaces.frameworks import FRAMEWORKS
 from simcore import estimate, host_wait
 from simcore.megatron.checks import micro_batches
 from simcore.megatron.stack import uses_tp_comm_overlap
-from simcore.specs import Convention
+from simcore.specs import Activation, Convention, Family
 
 __all__ = ["Report", "build_report", "report_html"]
 
@@ -108,7 +108,7 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
                       tp_overlap=_tp_overlap(plan),
                       wide=short_wide(micro_batches(plan.training, plan.strategy),
                                       plan.strategy.dp, plan.estimate.step_time),
-                      device=plan.system.device.name)
+                      device=plan.system.device.name, eager=_eager_ops(plan))
     return Report(study.study_name, summary, _counts(frame), best, figures, decision)
 
 
@@ -121,6 +121,21 @@ def _tp_overlap(plan: Plan) -> float:
     without = replace(plan.training, tp_comm_overlap=False)
     return (estimate(plan.model, plan.system, without, plan.strategy, plan.convention).step_time
             - plan.estimate.step_time)
+
+
+def _eager_ops(plan: Plan) -> tuple[float, tuple[str, ...]]:
+    """Seconds the plan's step would shrink with the element-wise ops its training runs as
+    PyTorch's fused, and those ops in words (:attr:`planner.report_decision.Decision.eager`)."""
+    t, model = plan.training, plan.model
+    unfused = {"its norms": not t.fused_norm,
+               "its rotary embedding": not t.rope_fusion and model.family is Family.LLAMA,
+               "its SwiGLU": not t.swiglu_fusion and model.activation is Activation.SWIGLU}
+    ops = tuple(name for name, on in unfused.items() if on)
+    if not ops:
+        return 0.0, ()
+    fused = replace(t, fused_norm=True, rope_fusion=True, swiglu_fusion=True)
+    step = estimate(plan.model, plan.system, fused, plan.strategy, plan.convention).step_time
+    return max(0.0, plan.estimate.step_time - step), ops
 
 
 def _inputs(report: Report) -> str:

@@ -20,14 +20,13 @@ import pytest
 
 from planner.catalog import load_catalog
 from planner.cli import main
-from planner.plan import make_plan, read_plan, write_plan
-from planner.study_config import load_study_config
+from planner.plan import make_plan
 from simcore import estimate
-from simcore.megatron.batched import estimate_many
 from simcore.megatron.kernels import KernelCosts, layer_kernels
 from simcore.megatron.layers import layer_shape
 from simcore.specs import Convention, Strategy, TrainingSpec
 from tests.runs_files import reread
+from tests.training_flag_checks import assert_a_study_and_a_plan_file_keep_it
 
 VALIDATION = Path(__file__).parent / "data" / "validation"
 # Llama 3 8B (hidden 4096, 8 key-value heads of 128: K is 1024 wide) at sequence 4096,
@@ -117,25 +116,7 @@ space: {{tp: [1, 2, 4], pp: [1, 2], recompute: [none, full, selective], micro_ba
 
 def test_a_study_and_a_plan_file_keep_it_and_the_batched_path_agrees(
         tmp_path: Path, capsys) -> None:
-    study = tmp_path / "study.yaml"
-    study.write_text(STUDY.format(value="false"))
-    config = load_study_config(study)
-    assert config.training.rope_fusion is False
-    plans = config.space.valid
-    result = estimate_many(config.model, config.system, config.training, plans)
-    for i, strategy in enumerate(plans):
-        est = estimate(config.model, config.system, config.training, strategy)
-        assert float(result.step_time[i]) == pytest.approx(est.step_time, rel=1e-9)
-        assert float(result.peak_memory[i]) == pytest.approx(est.memory.total, rel=1e-9)
-    plan = make_plan(config.model, config.system, config.training, plans[0],
-                     Convention.MEGATRON)
-    path = tmp_path / "plan.yaml"
-    write_plan(plan, path)
-    assert read_plan(path).training == config.training
-    study.write_text(STUDY.format(value="sometimes"))
-    assert main(["run", str(study), "--storage", str(tmp_path / "b.db")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "training.rope_fusion" in err[0] and str(study) in err[0]
+    assert_a_study_and_a_plan_file_keep_it(tmp_path, capsys, STUDY, "rope_fusion")
 
 
 def test_the_megatron_export_asks_for_the_unfused_rope() -> None:

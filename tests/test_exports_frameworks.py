@@ -355,3 +355,25 @@ def test_megatron_runs_the_gradients_in_the_type_they_were_priced_in(system, gra
     assert [a for a in args if a in grad_flags] == ([flag] if flag else [])
     with pytest.raises(ValueError, match="grad_bytes must be 2 .* or 4"):
         TrainingSpec(global_batch=8, seq_len=2048, bytes_per_param_grads=3)
+
+
+def test_torchtitan_compiles_a_plan_priced_with_fused_ops_and_not_an_eager_one() -> None:
+    """torchtitan leaves torch.compile off by default (v0.2.2 ``Compile.enable`` false; main
+    b5bcd76c ``CompileConfig.enable`` False), and eager it runs its Llama's RMSNorm, rotary
+    embedding and SwiGLU as PyTorch's ops. A plan priced with them fused (the estimate's
+    default) is exported compiled; one whose training says any of them is unfused, eager."""
+    c = load_catalog()
+    model, system = c.model("llama3-8b"), c.system("dgx-h100-8")
+    training = TrainingSpec(global_batch=16, seq_len=8192)
+    strategy = Strategy(dp=8, micro_batch=1, zero=ZeroStage.PARAMETERS,
+                        recompute=Recompute.SELECTIVE)
+    for flags, expected in (({}, True), ({"rope_fusion": False}, False),
+                            ({"fused_norm": False}, False), ({"swiglu_fusion": False}, False)):
+        plan = make_plan(model, system, replace(training, **flags), strategy,
+                         Convention.MEGATRON)
+        files = export_files(plan, "torchtitan")
+        toml = tomllib.loads(files["torchtitan.toml"])
+        assert toml["compile"] == {"enable": expected, "components": ["model", "loss"]}
+        assert (f"compile_config = CompileConfig(enable={expected}, components=[\"model\","
+                ' "loss"])') in files["torchtitan_config.py"]
+        assert "compile=compile_config," in files["torchtitan_config.py"]

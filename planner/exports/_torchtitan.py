@@ -12,7 +12,9 @@ pytorch/torchtitan tag v0.2.2 (commit 73a0e697, 2026-02-20):
   local_batch_size / it), ``pipeline_parallel_layers_per_stage``,
   ``pipeline_parallel_first_stage_less_layers``, ``pipeline_parallel_last_stage_less_layers``,
   ``context_parallel_degree``; ``[activation_checkpoint]`` ``mode`` (selective/full/none),
-  ``selective_ac_option`` ("op" for per-op selective AC).
+  ``selective_ac_option`` ("op" for per-op selective AC); ``[compile]`` ``enable`` (default
+  false), ``components`` (default model and loss): on where the plan's training prices its
+  norms, rotary embedding and SwiGLU fused (``planner.exports._torchtitan_fields.compiled``).
 - ``torchtitan/train.py``: gradient accumulation = global_batch_size / (local_batch_size * dp).
 - ``torchtitan/distributed/pipeline_parallel.py``: stages = ceil((layers + first_less + last_less)
   / layers_per_stage), stages per rank = stages / pp.
@@ -24,7 +26,8 @@ commit 9810191b (2026-02-23, #2386). Field names from pytorch/torchtitan main at
 (2026-08-22):
 
 - ``torchtitan/trainer.py``: ``Trainer.Config`` fields ``training``, ``parallelism``,
-  ``activation_checkpoint`` (``SelectiveAC.Config()``, ``FullAC.Config()`` or ``None``); its check
+  ``activation_checkpoint`` (``SelectiveAC.Config()``, ``FullAC.Config()`` or ``None``),
+  ``compile`` (``CompileConfig(enable, components)``, ``torchtitan/config/configs.py``); its check
   that CUDA graphs (on unless ``training.disable_cuda_graphs``) do not support pipeline
   parallelism; gradient accumulation = num_tokens_per_train_step /
   (num_tokens_per_microbatch_per_dp_rank * num_pp_microbatches * dp).
@@ -60,7 +63,10 @@ import json
 
 from planner.exports._megatron import header_lines, micro_batches
 from planner.exports._torchtitan_fields import (
+    COMPILED,
     SCHEDULES,
+    compile_comment,
+    compiled,
     configuration,
     data_parallel,
     llama3_flavor,
@@ -110,7 +116,9 @@ def _toml(plan: Plan) -> str:
     lines += _toml_model(plan) + [""]
     lines += _toml_training(plan) + [""]
     lines += _toml_parallelism(plan) + [""]
-    lines += _toml_activation_checkpoint(plan)
+    lines += _toml_activation_checkpoint(plan) + [""]
+    lines += ["[compile]", f"# {compile_comment(plan)}", _kv("enable", compiled(plan)),
+              _kv_list("components", list(COMPILED))]
     return "\n".join(lines) + "\n"
 
 

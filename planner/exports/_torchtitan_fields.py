@@ -9,8 +9,8 @@ from planner.exports._torchtitan_moe import moe_flavor
 from planner.plan import Plan
 from simcore.specs import Family, Schedule, ZeroStage
 
-__all__ = ["SCHEDULES", "configuration", "data_parallel", "llama3_flavor", "pipeline",
-           "pipeline_comment", "zero_comment"]
+__all__ = ["COMPILED", "SCHEDULES", "compile_comment", "compiled", "configuration",
+           "data_parallel", "llama3_flavor", "pipeline", "pipeline_comment", "zero_comment"]
 
 SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
              Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.ZBV: "ZBVZeroBubble"}
@@ -19,6 +19,9 @@ SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
 _LLAMA3 = {(32, 4096, 14336, 32, 8): "8B", (80, 8192, 28672, 64, 8): "70B",
            (126, 16384, 53248, 128, 8): "405B"}
 """torchtitan's llama3 flavors by (layers, dim, ffn, heads, kv_heads); vocab 128256."""
+
+COMPILED = ("model", "loss")
+"""What torch.compile compiles when the plan is compiled (torchtitan's ``components`` default)."""
 
 _RESHARD = {ZeroStage.OPTIMIZER: "never", ZeroStage.GRADIENTS: "never",
             ZeroStage.PARAMETERS: "always"}
@@ -30,6 +33,25 @@ def llama3_flavor(plan: Plan) -> str | None:
     if m.family is not Family.LLAMA or m.vocab != 128256:
         return None
     return _LLAMA3.get((m.layers, m.hidden, m.ffn_hidden, m.heads, m.n_kv_heads))
+
+
+def compiled(plan: Plan) -> bool:
+    """Whether the plan runs under torch.compile: its training prices the norms, the rotary
+    embedding and the SwiGLU as fused kernels (the estimate's default), which eager torchtitan
+    runs as PyTorch's ops (its Llama's ``RMSNorm``, complex ``apply_rotary_emb`` and
+    ``F.silu(w1(x)) * w3(x)``) and torch.compile fuses. torchtitan's configs leave compile off
+    (``CompileConfig.enable`` False at b5bcd76c; ``[compile] enable=false`` in v0.2.2's
+    ``llama3_8b.toml``), so the exports say which."""
+    t = plan.training
+    return t.fused_norm and t.rope_fusion and t.swiglu_fusion
+
+
+def compile_comment(plan: Plan) -> str:
+    if compiled(plan):
+        return ("torch.compile fuses the norms, the rotary embedding and the SwiGLU, as the"
+                " estimate prices them")
+    return ("eager, as the plan's training says: its norms, rotary embedding or SwiGLU run as"
+            " PyTorch's ops")
 
 
 def configuration(plan: Plan) -> tuple[str, str, str] | None:

@@ -7,6 +7,9 @@ import json
 
 from planner.exports._megatron import header_lines, micro_batches
 from planner.exports._torchtitan_fields import (
+    COMPILED,
+    compile_comment,
+    compiled,
     configuration,
     data_parallel,
     llama3_flavor,
@@ -62,10 +65,7 @@ def _model_spec(plan: Plan) -> list[str]:
                 f"        model_spec=model_registry({_py(flavor)}, converters=[",
                 "            Float8LinearConverter.Config(",
                 '                filter_fqns=["lm_head"],',
-                "                model_compile_enabled=(",
-                ('                    config.compile.enable and "model" in'
-                 ' config.compile.components'),
-                "                ),",
+                "                model_compile_enabled=compile_config.enable,",
                 "            ),",
                 "        ]),"]
     if flavor in _FLOAT8_BUILTIN:
@@ -79,7 +79,7 @@ def _python_imports(plan: Plan) -> list[str]:
     lines = []
     if plan.strategy.precision is Precision.FP8 and llama3_flavor(plan) is not None:
         lines.append("from torchtitan.components.quantization import Float8LinearConverter")
-    lines.append("from torchtitan.config import ParallelismConfig")
+    lines.append("from torchtitan.config import CompileConfig, ParallelismConfig")
     ac = _ac_class(plan)
     if ac is not None:
         lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac}")
@@ -92,8 +92,8 @@ def _python_imports(plan: Plan) -> list[str]:
 def _python_apply(plan: Plan) -> list[str]:
     s, t = plan.strategy, plan.training
     lines = ["def apply_plan(config: Trainer.Config) -> Trainer.Config:",
-             ('    """``config`` with the plan\'s parallelism, batch and activation'
-             ' checkpointing."""'),
+             ('    """``config`` with the plan\'s parallelism, batch, activation'
+             ' checkpointing and compile."""'),
              "    parallelism = ParallelismConfig(",
              *(f"        # {c}" for c in zero_comment(plan))]
     lines += [f"        {k}={_py(v)}," for k, v in data_parallel(plan).items()]
@@ -122,12 +122,17 @@ def _python_apply(plan: Plan) -> list[str]:
         lines += ["        # CUDA graphs do not support pipeline parallelism yet",
                   "        disable_cuda_graphs=True,"]
     ac = _ac_class(plan)
+    components = ", ".join(_py(c) for c in COMPILED)
     lines += ["    )",
+              f"    # {compile_comment(plan)}",
+              (f"    compile_config = CompileConfig(enable={compiled(plan)},"
+               f" components=[{components}])"),
               "    return dataclasses.replace(",
               "        config,",
               *_model_spec(plan),
               "        parallelism=parallelism,",
               "        training=training,",
+              "        compile=compile_config,",
               f"        activation_checkpoint={'None' if ac is None else ac + '.Config()'},",
               "    )"]
     return lines

@@ -8,7 +8,7 @@ so gradient accumulation = 16777216 / (8192 * 256 * 8) = 1.
 
 import dataclasses
 
-from torchtitan.config import ParallelismConfig
+from torchtitan.config import CompileConfig, ParallelismConfig
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from torchtitan.trainer import Trainer
 
@@ -38,10 +38,14 @@ def apply_plan(config: Trainer.Config) -> Trainer.Config:
         mixed_precision_reduce="float32",
         disable_cuda_graphs=True,
     )
+    # configs.py CompileConfig(enable=False, components=["model", "loss"]) by default; the
+    # plan's training prices its norms, rotary embedding and SwiGLU fused
+    compile_config = CompileConfig(enable=True, components=["model", "loss"])
     return dataclasses.replace(
         config,
         parallelism=parallelism,
         training=training,
+        compile=compile_config,
         activation_checkpoint=SelectiveAC.Config(),
     )
 

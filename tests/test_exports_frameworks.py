@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -377,3 +378,30 @@ def test_torchtitan_compiles_a_plan_priced_with_fused_ops_and_not_an_eager_one()
         assert (f"compile_config = CompileConfig(enable={expected}, components=[\"model\","
                 ' "loss"])') in files["torchtitan_config.py"]
         assert "compile=compile_config," in files["torchtitan_config.py"]
+
+
+def test_the_deepspeed_launcher_says_megatron_deepspeed_runs_swiglu_and_rope_unfused() -> None:
+    """Megatron-DeepSpeed (deepspeedai/Megatron-DeepSpeed@4efb479d) runs SwiGLU as
+    ``F.silu(x[0]) * x[1]`` and the rotary embedding through ``_rotate_half``: PyTorch's ops. A
+    Llama plan priced with them fused says so, with the step priced as it runs. Hand
+    calculation, Llama 3 8B at sequence 4096, micro-batch 1, full recompute on A100 80GB
+    (2,039 GB/s x 0.705 = 1.437 TB/s): the rotary embedding moves 8 more units of Q and K's
+    4096 x 5120 x 2 bytes (233 us forward), the SwiGLU 2 more of its 4096 x 14336 x 2 (163 us);
+    forward, recompute and a backward of twice the forward: 4 x 396 us = 1.586 ms a layer, x 32
+    layers x 8 micro-batches (64 / dp 8) = 0.406 s more."""
+    c = load_catalog()
+    training = TrainingSpec(global_batch=64, seq_len=4096)
+    strategy = Strategy(dp=8, micro_batch=1, zero=ZeroStage.OPTIMIZER, recompute=Recompute.FULL)
+    plan = make_plan(c.model("llama3-8b"), c.system("dgx-a100-8"), training, strategy,
+                     Convention.MEGATRON)
+    text = " ".join(export_files(plan, "deepspeed")["deepspeed-launch.txt"].split())
+    said = re.search(r"runs the model's SwiGLU and rotary embedding as PyTorch's element-wise"
+                     r" ops; .* says swiglu_fusion: false, rope_fusion: false prices what it"
+                     r" runs \((\d+\.\d+) s a step against (\d+\.\d+) s\)", text)
+    assert said and float(said.group(2)) == pytest.approx(plan.estimate.step_time, abs=5e-4)
+    assert float(said.group(1)) - float(said.group(2)) == pytest.approx(0.406, abs=0.005)
+    eager = replace(training, swiglu_fusion=False, rope_fusion=False)
+    for model, t in (("llama3-8b", eager), ("gpt-1.7b", training)):
+        other = make_plan(c.model(model), c.system("dgx-a100-8"), t, strategy,
+                          Convention.MEGATRON)
+        assert "element-wise ops" not in export_files(other, "deepspeed")["deepspeed-launch.txt"]

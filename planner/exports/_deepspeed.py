@@ -36,13 +36,15 @@ DeepSpeed's ``--deepspeed --deepspeed_config`` (``deepspeed/__init__.py``).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from planner.exports._megatron import header_lines, micro_batches
 from planner.exports._reprice import stack_check
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
-from simcore.specs import Precision, Recompute, ZeroStage
+from simcore import estimate
+from simcore.specs import Activation, Family, Precision, Recompute, ZeroStage
 
 __all__ = ["ds_config", "export_deepspeed"]
 
@@ -200,6 +202,29 @@ def _notes(plan: Plan) -> list[str]:
     if s.recompute is not Recompute.NONE:
         notes += ["- The activation_checkpointing section configures DeepSpeed's checkpointing",
                   "  API; --recompute-granularity chooses what the model recomputes."]
+    notes += _eager_note(plan)
     if len(notes) == 1:
         notes.append("- none")
     return notes
+
+
+def _eager_note(plan: Plan) -> list[str]:
+    """Megatron-DeepSpeed runs SwiGLU as ``F.silu(x[0]) * x[1]`` (``megatron/model/
+    transformer.py``) and the rotary embedding as ``t * cos + _rotate_half(t) * sin``
+    (``megatron/model/rotary_pos_embedding.py``), PyTorch's ops, at 4efb479d; a plan priced
+    with them fused says so, and how to price what it runs."""
+    t, m = plan.training, plan.model
+    fused = [name for name, on in (
+        ("SwiGLU", m.activation is Activation.SWIGLU and t.swiglu_fusion),
+        ("rotary embedding", m.family is Family.LLAMA and t.rope_fusion)) if on]
+    if not fused:
+        return []
+    off = {k: False for k, on in (("swiglu_fusion", "SwiGLU" in fused),
+                                  ("rope_fusion", "rotary embedding" in fused)) if on}
+    eager = estimate(plan.model, plan.system, replace(t, **off), plan.strategy,
+                     plan.convention).step_time
+    flags = ", ".join(f"{k}: false" for k in off)
+    return [f"- Megatron-DeepSpeed runs the model's {' and '.join(fused)} as PyTorch's",
+            "  element-wise ops; this plan was priced with them fused: a study whose training",
+            f"  says {flags} prices what it runs ({eager:.3f} s a step against"
+            f" {plan.estimate.step_time:.3f} s)."]

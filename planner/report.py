@@ -34,8 +34,8 @@ from planner.tables import PLACEMENTS, best_frame, mfu_note, trials_frame
 from search_spaces.frameworks import FRAMEWORKS
 from simcore import estimate, host_wait
 from simcore.megatron.checks import micro_batches
-from simcore.megatron.stack import uses_tp_comm_overlap
-from simcore.specs import Activation, Convention, Family
+from simcore.megatron.stack import elementwise_fusions, uses_tp_comm_overlap
+from simcore.specs import Convention
 
 __all__ = ["Report", "build_report", "report_html"]
 
@@ -123,17 +123,19 @@ def _tp_overlap(plan: Plan) -> float:
             - plan.estimate.step_time)
 
 
+_OPS = {"fused_norm": "norms", "rope_fusion": "rotary embedding", "swiglu_fusion": "SwiGLU"}
+"""Each fusion switch's op, as the page names it."""
+
+
 def _eager_ops(plan: Plan) -> tuple[float, tuple[str, ...]]:
     """Seconds the plan's step would shrink with the element-wise ops its training runs as
     PyTorch's fused, and those ops in words (:attr:`planner.report_decision.Decision.eager`)."""
-    t, model = plan.training, plan.model
-    unfused = {"its norms": not t.fused_norm,
-               "its rotary embedding": not t.rope_fusion and model.family is Family.LLAMA,
-               "its SwiGLU": not t.swiglu_fusion and model.activation is Activation.SWIGLU}
-    ops = tuple(name for name, on in unfused.items() if on)
-    if not ops:
+    t = plan.training
+    unfused = [f for f in elementwise_fusions(plan.model) if not getattr(t, f)]
+    if not unfused:
         return 0.0, ()
-    fused = replace(t, fused_norm=True, rope_fusion=True, swiglu_fusion=True)
+    ops = tuple(f"its {_OPS[f]}" for f in unfused)
+    fused = replace(t, **dict.fromkeys(unfused, True))
     step = estimate(plan.model, plan.system, fused, plan.strategy, plan.convention).step_time
     return max(0.0, plan.estimate.step_time - step), ops
 

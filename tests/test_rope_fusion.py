@@ -26,7 +26,10 @@ from simcore.megatron.kernels import KernelCosts, layer_kernels
 from simcore.megatron.layers import layer_shape
 from simcore.specs import Convention, Strategy, TrainingSpec
 from tests.runs_files import reread
-from tests.training_flag_checks import assert_a_study_and_a_plan_file_keep_it
+from tests.training_flag_checks import (
+    assert_a_study_and_a_plan_file_keep_it,
+    estimates_with_and_without,
+)
 
 VALIDATION = Path(__file__).parent / "data" / "validation"
 # Llama 3 8B (hidden 4096, 8 key-value heads of 128: K is 1024 wide) at sequence 4096,
@@ -92,11 +95,8 @@ def test_it_keeps_nothing_more_and_models_without_rope_are_the_same_either_way()
 def test_planner_estimate_takes_the_flag(capsys) -> None:
     args = ["estimate", "--model", "llama3-8b", "--system", "dgx-a100-8", "--dp", "8",
             "--micro-batch", "1", "--global-batch", "8", "--seq-len", "4096",
-            "--no-transformer-engine", "--json"]
-    assert main(args) == 0
-    fused = json.loads(capsys.readouterr().out)
-    assert main([*args, "--no-rope-fusion"]) == 0
-    unfused = json.loads(capsys.readouterr().out)
+            "--no-transformer-engine"]
+    fused, unfused = estimates_with_and_without(capsys, args, "--no-rope-fusion")
     assert unfused["memory"] == fused["memory"]
     # 32 layers x (233 us forward + 467 us backward) = 22.4 ms more, at least (the step's
     # other parts may hide some of it, none adds to it)

@@ -7,21 +7,22 @@ Megatron-DeepSpeed's ``swiglu`` (``F.silu(x[0]) * x[1]``); Megatron-LM's default
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from planner.catalog import load_catalog
-from planner.cli import main
 from planner.plan import make_plan
 from simcore import estimate
 from simcore.megatron.activations import layer_activations
 from simcore.megatron.kernels import KernelCosts, layer_kernels
 from simcore.megatron.layers import layer_shape
 from simcore.specs import Convention, Recompute, Strategy, TrainingSpec
-from tests.training_flag_checks import assert_a_study_and_a_plan_file_keep_it
+from tests.training_flag_checks import (
+    assert_a_study_and_a_plan_file_keep_it,
+    estimates_with_and_without,
+)
 
 # Llama 3 8B (hidden 4096, FFN 14336) at sequence 4096, micro-batch 1, tp 1.
 SEQ, H, F = 4096, 4096, 14336
@@ -79,11 +80,8 @@ def test_models_without_swiglu_are_the_same_either_way() -> None:
 def test_planner_estimate_takes_the_flag(capsys) -> None:
     args = ["estimate", "--model", "llama3-8b", "--system", "dgx-h100-8", "--dp", "8",
             "--micro-batch", "1", "--global-batch", "8", "--seq-len", "4096",
-            "--no-transformer-engine", "--json"]
-    assert main(args) == 0
-    fused = json.loads(capsys.readouterr().out)
-    assert main([*args, "--no-swiglu-fusion"]) == 0
-    unfused = json.loads(capsys.readouterr().out)
+            "--no-transformer-engine"]
+    fused, unfused = estimates_with_and_without(capsys, args, "--no-swiglu-fusion")
     # 32 layers x 4096 x 14336 x 2 bytes more activations
     assert (unfused["memory"]["activations"] - fused["memory"]["activations"]
             == pytest.approx(32 * SEQ * F * 2))

@@ -4,6 +4,7 @@ each such option)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,11 @@ def assert_a_study_and_a_plan_file_keep_it(tmp_path: Path, capsys, study_text: s
     assert main(["run", str(study), "--storage", str(tmp_path / "b.db")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"training.{field}" in err[0] and str(study) in err[0]
+
+
+def estimates_with_and_without(capsys, args: list[str], flag: str) -> tuple[dict, dict]:
+    """``planner estimate ARGS --json`` as given and with ``flag`` added, each parsed."""
+    assert main([*args, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, flag, "--json"]) == 0
+    return plain, json.loads(capsys.readouterr().out)

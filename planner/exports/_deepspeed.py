@@ -44,7 +44,8 @@ from planner.exports._reprice import stack_check
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
 from simcore import estimate
-from simcore.specs import Activation, Family, Precision, Recompute, ZeroStage
+from simcore.megatron.stack import elementwise_fusions
+from simcore.specs import Precision, Recompute, ZeroStage
 
 __all__ = ["ds_config", "export_deepspeed"]
 
@@ -213,18 +214,17 @@ def _eager_note(plan: Plan) -> list[str]:
     transformer.py``) and the rotary embedding as ``t * cos + _rotate_half(t) * sin``
     (``megatron/model/rotary_pos_embedding.py``), PyTorch's ops, at 4efb479d; a plan priced
     with them fused says so, and how to price what it runs."""
-    t, m = plan.training, plan.model
-    fused = [name for name, on in (
-        ("SwiGLU", m.activation is Activation.SWIGLU and t.swiglu_fusion),
-        ("rotary embedding", m.family is Family.LLAMA and t.rope_fusion)) if on]
+    t = plan.training
+    fused = [f for f in ("swiglu_fusion", "rope_fusion")
+             if f in elementwise_fusions(plan.model) and getattr(t, f)]
     if not fused:
         return []
-    off = {k: False for k, on in (("swiglu_fusion", "SwiGLU" in fused),
-                                  ("rope_fusion", "rotary embedding" in fused)) if on}
-    eager = estimate(plan.model, plan.system, replace(t, **off), plan.strategy,
-                     plan.convention).step_time
-    flags = ", ".join(f"{k}: false" for k in off)
-    return [f"- Megatron-DeepSpeed runs the model's {' and '.join(fused)} as PyTorch's",
+    eager = estimate(plan.model, plan.system, replace(t, **dict.fromkeys(fused, False)),
+                     plan.strategy, plan.convention).step_time
+    flags = ", ".join(f"{f}: false" for f in fused)
+    ops = " and ".join({"swiglu_fusion": "SwiGLU", "rope_fusion": "rotary embedding"}[f]
+                       for f in fused)
+    return [f"- Megatron-DeepSpeed runs the model's {ops} as PyTorch's",
             "  element-wise ops; this plan was priced with them fused: a study whose training",
             f"  says {flags} prices what it runs ({eager:.3f} s a step against"
             f" {plan.estimate.step_time:.3f} s)."]

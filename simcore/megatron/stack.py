@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from simcore.megatron.placement import within_innermost
 from simcore.specs import (
+    Activation,
     Axis,
     Family,
     ModelSpec,
@@ -18,7 +19,7 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["uses_flash_attention", "uses_fp32_shards", "uses_fp8_attention",
+__all__ = ["elementwise_fusions", "uses_flash_attention", "uses_fp32_shards", "uses_fp8_attention",
            "uses_fp8_param_gather", "uses_quantized_params", "uses_recompute_early_stop",
            "uses_async_tp_allreduce", "uses_tp_comm_overlap", "uses_transformer_engine"]
 
@@ -143,3 +144,13 @@ def uses_flash_attention(model: ModelSpec, system: SystemSpec, training: Trainin
     if training.flash_attention is not None:
         return training.flash_attention
     return model.family is Family.LLAMA or system.device.flash_attention
+
+
+def elementwise_fusions(model: ModelSpec) -> tuple[str, ...]:
+    """The training's fusion switches that price an op this model has, in the order norms,
+    rotary embedding, SwiGLU: ``fused_norm`` (every model), ``rope_fusion`` (the llama family's
+    rotary embedding), ``swiglu_fusion`` (a SwiGLU MLP). Reports and exports ask which of them a
+    plan runs unfused (:attr:`simcore.specs.TrainingSpec.fused_norm` and the others)."""
+    return tuple(name for name, has in (
+        ("fused_norm", True), ("rope_fusion", model.family is Family.LLAMA),
+        ("swiglu_fusion", model.activation is Activation.SWIGLU)) if has)

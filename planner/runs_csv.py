@@ -9,7 +9,9 @@ Columns (a header row, any order; names as below, case-insensitive):
   the step time may be given as a throughput instead, as published tables print it:
   ``tokens_per_s`` (the job's) or ``tokens_per_s_per_gpu`` (one device's; NeMo's and
   torchtitan's tables), each read as ``global_batch x seq_len`` tokens a step over the plan's
-  devices; where a row fills more than one, they must agree within 1%;
+  devices; where a row fills more than one, they must agree within 1%; a plan that was tried
+  and ran out of memory says ``out_of_memory`` true instead, with neither filled (what a team's
+  trial runs and published sweeps record of the plans that did not fit);
 - optional: ``sp`` (context parallel, 1; ``cp``, Megatron-LM's name, is read as it),
   ``gpus`` (the run's device count: checked against the plan's dp x tp x pp x sp and the
   system's), ``zero`` (0-3 or ``fsdp``; 0), ``recompute`` (none,
@@ -123,6 +125,7 @@ from planner.runs_row import (
     as_run_by,
     integer,
     memory_stage,
+    out_of_memory,
     positive,
     row_framework,
     row_strategy,
@@ -135,7 +138,8 @@ __all__ = ["MEASURED", "OPTIONAL", "REQUIRED", "MeasuredRun", "SkippedRun", "rea
            "read_runs_files"]
 
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
-MEASURED = ("step_time_s", "peak_memory_gb", "tokens_per_s", "tokens_per_s_per_gpu")
+MEASURED = ("step_time_s", "peak_memory_gb", "tokens_per_s", "tokens_per_s_per_gpu",
+            "out_of_memory")
 OPTIONAL = ("sp", "gpus", "zero", "recompute", "recompute_layers", "offload_layers",
             "sequence_parallel", "schedule", "v",
             "placement", "precision", "first_stage_layers", "last_stage_layers", "pipeline_layout",
@@ -195,6 +199,9 @@ class MeasuredRun:
     framework: str = ""
     """The framework the run was read as (``framework``; empty: none named, the device's and
     model's defaults)."""
+    out_of_memory: bool = False
+    """The plan was tried and ran out of memory (``out_of_memory``): no step time, no peak; what
+    it checks is the estimate's verdict that the plan fits."""
 
     @property
     def group(self) -> GroupKey:
@@ -321,7 +328,8 @@ def _check_header(path: Path, header: list[str]) -> None:
     if not any(c in header for c in MEASURED):
         raise PlannerUsageError(f"{path}: header: no measured column; add step_time_s (seconds"
                                 " per step; or tokens_per_s, tokens_per_s_per_gpu) and/or"
-                                " peak_memory_gb (GB per device)")
+                                " peak_memory_gb (GB per device), or out_of_memory (true for"
+                                " a plan that ran out of memory)")
     duplicated = sorted({c for c in header if c and header.count(c) > 1})
     if duplicated:
         raise PlannerUsageError(f"{path}: header: column {duplicated[0]!r} appears twice")
@@ -373,9 +381,16 @@ def read_runs(path: Path, catalog: Catalog,
             strategy = row_strategy(row)
             step = _measured_step(row, strategy)
             memory = positive(row, "peak_memory_gb")
-            if step is None and memory is None:
+            oom = out_of_memory(row)
+            if oom and (step is not None or memory is not None):
+                raise BadValue("out_of_memory is true but the row has a measured"
+                               f" {'step time' if step is not None else 'peak_memory_gb'}: a run"
+                               " that ran out of memory has neither; empty the measured cells"
+                               " or set out_of_memory false")
+            if step is None and memory is None and not oom:
                 raise BadValue("no measured step_time_s (or tokens_per_s, tokens_per_s_per_gpu)"
-                               " or peak_memory_gb; fill one in or remove the row")
+                               " or peak_memory_gb, and out_of_memory is not true; fill one in"
+                               " or remove the row")
             model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model",
                           path)
             system = _spec(lambda r: catalog.system(r, where=(path, "system")),
@@ -392,7 +407,7 @@ def read_runs(path: Path, catalog: Catalog,
                 step_time_s=step, peak_memory_gb=memory, memory_allocated=allocated(row),
                 memory_stage=memory_stage(row),
                 file=str(path), release=row.get("release", ""),
-                framework=run_framework))
+                framework=run_framework, out_of_memory=oom))
         except RowError as e:
             skipped.append(SkippedRun(line, name, str(e), isinstance(e, BadValue), str(path)))
     return runs, skipped

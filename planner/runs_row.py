@@ -25,8 +25,8 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["BadValue", "RowError", "allocated", "as_run_by", "integer", "positive",
-           "row_framework", "row_strategy", "row_training"]
+__all__ = ["BadValue", "RowError", "allocated", "as_run_by", "integer", "out_of_memory",
+           "positive", "row_framework", "row_strategy", "row_training"]
 
 _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
@@ -98,6 +98,11 @@ def allocated(row: dict[str, str]) -> bool:
         raise BadValue(f"memory_measured={row['memory_measured']!r} is not one of device,"
                         " allocated")
     return text == "allocated"
+
+
+def out_of_memory(row: dict[str, str]) -> bool:
+    """Whether the run ran out of memory (``out_of_memory``; empty: it ran)."""
+    return bool(_boolean(row, "out_of_memory"))
 
 
 MEMORY_STAGES = ("peak", "first", "last")

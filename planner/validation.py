@@ -6,6 +6,12 @@ global batch and sequence length) is the measured step time of the plan the esti
 first, divided by the fastest measured step time of the group, minus one: 0 when the estimate
 picks the fastest plan, 0.27 when its pick is 27% slower than the best one measured.
 Kendall's tau of the predicted and measured order is reported beside it (1: the same order).
+
+Plans that were tried and ran out of memory (``out_of_memory`` rows) check the other half of a
+study's answer, that the plan fits: each is counted where the estimate says it fits (a study
+would offer it), and a group's **first choice**, the fastest predicted of the plans the estimate
+says fit, those that ran and those that did not, is the plan a study would recommend; where that
+plan ran out of memory, the recommendation fails however fast the plan would have been.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class RunResult:
             "measured_peak_memory_gb": self.run.peak_memory_gb,
             "memory_error": self.memory_error,
             "fits": self.fits,
+            "out_of_memory": self.run.out_of_memory,
         }
 
 
@@ -64,6 +71,8 @@ class GroupResult:
     key: GroupKey
     runs: tuple[RunResult, ...]
     """The group's runs with a measured step time, in the CSV's order."""
+    out_of_memory: tuple[RunResult, ...] = ()
+    """The group's plans that ran out of memory (``out_of_memory`` rows), in the CSV's order."""
 
     @property
     def picked(self) -> RunResult:
@@ -82,6 +91,20 @@ class GroupResult:
         return measured / best - 1
 
     @property
+    def first_choice(self) -> RunResult | None:
+        """The plan a study would recommend: the fastest predicted of the group's plans the
+        estimate says fit, timed or out of memory (a timed one first on a tie); None where it
+        says none fits."""
+        offered = [r for r in (*self.runs, *self.out_of_memory) if r.fits]
+        return min(offered, key=lambda r: r.predicted_step_time_s) if offered else None
+
+    @property
+    def first_choice_out_of_memory(self) -> bool:
+        """The first choice is a plan that ran out of memory."""
+        choice = self.first_choice
+        return choice is not None and choice.run.out_of_memory
+
+    @property
     def kendall_tau(self) -> float:
         return kendall_tau([r.predicted_step_time_s for r in self.runs],
                            [r.run.step_time_s or 0.0 for r in self.runs])
@@ -97,6 +120,9 @@ class GroupResult:
             "runs": len(self.runs), "picked": self.picked.run.name,
             "fastest": self.fastest.run.name, "regret": self.regret,
             "kendall_tau": self.kendall_tau,
+            "out_of_memory_runs": len(self.out_of_memory),
+            "first_choice": None if self.first_choice is None else self.first_choice.run.name,
+            "first_choice_out_of_memory": self.first_choice_out_of_memory,
         }
 
 
@@ -169,12 +195,15 @@ class Validation:
     def groups(self) -> tuple[GroupResult, ...]:
         """The groups of timed runs of one question with two or more plans to choose between,
         in the CSV's order (one plan measured twice, as by two releases of a stack, is no
-        choice)."""
+        choice), each with the question's plans that ran out of memory."""
         by_key: dict[GroupKey, list[RunResult]] = {}
+        oom: dict[GroupKey, list[RunResult]] = {}
         for r in self.results:
             if r.run.step_time_s is not None:
                 by_key.setdefault(r.run.group, []).append(r)
-        return tuple(GroupResult(k, tuple(v)) for k, v in by_key.items()
+            elif r.run.out_of_memory:
+                oom.setdefault(r.run.group, []).append(r)
+        return tuple(GroupResult(k, tuple(v), tuple(oom.get(k, ()))) for k, v in by_key.items()
                      if len({(r.run.strategy, r.run.training) for r in v}) >= 2)
 
     @property
@@ -201,9 +230,20 @@ class Validation:
             "regret_mean": _mean(self.regrets),
             "regret_median": _median(self.regrets),
             "picked_fastest": sum(1 for g in self.groups if g.picked is g.fastest),
-            "over_memory_runs": sum(1 for r in self.results if not r.fits),
+            "over_memory_runs": sum(1 for r in self.results
+                                    if not r.fits and not r.run.out_of_memory),
             "kendall_tau_mean": _mean([g.kendall_tau for g in self.groups]),
+            "out_of_memory_runs": len(self.out_of_memory),
+            "out_of_memory_estimated_fits": sum(1 for r in self.out_of_memory if r.fits),
+            "groups_with_out_of_memory": sum(1 for g in self.groups if g.out_of_memory),
+            "first_choice_out_of_memory": sum(1 for g in self.groups
+                                              if g.first_choice_out_of_memory),
         }
+
+    @property
+    def out_of_memory(self) -> list[RunResult]:
+        """The plans that ran out of memory, in the CSV's order."""
+        return [r for r in self.results if r.run.out_of_memory]
 
     def breakdown(self, by: str) -> list[dict[str, object]]:
         """The runs split by one of :data:`BREAKDOWNS`, in the order each value first comes:

@@ -249,3 +249,17 @@ def test_the_validation_files_table_counts_each_files_rows() -> None:
     with_rows = {name: str(sum(1 for _ in csv.DictReader((DATA / name).open())))
                  for name in files}
     assert listed == with_rows
+
+
+def test_the_out_of_memory_table_says_what_validate_gives() -> None:
+    """The validation README's table of plans that ran out of memory (section "Plans that ran
+    out of memory"): each row's files read as one, its counts as `planner validate` gives them."""
+    rows = _table((DATA / "README.md").read_text(), "| files | out of memory |")
+    assert rows
+    for files, oom, fits, groups, failed in rows:
+        stems = tuple(stem.strip() for stem in files.split(" + "))
+        f = _figures(stems)
+        printed = (int(oom), int(fits), int(groups), int(failed))
+        given = (f["out_of_memory_runs"], f["out_of_memory_estimated_fits"],
+                 f["groups_with_out_of_memory"], f["first_choice_out_of_memory"])
+        assert printed == given, f"tests/data/validation/README.md's row {files!r} is stale"

@@ -122,7 +122,13 @@ class CalibrateCommand(BaseCommand):
                                     + (f" (and {len(bad) - 1} more)" if len(bad) > 1
                                        else "") + "; fix the value, `planner validate` lists"
                                     " every row")
-        mine = [r for r in runs if r.system.device.name == base.name]
+        on_device = [r for r in runs if r.system.device.name == base.name]
+        # a plan that ran out of memory has no step time or peak to fit a constant to
+        mine = [r for r in on_device if not r.out_of_memory]
+        if on_device and not mine:
+            raise PlannerUsageError(f"{', '.join(str(p) for p in args.runs)}: every run on"
+                                    f" {base.name!r} ran out of memory; give runs with a"
+                                    " step_time_s or peak_memory_gb to fit")
         if not mine:
             found = sorted({r.system.device.name for r in runs}) or ["none"]
             files = ", ".join(str(p) for p in args.runs)

@@ -11,7 +11,7 @@ from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand
 from planner.outputs import counted
 from planner.runs_csv import read_runs_files
-from planner.validation import BREAKDOWNS, Validation, validate
+from planner.validation import BREAKDOWNS, RunResult, Validation, validate
 from search_spaces.frameworks import FRAMEWORKS
 from simcore import host_wait
 
@@ -48,13 +48,14 @@ def report_lines(v: Validation, waits: list[float] | None = None) -> list[str]:
              f"  {'mem GB':>7} {'measured':>8} {'error':>7}"]
     for r, wait in zip(v.results, waits, strict=True):
         share = wait / r.predicted_step_time_s if r.predicted_step_time_s else 0.0
+        measured = "OOM" if r.run.out_of_memory else _num(r.run.step_time_s, '9.4g')
         lines.append(
             f"{r.run.name[:width]:<{width}}  {r.predicted_step_time_s:9.4g}"
-            f" {_num(r.run.step_time_s, '9.4g'):>9} {percent(r.step_time_error, True):>7}"
+            f" {measured:>9} {percent(r.step_time_error, True):>7}"
             f"  {r.predicted_peak_memory_gb:7.1f} {_num(r.run.peak_memory_gb, '8.1f'):>8}"
             f" {percent(r.memory_error, True):>7}"
             + (f"  host {share:.0%}" if share >= HOST_SAYS else "")
-            + ("" if r.fits else "  over memory"))
+            + _fit_note(r))
     s = v.summary()
     lines.append("")
     lines.append(f"step time: {counted(s['step_time_runs'], 'run')}, MAPE"
@@ -63,11 +64,16 @@ def report_lines(v: Validation, waits: list[float] | None = None) -> list[str]:
     lines.append(f"peak memory: {counted(s['memory_runs'], 'run')}, MAPE"
                  f" {percent(s['memory_mape'])},"
                  f" median error {percent(s['memory_median_ape'])}")
+    ran = len(v.results) - s["out_of_memory_runs"]
     if s["over_memory_runs"]:
-        lines.append(f"fit: {s['over_memory_runs']} of {counted(len(v.results), 'run')}"
+        lines.append(f"fit: {s['over_memory_runs']} of {counted(ran, 'run')}"
                      " estimated over"
                      " their device's memory, which each ran in (a study would not offer those"
                      " plans)")
+    if s["out_of_memory_runs"]:
+        lines.append(f"out of memory: {counted(s['out_of_memory_runs'], 'plan')} ran out of"
+                     f" memory; the estimate has {s['out_of_memory_estimated_fits']} of them"
+                     " fitting (a study would offer those plans)")
     if v.groups:
         lines.append(f"plan choice: {counted(len(v.groups), 'group')} of runs of one model on"
                      " one system"
@@ -75,13 +81,20 @@ def report_lines(v: Validation, waits: list[float] | None = None) -> list[str]:
                      f" median {percent(s['regret_median'])}; the fastest picked in"
                      f" {s['picked_fastest']} of {len(v.groups)}; Kendall tau mean"
                      f" {_num(s['kendall_tau_mean'], '.2f')}")
+        if s["groups_with_out_of_memory"]:
+            lines.append("  with the plans that ran out of memory: the first choice (the fastest"
+                         " estimated to fit, a study's recommendation) ran out of memory in"
+                         f" {s['first_choice_out_of_memory']} of"
+                         f" {counted(s['groups_with_out_of_memory'], 'group')} with such plans")
         for g in v.groups:
             model, system, batch, seq, release = g.key
             on = f", release {release}" if release else ""
+            failed = (f"; first choice {g.first_choice.run.name!r} ran out of memory"
+                      if g.first_choice is not None and g.first_choice_out_of_memory else "")
             lines.append(f"  {model} on {system}, batch {batch}, seq {seq}{on}:"
                          f" {counted(len(g.runs), 'run')},"
                          f" regret {percent(g.regret)}, tau {g.kendall_tau:.2f}; picked"
-                         f" {g.picked.run.name!r}, fastest {g.fastest.run.name!r}")
+                         f" {g.picked.run.name!r}, fastest {g.fastest.run.name!r}{failed}")
     else:
         lines.append("plan choice: no group of two or more timed plans of one model on one"
                      " system")
@@ -91,6 +104,15 @@ def report_lines(v: Validation, waits: list[float] | None = None) -> list[str]:
             lines.append(f"left out: {counted(len(rows), 'row')} {what}")
             lines += [f"  {sk.where} ({sk.name}): {sk.reason}" for sk in rows]
     return lines
+
+
+def _fit_note(r: RunResult) -> str:
+    """What a run's line says of the estimate's fit: a plan that ran estimated over memory, or a
+    plan that ran out of memory estimated to fit (each a wrong verdict), or one that ran out of
+    memory estimated over it (a right one)."""
+    if r.run.out_of_memory:
+        return "  over memory" if not r.fits else "  estimated to fit, ran out of memory"
+    return "" if r.fits else "  over memory"
 
 
 def breakdown_lines(v: Validation, by: str) -> list[str]:

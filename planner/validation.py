@@ -105,6 +105,15 @@ class GroupResult:
         return choice is not None and choice.run.out_of_memory
 
     @property
+    def first_choice_regret(self) -> float | None:
+        """The first choice's measured step over the fastest measured, minus one, where it ran;
+        None where it ran out of memory or none is estimated to fit."""
+        choice = self.first_choice
+        if choice is None or choice.run.step_time_s is None:
+            return None
+        return choice.run.step_time_s / (self.fastest.run.step_time_s or math.inf) - 1
+
+    @property
     def kendall_tau(self) -> float:
         return kendall_tau([r.predicted_step_time_s for r in self.runs],
                            [r.run.step_time_s or 0.0 for r in self.runs])
@@ -123,6 +132,7 @@ class GroupResult:
             "out_of_memory_runs": len(self.out_of_memory),
             "first_choice": None if self.first_choice is None else self.first_choice.run.name,
             "first_choice_out_of_memory": self.first_choice_out_of_memory,
+            "first_choice_regret": self.first_choice_regret,
         }
 
 
@@ -238,6 +248,8 @@ class Validation:
             "groups_with_out_of_memory": sum(1 for g in self.groups if g.out_of_memory),
             "first_choice_out_of_memory": sum(1 for g in self.groups
                                               if g.first_choice_out_of_memory),
+            "first_choice_regret_mean": _mean([regret for g in self.groups if g.out_of_memory
+                                               and (regret := g.first_choice_regret) is not None]),
         }
 
     @property

@@ -72,6 +72,7 @@ def test_a_plan_that_ran_out_of_memory_is_checked_for_its_fit(tmp_path, capsys) 
     # over the timed plans, is unchanged by it
     assert group["first_choice"] == rows[2]["name"]
     assert group["first_choice_out_of_memory"] is True
+    assert group["first_choice_regret"] is None and data["first_choice_regret_mean"] is None
     assert rows[2]["predicted_step_time_s"] < min(r["predicted_step_time_s"] for r in rows[:2])
     assert data["groups_with_out_of_memory"] == 1
     assert data["first_choice_out_of_memory"] == 1
@@ -95,7 +96,11 @@ def test_a_group_whose_first_choice_ran_is_not_counted(tmp_path, capsys) -> None
     data = _json(capsys, str(_write(tmp_path, "\n".join(lines[:2] + lines[3:]) + "\n")))
     (group,) = data["groups"]
     assert group["first_choice_out_of_memory"] is False
-    assert group["first_choice"] in (data["rows"][0]["name"], data["rows"][1]["name"])
+    (choice,) = [r for r in data["rows"] if r["name"] == group["first_choice"]]
+    assert choice in data["rows"][:2]
+    # the recommendation's regret: its measured step over the fastest measured (8.7 s), less 1
+    assert group["first_choice_regret"] == pytest.approx(choice["measured_step_time_s"] / 8.7 - 1)
+    assert data["first_choice_regret_mean"] == pytest.approx(group["first_choice_regret"])
     assert data["first_choice_out_of_memory"] == 0 and data["groups_with_out_of_memory"] == 1
 
 

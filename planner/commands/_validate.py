@@ -85,7 +85,10 @@ def report_lines(v: Validation, waits: list[float] | None = None) -> list[str]:
             lines.append("  with the plans that ran out of memory: the first choice (the fastest"
                          " estimated to fit, a study's recommendation) ran out of memory in"
                          f" {s['first_choice_out_of_memory']} of"
-                         f" {counted(s['groups_with_out_of_memory'], 'group')} with such plans")
+                         f" {counted(s['groups_with_out_of_memory'], 'group')} with such plans"
+                         + ("" if s["first_choice_regret_mean"] is None else
+                            "; where it ran, its regret mean"
+                            f" {percent(s['first_choice_regret_mean'])}"))
         for g in v.groups:
             model, system, batch, seq, release = g.key
             on = f", release {release}" if release else ""

@@ -170,3 +170,23 @@ def test_aleph_alphas_first_choice_is_checked_with_the_plans_that_did_not_fit(ca
     for key in ("step_time_mape", "regret_mean", "picked_fastest", "over_memory_runs"):
         assert data[key] == alone[key]
     assert alone["groups_with_out_of_memory"] == alone["first_choice_out_of_memory"] == 0
+
+
+def test_the_bloom_sweeps_plans_that_ran_out_of_memory_are_estimated_over(capsys) -> None:
+    # BigScience's 02-25 sweep on 48 Jean Zay nodes marks three plans' Mem "OOM"
+    # (chronicles-prequel.md lines 793, 806, 807; the 02-28 table's are issue 14's held-out
+    # check). Megatron-DeepSpeed's memory is the stack the A100's allowance was fit on (its
+    # nvidia-smi peaks), and the estimate has each over the part: the 181B's dp 48 x tp 8 keeps
+    # every one of its 70 layers' weights, gradients and fp32 states on one stage, 181e9 / 8 x
+    # (2 + 2) bytes = 90.5 GB of weights and gradients alone over the 85.9 GB
+    oom = DATA / "bloom-sweeps-a100-oom-check.csv"
+    with oom.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [re.search(r"md line (\d+) ", row["source"]).group(1) for row in rows] == [
+        "793", "806", "807"]
+    assert all("02-25" in row["source"] and row["release"] == "02-25" for row in rows)
+    data = _json(capsys, str(DATA / "bloom-sweeps-a100-check.csv"), str(oom))
+    assert data["out_of_memory_runs"] == 3 and data["out_of_memory_estimated_fits"] == 0
+    assert data["rows"][-3]["predicted_peak_memory_gb"] > 90.5
+    assert data["groups_with_out_of_memory"] == 2 and data["first_choice_out_of_memory"] == 0
+

@@ -210,11 +210,13 @@ def test_every_check_together_meets_the_issue_targets(capsys) -> None:
     # Issue 14: "on the runs you gather (not fit on): median step-time error <= 8%, memory
     # <= 5%, and the plan-choice regret mean <= 3%". Every check file joins (a new one too).
     checks = sorted(str(path) for path in DATA.glob("*-check.csv"))
-    assert len(checks) == 32  # 31 before aleph-alpha-a100-oom-check.csv (no timed run)
+    assert len(checks) == 33  # 31 before aleph-alpha- and bloom-sweeps-a100-oom-check.csv
+    # (plans that ran out of memory: no timed run)
     assert main(["validate", *checks, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["skipped"] == []
-    assert data["out_of_memory_runs"] == 305  # Aleph Alpha's plans that did not fit
+    assert data["out_of_memory_runs"] == 308  # Aleph Alpha's 305 plans that did not fit, and
+    # three of BigScience's BLOOM sweeps
     assert data["step_time_runs"] == ALL_CHECKS_RUNS
     assert data["groups_count"] == 81  # 79 before the 2024 A100 tests' two, 65 before Aleph
     # Alpha's 14, 50 before the BLOOM sweeps'
@@ -769,7 +771,9 @@ def test_every_run_of_a_named_framework_passes_its_rules() -> None:
         runs, skipped = read_runs(path, catalog)
         assert skipped == [], path.name
         for row in csv.DictReader(path.open()):
-            if row.get("framework"):
+            # the plans that ran out of memory were launched too (the BLOOM sweeps' three under
+            # deepspeed): the rules may not refuse them either, but they did not train
+            if row.get("framework") and row.get("out_of_memory") != "true":
                 by_framework[row["framework"]] = by_framework.get(row["framework"], 0) + 1
     # megatron: 412 before Megatron-LM's 104 functional tests of its small GPT, 516 before
     # FlagPerf's 20 runs (Megatron-LM core_v0.6.0 and FlagScale), 536 before its two MoE runs;

@@ -190,3 +190,16 @@ def test_the_bloom_sweeps_plans_that_ran_out_of_memory_are_estimated_over(capsys
     assert data["rows"][-3]["predicted_peak_memory_gb"] > 90.5
     assert data["groups_with_out_of_memory"] == 2 and data["first_choice_out_of_memory"] == 0
 
+
+
+def test_calibrate_fits_on_the_runs_beside_them_and_says_so(tmp_path, capsys) -> None:
+    # the BLOOM sweeps' 77 timed runs with their three plans that ran out of memory: the fit is
+    # on the 77, and the three are named as left out
+    files = [str(DATA / f"bloom-sweeps-a100-{kind}.csv") for kind in ("check", "oom-check")]
+    args = ["calibrate", *files, "--device", "a100-80gb", "--name", "ours", "--trials", "3",
+            "--fit", "matmul_efficiency"]
+    assert main([*args, "--out", str(tmp_path / "a.yaml"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["runs"], out["out_of_memory_left_out"]) == (77, 3)
+    assert main([*args, "--out", str(tmp_path / "b.yaml")]) == 0
+    assert "left out: 3 plan(s) that ran out of memory" in capsys.readouterr().out

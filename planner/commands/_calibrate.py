@@ -154,6 +154,7 @@ class CalibrateCommand(BaseCommand):
         write_entry(target, text, where)
         if args.json:
             out = {"device": args.name, "file": str(target), "runs": len(mine),
+                   "out_of_memory_left_out": len(on_device) - len(mine),
                    "fitted": {c.key: c.value(fit.device) for c in fit.constants},
                    "base": {c.key: c.value(base) for c in fit.constants},
                    "before": _figures(fit.before), "after": _figures(fit.after),
@@ -161,6 +162,9 @@ class CalibrateCommand(BaseCommand):
             print(json.dumps(out, indent=2))
         else:
             print("\n".join(self._report(fit, base)))
+            if len(on_device) > len(mine):
+                print(f"left out: {len(on_device) - len(mine)} plan(s) that ran out of memory"
+                      " (no step time or peak to fit; `planner validate` checks them)")
             if args.out is None:
                 print(f"wrote device {args.name} to {target}; a system YAML naming"
                       f" `device: {args.name}` uses it")

@@ -202,4 +202,4 @@ def test_calibrate_fits_on_the_runs_beside_them_and_says_so(tmp_path, capsys) ->
     out = json.loads(capsys.readouterr().out)
     assert (out["runs"], out["out_of_memory_left_out"]) == (77, 3)
     assert main([*args, "--out", str(tmp_path / "b.yaml")]) == 0
-    assert "left out: 3 plan(s) that ran out of memory" in capsys.readouterr().out
+    assert "left out: 3 plans that ran out of memory" in capsys.readouterr().out

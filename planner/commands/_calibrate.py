@@ -19,6 +19,7 @@ from planner.commands._base import BaseCommand
 from planner.commands._validate import percent
 from planner.errors import Interrupted, PlannerUsageError
 from planner.inputs import load
+from planner.outputs import counted
 from planner.runs_csv import read_runs_files
 from planner.validation import Validation
 from search_spaces.frameworks import FRAMEWORKS
@@ -163,8 +164,8 @@ class CalibrateCommand(BaseCommand):
         else:
             print("\n".join(self._report(fit, base)))
             if len(on_device) > len(mine):
-                print(f"left out: {len(on_device) - len(mine)} plan(s) that ran out of memory"
-                      " (no step time or peak to fit; `planner validate` checks them)")
+                print(f"left out: {counted(len(on_device) - len(mine), 'plan')} that ran out of"
+                      " memory (no step time or peak to fit; `planner validate` checks them)")
             if args.out is None:
                 print(f"wrote device {args.name} to {target}; a system YAML naming"
                       f" `device: {args.name}` uses it")

@@ -18,7 +18,8 @@ import pytest
 
 from planner.catalog import load_catalog
 from planner.cli import main
-from planner.runs_csv import read_runs
+from planner.runs_csv import read_runs, read_runs_files
+from planner.validation import Validation, validate
 
 DATA = Path(__file__).parent / "data" / "validation"
 TIMED = DATA / "aleph-alpha-a100-check.csv"
@@ -160,13 +161,15 @@ def test_aleph_alphas_plans_that_ran_out_of_memory_are_the_sheets() -> None:
 
 
 def test_aleph_alphas_first_choice_is_checked_with_the_plans_that_did_not_fit(capsys) -> None:
-    data = _json(capsys, str(TIMED), str(OOM))
-    assert data["skipped"] == []
+    runs, skipped = read_runs_files([TIMED, OOM], load_catalog())
+    assert skipped == []
+    both = validate(runs)
+    data = both.summary()
     assert data["out_of_memory_runs"] == 305
     # every group of the timed file has plans that ran out of memory beside it
     assert data["groups_with_out_of_memory"] == data["groups_count"] == 14
     # the timed figures do not move with them (tests/test_readme_figures.py holds those)
-    alone = _json(capsys, str(TIMED))
+    alone = Validation(tuple(r for r in both.results if not r.run.out_of_memory), ()).summary()
     for key in ("step_time_mape", "regret_mean", "picked_fastest", "over_memory_runs"):
         assert data[key] == alone[key]
     assert alone["groups_with_out_of_memory"] == alone["first_choice_out_of_memory"] == 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from planner.runs_csv import GroupKey, MeasuredRun, SkippedRun
@@ -29,7 +29,7 @@ from simcore.estimate import Estimate, MemoryParts
 from simcore.megatron.checks import micro_batches
 from simcore.specs import DeviceSpec, SystemSpec
 
-__all__ = ["RunResult", "GroupResult", "Validation", "validate", "kendall_tau"]
+__all__ = ["RunResult", "GroupResult", "Validation", "validate", "kendall_tau", "less_memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +309,24 @@ def validate(runs: Iterable[MeasuredRun], skipped: Iterable[SkippedRun] = (), *,
                                 else 0.0)
         results.append(RunResult(run, est.step_time, memory / GB, est.fits))
     return Validation(tuple(results), tuple(sorted(left_out, key=lambda s: (s.file, s.line))))
+
+
+def less_memory(margin_gb: float) -> Callable[[MeasuredRun], SystemSpec] | None:
+    """Each run's system with ``margin_gb`` less memory on its part, for :func:`validate`'s
+    ``system_for``: a plan's fit judged as a study whose ``hbm_gb`` is below the part's judges
+    it (``planner validate --margin-gb``); None for no margin. A part with no more memory than
+    the margin is a ValueError naming the run."""
+    if not margin_gb:
+        return None
+
+    def system(run: MeasuredRun) -> SystemSpec:
+        device = run.system.device
+        left = device.hbm_bytes - margin_gb * GB
+        if left <= 0:
+            raise ValueError(f"{run.file}:{run.line} runs on {device.name},"
+                             f" {device.hbm_bytes / GB:g} GB; keep less free")
+        return replace(run.system, device=replace(device, hbm_bytes=left))
+    return system
 
 
 def _measured_stage(est: Estimate, stage: str) -> MemoryParts:

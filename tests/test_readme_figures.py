@@ -21,7 +21,7 @@ import pytest
 
 from planner.catalog import load_catalog
 from planner.runs_csv import read_runs_files
-from planner.validation import RunResult, Validation, nodes_spanned, validate
+from planner.validation import RunResult, Validation, less_memory, nodes_spanned, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "validation"
@@ -253,14 +253,19 @@ def test_the_validation_files_table_counts_each_files_rows() -> None:
 
 def test_the_out_of_memory_table_says_what_validate_gives() -> None:
     """The validation README's table of plans that ran out of memory (section "Plans that ran
-    out of memory"): each row's files read as one, its counts as `planner validate` gives them."""
-    rows = _table((DATA / "README.md").read_text(), "| files | out of memory |")
+    out of memory"): each row's files read as one at its margin (`planner validate
+    --margin-gb`), its counts and the first choice's regret as `planner validate` gives them."""
+    rows = _table((DATA / "README.md").read_text(), "| files | margin |")
     assert rows
-    for files, oom, fits, groups, failed in rows:
+    for files, margin, oom, fits, over, groups, failed, regret in rows:
         stems = (CHECKS if files.startswith("every `*-check`")
                  else tuple(stem.strip() for stem in files.split(" + ")))
-        f = _figures(stems)
-        printed = (int(oom), int(fits), int(groups), int(failed))
+        runs = [r.run for r in _results() if Path(r.run.file).stem in stems]
+        f = validate(runs, system_for=less_memory(float(margin.removesuffix(" GB")))).summary()
+        printed = (int(oom), int(fits), int(over), int(groups), int(failed))
         given = (f["out_of_memory_runs"], f["out_of_memory_estimated_fits"],
-                 f["groups_with_out_of_memory"], f["first_choice_out_of_memory"])
-        assert printed == given, f"tests/data/validation/README.md's row {files!r} is stale"
+                 f["over_memory_runs"], f["groups_with_out_of_memory"],
+                 f["first_choice_out_of_memory"])
+        where = f"tests/data/validation/README.md's row {files!r} at {margin}"
+        assert printed == given, f"{where} is stale: {given}"
+        assert _says(regret.rstrip("%"), 100 * f["first_choice_regret_mean"]), where

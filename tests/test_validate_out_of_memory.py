@@ -206,3 +206,29 @@ def test_calibrate_fits_on_the_runs_beside_them_and_says_so(tmp_path, capsys) ->
     assert (out["runs"], out["out_of_memory_left_out"]) == (77, 3)
     assert main([*args, "--out", str(tmp_path / "b.yaml")]) == 0
     assert "left out: 3 plans that ran out of memory" in capsys.readouterr().out
+
+
+def test_a_margin_judges_the_fit_against_less_memory(tmp_path, capsys) -> None:
+    # --margin-gb: the tp 8 plan without recompute, estimated to fit, is judged against the
+    # A100's 85.9 GB less a margin just over what it leaves free; then it is over, and the first
+    # choice is a plan that ran
+    path = str(_write(tmp_path, TRIALS))
+    plain = _json(capsys, path)
+    free = 85.899 - plain["rows"][2]["predicted_peak_memory_gb"]
+    data = _json(capsys, path, "--margin-gb", f"{free + 0.5:.2f}")
+    assert data["rows"][2]["fits"] is False and data["out_of_memory_estimated_fits"] == 0
+    (group,) = data["groups"]
+    assert group["first_choice_out_of_memory"] is False
+    # the estimate itself does not move
+    assert [r["predicted_step_time_s"] for r in data["rows"]] == [
+        r["predicted_step_time_s"] for r in plain["rows"]]
+
+
+@pytest.mark.parametrize(("margin", "said"), [
+    ("-1", "--margin-gb -1: give the GB to keep free, 0 or more"),
+    ("100", "--margin-gb 100: "),
+])
+def test_a_margin_the_part_cannot_keep_is_refused(tmp_path, capsys, margin, said) -> None:
+    assert main(["validate", str(_write(tmp_path, TRIALS)), "--margin-gb", margin]) == 2
+    err = capsys.readouterr().err
+    assert said in err and ("85.9 GB; keep less free" in err or margin == "-1")

@@ -9,9 +9,11 @@ from pathlib import Path
 
 from planner.catalog import load_catalog
 from planner.commands._base import BaseCommand
+from planner.errors import PlannerUsageError
+from planner.fields import MAX_NUMBER
 from planner.outputs import counted
 from planner.runs_csv import read_runs_files
-from planner.validation import BREAKDOWNS, RunResult, Validation, validate
+from planner.validation import BREAKDOWNS, RunResult, Validation, less_memory, validate
 from search_spaces.frameworks import FRAMEWORKS
 from simcore import host_wait
 
@@ -150,13 +152,25 @@ class ValidateCommand(BaseCommand):
                             " dp, tp, pp, cp, micro_batch, micro_batches, zero, recompute,"
                             " schedule, cp_comm) or their framework: per value its runs,"
                             " MAPE, median and mean signed error (fast or slow as a body)")
+        parser.add_argument("--margin-gb", type=float, default=0.0, metavar="GB",
+                            help="judge each plan's fit against its part's memory less GB, as a"
+                            " study whose hbm_gb is below the part's does: how the plans that"
+                            " ran out of memory, the runs estimated over and each group's first"
+                            " choice move with a margin (default 0)")
         parser.add_argument("--framework", choices=FRAMEWORKS, default=None,
                             help="read every row whose framework cell is empty as this"
                             " framework runs it: its defaults for the cells left empty, and"
                             " a plan it cannot run as written left out with the reason")
 
     def run(self, args: argparse.Namespace) -> int:
-        result = validate(*read_runs_files(args.runs, load_catalog(), args.framework))
+        runs, skipped = read_runs_files(args.runs, load_catalog(), args.framework)
+        if not (0 <= args.margin_gb < MAX_NUMBER):
+            raise PlannerUsageError(f"--margin-gb {args.margin_gb:g}: give the GB to keep free,"
+                                    " 0 or more")
+        try:
+            result = validate(runs, skipped, system_for=less_memory(args.margin_gb))
+        except ValueError as e:  # a part with less memory than the margin
+            raise PlannerUsageError(f"--margin-gb {args.margin_gb:g}: {e}") from None
         waits = host_waits(result)
         if args.json:
             data = result.to_dict()

@@ -143,8 +143,9 @@ class ValidateCommand(BaseCommand):
         parser.add_argument("runs", type=Path, nargs="+", metavar="RUNS.csv",
                             help="measured runs: model, system, global_batch, seq_len, dp, tp,"
                             " pp, micro_batch, step_time_s (or tokens_per_s,"
-                            " tokens_per_s_per_gpu) and/or peak_memory_gb (see the README for"
-                            " the optional columns); several files are read as one")
+                            " tokens_per_s_per_gpu) and/or peak_memory_gb, or out_of_memory"
+                            " true for a plan that ran out of memory (see the README for the"
+                            " optional columns); several files are read as one")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--by", choices=sorted(BREAKDOWNS), default=None,
                             help="also split the figures by the runs' release, model, system,"

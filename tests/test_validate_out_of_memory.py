@@ -219,6 +219,8 @@ def test_a_margin_judges_the_fit_against_less_memory(tmp_path, capsys) -> None:
     assert data["rows"][2]["fits"] is False and data["out_of_memory_estimated_fits"] == 0
     (group,) = data["groups"]
     assert group["first_choice_out_of_memory"] is False
+    assert main(["validate", path, "--margin-gb", "5"]) == 0
+    assert "fits judged against each part's memory less 5 GB" in capsys.readouterr().out
     # the estimate itself does not move
     assert [r["predicted_step_time_s"] for r in data["rows"]] == [
         r["predicted_step_time_s"] for r in plain["rows"]]

@@ -185,6 +185,9 @@ class ValidateCommand(BaseCommand):
             if any(waits):
                 lines.append("host N%: the share of the predicted step its devices wait for the"
                              " host to issue the layers' kernels (host_kernel_us)")
+            if args.margin_gb:
+                lines.append(f"fits judged against each part's memory less {args.margin_gb:g} GB"
+                             " (--margin-gb)")
             if args.by is not None:
                 lines += breakdown_lines(result, args.by)
             print("\n".join(lines))

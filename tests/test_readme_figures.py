@@ -88,6 +88,7 @@ README_ROWS: dict[str, tuple[Slot, ...]] = {
     "A100 zero-bubble check": ((("a100-zb-check",), None),),
     "H100 check (": ((("h100-check",), None),),
     "V100 check": ((("v100-check",), None),),
+    "DLPerf's 4-node": ((("dlperf-v100-check",), None),),
     "fit sets": ((("a100-fit", "a100-megatron-fit"), None), (("h100-fit",), None),
                  (("v100-fit",), None)),
     "H100 Megatron-Core + TE FP8": ((("h100-megatron-fit",), None),

@@ -39,8 +39,7 @@ from planner.runs_row import (
 from planner.units import GB
 from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
 
-__all__ = ["MEASURED", "OPTIONAL", "REQUIRED", "MeasuredRun", "SkippedRun", "read_runs",
-           "read_runs_files"]
+__all__ = ["MeasuredRun", "SkippedRun", "read_runs", "read_runs_files"]
 
 MAX_ROWS = 100_000
 """More measured runs than any team has; a larger file is refused before it is read."""

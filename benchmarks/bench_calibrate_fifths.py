@@ -10,7 +10,9 @@ weakens as runs grow in number (``planner.calibration._prior``), and with that p
 check ``planner calibrate`` runs today (from three runs the fit is kept only if its refits
 predict left-out runs better, by more than ``planner.calibration.CV_MARGIN`` standard errors of
 the per-run gain; one or two runs are kept where the device is off on them by
-``planner.calibration.OFF_BY`` or more).
+``planner.calibration.OFF_BY`` or more). Where the other runs hold a group of plans of one
+model on one system, their plan-choice regret before and with today's fit is printed too: a
+fit can lower the error and rank worse (amp-t4-check.csv, tests/data/validation/README.md).
 
     python benchmarks/bench_calibrate_fifths.py [--trials 120] [--case FILE:DEVICE ...]
 """
@@ -44,7 +46,8 @@ CASES = (("a100-check.csv", "a100-80gb"), ("a100-check.csv", "a100-40gb"),
          ("libai-v100-check.csv", "v100-32gb"),
          ("bloom-sweeps-a100-check.csv", "a100-80gb"),
          ("aleph-alpha-a100-check.csv", "a100-80gb"),
-         ("megatron-ci-2024-a100-check.csv", "a100-80gb"))
+         ("megatron-ci-2024-a100-check.csv", "a100-80gb"),
+         ("amp-t4-check.csv", "t4"))
 FIXED_WEIGHT = 0.02
 
 
@@ -55,10 +58,16 @@ def _fixed_prior(values: dict[str, float], start: dict[str, float],
                               for c in constants)
 
 
-def _rest_mape(rest: list[MeasuredRun], device) -> float:
+def _rest(rest: list[MeasuredRun], device) -> tuple[float, float | None]:
+    """The other runs' step-time MAPE and plan-choice regret (None: no group of two plans)."""
     result = validate(rest, system_for=lambda r: replace(
         r.system, device=replace(device, name=r.system.device.name)))
-    return result.summary()["step_time_mape"]
+    summary = result.summary()
+    return summary["step_time_mape"], summary["regret_mean"]
+
+
+def _rest_mape(rest: list[MeasuredRun], device) -> float:
+    return _rest(rest, device)[0]
 
 
 def _case(file: str, device: str, offset: int, trials: int) -> tuple:
@@ -74,8 +83,10 @@ def _case(file: str, device: str, offset: int, trials: int) -> tuple:
     calibration._prior = today
     by_runs = calibration._fit(fifth, start, "fifth", constants, trials, 0, lambda i, n: None)
     checked = calibration.calibrate(fifth, start, "fifth", trials=trials).device
-    return (file, device, offset, len(fifth), len(rest), _rest_mape(rest, start),
-            _rest_mape(rest, fixed), _rest_mape(rest, by_runs), _rest_mape(rest, checked))
+    (before, regret_before), (today, regret_today) = _rest(rest, start), _rest(rest, checked)
+    return (file, device, offset, len(fifth), len(rest), before,
+            _rest_mape(rest, fixed), _rest_mape(rest, by_runs), today,
+            regret_before, regret_today)
 
 
 def main() -> None:
@@ -89,12 +100,14 @@ def main() -> None:
     cases = CASES if not args.case else [tuple(c.split(":", 1)) for c in args.case]
     jobs = [(f, d, o) for f, d in cases for o in range(5)]
     rows = Parallel(n_jobs=2)(delayed(_case)(f, d, o, args.trials) for f, d, o in jobs)
-    print(f"{'':46s}the other four fifths' MAPE")
+    print(f"{'':46s}the other four fifths' MAPE{'':46s}their regret")
     print(f"{'file':24s} {'device':10s} off fit/rest   before  fixed pull  pull by runs"
-          "  + cross-check (today)")
-    for file, device, offset, n_fit, n_rest, before, *after in rows:
+          "  + cross-check (today)   before   today")
+    for file, device, offset, n_fit, n_rest, before, *after, reg_before, reg_today in rows:
+        regrets = ("" if reg_before is None
+                   else f"       {reg_before:7.1%} {reg_today:7.1%}")
         print(f"{file:24s} {device:10s} {offset:3d} {n_fit:3d}/{n_rest:<4d} {before:7.1%}"
-              f"     {after[0]:7.1%}       {after[1]:7.1%}       {after[2]:7.1%}")
+              f"     {after[0]:7.1%}       {after[1]:7.1%}       {after[2]:7.1%}{regrets}")
     n = len(rows)
     print()
     for k, label in enumerate(("fixed pull (the baseline)", "pull by runs",
@@ -103,6 +116,14 @@ def main() -> None:
         better = sum(r[6 + k] < r[5] - 1e-4 for r in rows)
         mean = sum(r[6 + k] - r[5] for r in rows) / n
         print(f"{label:36s}: worse on the rest in {worse} of {n} fits, better in {better};"
+              f" mean change {mean * 100:+.2f} points")
+    ranked = [r for r in rows if r[9] is not None]
+    if ranked:
+        worse = sum(r[10] > r[9] + 1e-4 for r in ranked)
+        better = sum(r[10] < r[9] - 1e-4 for r in ranked)
+        mean = sum(r[10] - r[9] for r in ranked) / len(ranked)
+        print(f"{'regret of the rest (today)':36s}: worse in {worse} of {len(ranked)}"
+              f" fits whose rest has a group of plans, better in {better};"
               f" mean change {mean * 100:+.2f} points")
 
 

@@ -32,12 +32,20 @@ def check_entry_name(name: str) -> str:
     if not _NAME.match(name) or name.endswith((".yaml", ".yml")):
         raise PlannerUsageError(f"--name: {name!r} is not a catalog name; use letters, digits,"
                                 " '.', '_' and '-', starting with a letter or digit")
+    if len(name) > NAME_MAX:  # the entry's file is NAME.yaml: most file systems take 255 bytes
+        raise PlannerUsageError(f"--name: {len(name)} characters; use at most {NAME_MAX}")
     return name
+
+
+NAME_MAX = 200
+"""The longest catalog name ``--name`` takes (a study's ``name`` takes as many)."""
 
 
 def write_entry(target: Path, text: str, what: str = "the user catalog") -> None:
     """``text`` into ``target`` through a temporary file in the same folder and os.replace, so
     a failure leaves nothing half-written. ``what``: what the file is, for the error."""
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        check_writable(target, what)  # says why in one line
     tmp: str | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -46,6 +54,7 @@ def write_entry(target: Path, text: str, what: str = "the user catalog") -> None
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _mode(target))  # mkstemp's file is its owner's alone
         os.replace(tmp, target)
         tmp = None
     except OSError as e:
@@ -55,12 +64,31 @@ def write_entry(target: Path, text: str, what: str = "the user catalog") -> None
             Path(tmp).unlink(missing_ok=True)
 
 
+def _mode(target: Path) -> int:
+    """The new file's permissions: those of the file it replaces, else what the user's umask
+    gives a new file (a team's catalog stays readable to the team)."""
+    try:
+        return target.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def check_writable(target: Path, what: str = "the user catalog") -> None:
-    """Refuse, before any long work, a ``target`` that :func:`write_entry` could not write: a
-    folder, or under a file or a folder that takes no new file (nothing is created)."""
+    """Refuse, before any long work, a ``target`` that :func:`write_entry` could not write, or
+    should not replace: a folder, a device, pipe or socket, a symbolic link (replacing it would
+    leave its file as it was), or under a file or a folder that takes no new file (nothing is
+    created)."""
     if target.is_dir():
         raise PlannerUsageError(f"{target}: is a folder; give {what} a file name such as"
                                 f" {target / 'NAME.yaml'}")
+    if target.is_symlink():
+        raise PlannerUsageError(f"{target}: is a symbolic link (to {os.readlink(target)});"
+                                f" give {what} the file's own path")
+    if target.exists() and not target.is_file():
+        raise PlannerUsageError(f"{target}: is not a regular file (a device, pipe or socket);"
+                                f" give {what} a .yaml file path")
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

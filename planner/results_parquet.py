@@ -28,10 +28,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from planner.errors import PlannerUsageError
 from planner.storage import is_url
 
 __all__ = ["ALL", "BEST_KEPT", "FRONT_BEST", "RESULTS", "TRIALS_KEPT", "ResultsTable",
-           "kept_numbers", "pareto_mask", "results_path", "table_rows"]
+           "kept_numbers", "pareto_mask", "results_path", "table_path", "table_rows"]
 
 RESULTS = "results"
 """Study user attribute: where the study's table is, how many plans, which are trials."""
@@ -113,13 +114,45 @@ class ResultsTable:
         return df.sort_values("number").reset_index(drop=True) if "number" in df else df
 
 
-def table_rows(results: dict[str, Any]) -> int | None:
-    """Rows in the results table a study's ``results`` attribute names (its plans estimated
-    so far); None when it names none or the table is gone."""
-    path = results.get("parquet")
-    if not path or not Path(path).is_dir():
+def table_path(study: Any) -> Path | None:
+    """Where a study's results table is (None: its ``results`` attribute names none): beside
+    the journal or SQLite file the study was opened from, where ``planner run`` writes it
+    (:func:`results_path`), so a storage folder moved or copied whole reads its own table; the
+    path the attribute stored (absolute, where the table was first written) only for a storage
+    that does not say where it is. A table found only at the stored path, not beside the
+    storage (the journal moved without it), is refused in one line naming both."""
+    results = study.user_attrs.get(RESULTS) or {}
+    stored = results.get("parquet")
+    if not stored:
         return None
-    return ResultsTable(Path(path)).rows()
+    label = _storage_file(getattr(study, "_storage", None))
+    here = results_path(label, study.study_name) if label else None
+    if here is None:
+        return Path(stored)
+    if not here.exists() and Path(stored).is_dir() and Path(stored).resolve() != here.resolve():
+        raise PlannerUsageError(
+            f"{label}: study {study.study_name!r} keeps its plans in a results table beside"
+            f" its storage, {here}, which is missing; it is at {stored} (the storage was moved"
+            " without it?): move that folder beside the storage")
+    return here
+
+
+def _storage_file(storage: Any) -> str | None:
+    """The journal path or ``sqlite:///`` URL of an opened storage; None for a server."""
+    backend = getattr(storage, "file_backend", None)  # planner.storage_journal's journal
+    if backend is not None:
+        return str(backend.path)
+    url = getattr(getattr(storage, "_backend", storage), "url", None)  # RDB (Optuna caches it)
+    return url if isinstance(url, str) and url.startswith("sqlite:///") else None
+
+
+def table_rows(study: Any) -> int | None:
+    """Rows in a study's results table (its plans estimated so far); None when it has none
+    or the table is gone."""
+    path = table_path(study)
+    if path is None or not path.is_dir():
+        return None
+    return ResultsTable(path).rows()
 
 
 def pareto_mask(step: np.ndarray, memory: np.ndarray) -> np.ndarray:

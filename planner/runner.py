@@ -42,7 +42,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from planner.errors import PlannerUsageError
 from planner.plan import specs_from_dict
-from planner.results_parquet import RESULTS, ResultsTable
+from planner.results_parquet import RESULTS, ResultsTable, table_path
 from planner.run_common import (
     ITEM,
     StopRequest,
@@ -242,7 +242,8 @@ def coverage(study: optuna.Study, config: StudyConfig) -> tuple[int, int, int]:
     some plans as trials is counted in its results table."""
     results = study.user_attrs.get(RESULTS)
     if results and results["trials_kept"] != "all":
-        plans = ResultsTable(Path(results["parquet"])).read(["plan"])["plan"].tolist()
+        path = table_path(study)
+        plans = [] if path is None else ResultsTable(path).read(["plan"])["plan"].tolist()
     else:
         plans = [t.user_attrs.get("plan")
                  for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]

@@ -24,11 +24,14 @@ from planner.errors import PlannerUsageError
 from planner.inputs import read_text
 from planner.runs_columns import AGREE, ALIASES, MEASURED, OPTIONAL, REQUIRED
 from planner.runs_row import (
+    SHORTEST_STEP_S,
+    SMALLEST_PEAK_GB,
     BadValue,
     RowError,
     allocated,
     as_run_by,
     integer,
+    measured,
     memory_stage,
     out_of_memory,
     positive,
@@ -152,9 +155,9 @@ def _measured_step(row: dict[str, str], strategy: Strategy) -> float | None:
     times the plan's devices); None where none is filled. Two that disagree by more than
     :data:`AGREE` are a value to fix."""
     tokens = integer(row, "global_batch") * integer(row, "seq_len")
-    given = {"step_time_s": positive(row, "step_time_s")}
-    job = positive(row, "tokens_per_s")
-    per_gpu = positive(row, "tokens_per_s_per_gpu")
+    given = {"step_time_s": measured(row, "step_time_s", SHORTEST_STEP_S, "seconds")}
+    job = measured(row, "tokens_per_s", 1.0, "tokens a second")
+    per_gpu = measured(row, "tokens_per_s_per_gpu", 1.0, "tokens a second")
     given["tokens_per_s"] = None if job is None else tokens / job
     given["tokens_per_s_per_gpu"] = (None if per_gpu is None
                                      else tokens / (per_gpu * strategy.devices))
@@ -162,12 +165,30 @@ def _measured_step(row: dict[str, str], strategy: Strategy) -> float | None:
     if not filled:
         return None
     (first, step), *others = filled.items()
+    if step < SHORTEST_STEP_S:
+        raise BadValue(f"{first} gives a step of {step:.3g} s, below {SHORTEST_STEP_S:g} s; check"
+                       " its unit")
     for key, other in others:
         if abs(other / step - 1) > AGREE:
             raise BadValue(f"{first} and {key} disagree: a step of {step:.4g} s against"
                            f" {other:.4g} s ({tokens:,} tokens a step on {strategy.devices}"
                            " devices); fix one or leave it empty")
     return step
+
+
+PEAK_OVER_PART = 1.05
+"""How far a measured peak may sit above its part's memory (the catalog's figure is the part's
+as nvidia-smi reports it; a report's rounding, or GiB against GB, stays inside 5%): beyond, the
+figure is of another unit or another part."""
+
+
+def _check_peak(memory: float | None, system: SystemSpec) -> None:
+    """A measured peak above what its part holds is a value to fix."""
+    hbm = system.device.hbm_bytes / GB
+    if memory is not None and memory > PEAK_OVER_PART * hbm:
+        raise BadValue(f"peak_memory_gb={memory:g} is above the {hbm:.4g} GB its part"
+                       f" ({system.device.name}) has; give decimal GB a device, or the part's"
+                       " own memory in hbm_gb")
 
 
 def _check_gpus(row: dict[str, str], strategy: Strategy, system: SystemSpec) -> None:
@@ -260,7 +281,7 @@ def read_runs(path: Path, catalog: Catalog,
                                 " every cell after it; quote that cell or remove the comma")
             strategy = row_strategy(row)
             step = _measured_step(row, strategy)
-            memory = positive(row, "peak_memory_gb")
+            memory = measured(row, "peak_memory_gb", SMALLEST_PEAK_GB, "GB")
             oom = out_of_memory(row)
             if oom and (step is not None or memory is not None):
                 raise BadValue("out_of_memory is true but the row has a measured"
@@ -279,6 +300,7 @@ def read_runs(path: Path, catalog: Catalog,
             hbm = positive(row, "hbm_gb")
             if hbm is not None:  # a part with more or less memory than the catalog's
                 system = replace(system, device=replace(system.device, hbm_bytes=hbm * GB))
+            _check_peak(memory, system)
             run_framework = row_framework(row, framework)
             training = as_run_by(run_framework, model, system, row_training(row), strategy)
             runs.append(MeasuredRun(

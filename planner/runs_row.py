@@ -80,6 +80,32 @@ def positive(row: dict[str, str], key: str) -> float | None:
     return value
 
 
+SHORTEST_STEP_S = 1e-6
+"""The shortest step a runs CSV takes (a microsecond: one kernel's launch); below it a figure
+is a typo or in the wrong unit, and its error would be past any float (an error of 1e300)."""
+SMALLEST_PEAK_GB = 1e-3
+"""The smallest peak a runs CSV takes (a megabyte; a training process's CUDA context alone is
+several hundred)."""
+
+
+def measured(row: dict[str, str], key: str, low: float, unit: str) -> float | None:
+    """A measured figure (``step_time_s``, ``peak_memory_gb``, a throughput): a number from
+    ``low`` to :data:`~planner.fields.MAX_NUMBER` in ``unit``, or None where the cell is
+    empty."""
+    text = row.get(key, "")
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadValue(f"{key}={text!r} must be a number"
+                       + ("; use a dot as the decimal mark" if "," in text else "")) from None
+    if not low <= value <= MAX_NUMBER:
+        raise BadValue(f"{key}={text!r} must be a number of {unit} from {low:g} to"
+                       f" {MAX_NUMBER:g}")
+    return value
+
+
 def _boolean(row: dict[str, str], key: str) -> bool | None:
     text = row.get(key, "").lower()
     if not text:

@@ -17,7 +17,7 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from planner.errors import PlannerUsageError
-from planner.storage_paths import QUEUE_SUFFIX, WORK_QUEUE
+from planner.storage_paths import QUEUE_SUFFIX, WORK_QUEUE, shown
 
 __all__ = ["PlannerRDBStorage", "open_rdb", "retry_stale"]
 
@@ -40,15 +40,27 @@ def open_rdb(label: str, heartbeat: int | None, attempts: int = 4) -> PlannerRDB
         except (ImportError, ModuleNotFoundError) as e:
             hint = (" (pip install 'parallel-planner[postgres]')"
                     if label.startswith("postgresql") else "")
-            raise PlannerUsageError(f"--storage {label}: the database driver is missing ({e});"
-                                    f" install it{hint}") from None
+            raise PlannerUsageError(f"--storage {shown(label)}: the database driver is missing"
+                                    f" ({e}); install it{hint}") from None
         except Exception as e:  # noqa: BLE001 - SQLAlchemy's errors for a bad URL are many
             if attempt + 1 < attempts and _schema_race(e):
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            raise PlannerUsageError(f"--storage {label}: cannot open the database:"
-                                    f" {type(e).__name__}: {str(e).splitlines()[0]}") from None
+            raise PlannerUsageError(f"--storage {shown(label)}: cannot open the database:"
+                                    f" {type(e).__name__}: {_masked(str(e), label)}") from None
     raise AssertionError("unreachable")
+
+
+def _masked(error: str, label: str) -> str:
+    """An error's first line with the URL's password, where it repeats it, as ``***``."""
+    first = (error.splitlines() or [""])[0]
+    try:
+        from sqlalchemy.engine import make_url
+
+        password = make_url(label).password
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: nothing to mask
+        return first
+    return first.replace(str(password), "***") if password else first
 
 
 class PlannerRDBStorage(RDBStorage):

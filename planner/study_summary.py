@@ -99,7 +99,7 @@ def _estimated(study: optuna.Study, results: dict[str, Any]) -> int | None:
 
     if results.get("trials_kept", ALL) == ALL and not results.get("prune"):
         return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    rows = table_rows(results)
+    rows = table_rows(study)
     return None if rows is None else rows + int(results.get("pruned", 0))
 
 

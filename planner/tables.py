@@ -5,12 +5,10 @@ is read from its results table instead: one row per plan, ``number`` its row the
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import optuna
 import pandas as pd
 
-from planner.results_parquet import ALL, RESULTS, ResultsTable, pareto_mask
+from planner.results_parquet import ALL, RESULTS, ResultsTable, pareto_mask, table_path
 
 __all__ = ["KNOBS", "PLACEMENTS", "OPTIONAL_KNOBS", "best_frame", "format_best", "mfu_note",
            "results_table", "trials_frame"]
@@ -35,7 +33,8 @@ def results_table(study: optuna.Study) -> ResultsTable | None:
     results = study.user_attrs.get(RESULTS)
     if not results or results.get("trials_kept") == ALL:
         return None
-    return ResultsTable(Path(results["parquet"]))
+    path = table_path(study)
+    return ResultsTable(path) if path is not None else None
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:

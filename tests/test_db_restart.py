@@ -297,3 +297,15 @@ def test_a_sampler_trial_orphaned_by_a_lost_connection_is_failed_when_the_work_i
     assert main._storage.get_trial(orphan).state is TrialState.FAIL
     assert len(main.get_trials(states=(TrialState.COMPLETE,))) == 3
     assert not queue.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
+
+
+def test_a_database_that_cannot_be_opened_is_named_without_its_password(tmp_path, capsys):
+    # The README says a storage URL is printed without its password; the error of a server
+    # that refuses the connection printed it whole (a fuzzing pass found it in stderr).
+    from planner.cli import main
+
+    url = "postgresql://planner:secretpw@127.0.0.1:1/planner"
+    code = main(["studies", "--storage", url])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "secretpw" not in err[0] and "planner:***@127.0.0.1:1" in err[0]

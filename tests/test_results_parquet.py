@@ -244,3 +244,44 @@ def test_a_step_s_flops_past_int64_are_written_as_float(tmp_path):
     back = table.read()
     assert back["model_flops"].tolist() == [float(flops), float(2 * flops)]
     assert back["plan"].tolist() == ["a", "b"] and back["number"].tolist() == [0, 1]
+
+
+def test_a_moved_or_copied_storage_reads_its_own_table(tmp_path, small_threshold, capsys):
+    # The study's `results` attribute stores where the table was first written (an absolute
+    # path); a storage folder moved or copied whole must read the table beside its journal,
+    # as `planner run --resume` writes there (fuzzing found `best` failing with a TypeError,
+    # `trials --csv` writing 0 trials and a copy reading the original's table).
+    import shutil
+
+    path = _mid(tmp_path)
+    (tmp_path / "a").mkdir()
+    config = load_study_config(path)
+    label = str(tmp_path / "a" / "s.journal")
+    run_study(config, open_storage(label, create=True), label, progress=False)
+    moved = tmp_path / "b"
+    shutil.move(str(tmp_path / "a"), moved)
+    out = tmp_path / "t.csv"
+    assert main(["trials", "mid", "--csv", str(out), "--storage", str(moved / "s.journal")]) == 0
+    assert len(pd.read_csv(out)) == 1998
+    assert main(["best", "mid", "--storage", str(moved / "s.journal")]) == 0
+    # a copy reads its own table, not the original's: emptied, the copy's has no row
+    copy = tmp_path / "c"
+    shutil.copytree(moved, copy)
+    for part in (copy / "s.journal.mid.parquet").glob("part-*.parquet"):
+        part.unlink()
+    capsys.readouterr()
+    assert main(["trials", "mid", "--csv", str(out), "--storage", str(copy / "s.journal")]) == 0
+    assert len(pd.read_csv(out)) < 1998  # the kept trials only; the original has all 1998
+    # a journal moved without its table, the table still where it was: one line naming both
+    (tmp_path / "d").mkdir()
+    shutil.copy(moved / "s.journal", tmp_path / "d" / "s.journal")
+    study = optuna.load_study(study_name="mid",
+                              storage=open_storage(str(tmp_path / "d" / "s.journal"),
+                                                   create=False))
+    study.set_user_attr(rp.RESULTS, {**study.user_attrs[rp.RESULTS],
+                                     "parquet": str(moved / "s.journal.mid.parquet")})
+    capsys.readouterr()
+    assert main(["best", "mid", "--storage", str(tmp_path / "d" / "s.journal")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "missing" in err and str(moved / "s.journal.mid.parquet") in err

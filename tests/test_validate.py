@@ -240,7 +240,8 @@ def test_left_out_rows_name_their_file(tmp_path: Path, capsys) -> None:
     assert main(["validate", str(one), str(two)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert "left out: 1 row with a value to fix" in out
-    assert f"  {one}:3 (b): step_time_s='-1' must be a number > 0" in out
+    assert (f"  {one}:3 (b): step_time_s='-1' must be a number of seconds from 1e-06 to 1e+12"
+            in out)
     assert "left out: 1 row the planner cannot express" in out
     assert any(line.startswith(f"  {two}:2 (c): ") for line in out)
     assert "step time: 1 run, MAPE" in "\n".join(out)
@@ -370,3 +371,81 @@ def test_by_nodes_counts_the_nodes_each_plan_spans(tmp_path: Path, capsys) -> No
     assert main(["validate", str(path), "--by", "nodes", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["by"]["rows"]
     assert [(r["nodes"], r["step_time_runs"]) for r in rows] == [("1", 1), ("2", 2), ("3", 1)]
+
+
+def test_measured_figures_out_of_any_unit_are_values_to_fix(tmp_path: Path, capsys) -> None:
+    # A step of 5e-324 s made every error infinite and `--json` print Infinity, which no strict
+    # JSON parser reads; a peak of 500 GB on an 85.5 GB part is another unit or another part.
+    for cells, said in (
+            ("1,5e-324,", "step_time_s='5e-324' must be a number of seconds from 1e-06 to 1e+12"),
+            ("1,1e15,", "step_time_s='1e15' must be a number of seconds from 1e-06 to 1e+12"),
+            ("1,\"4,5\",", "step_time_s='4,5' must be a number; use a dot as the decimal mark"),
+            ("1,,1e-9", "peak_memory_gb='1e-9' must be a number of GB from 0.001 to 1e+12"),
+            ("1,,500", "peak_memory_gb=500 is above the 85.9 GB its part (a100-80gb) has")):
+        path = _write(tmp_path, HEADER + ",step_time_s,peak_memory_gb",
+                      "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1," + cells)
+        assert main(["validate", str(path), "--json"]) == 1
+        out = capsys.readouterr().out
+        assert said in out, out
+        assert "Infinity" not in out
+
+
+def test_calibrate_refuses_runs_it_cannot_estimate_and_a_bad_seed(tmp_path: Path,
+                                                                  capsys) -> None:
+    # A row whose plan the planner cannot express (dp x tp = 64 on 8 GPUs) is left out of a
+    # validation; a calibration of it alone fitted nothing, said "fitted 8 constants" and
+    # wrote a device: now one line, exit 2, no file.
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,8,1,1,1.0")
+    out = tmp_path / "mine.yaml"
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine", "--out",
+                 str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no run on 'a100-80gb' the planner can estimate" in err
+    assert not out.exists()
+    ok = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    assert main(["calibrate", str(ok), "--device", "a100-80gb", "--name", "mine", "--out",
+                 str(out), "--seed", "-1"]) == 2
+    assert "--seed -1: give a whole number from 0 to 4294967295" in capsys.readouterr().err
+
+
+def test_calibrate_out_is_a_regular_file_it_may_replace(tmp_path: Path, capsys) -> None:
+    # `--out /dev/full --force` replaced the device node with a YAML file (as root), and a
+    # symbolic link was replaced, leaving its file as it was: both refused before the fit. A
+    # new file takes the umask's permissions, not mkstemp's owner-only 0600.
+    import os
+    import stat
+
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    target = tmp_path / "target.yaml"
+    target.write_text("kept: true\n")
+    link = tmp_path / "link.yaml"
+    link.symlink_to(target)
+    for out, said in ((fifo, "is not a regular file"), (link, "is a symbolic link")):
+        assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine",
+                     "--out", str(out), "--force", "--trials", "5"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and link.is_symlink()
+    assert target.read_text() == "kept: true\n"
+    old = os.umask(0o022)
+    try:
+        new = tmp_path / "new.yaml"
+        assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine",
+                     "--out", str(new), "--trials", "5"]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o644
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "x" * 201,
+                 "--out", str(tmp_path / "long.yaml")]) == 2
+    assert "--name: 201 characters; use at most 200" in capsys.readouterr().err
+
+
+def test_a_file_of_which_no_row_is_estimated_exits_1(tmp_path: Path, capsys) -> None:
+    # Every row a plan the planner cannot express (dp x tp = 64 on 8 GPUs): the report has no
+    # figure at all, and the exit code said success.
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,8,1,1,1.0")
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "no row could be estimated (1 row left out, listed above)" in err

@@ -20,8 +20,8 @@ from planner.commands._validate import percent
 from planner.errors import Interrupted, PlannerUsageError
 from planner.inputs import load
 from planner.outputs import counted
-from planner.runs_csv import read_runs_files
-from planner.validation import Validation
+from planner.runs_csv import MeasuredRun, read_runs_files
+from planner.validation import Validation, validate
 from search_spaces.frameworks import FRAMEWORKS
 from simcore.specs import DeviceSpec
 
@@ -107,6 +107,9 @@ class CalibrateCommand(BaseCommand):
         check_entry_name(args.name)
         if not 1 <= args.trials <= 100_000:
             raise PlannerUsageError(f"--trials must be between 1 and 100000, got {args.trials}")
+        if not 0 <= args.seed < 2**32:  # CMA-ES's seed (numpy's range)
+            raise PlannerUsageError(f"--seed {args.seed}: give a whole number from 0 to"
+                                    f" {2**32 - 1}")
         catalog = load_catalog()
         base = catalog.device(args.device)
         target = args.out or user_catalog_dir() / "devices" / f"{args.name}.yaml"
@@ -135,6 +138,7 @@ class CalibrateCommand(BaseCommand):
             files = ", ".join(str(p) for p in args.runs)
             raise PlannerUsageError(f"{files}: no run is on device {base.name!r} (the"
                                     f" runs' devices: {', '.join(found)})")
+        mine = _estimable(mine, base.name, args.runs)
         show = sys.stderr.isatty() and not args.json
         progress = (lambda i, n: print(f"\rfitting and cross-validating: trial {i}/{n}", end="",
                                        file=sys.stderr)) if show else None
@@ -218,3 +222,16 @@ def _cross_validation_lines(fit: Fit, base: DeviceSpec) -> list[str]:
     return [line, (f"the refits {why}, so {fit.device.name} keeps {base.name}'s constants (the"
                    " runs disagree with one another or are too few; more runs, or --fit with"
                    " fewer constants, may settle it)")]
+
+
+def _estimable(runs: list[MeasuredRun], device: str, files: list[Path]) -> list[MeasuredRun]:
+    """The runs the planner can estimate (a plan it cannot express tells no constant), or a
+    one-line error when none is left: a fit of no run would write the device unchanged."""
+    check = validate(runs)
+    if check.results:
+        return [r.run for r in check.results]
+    first = check.skipped[0]
+    raise PlannerUsageError(f"{', '.join(str(p) for p in files)}: no run on {device!r} the"
+                            f" planner can estimate ({counted(len(check.skipped), 'run')} left"
+                            f" out; {first.where} ({first.name}): {first.reason}); nothing to"
+                            " fit")

@@ -54,7 +54,7 @@ def _kept(study: optuna.Study, storage: BaseStorage) -> tuple[str, str]:
     if results.get("trials_kept", ALL) == ALL:
         kept = storage.get_n_trials(study._study_id, TrialState.COMPLETE)
         return f"{kept:,} finished trials", ""
-    rows = table_rows(results) or 0
+    rows = table_rows(study) or 0
     plans = int(results.get("plans", 0)) - int(results.get("pruned", 0))
     return f"the estimates of {rows:,} of {counted(plans, 'plan')}", " (its results table)"
 

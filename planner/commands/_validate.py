@@ -196,4 +196,9 @@ class ValidateCommand(BaseCommand):
             print(f"planner validate: {counted(bad, 'row')} with a value to fix (listed as left"
                   " out); the figures leave them out", file=sys.stderr)
             return 1
+        if not result.results:  # every row left out: no figure at all
+            left = counted(len(result.skipped), "row")
+            print(f"planner validate: no row could be estimated ({left} left out, listed"
+                  " above); the plans need a fix", file=sys.stderr)
+            return 1
         return 0

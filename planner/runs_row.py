@@ -66,17 +66,23 @@ def _optional_integer(row: dict[str, str], key: str) -> int | None:
     return integer(row, key) if row.get(key, "") else None
 
 
-def positive(row: dict[str, str], key: str) -> float | None:
-    """The cell as a number > 0, or None where it is empty."""
+def _number(row: dict[str, str], key: str) -> float | None:
+    """The cell as a number, or None where it is empty."""
     text = row.get(key, "")
     if not text:
         return None
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise BadValue(f"{key}={text!r} must be a number") from None
-    if not 0 < value <= MAX_NUMBER:
-        raise BadValue(f"{key}={text!r} must be a number > 0")
+        raise BadValue(f"{key}={text!r} must be a number"
+                       + ("; use a dot as the decimal mark" if "," in text else "")) from None
+
+
+def positive(row: dict[str, str], key: str) -> float | None:
+    """The cell as a number > 0, or None where it is empty."""
+    value = _number(row, key)
+    if value is not None and not 0 < value <= MAX_NUMBER:
+        raise BadValue(f"{key}={row[key]!r} must be a number > 0")
     return value
 
 
@@ -92,16 +98,9 @@ def measured(row: dict[str, str], key: str, low: float, unit: str) -> float | No
     """A measured figure (``step_time_s``, ``peak_memory_gb``, a throughput): a number from
     ``low`` to :data:`~planner.fields.MAX_NUMBER` in ``unit``, or None where the cell is
     empty."""
-    text = row.get(key, "")
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise BadValue(f"{key}={text!r} must be a number"
-                       + ("; use a dot as the decimal mark" if "," in text else "")) from None
-    if not low <= value <= MAX_NUMBER:
-        raise BadValue(f"{key}={text!r} must be a number of {unit} from {low:g} to"
+    value = _number(row, key)
+    if value is not None and not low <= value <= MAX_NUMBER:
+        raise BadValue(f"{key}={row[key]!r} must be a number of {unit} from {low:g} to"
                        f" {MAX_NUMBER:g}")
     return value
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+import numpy as np
+
 from planner.runs_csv import GroupKey, MeasuredRun, SkippedRun
 from planner.units import GB
 from simcore import estimate
@@ -142,12 +144,10 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     n = len(a)
     if n < 2:
         return 1.0
-    score = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            x = (a[i] > a[j]) - (a[i] < a[j])
-            y = (b[i] > b[j]) - (b[i] < b[j])
-            score += x * y
+    x, y = np.asarray(a, float), np.asarray(b, float)
+    # each item against those after it, a row of pairs at a time: exact, and memory in n
+    score = sum(int(np.dot(np.sign(x[i] - x[i + 1:]), np.sign(y[i] - y[i + 1:])))
+                for i in range(n - 1))
     return score / (n * (n - 1) / 2)
 
 

@@ -70,6 +70,11 @@ def test_kendall_tau_extremes() -> None:
     assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
     assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
     assert kendall_tau([1], [5]) == 1.0
+    # ties count as neither: of the 6 pairs of (1, 2, 2, 3) against (1, 3, 2, 4) five agree and
+    # one (2 against 2) is tied: 5 / 6
+    assert kendall_tau([1, 2, 2, 3], [1, 3, 2, 4]) == 5 / 6
+    # one discordant pair of the 3: (1 + 1 - 1) / 3
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == 1 / 3
 
 
 def _write(tmp_path: Path, *lines: str) -> Path:

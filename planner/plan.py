@@ -258,6 +258,11 @@ _WHOLE = _COUNTS + ("first_stage_layers", "last_stage_layers", "shard_group", "e
 numbers (YAML's 4.9 or true is refused, not truncated)."""
 
 
+_CHOICES = {"zero": ZeroStage, "recompute": Recompute, "schedule": Schedule}
+"""The strategy's fields of a fixed set of values: a plan file's other value is named with
+them (not as the enum's own error)."""
+
+
 def _strategy(path: Path, data: Any) -> Strategy:
     e = check_fields(path, "strategy", data, _STRATEGY_FIELDS,
                      {"precision", "shard_group", "ep", "etp", "ep_overlap", "ep_dedup",
@@ -267,6 +272,11 @@ def _strategy(path: Path, data: Any) -> Strategy:
     for field in _WHOLE:
         if e.get(field) is not None or field in _COUNTS:
             integer(path, f"strategy.{field}", e.get(field), minimum=0)
+    for field, kind in _CHOICES.items():
+        allowed = [str(c.value) for c in kind]
+        if e.get(field) is not None and str(e[field]) not in allowed:
+            raise fail(path, f"strategy.{field}", f"{e[field]!r} is not one of"
+                       f" {', '.join(allowed)}")
     try:
         return strategy_from_attrs(e)
     except (ValueError, TypeError) as err:

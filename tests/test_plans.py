@@ -167,6 +167,30 @@ def test_estimate_plan_refuses_a_count_that_is_not_a_whole_number(tmp_path, caps
     assert f"{path}: strategy.{field}:" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("zero", 9, "strategy.zero: 9 is not one of 0, 1, 2, 3"),
+    ("recompute", "most", "strategy.recompute: 'most' is not one of none, selective, full"),
+    ("schedule", "1f2b", "strategy.schedule: '1f2b' is not one of")])
+def test_estimate_plan_names_the_values_a_choice_takes(tmp_path, capsys, field, value, said):
+    # ZeRO 9 was refused as "9 is not a valid ZeroStage", the enum's own words.
+    path = tmp_path / "plan.yaml"
+    write_plan(_megatron_plan(), path)
+    data = yaml.safe_load(path.read_text())
+    data["strategy"][field] = value
+    path.write_text(yaml.safe_dump(data))
+    assert main(["estimate", "--plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1
+
+
+def test_estimate_optimizer_bytes_is_a_whole_number_from_1(capsys):
+    assert main(["estimate", "--model", "llama3-8b", "--system", "dgx-h100-8",
+                 "--global-batch", "128", "--optimizer-bytes", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--optimizer-bytes: must be a whole number from 1" in err
+    assert "bytes_per_param_optimizer" not in err
+
+
 def test_pareto_out_naming_a_folder_is_one_line(tmp_path, storage, capsys):
     assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
     capsys.readouterr()

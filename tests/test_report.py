@@ -64,3 +64,22 @@ def test_report_of_an_unknown_study_is_one_line(report, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no study named 'nope'" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r.html").exists()
+
+
+def test_report_out_does_not_replace_a_file_of_another_kind(report, tmp_path, capsys):
+    # `report --out runs.csv` replaced a team's runs CSV with HTML without a word; a device
+    # (here a pipe) would have been replaced too. A page it wrote before is replaced.
+    import os
+
+    runs = tmp_path / "runs.csv"
+    runs.write_text("name,model\n")
+    pipe = tmp_path / "pipe.html"
+    os.mkfifo(pipe)
+    capsys.readouterr()
+    for out, said in ((runs, "exists and is not a .html file"),
+                      (pipe, "is not a regular file")):
+        assert main(["report", "lab", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1
+    assert runs.read_text() == "name,model\n"
+    assert main(["report", "lab", "--out", str(report)]) == 0  # its own page again

@@ -82,7 +82,7 @@ def _write(comparison: Comparison, table: pd.DataFrame, out: Path) -> tuple[Path
                          detail="plan"),
     ]
     intro = comparison.description or f"{model} from {comparison.study_path}"
-    atomic_write(page, figures_page(f"{comparison.name}", figures, intro))
+    atomic_write(page, figures_page(f"{comparison.name}", figures, intro), (".html", ".htm"))
     return csv, page
 
 

@@ -34,6 +34,6 @@ class ReportCommand(BaseCommand):
         path = args.out or default_path(args.name, "report", "html")
         if args.out is None:
             path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, page)
+        atomic_write(path, page, (".html", ".htm"))
         print(f"wrote {path}")
         return 0

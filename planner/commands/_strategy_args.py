@@ -180,7 +180,7 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="ZeRO-1 all-reduces the whole gradient, then each rank steps its shard"
                    " and the weights are all-gathered (Aleph Alpha's Scaling), not a"
                    " reduce-scatter")
-    t.add_argument("--optimizer-bytes", type=int, default=12,
+    t.add_argument("--optimizer-bytes", type=positive_int, default=12,
                    help="optimizer state bytes per parameter with master weights (12: Adam's"
                    " fp32 master copy, momentum and variance, the default; 4: NeMo's Apex"
                    " DistributedFusedAdam with dtype bf16 on a bf16 model, the moments alone)")

@@ -46,7 +46,7 @@ def write_figure(fig: go.Figure, path: Path, fmt: str | None = None) -> Path:
     """Save ``fig`` to ``path`` as ``fmt`` (default: from the suffix, else HTML)."""
     fmt = figure_format(path, fmt)
     if fmt == "html":
-        atomic_write(path, figure_html(fig))
+        atomic_write(path, figure_html(fig), (".html", ".htm"))
         return path
     chrome = _chrome()
     if chrome is None:
@@ -62,5 +62,5 @@ def write_figure(fig: go.Figure, path: Path, fmt: str | None = None) -> Path:
         png = fig.to_image(format="png", width=1100, height=650)
     except Exception as e:  # noqa: BLE001 - kaleido's browser failures come in many types
         raise PlannerUsageError(f"PNG export failed ({type(e).__name__}: {e}); use HTML") from None
-    atomic_write(path, png)
+    atomic_write(path, png, (".png",))
     return path

@@ -157,14 +157,20 @@ def test_estimate_plan_rejects_a_file_that_is_not_a_plan(tmp_path, capsys):
 def test_estimate_plan_refuses_a_count_that_is_not_a_whole_number(tmp_path, capsys, field,
                                                                    value):
     # A hand-edited plan file: 4.9 must not be read as tp 4, nor YAML's true as ZeRO-1.
+    path, err = _estimate_edited(tmp_path, capsys, field, value)
+    assert f"{path}: strategy.{field}:" in err and len(err.strip().splitlines()) == 1
+
+
+def _estimate_edited(tmp_path, capsys, field: str, value) -> tuple:
+    """A plan file with its strategy's ``field`` set to ``value``, estimated: refused with exit
+    2; (the file, what stderr said)."""
     path = tmp_path / "plan.yaml"
     write_plan(_megatron_plan(), path)
     data = yaml.safe_load(path.read_text())
     data["strategy"][field] = value
     path.write_text(yaml.safe_dump(data))
     assert main(["estimate", "--plan", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert f"{path}: strategy.{field}:" in err and len(err.strip().splitlines()) == 1
+    return path, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("field", "value", "said"), [
@@ -173,13 +179,7 @@ def test_estimate_plan_refuses_a_count_that_is_not_a_whole_number(tmp_path, caps
     ("schedule", "1f2b", "strategy.schedule: '1f2b' is not one of")])
 def test_estimate_plan_names_the_values_a_choice_takes(tmp_path, capsys, field, value, said):
     # ZeRO 9 was refused as "9 is not a valid ZeroStage", the enum's own words.
-    path = tmp_path / "plan.yaml"
-    write_plan(_megatron_plan(), path)
-    data = yaml.safe_load(path.read_text())
-    data["strategy"][field] = value
-    path.write_text(yaml.safe_dump(data))
-    assert main(["estimate", "--plan", str(path)]) == 2
-    err = capsys.readouterr().err
+    _, err = _estimate_edited(tmp_path, capsys, field, value)
     assert said in err and len(err.strip().splitlines()) == 1
 
 

@@ -132,8 +132,11 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
             if len(rows) >= MAX_ROWS:
                 raise PlannerUsageError(f"{path}: more than {MAX_ROWS:,} runs; split the file")
             spilled = sum(1 for v in record[len(header):] if v.strip())
-            rows.append((reader.line_num, {k: v.strip() for k, v in zip(header, record)},
-                         spilled))
+            cells = {k: v.strip() for k, v in zip(header, record) if k}
+            unnamed = [i + 1 for i, (k, v) in enumerate(zip(header, record)) if not k and v.strip()]
+            if unnamed:  # a header shifted by a column, or a column left unnamed
+                cells[""] = str(unnamed[0])
+            rows.append((reader.line_num, cells, spilled))
     except csv.Error as e:
         raise PlannerUsageError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
     return header, rows
@@ -275,6 +278,9 @@ def read_runs(path: Path, catalog: Catalog,
     for line, row, spilled in rows:
         name = row.get("name") or _default_name(line, row)
         try:
+            if row.get(""):
+                raise BadValue(f"a filled cell in column {row['']}, which the header leaves"
+                               " unnamed; name the column or empty the cell")
             if spilled:
                 raise BadValue(f"{spilled} more filled cell(s) than the header's"
                                 f" {len(header)} columns: a comma in an unquoted cell shifts"

@@ -454,3 +454,16 @@ def test_a_file_of_which_no_row_is_estimated_exits_1(tmp_path: Path, capsys) -> 
     assert main(["validate", str(path)]) == 1
     err = capsys.readouterr().err
     assert "no row could be estimated (1 row left out, listed above)" in err
+
+
+def test_a_filled_cell_under_an_unnamed_column_is_a_value_to_fix(tmp_path: Path,
+                                                                  capsys) -> None:
+    # The header "...,micro_batch,,step_time_s" leaves column 10 unnamed: its cell was dropped
+    # without a word (a header shifted by one column reads every figure under the wrong name).
+    path = _write(tmp_path, HEADER + ",,step_time_s",
+                  "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,9,1.0",
+                  "b,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,,1.0")
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:2 (a): a filled cell in column 10, which the header leaves unnamed" in out
+    assert "step time: 1 run" in out

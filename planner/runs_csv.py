@@ -275,9 +275,14 @@ def read_runs(path: Path, catalog: Catalog,
     where = (path, "model")
     runs: list[MeasuredRun] = []
     skipped: list[SkippedRun] = []
+    first: dict[tuple[tuple[str, str], ...], int] = {}
     for line, row, spilled in rows:
         name = row.get("name") or _default_name(line, row)
+        same = first.setdefault(tuple(sorted(row.items())), line)
         try:
+            if same != line:  # a run measured twice differs in its figures or its name
+                raise BadValue(f"repeats line {same} cell for cell, which would count one run"
+                               " twice; remove one")
             if row.get(""):
                 raise BadValue(f"a filled cell in column {row['']}, which the header leaves"
                                " unnamed; name the column or empty the cell")

@@ -467,3 +467,22 @@ def test_a_filled_cell_under_an_unnamed_column_is_a_value_to_fix(tmp_path: Path,
     out = capsys.readouterr().out
     assert f"{path}:2 (a): a filled cell in column 10, which the header leaves unnamed" in out
     assert "step time: 1 run" in out
+
+
+def test_by_given_twice_is_refused(tmp_path: Path, capsys) -> None:
+    # `--by tp --by pp` split by pp alone, the tp asked for dropped without a word.
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    assert main(["validate", str(path), "--by", "tp", "--by", "pp"]) == 2
+    assert "--by given twice; give one" in capsys.readouterr().err
+
+
+def test_a_row_repeated_cell_for_cell_is_a_value_to_fix(tmp_path: Path, capsys) -> None:
+    # A row pasted twice counted its run twice in the MAPE and in a calibration; a plan
+    # measured twice differs in its figure (or its name) and stays two runs.
+    row = "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0"
+    path = _write(tmp_path, HEADER + ",step_time_s", row, row,
+                  "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.1")
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:3 (a): repeats line 2 cell for cell" in out
+    assert "step time: 2 runs" in out

@@ -135,6 +135,16 @@ def breakdown_lines(v: Validation, by: str) -> list[str]:
     return lines
 
 
+class _Once(argparse.Action):
+    """An option given at most once (a second ``--by`` was kept, the first dropped silently)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest) is not None:
+            parser.error(f"{option_string} given twice; give one")
+        setattr(namespace, self.dest, values)
+
+
 class ValidateCommand(BaseCommand):
     name = "validate"
     help = "Estimate measured runs (a CSV) and report the error and the plan-choice regret."
@@ -147,7 +157,7 @@ class ValidateCommand(BaseCommand):
                             " true for a plan that ran out of memory (see the README for the"
                             " optional columns); several files are read as one")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
-        parser.add_argument("--by", choices=sorted(BREAKDOWNS), default=None,
+        parser.add_argument("--by", choices=sorted(BREAKDOWNS), default=None, action=_Once,
                             help="also split the figures by the runs' release, model, system,"
                             " device, precision or file, or by a knob of their plans (gpus, nodes,"
                             " dp, tp, pp, cp, micro_batch, micro_batches, zero, recompute,"

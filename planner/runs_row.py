@@ -5,6 +5,7 @@ that cannot be read raises :class:`BadValue`, a plan the planner cannot express
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -44,6 +45,19 @@ class BadValue(RowError):
     express is only left out."""
 
 
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|nan)",
+                      re.IGNORECASE | re.ASCII)
+
+
+def _float(text: str) -> float:
+    """A cell as a number written as a spreadsheet writes one: ASCII digits, a dot, an exponent
+    (Python's float() also reads ``1_28`` as 128 and other scripts' digits); a ValueError
+    otherwise."""
+    if not _DECIMAL.fullmatch(text):
+        raise ValueError(text)
+    return float(text)
+
+
 def integer(row: dict[str, str], key: str, default: int | None = None) -> int:
     """The cell as a whole number >= 1, or ``default`` where it is empty (a value to fix where
     there is none)."""
@@ -53,7 +67,7 @@ def integer(row: dict[str, str], key: str, default: int | None = None) -> int:
             raise BadValue(f"{key} is empty; give a whole number")
         return default
     try:
-        value = float(text)
+        value = _float(text)
     except ValueError:
         raise BadValue(f"{key}={text!r} must be a whole number") from None
     if not value.is_integer() or not 1 <= value <= MAX_INTEGER:
@@ -72,7 +86,7 @@ def _number(row: dict[str, str], key: str) -> float | None:
     if not text:
         return None
     try:
-        return float(text)
+        return _float(text)
     except ValueError:
         raise BadValue(f"{key}={text!r} must be a number"
                        + ("; use a dot as the decimal mark" if "," in text else "")) from None

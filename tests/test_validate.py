@@ -486,3 +486,14 @@ def test_a_row_repeated_cell_for_cell_is_a_value_to_fix(tmp_path: Path, capsys) 
     out = capsys.readouterr().out
     assert f"{path}:3 (a): repeats line 2 cell for cell" in out
     assert "step time: 2 runs" in out
+
+
+@pytest.mark.parametrize("cell", ["1_6", "١٦", "１６", "0x10"])
+def test_numbers_are_written_in_ascii_digits(tmp_path: Path, capsys, cell: str) -> None:
+    # Python's float() reads "1_6" as 16 and Arabic-Indic and full-width digits as digits: a
+    # spreadsheet writes none of these.
+    path = _write(tmp_path, HEADER + ",step_time_s",
+                  f"a,gpt-1.7b,dgx-a100-8,{cell},2048,8,1,1,1,1.0",
+                  "b,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    assert main(["validate", str(path)]) == 1
+    assert f"{path}:2 (a): global_batch=" in capsys.readouterr().out

@@ -113,6 +113,13 @@ def test_export_out_may_name_the_plan_file(tmp_path, storage, capsys):
         assert main(["export", "lab", *argv, "--out", str(tmp_path / "two.yaml")]) == 2
         err = capsys.readouterr().err
         assert "a file name takes one plan in --format plan" in err and err.count("\n") == 1
+    # `--out plan1.txt` made a folder named plan1.txt; a folder named with a dot stays one
+    assert main(["export", "lab", "--out", str(tmp_path / "plan1.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "a plan file is .yaml, .yml or .json" in err and err.count("\n") == 1
+    assert not (tmp_path / "plan1.txt").exists()
+    assert main(["export", "lab", "--out", str(tmp_path / "exports.v2")]) == 0
+    assert (tmp_path / "exports.v2").is_dir()
     assert not (tmp_path / "two.yaml").exists()
 
 

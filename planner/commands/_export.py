@@ -36,10 +36,21 @@ def _formats(text: str) -> list[str]:
     return names
 
 
+_FILE_SUFFIXES = {".txt", ".csv", ".md", ".html", ".htm", ".sh", ".py", ".log", ".toml", ".ini",
+                  ".cfg", ".conf"}
+"""Suffixes of files, not folders: ``--out plan1.txt`` made a folder of that name (a folder
+named ``exports.v2`` stays one)."""
+
+
 def _names_a_file(out: Path, formats: list[str], plans: list[Plan]) -> bool:
     """Whether ``--out`` names a plan file rather than a folder (an existing folder of that
     name stays a folder); a file name for anything but one plan file is refused."""
-    if out.suffix.lower() not in PLAN_SUFFIXES or out.is_dir():
+    if out.is_dir():
+        return False
+    if out.suffix.lower() not in PLAN_SUFFIXES:
+        if out.suffix.lower() in _FILE_SUFFIXES and not out.exists():  # made a folder of it
+            raise PlannerUsageError(f"--out {out}: a file name, but a plan file is .yaml, .yml"
+                                    " or .json; give one of those, or a folder (no suffix)")
         return False
     if formats != ["plan"] or len(plans) != 1:
         raise PlannerUsageError(f"--out {out}: a file name takes one plan in --format plan"

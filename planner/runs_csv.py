@@ -181,8 +181,8 @@ def _measured_step(row: dict[str, str], strategy: Strategy) -> float | None:
 
 PEAK_OVER_PART = 1.05
 """How far a measured peak may sit above its part's memory (the catalog's figure is the part's
-as nvidia-smi reports it; a report's rounding, or GiB against GB, stays inside 5%): beyond, the
-figure is of another unit or another part."""
+as nvidia-smi reports it; a report's rounding stays inside 5%): beyond, the figure is of another
+unit or another part."""
 
 
 def _check_peak(memory: float | None, system: SystemSpec) -> None:

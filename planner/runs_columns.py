@@ -16,7 +16,7 @@ case-insensitive:
   system's), ``zero`` (0-3 or ``fsdp``; 0), ``recompute`` (none,
   selective, full; none), ``recompute_layers`` (with ``recompute`` full: the layers of each
   pipeline stage, or model chunk, that recompute, Megatron-LM's ``--recompute-method block
-  --recompute-num-layers``; empty: all), ``offload_layers`` (with pp 1 and no recompute: the
+  --recompute-num-layers``; empty or 0: all), ``offload_layers`` (with pp 1 and no recompute: the
   layers that offload their activations to host memory, Megatron-Core's
   ``--cpu-offloading-num-layers``; empty: none), ``sequence_parallel`` (true/false; true),
   ``schedule`` (1f1b, gpipe,

@@ -122,7 +122,7 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
     """The header and each non-blank row: its line, {column: cell} and how many filled cells
     it has past the last column (an unquoted comma shifted them there)."""
     text = read_text(path, "CSV of measured runs", encoding="utf-8-sig")
-    reader = csv.reader(io.StringIO(text))
+    reader = csv.reader(io.StringIO(text), strict=True)  # a quote never closed is an error
     try:
         header = _canonical(path, [h.strip().lower() for h in next(reader, [])])
         rows = []
@@ -138,7 +138,10 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
                 cells[""] = str(unnamed[0])
             rows.append((reader.line_num, cells, spilled))
     except csv.Error as e:
-        raise PlannerUsageError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
+        hint = ("the file ends inside a quoted cell (a quote opened on this line or before is"
+                " never closed); close it or remove it"
+                if str(e) == "unexpected end of data" else f"not valid CSV: {e}")
+        raise PlannerUsageError(f"{path}: line {reader.line_num}: {hint}") from None
     return header, rows
 
 

@@ -229,9 +229,15 @@ def row_strategy(row: dict[str, str]) -> Strategy:
         ep=integer(row, "ep", 1), etp=_optional_integer(row, "etp"),
         ep_overlap=bool(_boolean(row, "ep_overlap")),
         ep_dedup=bool(_boolean(row, "ep_dedup")), layout=layout,
-        recompute_layers=_optional_integer(row, "recompute_layers"),
+        recompute_layers=_layers_or_all(row, "recompute_layers"),
         offload_layers=_optional_integer(row, "offload_layers"),
     ))
+
+
+def _layers_or_all(row: dict[str, str], key: str) -> int | None:
+    """Layers of each stage that recompute: a whole number, or None (all) where the cell is
+    empty or 0, as a study's ``space.recompute_layers`` reads 0."""
+    return None if row.get(key, "") in ("", "0") else integer(row, key)
 
 
 def _built(build: Callable[[], _T]) -> _T:

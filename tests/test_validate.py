@@ -497,3 +497,12 @@ def test_numbers_are_written_in_ascii_digits(tmp_path: Path, capsys, cell: str) 
                   "b,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
     assert main(["validate", str(path)]) == 1
     assert f"{path}:2 (a): global_batch=" in capsys.readouterr().out
+
+
+def test_a_quote_never_closed_is_one_line(tmp_path: Path, capsys) -> None:
+    # The reader took the rest of the file as one cell and said "pp is empty".
+    path = _write(tmp_path, HEADER + ",step_time_s",
+                  "\"a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: line 2: the file ends inside a quoted cell" in err and err.count("\n") == 1

@@ -506,3 +506,12 @@ def test_a_quote_never_closed_is_one_line(tmp_path: Path, capsys) -> None:
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: line 2: the file ends inside a quoted cell" in err and err.count("\n") == 1
+
+
+def test_calibrate_fit_names_ignore_case(tmp_path: Path, capsys) -> None:
+    # A runs CSV's columns are read in any case; --fit's names were not.
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine", "--out",
+                 str(tmp_path / "mine.yaml"), "--fit", "MATMUL_Efficiency", "--trials", "5",
+                 "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["fitted"]) == ["matmul_efficiency"]

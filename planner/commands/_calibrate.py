@@ -142,7 +142,8 @@ class CalibrateCommand(BaseCommand):
         show = sys.stderr.isatty() and not args.json
         progress = (lambda i, n: print(f"\rfitting and cross-validating: trial {i}/{n}", end="",
                                        file=sys.stderr)) if show else None
-        only = None if args.fit is None else [k.strip() for k in args.fit.split(",") if k.strip()]
+        only = (None if args.fit is None
+                else [k.strip().lower() for k in args.fit.split(",") if k.strip()])
         try:
             fit = calibrate(mine, base, args.name, trials=args.trials, seed=args.seed, only=only,
                             progress=progress)

@@ -43,14 +43,15 @@ def atomic_write(path: Path, data: str | bytes, suffixes: tuple[str, ...] = ()) 
     """Write ``path`` whole or not at all: a temporary file beside it, then a rename.
     An unwritable folder is a one-line error, and so is an existing path it must not replace:
     a device, pipe or socket, or (``suffixes``: what the command writes, e.g. ``.html``) a file
-    of another kind, such as a runs CSV given to ``--out`` by mistake."""
+    whose suffix names another kind, such as a runs CSV given to ``--out`` by mistake (a name
+    without a suffix is the command's own, as its default format writes it)."""
     folder = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise PlannerUsageError(f"{path}: is a folder; give a file path")
     if path.exists() and not path.is_file():
         raise PlannerUsageError(f"{path}: is not a regular file (a device, pipe or socket);"
                                 " give a file path")
-    if suffixes and path.is_file() and path.suffix.lower() not in suffixes:
+    if suffixes and path.suffix and path.is_file() and path.suffix.lower() not in suffixes:
         raise PlannerUsageError(f"{path}: exists and is not a {suffixes[0]} file, which this"
                                 f" would replace; give a {suffixes[0]} path")
     if not folder.is_dir():

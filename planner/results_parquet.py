@@ -118,9 +118,10 @@ def table_path(study: Any) -> Path | None:
     """Where a study's results table is (None: its ``results`` attribute names none): beside
     the journal or SQLite file the study was opened from, where ``planner run`` writes it
     (:func:`results_path`), so a storage folder moved or copied whole reads its own table; the
-    path the attribute stored (absolute, where the table was first written) only for a storage
-    that does not say where it is. A table found only at the stored path, not beside the
-    storage (the journal moved without it), is refused in one line naming both."""
+    path the attribute stored (where the table was first written) for a storage that does not
+    say where it is, or that is the same file spelled otherwise. A table found only at the
+    stored path, not beside the storage (the journal moved without it), is refused in one line
+    naming both."""
     results = study.user_attrs.get(RESULTS) or {}
     stored = results.get("parquet")
     if not stored:
@@ -129,12 +130,27 @@ def table_path(study: Any) -> Path | None:
     here = results_path(label, study.study_name) if label else None
     if here is None:
         return Path(stored)
-    if not here.exists() and Path(stored).is_dir() and Path(stored).resolve() != here.resolve():
-        raise PlannerUsageError(
-            f"{label}: study {study.study_name!r} keeps its plans in a results table beside"
-            f" its storage, {here}, which is missing; it is at {stored} (the storage was moved"
-            " without it?): move that folder beside the storage")
-    return here
+    if here.exists() or not Path(stored).is_dir():
+        return here
+    if _same_file(_storage_of(stored, study.study_name), _storage_of(str(here), study.study_name)):
+        return Path(stored)  # one storage spelled two ways (a SQLite URL's ?timeout=)
+    raise PlannerUsageError(
+        f"{label}: study {study.study_name!r} keeps its plans in a results table beside"
+        f" its storage, {here}, which is missing; it is at {stored} (the storage was moved"
+        " without it?): move that folder beside the storage")
+
+
+def _storage_of(table: str, study: str) -> str:
+    """The storage file a table path was made from (:func:`results_path`), its query dropped."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", study)
+    return table.removesuffix(f".{safe}.parquet").split("?", 1)[0]
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _storage_file(storage: Any) -> str | None:

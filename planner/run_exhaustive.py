@@ -68,7 +68,7 @@ def _mode(study: optuna.Study, storage: BaseStorage, table: rp.ResultsTable | No
     if table is None or storage.get_n_trials(study._study_id) > 0:
         return rp.ALL
     mode = rp.FRONT_BEST if plans > rp.TRIALS_KEPT else rp.ALL
-    results = {"parquet": str(table.path), "plans": plans, "trials_kept": mode}
+    results = {"parquet": str(table.path.absolute()), "plans": plans, "trials_kept": mode}
     if prune and mode == rp.FRONT_BEST:
         results["prune"] = True
     study.set_user_attr(rp.RESULTS, results)

@@ -122,11 +122,13 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
     """The header and each non-blank row: its line, {column: cell} and how many filled cells
     it has past the last column (an unquoted comma shifted them there)."""
     text = read_text(path, "CSV of measured runs", encoding="utf-8-sig")
-    reader = csv.reader(io.StringIO(text), strict=True)  # a quote never closed is an error
+    reader = csv.reader(io.StringIO(text))
     try:
         header = _canonical(path, [h.strip().lower() for h in next(reader, [])])
         rows = []
+        line = begun = reader.line_num + 1  # the line the next record starts on
         for record in reader:
+            line, begun = begun, reader.line_num + 1
             if not any(cell.strip() for cell in record):
                 continue
             if len(rows) >= MAX_ROWS:
@@ -138,10 +140,11 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
                 cells[""] = str(unnamed[0])
             rows.append((reader.line_num, cells, spilled))
     except csv.Error as e:
-        hint = ("the file ends inside a quoted cell (a quote opened on this line or before is"
-                " never closed); close it or remove it"
-                if str(e) == "unexpected end of data" else f"not valid CSV: {e}")
-        raise PlannerUsageError(f"{path}: line {reader.line_num}: {hint}") from None
+        raise PlannerUsageError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
+    if text.count('"') % 2:  # the reader takes the rest of the file into the open cell
+        raise PlannerUsageError(f"{path}: line {line}: a quote opened in this row is never"
+                                " closed (the file ends inside a quoted cell); close it or"
+                                " remove it")
     return header, rows
 
 
@@ -193,8 +196,8 @@ def _check_peak(memory: float | None, system: SystemSpec) -> None:
     hbm = system.device.hbm_bytes / GB
     if memory is not None and memory > PEAK_OVER_PART * hbm:
         raise BadValue(f"peak_memory_gb={memory:g} is above the {hbm:.4g} GB its part"
-                       f" ({system.device.name}) has; give decimal GB a device, or the part's"
-                       " own memory in hbm_gb")
+                       f" ({system.device.name}) has; give one device's peak in decimal GB, or"
+                       " the part's own memory in hbm_gb")
 
 
 def _check_gpus(row: dict[str, str], strategy: Strategy, system: SystemSpec) -> None:
@@ -283,16 +286,16 @@ def read_runs(path: Path, catalog: Catalog,
         name = row.get("name") or _default_name(line, row)
         same = first.setdefault(tuple(sorted(row.items())), line)
         try:
-            if same != line:  # a run measured twice differs in its figures or its name
-                raise BadValue(f"repeats line {same} cell for cell, which would count one run"
-                               " twice; remove one")
-            if row.get(""):
-                raise BadValue(f"a filled cell in column {row['']}, which the header leaves"
-                               " unnamed; name the column or empty the cell")
             if spilled:
                 raise BadValue(f"{spilled} more filled cell(s) than the header's"
                                 f" {len(header)} columns: a comma in an unquoted cell shifts"
                                 " every cell after it; quote that cell or remove the comma")
+            if row.get(""):
+                raise BadValue(f"a filled cell in column {row['']}, which the header leaves"
+                               " unnamed; name the column or empty the cell")
+            if same != line:  # a run measured twice differs in its figures or its name
+                raise BadValue(f"repeats line {same} cell for cell, which would count one run"
+                               " twice; remove one, or give a second measurement its own name")
             strategy = row_strategy(row)
             step = _measured_step(row, strategy)
             memory = measured(row, "peak_memory_gb", SMALLEST_PEAK_GB, "GB")

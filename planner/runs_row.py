@@ -88,8 +88,15 @@ def _number(row: dict[str, str], key: str) -> float | None:
     try:
         return _float(text)
     except ValueError:
-        raise BadValue(f"{key}={text!r} must be a number"
-                       + ("; use a dot as the decimal mark" if "," in text else "")) from None
+        raise BadValue(f"{key}={text!r} must be a number" + _comma_hint(text)) from None
+
+
+def _comma_hint(text: str) -> str:
+    """What a comma in a number asks for: a thousands separator dropped (32,768), or a dot for
+    a decimal comma (4,5)."""
+    if re.fullmatch(r"\d{1,3}(,\d{3})+(\.\d*)?", text):
+        return f"; write it without the thousands separator ({text.replace(',', '')})"
+    return "; use a dot as the decimal mark" if "," in text else ""
 
 
 def positive(row: dict[str, str], key: str) -> float | None:
@@ -237,7 +244,8 @@ def row_strategy(row: dict[str, str]) -> Strategy:
 def _layers_or_all(row: dict[str, str], key: str) -> int | None:
     """Layers of each stage that recompute: a whole number, or None (all) where the cell is
     empty or 0, as a study's ``space.recompute_layers`` reads 0."""
-    return None if row.get(key, "") in ("", "0") else integer(row, key)
+    value = _number(row, key)
+    return None if value is None or value == 0 else integer(row, key)
 
 
 def _built(build: Callable[[], _T]) -> _T:

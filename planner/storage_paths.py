@@ -5,6 +5,7 @@ read a folder's cached rows (``planner studies``) import no Optuna."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -52,5 +53,9 @@ def shown(label: str) -> str:
         from sqlalchemy.engine import make_url
 
         return make_url(label).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: shown as given
-        return label
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: its password hidden still
+        return _USER_PASSWORD.sub(r"\1***@", label)
+
+
+_USER_PASSWORD = re.compile(r"(://[^/:@]*:)[^@/]*@")
+"""``user:password@`` in a URL SQLAlchemy cannot read (a port that is not a number)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import re
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -58,8 +59,9 @@ def _masked(error: str, label: str) -> str:
         from sqlalchemy.engine import make_url
 
         password = make_url(label).password
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: nothing to mask
-        return first
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: the label's own shape
+        found = re.search(r"://[^/:@]*:([^@/]*)@", label)
+        password = found.group(1) if found else None
     return first.replace(str(password), "***") if password else first
 
 

@@ -146,9 +146,15 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
         return 1.0
     x, y = np.asarray(a, float), np.asarray(b, float)
     # each item against those after it, a row of pairs at a time: exact, and memory in n
-    score = sum(int(np.dot(np.sign(x[i] - x[i + 1:]), np.sign(y[i] - y[i + 1:])))
+    score = sum(int(np.dot(_order(x[i], x[i + 1:]), _order(y[i], y[i + 1:])))
                 for i in range(n - 1))
     return score / (n * (n - 1) / 2)
+
+
+def _order(item: float, rest: np.ndarray) -> np.ndarray:
+    """+1, -1 or 0 as ``item`` is above, below or tied with each of ``rest`` (compared, not
+    subtracted: two infinities tie, as the pairwise loop had them)."""
+    return (item > rest).astype(np.int64) - (item < rest).astype(np.int64)
 
 
 def _ape(errors: Iterable[float | None]) -> list[float]:

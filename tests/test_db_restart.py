@@ -309,3 +309,7 @@ def test_a_database_that_cannot_be_opened_is_named_without_its_password(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "secretpw" not in err[0] and "planner:***@127.0.0.1:1" in err[0]
+    # a URL SQLAlchemy cannot read (a port that is not a number) hides it too
+    code = main(["studies", "--storage", "postgresql://planner:secretpw@host:abc/planner"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "secretpw" not in err[0] and "***@host" in err[0]

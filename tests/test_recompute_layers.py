@@ -136,6 +136,11 @@ def test_a_runs_csv_column_and_a_cli_flag(tmp_path: Path, capsys) -> None:
                                "seq_len": 8192, "dp": 8, "tp": 1, "pp": 1, "micro_batch": 1,
                                "recompute": "full", "recompute_layers": 0, "step_time_s": 5.0})
     assert every.strategy.recompute_layers is None
+    written = one_run(tmp_path, {"model": "llama3-8b", "system": "dgx-h100-8",
+                                 "global_batch": 64, "seq_len": 8192, "dp": 8, "tp": 1, "pp": 1,
+                                 "micro_batch": 1, "recompute": "full",
+                                 "recompute_layers": "0.0", "step_time_s": 5.0})
+    assert written.strategy.recompute_layers is None
     code = main(["estimate", "--model", "llama3-8b", "--system", "dgx-h100-8", "--recompute",
                  "full", "--recompute-layers", "16", "--global-batch", "64", "--json"])
     data = json.loads(capsys.readouterr().out)

@@ -83,3 +83,6 @@ def test_report_out_does_not_replace_a_file_of_another_kind(report, tmp_path, ca
         assert said in err and len(err.strip().splitlines()) == 1
     assert runs.read_text() == "name,model\n"
     assert main(["report", "lab", "--out", str(report)]) == 0  # its own page again
+    bare = tmp_path / "page"  # no suffix: the command's own HTML, written twice
+    assert main(["report", "lab", "--out", str(bare)]) == 0
+    assert main(["report", "lab", "--out", str(bare)]) == 0

@@ -75,6 +75,8 @@ def test_kendall_tau_extremes() -> None:
     assert kendall_tau([1, 2, 2, 3], [1, 3, 2, 4]) == 5 / 6
     # one discordant pair of the 3: (1 + 1 - 1) / 3
     assert kendall_tau([1, 2, 3], [1, 3, 2]) == 1 / 3
+    # two infinities tie, as the pairwise loop had them (the pairs (1, inf) agree: 2 of 3)
+    assert kendall_tau([1, float("inf"), float("inf")], [1, 2, 3]) == 2 / 3
 
 
 def _write(tmp_path: Path, *lines: str) -> Path:
@@ -380,11 +382,12 @@ def test_by_nodes_counts_the_nodes_each_plan_spans(tmp_path: Path, capsys) -> No
 
 def test_measured_figures_out_of_any_unit_are_values_to_fix(tmp_path: Path, capsys) -> None:
     # A step of 5e-324 s made every error infinite and `--json` print Infinity, which no strict
-    # JSON parser reads; a peak of 500 GB on an 85.5 GB part is another unit or another part.
+    # JSON parser reads; a peak of 500 GB on an 85.9 GB part is another unit or another part.
     for cells, said in (
             ("1,5e-324,", "step_time_s='5e-324' must be a number of seconds from 1e-06 to 1e+12"),
             ("1,1e15,", "step_time_s='1e15' must be a number of seconds from 1e-06 to 1e+12"),
             ("1,\"4,5\",", "step_time_s='4,5' must be a number; use a dot as the decimal mark"),
+            ("1,\"32,768\",", "write it without the thousands separator (32768)"),
             ("1,,1e-9", "peak_memory_gb='1e-9' must be a number of GB from 0.001 to 1e+12"),
             ("1,,500", "peak_memory_gb=500 is above the 85.9 GB its part (a100-80gb) has")):
         path = _write(tmp_path, HEADER + ",step_time_s,peak_memory_gb",
@@ -488,7 +491,7 @@ def test_a_row_repeated_cell_for_cell_is_a_value_to_fix(tmp_path: Path, capsys) 
     assert "step time: 2 runs" in out
 
 
-@pytest.mark.parametrize("cell", ["1_6", "١٦", "１６", "0x10"])
+@pytest.mark.parametrize("cell", ["1_6", "١٦", "１６", "+1_6"])
 def test_numbers_are_written_in_ascii_digits(tmp_path: Path, capsys, cell: str) -> None:
     # Python's float() reads "1_6" as 16 and Arabic-Indic and full-width digits as digits: a
     # spreadsheet writes none of these.
@@ -505,7 +508,13 @@ def test_a_quote_never_closed_is_one_line(tmp_path: Path, capsys) -> None:
                   "\"a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"{path}: line 2: the file ends inside a quoted cell" in err and err.count("\n") == 1
+    assert f"{path}: line 2: a quote opened in this row is never closed" in err
+    assert err.count("\n") == 1
+    # text after a closing quote stays what Python's reader makes of it, as before
+    quoted = _write(tmp_path, HEADER + ",step_time_s",
+                    "\"a\" (rerun),gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    assert main(["validate", str(quoted)]) == 0
+    assert "a (rerun)" in capsys.readouterr().out
 
 
 def test_calibrate_fit_names_ignore_case(tmp_path: Path, capsys) -> None:
@@ -515,3 +524,17 @@ def test_calibrate_fit_names_ignore_case(tmp_path: Path, capsys) -> None:
                  str(tmp_path / "mine.yaml"), "--fit", "MATMUL_Efficiency", "--trials", "5",
                  "--json"]) == 0
     assert list(json.loads(capsys.readouterr().out)["fitted"]) == ["matmul_efficiency"]
+
+
+def test_calibrate_names_the_runs_it_cannot_estimate_apart_from_out_of_memory(
+        tmp_path: Path, capsys) -> None:
+    # A plan the planner cannot express (dp x tp = 64 on 8 GPUs) beside one it can: left out
+    # and named, not counted as a plan that ran out of memory (there is none).
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
+                  "b,gpt-1.7b,dgx-a100-8,16,2048,8,8,1,1,1.0")
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine", "--out",
+                 str(tmp_path / "mine.yaml"), "--trials", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["runs"] == 1 and out["out_of_memory_left_out"] == 0
+    [left] = out["cannot_express_left_out"]
+    assert left.startswith(f"{path}:3 (b): ")

@@ -20,7 +20,7 @@ from planner.commands._validate import percent
 from planner.errors import Interrupted, PlannerUsageError
 from planner.inputs import load
 from planner.outputs import counted
-from planner.runs_csv import MeasuredRun, read_runs_files
+from planner.runs_csv import MeasuredRun, SkippedRun, read_runs_files
 from planner.validation import Validation, validate
 from search_spaces.frameworks import FRAMEWORKS
 from simcore.specs import DeviceSpec
@@ -138,7 +138,8 @@ class CalibrateCommand(BaseCommand):
             files = ", ".join(str(p) for p in args.runs)
             raise PlannerUsageError(f"{files}: no run is on device {base.name!r} (the"
                                     f" runs' devices: {', '.join(found)})")
-        mine = _estimable(mine, base.name, args.runs)
+        mine, cannot = _estimable(mine, base.name, args.runs)
+        oom = sum(r.out_of_memory for r in on_device)
         show = sys.stderr.isatty() and not args.json
         progress = (lambda i, n: print(f"\rfitting and cross-validating: trial {i}/{n}", end="",
                                        file=sys.stderr)) if show else None
@@ -160,7 +161,9 @@ class CalibrateCommand(BaseCommand):
         write_entry(target, text, where)
         if args.json:
             out = {"device": args.name, "file": str(target), "runs": len(mine),
-                   "out_of_memory_left_out": len(on_device) - len(mine),
+                   "out_of_memory_left_out": oom,
+                   "cannot_express_left_out": [f"{sk.where} ({sk.name}): {sk.reason}"
+                                               for sk in cannot],
                    "fitted": {c.key: c.value(fit.device) for c in fit.constants},
                    "base": {c.key: c.value(base) for c in fit.constants},
                    "before": _figures(fit.before), "after": _figures(fit.after),
@@ -168,9 +171,11 @@ class CalibrateCommand(BaseCommand):
             print(json.dumps(out, indent=2))
         else:
             print("\n".join(self._report(fit, base)))
-            if len(on_device) > len(mine):
-                print(f"left out: {counted(len(on_device) - len(mine), 'plan')} that ran out of"
-                      " memory (no step time or peak to fit; `planner validate` checks them)")
+            if oom:
+                print(f"left out: {counted(oom, 'plan')} that ran out of memory (no step time or"
+                      " peak to fit; `planner validate` checks them)")
+            for sk in cannot:
+                print(f"left out: {sk.where} ({sk.name}): {sk.reason}")
             if args.out is None:
                 print(f"wrote device {args.name} to {target}; a system YAML naming"
                       f" `device: {args.name}` uses it")
@@ -225,12 +230,14 @@ def _cross_validation_lines(fit: Fit, base: DeviceSpec) -> list[str]:
                    " fewer constants, may settle it)")]
 
 
-def _estimable(runs: list[MeasuredRun], device: str, files: list[Path]) -> list[MeasuredRun]:
-    """The runs the planner can estimate (a plan it cannot express tells no constant), or a
-    one-line error when none is left: a fit of no run would write the device unchanged."""
+def _estimable(runs: list[MeasuredRun], device: str, files: list[Path]
+               ) -> tuple[list[MeasuredRun], tuple[SkippedRun, ...]]:
+    """The runs the planner can estimate (a plan it cannot express tells no constant) and the
+    others with their reasons, or a one-line error when none is left: a fit of no run would
+    write the device unchanged."""
     check = validate(runs)
     if check.results:
-        return [r.run for r in check.results]
+        return [r.run for r in check.results], check.skipped
     first = check.skipped[0]
     raise PlannerUsageError(f"{', '.join(str(p) for p in files)}: no run on {device!r} the"
                             f" planner can estimate ({counted(len(check.skipped), 'run')} left"

@@ -49,8 +49,10 @@ def _names_a_file(out: Path, formats: list[str], plans: list[Plan]) -> bool:
         return False
     if out.suffix.lower() not in PLAN_SUFFIXES:
         if out.suffix.lower() in _FILE_SUFFIXES and not out.exists():  # made a folder of it
-            raise PlannerUsageError(f"--out {out}: a file name, but a plan file is .yaml, .yml"
-                                    " or .json; give one of those, or a folder (no suffix)")
+            fix = ("a plan file is .yaml, .yml or .json; give one of those, or a folder (no"
+                   " suffix)" if formats == ["plan"] and len(plans) == 1 else "only --format"
+                   " plan with one plan writes a file; give a folder (no suffix)")
+            raise PlannerUsageError(f"--out {out}: a file name, but {fix}")
         return False
     if formats != ["plan"] or len(plans) != 1:
         raise PlannerUsageError(f"--out {out}: a file name takes one plan in --format plan"

@@ -20,7 +20,7 @@ import yaml
 
 from planner.catalog import load_catalog, user_catalog_dir
 from planner.catalog_mixed import mixed_system_from_entry
-from planner.catalog_write import check_clash, check_entry_name, write_entry
+from planner.catalog_write import check_clash, check_entry_name, check_writable, write_entry
 from planner.commands._base import BaseCommand
 from planner.errors import PlannerUsageError
 from planner.metis_io import (
@@ -66,6 +66,8 @@ def import_metis(hostfile: Path, clusterfile: Path, profiles: Path, name: str, *
     devices = load_catalog(user=False).devices
     spec = mixed_system_from_entry(system_file, name, yaml.safe_load(system_text)[name], devices)
     profiles_from_entry(profile_file, name, yaml.safe_load(profile_text)[name])
+    for target in (system_file, profile_file):  # both writable before either is written
+        check_writable(target)
     write_entry(system_file, system_text)
     write_entry(profile_file, profile_text)
     return system_file, profile_file, spec, profile["layers"]

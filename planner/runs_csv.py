@@ -141,11 +141,23 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
             rows.append((reader.line_num, cells, spilled))
     except csv.Error as e:
         raise PlannerUsageError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
-    if text.count('"') % 2:  # the reader takes the rest of the file into the open cell
+    if text.count('"') % 2 and _ends_in_a_quote(text):  # read as one cell to the end
         raise PlannerUsageError(f"{path}: line {line}: a quote opened in this row is never"
                                 " closed (the file ends inside a quoted cell); close it or"
                                 " remove it")
     return header, rows
+
+
+def _ends_in_a_quote(text: str) -> bool:
+    """Whether the file ends inside a quoted cell (a quote opened and never closed), which the
+    lenient reader takes whole into that cell; a bare quote inside an unquoted cell (``5"``)
+    does not."""
+    try:
+        for _ in csv.reader(io.StringIO(text), strict=True):
+            pass
+    except csv.Error as e:
+        return str(e) == "unexpected end of data"
+    return False
 
 
 def _canonical(path: Path, header: list[str]) -> list[str]:

@@ -515,6 +515,10 @@ def test_a_quote_never_closed_is_one_line(tmp_path: Path, capsys) -> None:
                     "\"a\" (rerun),gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
     assert main(["validate", str(quoted)]) == 0
     assert "a (rerun)" in capsys.readouterr().out
+    # and a bare quote inside an unquoted cell (an odd count of them) is a character
+    inch = _write(tmp_path, HEADER + ",step_time_s,notes",
+                  "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,a 5\" screen")
+    assert main(["validate", str(inch)]) == 0
 
 
 def test_calibrate_fit_names_ignore_case(tmp_path: Path, capsys) -> None:

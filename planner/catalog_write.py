@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerUsageError
+from planner.outputs import new_file_mode, refuse_special
 from planner.units import GB, GIB
 from simcore.network import Collective, CollectiveScheduling, NetworkDim
 from simcore.specs import DeviceSpec, ModelSpec, SystemSpec
@@ -70,9 +71,7 @@ def _mode(target: Path) -> int:
     try:
         return target.stat().st_mode & 0o777
     except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return new_file_mode()
 
 
 def check_writable(target: Path, what: str = "the user catalog") -> None:
@@ -86,9 +85,7 @@ def check_writable(target: Path, what: str = "the user catalog") -> None:
     if target.is_symlink():
         raise PlannerUsageError(f"{target}: is a symbolic link (to {os.readlink(target)});"
                                 f" give {what} the file's own path")
-    if target.exists() and not target.is_file():
-        raise PlannerUsageError(f"{target}: is not a regular file (a device, pipe or socket);"
-                                f" give {what} a .yaml file path")
+    refuse_special(target, f"give {what} a .yaml file path")
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

@@ -48,9 +48,7 @@ def atomic_write(path: Path, data: str | bytes, suffixes: tuple[str, ...] = ()) 
     folder = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise PlannerUsageError(f"{path}: is a folder; give a file path")
-    if path.exists() and not path.is_file():
-        raise PlannerUsageError(f"{path}: is not a regular file (a device, pipe or socket);"
-                                " give a file path")
+    refuse_special(path, "give a file path")
     if suffixes and path.suffix and path.is_file() and path.suffix.lower() not in suffixes:
         raise PlannerUsageError(f"{path}: exists and is not a {suffixes[0]} file, which this"
                                 f" would replace; give a {suffixes[0]} path")
@@ -65,17 +63,26 @@ def atomic_write(path: Path, data: str | bytes, suffixes: tuple[str, ...] = ()) 
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give what open() would
+        os.chmod(tmp, new_file_mode())  # mkstemp makes 0600; give what open() would
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def _umask() -> int:
+def refuse_special(path: Path, fix: str) -> None:
+    """A one-line error for an existing ``path`` that is no regular file to replace: a device,
+    pipe or socket (``fix``: what to give instead)."""
+    if path.exists() and not path.is_file():
+        raise PlannerUsageError(f"{path}: is not a regular file (a device, pipe or socket);"
+                                f" {fix}")
+
+
+def new_file_mode() -> int:
+    """The permissions ``open()`` gives a new file under the user's umask."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 def _check_folder(folder: Path) -> None:

@@ -54,8 +54,12 @@ def results_path(label: str, study: str) -> Path | None:
         if not label.startswith("sqlite:///"):
             return None
         label = label.removeprefix("sqlite:///")
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", study)
-    return Path(f"{label}.{safe}.parquet")
+    return Path(f"{label}{_suffix(study)}")
+
+
+def _suffix(study: str) -> str:
+    """What a study's table adds to its storage file's name."""
+    return f".{re.sub(r'[^A-Za-z0-9._-]', '_', study)}.parquet"
 
 
 class ResultsTable:
@@ -142,8 +146,7 @@ def table_path(study: Any) -> Path | None:
 
 def _storage_of(table: str, study: str) -> str:
     """The storage file a table path was made from (:func:`results_path`), its query dropped."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", study)
-    return table.removesuffix(f".{safe}.parquet").split("?", 1)[0]
+    return table.removesuffix(_suffix(study)).split("?", 1)[0]
 
 
 def _same_file(a: str, b: str) -> bool:

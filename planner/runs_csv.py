@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import difflib
 import io
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -257,6 +258,14 @@ def _check_header(path: Path, header: list[str]) -> None:
         raise PlannerUsageError(f"{path}: header: column {duplicated[0]!r} appears twice")
 
 
+def _printable(name: str) -> str:
+    """The name with each control character (and line or paragraph separator) written as its
+    escape, ``\\x1b``: a name is printed in tables and messages, where a terminal would act on
+    an escape sequence or a newline would break the row."""
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in name)
+
+
 def _default_name(line: int, row: dict[str, str]) -> str:
     plan = " ".join(f"{k}{row[k]}" for k in ("dp", "tp", "pp", "sp") if row.get(k))
     extra = [f"mb{row['micro_batch']}"] if row.get("micro_batch") else []
@@ -295,7 +304,7 @@ def read_runs(path: Path, catalog: Catalog,
     skipped: list[SkippedRun] = []
     first: dict[tuple[tuple[str, str], ...], int] = {}
     for line, row, spilled in rows:
-        name = row.get("name") or _default_name(line, row)
+        name = _printable(row.get("name") or _default_name(line, row))
         same = first.setdefault(tuple(sorted(row.items())), line)
         try:
             if spilled:

@@ -43,6 +43,16 @@ def test_run_again_needs_resume(tmp_path, storage, capsys):
     assert "0 trials" in capsys.readouterr().out
 
 
+def test_resume_of_a_study_not_stored_says_it_starts_it(tmp_path, storage, capsys):
+    # A mistyped --storage with --resume started the study afresh without a word.
+    path = lab_study(tmp_path)
+    assert main(["run", str(path), "--quiet", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "--resume: no study 'lab' is stored in" in err and "starting it" in err
+    assert main(["run", str(path), "--quiet", "--resume"]) == 0
+    assert "no study" not in capsys.readouterr().err
+
+
 def test_hbm_override_makes_its_own_study(tmp_path, storage, capsys):
     path = lab_study(tmp_path, hbm="unlimited")
     assert main(["run", str(path), "--quiet", "--hbm-gb", "80"]) == 0

@@ -542,3 +542,13 @@ def test_calibrate_names_the_runs_it_cannot_estimate_apart_from_out_of_memory(
     assert out["runs"] == 1 and out["out_of_memory_left_out"] == 0
     [left] = out["cannot_express_left_out"]
     assert left.startswith(f"{path}:3 (b): ")
+
+
+def test_control_characters_in_a_name_are_printed_as_escapes(tmp_path: Path, capsys) -> None:
+    # A name holding ESC [ 3 1 m recoloured the terminal that printed the table, and a newline
+    # in a quoted cell broke its row: each control character is written as Python's escape.
+    path = _write(tmp_path, HEADER + ",step_time_s",
+                  '"a\x1b[31mb\nc",gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0')
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "a\\x1b[31mb\\nc " in out

@@ -17,7 +17,14 @@ from planner.commands._base import BaseCommand, add_storage_argument, at_least_o
 from planner.errors import Interrupted, PlannerUsageError
 from planner.outputs import counted
 from planner.runner import RunReport, WorkerDied, run_study
-from planner.storage import is_url, open_storage, shown, storage_label, storage_option
+from planner.storage import (
+    is_url,
+    open_storage,
+    shown,
+    storage_label,
+    storage_option,
+    study_names,
+)
 from planner.study_config import StudyConfig, load_study_config
 from planner.study_folder import is_folder, study_storage
 from planner.tables import best_frame, format_best
@@ -113,6 +120,10 @@ class RunCommand(BaseCommand):
         storage = open_storage(where, create=True,
                                heartbeat=HEARTBEAT_S if is_url(label) else None)
         journal = _hold(where)
+        if args.resume and config.name not in study_names(storage):
+            # a storage path mistyped would start a long study afresh without a word
+            print(f"planner run: --resume: no study {config.name!r} is stored in {shown(where)};"
+                  " starting it", file=sys.stderr)
         start = time.perf_counter()
         try:
             report = run_study(config, storage, where, resume=args.resume, jobs=args.jobs,

@@ -258,12 +258,12 @@ def _check_header(path: Path, header: list[str]) -> None:
         raise PlannerUsageError(f"{path}: header: column {duplicated[0]!r} appears twice")
 
 
-def _printable(name: str) -> str:
-    """The name with each control character (and line or paragraph separator) written as its
-    escape, ``\\x1b``: a name is printed in tables and messages, where a terminal would act on
-    an escape sequence or a newline would break the row."""
+def _printable(text: str) -> str:
+    """A name or release with each control character (and line or paragraph separator) written
+    as its escape, ``\\x1b``: both are printed in tables and messages, where a terminal would act
+    on an escape sequence and a newline would break the row."""
     return "".join(c.encode("unicode_escape").decode("ascii")
-                   if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in name)
+                   if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
 
 
 def _default_name(line: int, row: dict[str, str]) -> str:
@@ -346,7 +346,7 @@ def read_runs(path: Path, catalog: Catalog,
                 model=model, system=system, training=training, strategy=strategy,
                 step_time_s=step, peak_memory_gb=memory, memory_allocated=allocated(row),
                 memory_stage=memory_stage(row),
-                file=str(path), release=row.get("release", ""),
+                file=str(path), release=_printable(row.get("release", "")),
                 framework=run_framework, out_of_memory=oom))
         except RowError as e:
             skipped.append(SkippedRun(line, name, str(e), isinstance(e, BadValue), str(path)))

@@ -547,8 +547,10 @@ def test_calibrate_names_the_runs_it_cannot_estimate_apart_from_out_of_memory(
 def test_control_characters_in_a_name_are_printed_as_escapes(tmp_path: Path, capsys) -> None:
     # A name holding ESC [ 3 1 m recoloured the terminal that printed the table, and a newline
     # in a quoted cell broke its row: each control character is written as Python's escape.
-    path = _write(tmp_path, HEADER + ",step_time_s",
-                  '"a\x1b[31mb\nc",gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0')
+    path = _write(tmp_path, HEADER + ",step_time_s,release",
+                  '"a\x1b[31mb\nc",gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,r\x1b[32m',
+                  "d,gpt-1.7b,dgx-a100-8,16,2048,4,2,1,1,1.0,r\x1b[32m")
     assert main(["validate", str(path)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "a\\x1b[31mb\\nc " in out
+    assert "release r\\x1b[32m:" in out

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import optuna
+from joblib import Parallel, delayed
 
 from planner.runs_csv import MeasuredRun
 from planner.units import GB
@@ -248,7 +249,7 @@ def _prior(values: dict[str, float], start: dict[str, float], constants: Sequenc
 
 def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
               trials: int = DEFAULT_TRIALS, seed: int = 0, only: Sequence[str] | None = None,
-              progress: Callable[[int, int], None] | None = None) -> Fit:
+              progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> Fit:
     """Fit ``device``'s constants to ``runs`` (all on that device) and return the calibrated
     device, named ``name``, with the validation before and after. ``only`` (catalog keys)
     restricts the fit to those constants; the others keep the device's values.
@@ -259,30 +260,20 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
     calibrated device keeps ``device``'s values (``Fit.kept``): runs that disagree with one
     another move constants in directions nothing else measures.
     Below :data:`FEWEST_TO_CROSS_VALIDATE` runs the fit is kept only where the device is off on
-    them by :data:`OFF_BY` or more (their mean absolute log error) and the fit lowers that."""
+    them by :data:`OFF_BY` or more (their mean absolute log error) and the fit lowers that.
+
+    ``jobs`` > 1 runs the fit and the refits in that many processes (each fit is seeded, so the
+    device is the one a single process finds); ``progress`` then moves as each fit ends."""
     constants = _constants(runs, only)
     folds = _folds(len(runs))
-    total = trials * (1 + len(folds))
-    done = 0
-
-    def step(i: int, _n: int) -> None:
-        if progress is not None:
-            progress(done + i, total)
-
-    fitted = _fit(runs, device, name, constants, trials, seed, step)
-    done += trials
+    trainings = [list(runs)] + [_without(runs, fold) for fold in folds]
+    fits = _fits(trainings, device, name, constants, trials, seed, progress, jobs)
+    fitted, refits = fits[0], fits[1:]
     before = validate(runs, system_for=_on(device))
     off = _mean_log_errors(before.results)
     cross = None
     if folds:
-        held: list[MeasuredRun] = []
-        refits: list[DeviceSpec] = []
-        for fold in folds:
-            left_out = set(fold)
-            train = [r for i, r in enumerate(runs) if i not in left_out]
-            refits.append(_fit(train, device, name, constants, trials, seed, step))
-            held.extend(runs[i] for i in fold)
-            done += trials
+        held = [runs[i] for fold in folds for i in fold]
         owner = [refit for refit, fold in zip(refits, folds) for _ in fold]
         # the folds hold every run once: the start's error on them is its error on the runs
         pooled = _on_own_devices(held, owner).results
@@ -294,6 +285,42 @@ def calibrate(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str, *,
         fitted = replace(device, name=name)
     after = validate(runs, system_for=_on(fitted))
     return Fit(fitted, constants, tuple(runs), before, after, cross, kept, gain, off)
+
+
+def _fits(trainings: Sequence[Sequence[MeasuredRun]], device: DeviceSpec, name: str,
+          constants: tuple[Constant, ...], trials: int, seed: int,
+          progress: Callable[[int, int], None] | None, jobs: int) -> list[DeviceSpec]:
+    """:func:`_fit` of each set of runs, in order: in this process trial by trial, or in
+    ``jobs`` processes (joblib) fit by fit."""
+    total = trials * len(trainings)
+
+    def report(done: int) -> None:
+        if progress is not None:
+            progress(done, total)
+
+    out: list[DeviceSpec] = []
+    if jobs > 1 and len(trainings) > 1:
+        report(0)  # the processes' fits report as each ends
+        pending = Parallel(n_jobs=min(jobs, len(trainings)), return_as="generator")(
+            delayed(_fit)(t, device, name, constants, trials, seed, _silent) for t in trainings)
+        for fitted in pending:
+            out.append(fitted)
+            report(trials * len(out))
+        return out
+    for t in trainings:
+        start = trials * len(out)
+        out.append(_fit(t, device, name, constants, trials, seed,
+                        lambda i, _n, start=start: report(start + i)))
+    return out
+
+
+def _without(runs: Sequence[MeasuredRun], fold: Sequence[int]) -> list[MeasuredRun]:
+    left_out = set(fold)
+    return [r for i, r in enumerate(runs) if i not in left_out]
+
+
+def _silent(_done: int, _total: int) -> None:
+    """A worker process's fit reports nothing; its parent reports each fit as it ends."""
 
 
 def _constants(runs: Sequence[MeasuredRun], only: Sequence[str] | None) -> tuple[Constant, ...]:

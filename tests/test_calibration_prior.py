@@ -263,3 +263,24 @@ def test_calibrate_says_the_gain_is_within_chance(tmp_path: Path, capsys, monkey
                  "--trials", "120", "--force"]) == 0
     out = capsys.readouterr().out
     assert "standard error of the gain" in out and "which chance could make" in out
+
+
+def test_the_fits_in_two_processes_are_the_fits_of_one() -> None:
+    # `--jobs 2` runs the fit and its three leave-one-out refits in two processes: each is
+    # seeded, so the device, the cross-validation and the decision are those of one process.
+    fifth, _ = _bigscience_fifth()
+    start = fifth[0].system.device
+    one = calibrate(fifth, start, "v100-fifth", trials=30)
+    seen: list[tuple[int, int]] = []
+    two = calibrate(fifth, start, "v100-fifth", trials=30, jobs=2,
+                    progress=lambda i, n: seen.append((i, n)))
+    assert two.device == one.device and two.kept == one.kept
+    assert two.cross_validation == one.cross_validation
+    # four fits of 30 trials: reported at the start and as each ends
+    assert seen == [(0, 120), (30, 120), (60, 120), (90, 120), (120, 120)]
+
+
+def test_calibrate_jobs_is_checked_as_run_checks_it(capsys) -> None:
+    assert main(["calibrate", "runs.csv", "--device", "a100-80gb", "--name", "x",
+                 "--jobs", "0"]) == 2
+    assert "--jobs: must be from 1 to" in capsys.readouterr().err

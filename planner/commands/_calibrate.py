@@ -15,7 +15,7 @@ import yaml
 from planner.calibration import CONSTANTS, CV_MARGIN, DEFAULT_TRIALS, OFF_BY, Fit, calibrate
 from planner.catalog import device_from_entry, load_catalog, user_catalog_dir
 from planner.catalog_write import check_entry_name, check_writable, device_entry, write_entry
-from planner.commands._base import BaseCommand
+from planner.commands._base import BaseCommand, jobs
 from planner.commands._validate import percent
 from planner.errors import Interrupted, PlannerUsageError
 from planner.inputs import load
@@ -98,6 +98,9 @@ class CalibrateCommand(BaseCommand):
         parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                             help=f"fit trials (default {DEFAULT_TRIALS})")
         parser.add_argument("--seed", type=int, default=0, help="the fit's seed (default 0)")
+        parser.add_argument("--jobs", type=jobs, default=1,
+                            help="processes for the fit and its cross-validation refits"
+                            " (default 1; the device is the same at any count)")
         parser.add_argument("--framework", choices=FRAMEWORKS, default=None,
                             help="read every row whose framework cell is empty as this"
                             " framework runs it (as `planner validate --framework`)")
@@ -147,7 +150,7 @@ class CalibrateCommand(BaseCommand):
                 else [k.strip().lower() for k in args.fit.split(",") if k.strip()])
         try:
             fit = calibrate(mine, base, args.name, trials=args.trials, seed=args.seed, only=only,
-                            progress=progress)
+                            progress=progress, jobs=args.jobs)
         except ValueError as e:
             raise PlannerUsageError(f"--fit: {e}") from None
         except KeyboardInterrupt:

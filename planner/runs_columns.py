@@ -96,12 +96,19 @@ case-insensitive:
   and context parallelism, and a plan the framework cannot run as written is left out with the
   reason, :func:`search_spaces.frameworks.framework_training`; ``any``), ``release`` (the
   software release the run was measured on; plans of different releases are not compared),
-  ``name``; ``source`` and ``notes`` are kept for people and not read.
+  ``name``; ``source`` and ``notes`` are kept for people and not read;
+- on a cluster that mixes device types: ``stages``, the plan as ``planner mixed`` prints it
+  (``v100:tp1dp4x3[5,7,6] > t4:tp1dp4x1[6] m8 none``: :mod:`planner.mixed_label`), with
+  ``system`` a system of node groups; the row leaves the cells of a one-device-type plan empty
+  (:data:`planner.runs_mixed.PLAN_CELLS`), and a file whose every row has stages needs no
+  ``dp``, ``tp``, ``pp`` or ``micro_batch`` column.
 """
 
-__all__ = ["AGREE", "ALIASES", "MEASURED", "OPTIONAL", "REQUIRED"]
+__all__ = ["AGREE", "ALIASES", "MEASURED", "OPTIONAL", "PLAN", "REQUIRED"]
 
 REQUIRED = ("model", "system", "global_batch", "seq_len", "dp", "tp", "pp", "micro_batch")
+PLAN = ("dp", "tp", "pp", "micro_batch")
+"""Of the required columns, those a file of mixed-cluster rows (``stages``) goes without."""
 MEASURED = ("step_time_s", "peak_memory_gb", "tokens_per_s", "tokens_per_s_per_gpu",
             "out_of_memory")
 OPTIONAL = ("sp", "gpus", "zero", "recompute", "recompute_layers", "offload_layers",
@@ -117,7 +124,7 @@ OPTIONAL = ("sp", "gpus", "zero", "recompute", "recompute_layers", "offload_laye
             "master_weights", "fsdp_no_sync",
             "swiglu_fusion", "vocab_parallel_embedding", "fp8_attention", "hbm_gb",
             "memory_measured", "memory_stage", "framework", "release", "name", "source",
-            "notes")
+            "notes", "stages")
 """``source`` and ``notes`` are for people (where a figure comes from); they are not read."""
 ALIASES = {"cp": "sp", "vp": "v"}
 """Other names of a column, as Megatron-LM and NeMo's tables call the degree: read as it."""

@@ -23,7 +23,8 @@ from pathlib import Path
 from planner.catalog import Catalog
 from planner.errors import PlannerUsageError
 from planner.inputs import read_text
-from planner.runs_columns import AGREE, ALIASES, MEASURED, OPTIONAL, REQUIRED
+from planner.runs_columns import AGREE, ALIASES, MEASURED, OPTIONAL, PLAN, REQUIRED
+from planner.runs_mixed import largest_part, mixed_plan
 from planner.runs_row import (
     SHORTEST_STEP_S,
     SMALLEST_PEAK_GB,
@@ -41,7 +42,8 @@ from planner.runs_row import (
     row_training,
 )
 from planner.units import GB
-from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
+from simcore.mixed import MixedPlan, MixedSystemSpec
+from simcore.specs import DeviceSpec, ModelSpec, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["MeasuredRun", "SkippedRun", "read_runs", "read_runs_files"]
 
@@ -63,9 +65,11 @@ class MeasuredRun:
     model_ref: str
     system_ref: str
     model: ModelSpec
-    system: SystemSpec
+    system: SystemSpec | MixedSystemSpec
+    """A system of node groups where the run was on a mixed cluster (:attr:`mixed`)."""
     training: TrainingSpec
-    strategy: Strategy
+    strategy: Strategy | None
+    """The plan; None for a run on a mixed cluster, whose plan is :attr:`mixed`."""
     step_time_s: float | None
     peak_memory_gb: float | None
     memory_allocated: bool = False
@@ -86,6 +90,18 @@ class MeasuredRun:
     out_of_memory: bool = False
     """The plan was tried and ran out of memory (``out_of_memory``): no step time, no peak; what
     it checks is the estimate's verdict that the plan fits."""
+    mixed: MixedPlan | None = None
+    """The plan of a run on a cluster that mixes device types (``stages``), on :attr:`system`."""
+
+    @property
+    def plan(self) -> Strategy | MixedPlan:
+        """The plan, on one device type or on a mixed cluster."""
+        return self.mixed if self.mixed is not None else self.strategy  # type: ignore[return-value]
+
+    @property
+    def device(self) -> DeviceSpec | None:
+        """The run's device; None on a mixed cluster."""
+        return self.system.device if isinstance(self.system, SystemSpec) else None
 
     @property
     def group(self) -> GroupKey:
@@ -171,7 +187,7 @@ def _canonical(path: Path, header: list[str]) -> list[str]:
     return [ALIASES.get(h, h) for h in header]
 
 
-def _measured_step(row: dict[str, str], strategy: Strategy) -> float | None:
+def _measured_step(row: dict[str, str], strategy: Strategy | MixedPlan) -> float | None:
     """The row's step time in seconds: ``step_time_s``, or the step its throughput gives
     (``global_batch x seq_len`` tokens over ``tokens_per_s``, or over ``tokens_per_s_per_gpu``
     times the plan's devices); None where none is filled. Two that disagree by more than
@@ -204,13 +220,47 @@ as nvidia-smi reports it; a report's rounding stays inside 5%): beyond, the figu
 unit or another part."""
 
 
-def _check_peak(memory: float | None, system: SystemSpec) -> None:
+def _check_peak(memory: float | None, device: DeviceSpec) -> None:
     """A measured peak above what its part holds is a value to fix."""
-    hbm = system.device.hbm_bytes / GB
+    hbm = device.hbm_bytes / GB
     if memory is not None and memory > PEAK_OVER_PART * hbm:
         raise BadValue(f"peak_memory_gb={memory:g} is above the {hbm:.4g} GB its part"
-                       f" ({system.device.name}) has; give one device's peak in decimal GB, or"
+                       f" ({device.name}) has; give one device's peak in decimal GB, or"
                        " the part's own memory in hbm_gb")
+
+
+def _check_measured(step: float | None, memory: float | None, oom: bool) -> None:
+    if oom and (step is not None or memory is not None):
+        raise BadValue("out_of_memory is true but the row has a measured"
+                       f" {'step time' if step is not None else 'peak_memory_gb'}: a run"
+                       " that ran out of memory has neither; empty the measured cells"
+                       " or set out_of_memory false")
+    if step is None and memory is None and not oom:
+        raise BadValue("no measured step_time_s (or tokens_per_s, tokens_per_s_per_gpu)"
+                       " or peak_memory_gb, and out_of_memory is not true; fill one in"
+                       " or remove the row")
+
+
+def _mixed_run(row: dict[str, str], catalog: Catalog, path: Path, line: int,
+               name: str) -> MeasuredRun:
+    """A row measured on a cluster that mixes device types (:mod:`planner.runs_mixed`)."""
+    model = _spec(lambda r: catalog.model(r, where=(path, "model")), row.get("model", ""),
+                  "model", path)
+    system = _spec(lambda r: catalog.any_system(r, where=(path, "system")),
+                   row.get("system", ""), "system", path)
+    training = row_training(row)
+    plan = mixed_plan(row, model, system, training)  # a system of groups, or a value to fix
+    step = _measured_step(row, plan)
+    memory = measured(row, "peak_memory_gb", SMALLEST_PEAK_GB, "GB")
+    oom = out_of_memory(row)
+    _check_measured(step, memory, oom)
+    _check_peak(memory, largest_part(system, plan))
+    return MeasuredRun(
+        line=line, name=name, model_ref=row["model"], system_ref=row["system"], model=model,
+        system=system, training=training, strategy=None, step_time_s=step,
+        peak_memory_gb=memory, memory_allocated=allocated(row), memory_stage=memory_stage(row),
+        file=str(path), release=_printable(row.get("release", "")), out_of_memory=oom,
+        mixed=plan)
 
 
 def _check_gpus(row: dict[str, str], strategy: Strategy, system: SystemSpec) -> None:
@@ -237,7 +287,7 @@ def _check_header(path: Path, header: list[str]) -> None:
                                     " columns with commas (a spreadsheet's \"CSV, comma\")")
     known = REQUIRED + MEASURED + OPTIONAL
     unknown = [c for c in header if c and c not in known]
-    missing = [c for c in REQUIRED if c not in header]
+    missing = [c for c in REQUIRED if c not in header and not ("stages" in header and c in PLAN)]
     if missing:
         close = difflib.get_close_matches(missing[0], unknown, n=1)
         hint = f" (is {close[0]!r} it? rename it)" if close else ""
@@ -317,19 +367,14 @@ def read_runs(path: Path, catalog: Catalog,
             if same != line:  # a run measured twice differs in its figures or its name
                 raise BadValue(f"repeats line {same} cell for cell, which would count one run"
                                " twice; remove one, or give a second measurement its own name")
+            if row.get("stages"):
+                runs.append(_mixed_run(row, catalog, path, line, name))
+                continue
             strategy = row_strategy(row)
             step = _measured_step(row, strategy)
             memory = measured(row, "peak_memory_gb", SMALLEST_PEAK_GB, "GB")
             oom = out_of_memory(row)
-            if oom and (step is not None or memory is not None):
-                raise BadValue("out_of_memory is true but the row has a measured"
-                               f" {'step time' if step is not None else 'peak_memory_gb'}: a run"
-                               " that ran out of memory has neither; empty the measured cells"
-                               " or set out_of_memory false")
-            if step is None and memory is None and not oom:
-                raise BadValue("no measured step_time_s (or tokens_per_s, tokens_per_s_per_gpu)"
-                               " or peak_memory_gb, and out_of_memory is not true; fill one in"
-                               " or remove the row")
+            _check_measured(step, memory, oom)
             model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model",
                           path)
             system = _spec(lambda r: catalog.system(r, where=(path, "system")),
@@ -338,7 +383,7 @@ def read_runs(path: Path, catalog: Catalog,
             hbm = positive(row, "hbm_gb")
             if hbm is not None:  # a part with more or less memory than the catalog's
                 system = replace(system, device=replace(system.device, hbm_bytes=hbm * GB))
-            _check_peak(memory, system)
+            _check_peak(memory, system.device)
             run_framework = row_framework(row, framework)
             training = as_run_by(run_framework, model, system, row_training(row), strategy)
             runs.append(MeasuredRun(

@@ -27,7 +27,7 @@ from simcore.specs import (
 )
 
 __all__ = ["BadValue", "RowError", "allocated", "as_run_by", "integer", "out_of_memory",
-           "positive", "row_framework", "row_strategy", "row_training"]
+           "positive", "row_framework", "row_schedule", "row_strategy", "row_training"]
 
 _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
@@ -265,6 +265,12 @@ def _modules(row: dict[str, str]) -> tuple[RecomputeModule, ...] | None:
         return tuple(RecomputeModule(m) for m in text) or None
     except ValueError as e:  # the enum names the field and what is allowed
         raise BadValue(str(e)) from None
+
+
+def row_schedule(row: dict[str, str]) -> tuple[Schedule | None, bool | None]:
+    """The row's ``schedule`` and ``sequence_parallel`` cells (None where empty): what a row
+    on a mixed cluster says of its plan beside its stages (:mod:`planner.runs_mixed`)."""
+    return _enum(row, "schedule", Schedule, None), _boolean(row, "sequence_parallel")
 
 
 def row_training(row: dict[str, str]) -> TrainingSpec:

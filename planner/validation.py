@@ -26,12 +26,17 @@ import numpy as np
 
 from planner.runs_csv import GroupKey, MeasuredRun, SkippedRun
 from planner.units import GB
+from planner.validation_by import BREAKDOWNS, nodes_spanned
 from simcore import estimate
 from simcore.estimate import Estimate, MemoryParts
-from simcore.megatron.checks import micro_batches
+from simcore.mixed import MixedSystemSpec
+from simcore.mixed.estimate import estimate_mixed
 from simcore.specs import DeviceSpec, SystemSpec
 
-__all__ = ["RunResult", "GroupResult", "Validation", "validate", "kendall_tau", "less_memory"]
+AnySystem = SystemSpec | MixedSystemSpec
+
+__all__ = ["BREAKDOWNS", "RunResult", "GroupResult", "Validation", "validate", "kendall_tau",
+           "less_memory", "nodes_spanned"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,39 +174,6 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-BREAKDOWNS: dict[str, Callable[[MeasuredRun], str]] = {
-    "release": lambda run: run.release or "-",
-    "model": lambda run: run.model_ref,
-    "system": lambda run: run.system_ref,
-    "device": lambda run: run.system.device.name,
-    "precision": lambda run: run.strategy.precision.value,
-    "file": lambda run: run.file,
-    # the plan's knobs, to find where a set of runs is estimated fast or slow as a body
-    "gpus": lambda run: str(run.strategy.devices),
-    "nodes": lambda run: str(nodes_spanned(run)),
-    "dp": lambda run: str(run.strategy.dp),
-    "tp": lambda run: str(run.strategy.tp),
-    "pp": lambda run: str(run.strategy.pp),
-    "cp": lambda run: str(run.strategy.sp),
-    "micro_batch": lambda run: str(run.strategy.micro_batch),
-    "micro_batches": lambda run: str(micro_batches(run.training, run.strategy)),
-    "zero": lambda run: str(int(run.strategy.zero)),
-    "recompute": lambda run: run.strategy.recompute.value,
-    "schedule": lambda run: run.strategy.schedule.value,
-    "cp_comm": lambda run: run.training.cp_exchange.value,
-    "framework": lambda run: run.framework or "-",
-}
-"""What ``planner validate --by`` splits the runs by: each run's value of it (``cp``: context
-parallelism, the strategy's ``sp``; ``micro_batches``: a step's per pipeline, global batch /
-(dp x micro-batch); ``nodes``: :func:`nodes_spanned`)."""
-
-
-def nodes_spanned(run: MeasuredRun) -> int:
-    """The nodes the run's plan spans: its devices over the system's first network dimension
-    (a node's NVLink domain; an NVL72 rack's 72), rounded up."""
-    return math.ceil(run.strategy.devices / run.system.network.dims[0].npus)
-
-
 @dataclass(frozen=True)
 class Validation:
     results: tuple[RunResult, ...]
@@ -220,7 +192,7 @@ class Validation:
             elif r.run.out_of_memory:
                 oom.setdefault(r.run.group, []).append(r)
         return tuple(GroupResult(k, tuple(v), tuple(oom.get(k, ()))) for k, v in by_key.items()
-                     if len({(r.run.strategy, r.run.training) for r in v}) >= 2)
+                     if len({(r.run.plan, r.run.training) for r in v}) >= 2)
 
     @property
     def step_time_apes(self) -> list[float]:
@@ -298,26 +270,44 @@ class Validation:
 
 
 def validate(runs: Iterable[MeasuredRun], skipped: Iterable[SkippedRun] = (), *,
-             system_for: Callable[[MeasuredRun], SystemSpec] | None = None) -> Validation:
+             system_for: Callable[[MeasuredRun], AnySystem] | None = None) -> Validation:
     """Estimate every run (on ``system_for(run)`` when given: a calibrated device swapped in)
-    and compare; a run the simulator refuses joins the skipped ones with its reason."""
+    and compare; a run the simulator refuses joins the skipped ones with its reason. A run on
+    a mixed cluster is estimated by :func:`simcore.mixed.estimate.estimate_mixed`."""
     results: list[RunResult] = []
     left_out = list(skipped)
     for run in runs:
         system = system_for(run) if system_for is not None else run.system
         try:
-            est: Estimate = estimate(run.model, system, run.training, run.strategy)
+            est: Estimate = _estimate(run, system)
         except ValueError as e:
             left_out.append(SkippedRun(run.line, run.name, str(e), file=run.file))
             continue
         parts = _measured_stage(est, run.memory_stage)
-        memory = parts.total - (_unallocated(parts, system.device) if run.memory_allocated
-                                else 0.0)
+        memory = parts.total - (_unallocated(parts, _stage_device(run, system, est))
+                                if run.memory_allocated else 0.0)
         results.append(RunResult(run, est.step_time, memory / GB, est.fits))
     return Validation(tuple(results), tuple(sorted(left_out, key=lambda s: (s.file, s.line))))
 
 
-def less_memory(margin_gb: float) -> Callable[[MeasuredRun], SystemSpec] | None:
+def _estimate(run: MeasuredRun, system: AnySystem) -> Estimate:
+    if run.mixed is not None:
+        assert isinstance(system, MixedSystemSpec)
+        return estimate_mixed(run.model, system, run.training, run.mixed)
+    assert isinstance(system, SystemSpec) and run.strategy is not None
+    return estimate(run.model, system, run.training, run.strategy)
+
+
+def _stage_device(run: MeasuredRun, system: AnySystem, est: Estimate) -> DeviceSpec:
+    """The device of the stage the run's peak was measured on."""
+    if isinstance(system, SystemSpec):
+        return system.device
+    assert run.mixed is not None
+    stage = {"first": 0, "last": -1}.get(run.memory_stage, est.peak_stage)
+    return system.groups[run.mixed.stages[stage].group].device
+
+
+def less_memory(margin_gb: float) -> Callable[[MeasuredRun], AnySystem] | None:
     """Each run's system with ``margin_gb`` less memory on its part, for :func:`validate`'s
     ``system_for``: a plan's fit judged as a study whose ``hbm_gb`` is below the part's judges
     it (``planner validate --margin-gb``); None for no margin. A part with no more memory than
@@ -325,13 +315,18 @@ def less_memory(margin_gb: float) -> Callable[[MeasuredRun], SystemSpec] | None:
     if not margin_gb:
         return None
 
-    def system(run: MeasuredRun) -> SystemSpec:
-        device = run.system.device
+    def less(run: MeasuredRun, one: SystemSpec) -> SystemSpec:
+        device = one.device
         left = device.hbm_bytes - margin_gb * GB
         if left <= 0:
             raise ValueError(f"{run.file}:{run.line} runs on {device.name},"
                              f" {device.hbm_bytes / GB:g} GB; keep less free")
-        return replace(run.system, device=replace(device, hbm_bytes=left))
+        return replace(one, device=replace(device, hbm_bytes=left))
+
+    def system(run: MeasuredRun) -> AnySystem:
+        if isinstance(run.system, MixedSystemSpec):  # each group's parts
+            return replace(run.system, groups=tuple(less(run, g) for g in run.system.groups))
+        return less(run, run.system)
     return system
 
 

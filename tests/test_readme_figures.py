@@ -90,6 +90,7 @@ README_ROWS: dict[str, tuple[Slot, ...]] = {
     "V100 check": ((("v100-check",), None),),
     "DLPerf's 4-node": ((("dlperf-v100-check",), None),),
     "AMP's T4 sweep": ((("amp-t4-check",), None),),
+    "AMP's heterogeneous cluster": ((("amp-het-check",), None),),
     "fit sets": ((("a100-fit", "a100-megatron-fit"), None), (("h100-fit",), None),
                  (("v100-fit",), None)),
     "H100 Megatron-Core + TE FP8": ((("h100-megatron-fit",), None),

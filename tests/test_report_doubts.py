@@ -30,7 +30,8 @@ def _one_micro_batch_wide_dp() -> tuple[list[float], list[float]]:
     WIDE_DP: those measured under SHORT_STEP_S, and the others."""
     catalog = load_catalog()
     runs = [run for path in sorted(DATA.glob("*.csv")) for run in read_runs(path, catalog)[0]
-            if run.step_time_s is not None and run.strategy.dp >= WIDE_DP
+            if run.step_time_s is not None and run.strategy is not None  # one device type
+            and run.strategy.dp >= WIDE_DP
             and micro_batches(run.training, run.strategy) == 1]
     results = validate(runs).results
     short = [r.step_time_error for r in results if r.run.step_time_s < SHORT_STEP_S]

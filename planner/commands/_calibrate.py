@@ -129,7 +129,9 @@ class CalibrateCommand(BaseCommand):
                                     + (f" (and {len(bad) - 1} more)" if len(bad) > 1
                                        else "") + "; fix the value, `planner validate` lists"
                                     " every row")
-        on_device = [r for r in runs if r.system.device.name == base.name]
+        # a run on a mixed cluster tells no one device's constants apart from the others'
+        mixed = sum(r.device is None for r in runs)
+        on_device = [r for r in runs if r.device is not None and r.device.name == base.name]
         # a plan that ran out of memory has no step time or peak to fit a constant to
         mine = [r for r in on_device if not r.out_of_memory]
         if on_device and not mine:
@@ -137,7 +139,8 @@ class CalibrateCommand(BaseCommand):
                                     f" {base.name!r} ran out of memory; give runs with a"
                                     " step_time_s or peak_memory_gb to fit")
         if not mine:
-            found = sorted({r.system.device.name for r in runs}) or ["none"]
+            found = sorted({r.device.name for r in runs if r.device is not None}
+                           | ({"a mixed cluster"} if mixed else set())) or ["none"]
             files = ", ".join(str(p) for p in args.runs)
             raise PlannerUsageError(f"{files}: no run is on device {base.name!r} (the"
                                     f" runs' devices: {', '.join(found)})")
@@ -164,7 +167,7 @@ class CalibrateCommand(BaseCommand):
         write_entry(target, text, where)
         if args.json:
             out = {"device": args.name, "file": str(target), "runs": len(mine),
-                   "out_of_memory_left_out": oom,
+                   "out_of_memory_left_out": oom, "mixed_cluster_left_out": mixed,
                    "cannot_express_left_out": [f"{sk.where} ({sk.name}): {sk.reason}"
                                                for sk in cannot],
                    "fitted": {c.key: c.value(fit.device) for c in fit.constants},
@@ -177,6 +180,9 @@ class CalibrateCommand(BaseCommand):
             if oom:
                 print(f"left out: {counted(oom, 'plan')} that ran out of memory (no step time or"
                       " peak to fit; `planner validate` checks them)")
+            if mixed:
+                print(f"left out: {counted(mixed, 'run')} on a mixed cluster (a device is fit on"
+                      " runs of its own; `planner validate` checks them)")
             for sk in cannot:
                 print(f"left out: {sk.where} ({sk.name}): {sk.reason}")
             if args.out is None:

@@ -1,0 +1,60 @@
+"""A mixed-cluster plan read from the label ``planner mixed`` prints in its ``plan`` column::
+
+    v100:tp1dp4x3[5,7,6] > t4:tp1dp4x1[6] m8 none
+
+Runs of stages in pipeline order, ``>`` between them: a group of the system, its stages' tp and
+dp, how many stages and each one's transformer layers; then the micro-batches of a step, the
+recompute and, when set, ``zero1`` (:meth:`simcore.mixed.MixedPlan.label` writes it). The
+recompute may be left off (none).
+"""
+
+from __future__ import annotations
+
+import re
+
+from simcore.mixed import MixedPlan, MixedStage, MixedSystemSpec
+from simcore.specs import Recompute, Schedule, ZeroStage
+
+__all__ = ["parse_mixed_plan"]
+
+_RUN = re.compile(r"\s*([^\s:>]+):tp(\d+)dp(\d+)x(\d+)\[([\d,\s]+)\]\s*", re.ASCII)
+_TAIL = re.compile(r"\s+m(\d+)(?:\s+(none|selective|full))?(?:\s+zero([0-3]))?\s*", re.ASCII)
+_FORM = "GROUP:tpTdpDxN[L,...] > ... mM [none|selective|full] [zero1]"
+
+
+def parse_mixed_plan(text: str, system: MixedSystemSpec, *,
+                     schedule: Schedule = Schedule.ONE_F_ONE_B) -> MixedPlan:
+    """The plan ``text`` names on ``system``; ValueError (one line, naming what to fix) if it
+    is not of that form or names a group the system does not have."""
+    groups = {g.name: i for i, g in enumerate(system.groups)}
+    stages: list[MixedStage] = []
+    rest = text.strip()
+    while True:
+        run = _RUN.match(rest)
+        if run is None:
+            raise ValueError(f"{text.strip()!r} is not a plan as `planner mixed` prints it:"
+                             f" {_FORM}")
+        name, tp, dp, count, layers = run.groups()
+        if name not in groups:
+            raise ValueError(f"group {name!r} is not one of {system.name}'s:"
+                             f" {', '.join(groups)}")
+        split = [int(n) for n in layers.replace(" ", "").split(",") if n]
+        if len(split) != int(count):
+            raise ValueError(f"{name}:tp{tp}dp{dp}x{count} lists {len(split)} stages' layers,"
+                             f" not {count}")
+        stages += [MixedStage(group=groups[name], tp=int(tp), dp=int(dp), layers=n)
+                   for n in split]
+        rest = rest[run.end():]
+        if not rest.startswith(">"):
+            break
+        rest = rest[1:]
+    tail = _TAIL.fullmatch(" " + rest)
+    if tail is None:
+        after = repr(rest.strip()) if rest.strip() else "nothing"
+        raise ValueError(f"{after} after the stages: give mM (the"
+                         " micro-batches of a step), then [none|selective|full] [zero1], as"
+                         " `planner mixed` prints them")
+    m, recompute, zero = tail.groups()
+    return MixedPlan(stages=tuple(stages), micro_batches=int(m),
+                     recompute=Recompute(recompute or "none"),
+                     zero=ZeroStage(int(zero)) if zero else ZeroStage.NONE, schedule=schedule)

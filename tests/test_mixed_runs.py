@@ -1,0 +1,172 @@
+"""Measured runs on a cluster that mixes device types: a runs CSV row whose plan is in its
+``stages`` cell, as ``planner mixed`` prints it (planner/runs_mixed.py, planner/mixed_label.py).
+
+Figures from closed forms: a cluster of one group is the one-device-type cluster, so a mixed row
+there is estimated as the same plan's one-device-type row; a label read back is the plan that
+printed it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import load_catalog
+from planner.cli import main
+from planner.mixed_label import parse_mixed_plan
+from planner.runs_csv import read_runs
+from simcore.mixed import MixedPlan, MixedStage
+from simcore.specs import Recompute, Schedule, ZeroStage
+
+DATA = Path(__file__).parent / "data" / "validation"
+
+# dgx-a100-32's node and InfiniBand (studies/catalog/systems/dgx.yaml), as one group of 4 nodes
+SYSTEMS = """\
+.node: &node {topology: Switch, bandwidth_gbps: 231, latency_us: 0.58, call_latency_us: 10.8}
+.ib: &ib {topology: Switch, bandwidth_gbps: 15.1, latency_us: 8.8, call_latency_us: 0.7,
+  p2p_bandwidth_gbps: 24}
+.scheduling: &scheduling {preferred_dataset_splits: 4, active_chunks_per_dim: 1}
+one-group:
+  groups:
+    - {name: a100, device: a100-80gb, nodes: 4, node: {<<: *node, npus: 8}}
+  inter_node: {<<: *ib}
+  scheduling: *scheduling
+  source: dgx-a100-32 as a system of one group
+two-groups:
+  groups:
+    - {name: a100, device: a100-80gb, nodes: 2, node: {<<: *node, npus: 8}}
+    - {name: h100, device: h100-sxm, nodes: 2, node: {<<: *node, npus: 8}}
+  inter_node: {<<: *ib}
+  scheduling: *scheduling
+  source: for the tests
+"""
+HEADER = "name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch,stages,step_time_s"
+
+
+def _write(tmp_path: Path, *rows: str, header: str = HEADER) -> Path:
+    (tmp_path / "systems.yaml").write_text(SYSTEMS)
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_a_label_read_back_is_the_plan_that_printed_it() -> None:
+    system = load_catalog().any_system("metis-a100-v100-16-16")
+    plans = [
+        MixedPlan(stages=(MixedStage(0, 4, 1, 5), MixedStage(0, 4, 1, 5), MixedStage(1, 2, 2, 6)),
+                  micro_batches=8, recompute=Recompute.FULL, zero=ZeroStage.OPTIMIZER),
+        MixedPlan(stages=(MixedStage(1, 1, 4, 10),), micro_batches=32),
+        MixedPlan(stages=(MixedStage(1, 1, 1, 3), MixedStage(0, 1, 1, 7)), micro_batches=2,
+                  recompute=Recompute.SELECTIVE, schedule=Schedule.GPIPE),
+    ]
+    for plan in plans:
+        assert parse_mixed_plan(plan.label(system), system, schedule=plan.schedule) == plan
+
+
+@pytest.mark.parametrize("label, says", [
+    ("a100:tp4dp1x2[5,5]", "nothing after the stages: give mM"),
+    ("gpu:tp1dp1x1[10] m2", "group 'gpu' is not one of metis-a100-v100-16-16's: a100, v100"),
+    ("a100:tp1dp1x2[10] m2", "lists 1 stages' layers, not 2"),
+    ("a100:tp1dp1x1[10] m2 zero9", "'m2 zero9' after the stages"),
+    ("a100:tp1dp1 m2", "is not a plan as `planner mixed` prints it"),
+    ("a100:tp\u0661dp1x1[10] m2", "is not a plan"),  # an Arabic-Indic digit
+])
+def test_a_label_not_of_the_form_says_what_to_fix(label: str, says: str) -> None:
+    system = load_catalog().any_system("metis-a100-v100-16-16")
+    with pytest.raises(ValueError) as e:
+        parse_mixed_plan(label, system)
+    assert says in str(e.value)
+
+
+def test_a_mixed_row_on_one_group_is_the_one_device_type_row(tmp_path: Path, capsys) -> None:
+    # GPT 1.7B's 24 layers over 2 stages of 2 whole nodes (dp 2 x tp 8) at micro-batch 2 of a
+    # batch of 64: 16 micro-batches. The one-group system has dgx-a100-32's links, so the mixed
+    # estimate must give the catalog system's figure (simcore/mixed/estimate.py: "to the last
+    # bit"; tests/test_mixed.py checks the estimate itself).
+    path = _write(tmp_path,
+                  "one,gpt-1.7b,dgx-a100-32,64,2048,2,8,2,2,,2.0",
+                  "mixed,gpt-1.7b,systems.yaml#one-group,64,2048,,,,,"
+                  "\"a100:tp8dp2x2[12,12] m16 none\",2.0")
+    assert main(["validate", str(path), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["mixed"]["predicted_step_time_s"] == rows["one"]["predicted_step_time_s"]
+    assert rows["mixed"]["predicted_peak_memory_gb"] == rows["one"]["predicted_peak_memory_gb"]
+
+
+def test_a_file_of_mixed_rows_needs_no_degree_columns(tmp_path: Path, capsys) -> None:
+    path = _write(tmp_path,
+                  "a,gpt-1.7b,systems.yaml#two-groups,64,2048,"
+                  '"a100:tp8dp2x1[14] > h100:tp8dp2x1[10] m16 none",2.0',
+                  "b,gpt-1.7b,systems.yaml#two-groups,64,2048,"
+                  '"h100:tp8dp2x1[12] > a100:tp8dp2x1[12] m16 full",3.0',
+                  header="name,model,system,global_batch,seq_len,stages,step_time_s")
+    runs, skipped = read_runs(path, load_catalog())
+    assert skipped == [] and [r.mixed.pp for r in runs] == [2, 2]
+    assert runs[0].device is None and runs[0].strategy is None
+    assert main(["validate", str(path), "--by", "device"]) == 0
+    out = capsys.readouterr().out
+    assert "plan choice: 1 group" in out  # two plans of one question
+    assert "a100-80gb+h100-sxm" in out and "h100-sxm+a100-80gb" in out
+    assert main(["validate", str(path), "--by", "nodes"]) == 0
+    assert "\n  4 " in capsys.readouterr().out  # two nodes of each group
+
+
+@pytest.mark.parametrize("row, says", [
+    ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,2,,,,\"a100:tp8dp2x2[12,12] m16\",2.0",
+     "dp='2' beside stages: a row with stages takes its plan from them; empty the dp cell"),
+    ("a,gpt-1.7b,dgx-a100-32,64,2048,,,,,\"a100:tp8dp2x2[12,12] m16\",2.0",
+     "stages is given but system 'dgx-a100-32' has one device type"),
+    ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,,,,,\"a100:tp8dp2x2[12,10] m16\",2.0",
+     "stages: the stages hold 22 layers but gpt-1.7b has 24"),
+    ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,,,,,\"a100:tp8dp2x3[8,8,8] m16\",2.0",
+     "stages: the stages on group a100 use 48 devices but it has 16"),
+    ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,,,,,\"a100:tp8dp1x2[12,12] m16\",900",
+     None),  # a well-formed row: estimated
+])
+def test_a_mixed_rows_bad_cells_are_values_to_fix(tmp_path: Path, capsys, row: str,
+                                                  says: str | None) -> None:
+    path = _write(tmp_path, row, "b,gpt-1.7b,dgx-a100-32,64,2048,2,8,2,2,,2.0")
+    assert main(["validate", str(path)]) == (0 if says is None else 1)  # 1: a value to fix
+    out = capsys.readouterr().out
+    if says is None:
+        assert "left out" not in out
+    else:
+        assert f"{path}:2 (a): {says}" in out
+
+
+def test_calibrate_leaves_the_mixed_rows_out_and_says_so(tmp_path: Path, capsys,
+                                                         monkeypatch) -> None:
+    monkeypatch.setenv("PLANNER_CATALOG", str(tmp_path / "catalog"))
+    path = _write(tmp_path,
+                  "one,gpt-1.7b,dgx-a100-32,64,2048,2,8,2,2,,2.0",
+                  "mixed,gpt-1.7b,systems.yaml#one-group,64,2048,,,,,"
+                  "\"a100:tp8dp2x2[12,12] m16 none\",2.0")
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine",
+                 "--trials", "3"]) == 0
+    assert "left out: 1 run on a mixed cluster" in capsys.readouterr().out
+
+
+def test_amp_heterogeneous_cluster(capsys) -> None:
+    """AMP's heterogeneous experiment (amp-het-check.csv; validation README "AMP's
+    heterogeneous cluster"): the 24 timed plans of 43 whose stages each sit on one device type,
+    the last quarter of the stages on the T4 instance. They hold the fastest of all 43 timed
+    trials, tp 1 x dp 2 x pp 8 at micro-batch 1, 1.28 s (het_cluster_results.txt: the next,
+    1.47 s, is dp 4 x pp 4)."""
+    runs, skipped = read_runs(DATA / "amp-het-check.csv", load_catalog())
+    assert skipped == [] and len(runs) == 24
+    for run in runs:
+        plan = run.mixed
+        assert sum(st.layers for st in plan.stages) == 24
+        groups = [st.group for st in plan.stages]  # v100 (0) for three quarters, then t4 (1)
+        assert groups == sorted(groups) and groups.count(1) * 4 == plan.pp
+        tp, dp = plan.stages[0].tp, plan.stages[0].dp
+        assert 32 // (plan.micro_batches * dp) == int(run.name.split(" mb")[1].split()[0])
+        assert f"tp{tp} dp{dp} pp{plan.pp} " in run.name
+    assert main(["validate", str(DATA / "amp-het-check.csv"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    [group] = data["groups"]
+    assert group["runs"] == 24 and group["fastest"] == (
+        "AMP GPT-2 24x1024 V100x12+T4x4 tp1 dp2 pp8 mb1 part0-5-9-12-15-18-21-24-30")
+    assert min(r["measured_step_time_s"] for r in data["rows"]) == 1.28

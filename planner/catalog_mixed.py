@@ -22,6 +22,7 @@ one group to the next stage on another.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ from simcore.network import Network, NetworkDim
 from simcore.specs import DeviceSpec, SystemSpec
 
 __all__ = ["is_mixed_entry", "mixed_system_from_entry"]
+
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)
+"""A group's name, as a plan's label prints it and :mod:`planner.mixed_label` reads it."""
 
 _FIELDS = {"groups", "inter_node"}
 _OPTIONAL = {"scheduling", "source", "notes"}
@@ -77,6 +81,9 @@ def mixed_system_from_entry(path: Path, name: str, entry: Any,
         check_network(path, f"{where}.node", dims)
         scheduling = collective_scheduling(path, f"{name}.scheduling", e.get("scheduling"), device)
         group_name = str(g.get("name", device.name))
+        if not _GROUP_NAME.fullmatch(group_name):
+            raise fail(path, f"{where}.name", f"{group_name!r}: a plan names its groups"
+                       " (a100:tp4dp1x2[5,5] > ...), so use letters, digits, '-', '_' or '.'")
         network = spec_or_fail(path, where,
                                lambda: Network(dims=tuple(dims), scheduling=scheduling))
         groups.append(SystemSpec(name=group_name, device=device, network=network))

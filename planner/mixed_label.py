@@ -4,8 +4,8 @@
 
 Runs of stages in pipeline order, ``>`` between them: a group of the system, its stages' tp and
 dp, how many stages and each one's transformer layers; then the micro-batches of a step, the
-recompute and, when set, ``zero1`` (:meth:`simcore.mixed.MixedPlan.label` writes it). The
-recompute may be left off (none).
+recompute and, when set, ``zero1`` to ``zero3`` (:meth:`simcore.mixed.MixedPlan.label` writes
+it). The recompute may be left off (none). A layer list is whole numbers and commas, no spaces.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from simcore.specs import Recompute, Schedule, ZeroStage
 
 __all__ = ["parse_mixed_plan"]
 
-_RUN = re.compile(r"\s*([^\s:>]+):tp(\d+)dp(\d+)x(\d+)\[([\d,\s]+)\]\s*", re.ASCII)
+_RUN = re.compile(r"\s*([A-Za-z0-9_.-]+):tp(\d+)dp(\d+)x(\d+)\[(\d+(?:,\d+)*)\]\s*", re.ASCII)
 _TAIL = re.compile(r"\s+m(\d+)(?:\s+(none|selective|full))?(?:\s+zero([0-3]))?\s*", re.ASCII)
-_FORM = "GROUP:tpTdpDxN[L,...] > ... mM [none|selective|full] [zero1]"
+_FORM = "GROUP:tpTdpDxN[L,L,...] > ... mM [none|selective|full] [zeroZ]"
 
 
 def parse_mixed_plan(text: str, system: MixedSystemSpec, *,
@@ -32,13 +32,13 @@ def parse_mixed_plan(text: str, system: MixedSystemSpec, *,
     while True:
         run = _RUN.match(rest)
         if run is None:
-            raise ValueError(f"{text.strip()!r} is not a plan as `planner mixed` prints it:"
+            raise ValueError(f"{_shown(text)} is not a plan as `planner mixed` prints it:"
                              f" {_FORM}")
         name, tp, dp, count, layers = run.groups()
         if name not in groups:
             raise ValueError(f"group {name!r} is not one of {system.name}'s:"
                              f" {', '.join(groups)}")
-        split = [int(n) for n in layers.replace(" ", "").split(",") if n]
+        split = [int(n) for n in layers.split(",")]
         if len(split) != int(count):
             raise ValueError(f"{name}:tp{tp}dp{dp}x{count} lists {len(split)} stages' layers,"
                              f" not {count}")
@@ -50,11 +50,17 @@ def parse_mixed_plan(text: str, system: MixedSystemSpec, *,
         rest = rest[1:]
     tail = _TAIL.fullmatch(" " + rest)
     if tail is None:
-        after = repr(rest.strip()) if rest.strip() else "nothing"
+        after = _shown(rest) if rest.strip() else "nothing"
         raise ValueError(f"{after} after the stages: give mM (the"
-                         " micro-batches of a step), then [none|selective|full] [zero1], as"
+                         " micro-batches of a step), then [none|selective|full] [zeroZ], as"
                          " `planner mixed` prints them")
     m, recompute, zero = tail.groups()
     return MixedPlan(stages=tuple(stages), micro_batches=int(m),
                      recompute=Recompute(recompute or "none"),
                      zero=ZeroStage(int(zero)) if zero else ZeroStage.NONE, schedule=schedule)
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, cut to 80 characters."""
+    text = text.strip()
+    return repr(text if len(text) <= 80 else text[:77] + "...")

@@ -101,7 +101,8 @@ case-insensitive:
   (``v100:tp1dp4x3[5,7,6] > t4:tp1dp4x1[6] m8 none``: :mod:`planner.mixed_label`), with
   ``system`` a system of node groups; the row leaves the cells of a one-device-type plan empty
   (:data:`planner.runs_mixed.PLAN_CELLS`), and a file whose every row has stages needs no
-  ``dp``, ``tp``, ``pp`` or ``micro_batch`` column.
+  ``dp``, ``tp``, ``pp`` or ``micro_batch`` column; its ``peak_memory_gb`` (``memory_stage``
+  peak) is of the stage that holds the most, whichever part it is on.
 """
 
 __all__ = ["AGREE", "ALIASES", "MEASURED", "OPTIONAL", "PLAN", "REQUIRED"]

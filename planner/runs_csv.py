@@ -241,6 +241,14 @@ def _check_measured(step: float | None, memory: float | None, oom: bool) -> None
                        " or remove the row")
 
 
+def _one_type(catalog: Catalog, ref: str, path: Path) -> SystemSpec:
+    """The row's system of one device type; a system of node groups is a value to fix."""
+    if isinstance(catalog.any_system(ref, where=(path, "system")), MixedSystemSpec):
+        raise BadValue(f"system {ref!r} mixes device types; give the plan in a stages cell, as"
+                       " `planner mixed` prints it (dp, tp, pp and micro_batch empty)")
+    return catalog.system(ref, where=(path, "system"))
+
+
 def _mixed_run(row: dict[str, str], catalog: Catalog, path: Path, line: int,
                name: str) -> MeasuredRun:
     """A row measured on a cluster that mixes device types (:mod:`planner.runs_mixed`)."""
@@ -308,12 +316,19 @@ def _check_header(path: Path, header: list[str]) -> None:
         raise PlannerUsageError(f"{path}: header: column {duplicated[0]!r} appears twice")
 
 
+_BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""The marks and overrides that reorder text as a terminal shows it (Unicode's bidirectional
+controls): a name holding U+202E printed its end first."""
+
+
 def _printable(text: str) -> str:
-    """A name or release with each control character (and line or paragraph separator) written
-    as its escape, ``\\x1b``: both are printed in tables and messages, where a terminal would act
-    on an escape sequence and a newline would break the row."""
+    """A name or release with each control character (and line or paragraph separator, and
+    bidirectional control) written as its escape, ``\\x1b``: both are printed in tables and
+    messages, where a terminal would act on an escape sequence and a newline would break the
+    row."""
     return "".join(c.encode("unicode_escape").decode("ascii")
-                   if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
+                   if unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI else c
+                   for c in text)
 
 
 def _default_name(line: int, row: dict[str, str]) -> str:
@@ -370,6 +385,11 @@ def read_runs(path: Path, catalog: Catalog,
             if row.get("stages"):
                 runs.append(_mixed_run(row, catalog, path, line, name))
                 continue
+            lacking = [c for c in PLAN if c not in header]
+            if lacking:  # a file of mixed-cluster rows, this one without its stages
+                raise BadValue(f"stages is empty and the file has no {lacking[0]} column; give"
+                               " the plan in stages, or add the columns dp, tp, pp and"
+                               " micro_batch")
             strategy = row_strategy(row)
             step = _measured_step(row, strategy)
             memory = measured(row, "peak_memory_gb", SMALLEST_PEAK_GB, "GB")
@@ -377,8 +397,8 @@ def read_runs(path: Path, catalog: Catalog,
             _check_measured(step, memory, oom)
             model = _spec(lambda r: catalog.model(r, where=where), row.get("model", ""), "model",
                           path)
-            system = _spec(lambda r: catalog.system(r, where=(path, "system")),
-                           row.get("system", ""), "system", path)
+            system = _spec(lambda r: _one_type(catalog, r, path), row.get("system", ""),
+                           "system", path)
             _check_gpus(row, strategy, system)
             hbm = positive(row, "hbm_gb")
             if hbm is not None:  # a part with more or less memory than the catalog's

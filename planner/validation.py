@@ -283,7 +283,7 @@ def validate(runs: Iterable[MeasuredRun], skipped: Iterable[SkippedRun] = (), *,
         except ValueError as e:
             left_out.append(SkippedRun(run.line, run.name, str(e), file=run.file))
             continue
-        parts = _measured_stage(est, run.memory_stage)
+        parts = _measured_stage(est, run.memory_stage, run.mixed is not None)
         memory = parts.total - (_unallocated(parts, _stage_device(run, system, est))
                                 if run.memory_allocated else 0.0)
         results.append(RunResult(run, est.step_time, memory / GB, est.fits))
@@ -303,7 +303,9 @@ def _stage_device(run: MeasuredRun, system: AnySystem, est: Estimate) -> DeviceS
     if isinstance(system, SystemSpec):
         return system.device
     assert run.mixed is not None
-    stage = {"first": 0, "last": -1}.get(run.memory_stage, est.peak_stage)
+    stage = {"first": 0, "last": -1}.get(run.memory_stage)
+    if stage is None:  # the stage _measured_stage takes: the one that holds the most
+        stage = max(range(len(est.stages)), key=lambda i: est.stages[i].memory.total)
     return system.groups[run.mixed.stages[stage].group].device
 
 
@@ -324,15 +326,21 @@ def less_memory(margin_gb: float) -> Callable[[MeasuredRun], AnySystem] | None:
         return replace(one, device=replace(device, hbm_bytes=left))
 
     def system(run: MeasuredRun) -> AnySystem:
-        if isinstance(run.system, MixedSystemSpec):  # each group's parts
-            return replace(run.system, groups=tuple(less(run, g) for g in run.system.groups))
+        if isinstance(run.system, MixedSystemSpec):  # the parts of the groups the plan uses
+            assert run.mixed is not None
+            used = {st.group for st in run.mixed.stages}
+            return replace(run.system, groups=tuple(less(run, g) if i in used else g
+                                                    for i, g in enumerate(run.system.groups)))
         return less(run, run.system)
     return system
 
 
-def _measured_stage(est: Estimate, stage: str) -> MemoryParts:
+def _measured_stage(est: Estimate, stage: str, mixed: bool = False) -> MemoryParts:
     """The memory of the stage a run's peak was measured on (:attr:`MeasuredRun.memory_stage`):
-    the estimate's peak stage, or its first or last."""
+    the estimate's peak stage, or its first or last. On a mixed cluster the peak is the stage
+    that holds the most (the estimate's peak stage is the one nearest its own part's memory)."""
+    if stage == "peak" and mixed and est.stages:
+        return max((s.memory for s in est.stages), key=lambda m: m.total)
     if stage == "peak" or not est.stages:
         return est.memory
     return est.stages[0 if stage == "first" else -1].memory

@@ -15,9 +15,11 @@ import pytest
 
 from planner.catalog import load_catalog
 from planner.cli import main
+from planner.errors import PlannerUsageError
 from planner.mixed_label import parse_mixed_plan
 from planner.runs_csv import read_runs
-from simcore.mixed import MixedPlan, MixedStage
+from planner.units import GB
+from simcore.mixed import MixedPlan, MixedStage, estimate_mixed
 from simcore.specs import Recompute, Schedule, ZeroStage
 
 DATA = Path(__file__).parent / "data" / "validation"
@@ -34,6 +36,13 @@ one-group:
   inter_node: {<<: *ib}
   scheduling: *scheduling
   source: dgx-a100-32 as a system of one group
+a100-v100:
+  groups:
+    - {name: a100, device: a100-80gb, nodes: 2, node: {<<: *node, npus: 8}}
+    - {name: v100, device: v100-16gb, nodes: 2, node: {<<: *node, npus: 8}}
+  inter_node: {<<: *ib}
+  scheduling: *scheduling
+  source: for the tests
 two-groups:
   groups:
     - {name: a100, device: a100-80gb, nodes: 2, node: {<<: *node, npus: 8}}
@@ -124,10 +133,17 @@ def test_a_file_of_mixed_rows_needs_no_degree_columns(tmp_path: Path, capsys) ->
      "stages: the stages on group a100 use 48 devices but it has 16"),
     ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,,,,,\"a100:tp8dp1x2[12,12] m16\",900",
      None),  # a well-formed row: estimated
+    ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,2,8,2,2,,2.0",
+     "system 'systems.yaml#two-groups' mixes device types; give the plan in a stages cell"),
+    ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,,,,,\"a100:tp8dp1x2[12,12] m16\",2.0,zb-h1",
+     "stages: schedule=zb-h1 is not modelled on mixed systems; use 1f1b or gpipe"),
+    ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,,,,,\"a100:tp8dp1x3[2,3,0 3] m16\",2.0",
+     "stages: 'a100:tp8dp1x3[2,3,0 3] m16' is not a plan as `planner mixed` prints it"),
 ])
 def test_a_mixed_rows_bad_cells_are_values_to_fix(tmp_path: Path, capsys, row: str,
                                                   says: str | None) -> None:
-    path = _write(tmp_path, row, "b,gpt-1.7b,dgx-a100-32,64,2048,2,8,2,2,,2.0")
+    path = _write(tmp_path, row, "b,gpt-1.7b,dgx-a100-32,64,2048,2,8,2,2,,2.0",
+                  header=HEADER + ",schedule")
     assert main(["validate", str(path)]) == (0 if says is None else 1)  # 1: a value to fix
     out = capsys.readouterr().out
     if says is None:
@@ -170,3 +186,47 @@ def test_amp_heterogeneous_cluster(capsys) -> None:
     assert group["runs"] == 24 and group["fastest"] == (
         "AMP GPT-2 24x1024 V100x12+T4x4 tp1 dp2 pp8 mb1 part0-5-9-12-15-18-21-24-30")
     assert min(r["measured_step_time_s"] for r in data["rows"]) == 1.28
+
+
+def test_a_mixed_peak_is_the_stage_holding_the_most(tmp_path: Path, capsys) -> None:
+    # Two V100 stages of 4 layers, then an A100 stage of 16 at tp 1 x dp 8: the estimate's own
+    # peak stage is the one nearest its part's memory (a V100 stage, 16 GB), but a report of
+    # every rank's peak gives the most any rank held: the A100 stage's.
+    path = _write(tmp_path, "a,gpt-1.7b,systems.yaml#a100-v100,64,2048,"
+                  '"v100:tp1dp8x2[4,4] > a100:tp1dp8x1[16] m8 none zero1",30,40.0',
+                  header="name,model,system,global_batch,seq_len,stages,peak_memory_gb,"
+                  "step_time_s")
+    [run], _ = read_runs(path, load_catalog())
+    est = estimate_mixed(run.model, run.system, run.training, run.mixed)
+    stages = [s.memory.total / GB for s in est.stages]
+    assert stages[2] == max(stages) and est.memory.total / GB < stages[2]
+    assert main(["validate", str(path), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["rows"]
+    assert row["predicted_peak_memory_gb"] == stages[2]
+
+
+def test_a_margin_lowers_only_the_parts_a_plan_uses(tmp_path: Path, capsys) -> None:
+    # 20 GB off every part refused a plan on the A100s alone for the V100s' 16 GB it never uses.
+    path = _write(tmp_path, "a,gpt-1.7b,systems.yaml#a100-v100,64,2048,"
+                  '"a100:tp8dp1x2[12,12] m16 none",2.0',
+                  header="name,model,system,global_batch,seq_len,stages,step_time_s")
+    assert main(["validate", str(path), "--margin-gb", "20"]) == 0
+    assert "keep less free" not in capsys.readouterr().out
+
+
+def test_a_row_without_stages_in_a_file_without_degrees_says_so(tmp_path: Path,
+                                                                capsys) -> None:
+    path = _write(tmp_path, "a,gpt-1.7b,systems.yaml#two-groups,64,2048,"
+                  '"a100:tp8dp1x2[12,12] m16 none",2.0',
+                  "b,gpt-1.7b,dgx-a100-32,64,2048,,2.0",
+                  header="name,model,system,global_batch,seq_len,stages,step_time_s")
+    assert main(["validate", str(path)]) == 1
+    assert (f"{path}:3 (b): stages is empty and the file has no dp column; give the plan in"
+            " stages, or add the columns dp, tp, pp and micro_batch") in capsys.readouterr().out
+
+
+def test_a_group_name_a_plan_cannot_print_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "systems.yaml").write_text(SYSTEMS.replace("name: h100", "name: H100 SXM"))
+    with pytest.raises(PlannerUsageError, match=r"groups\[1\]\.name: 'H100 SXM': a plan names"):
+        load_catalog(user=False).any_system(f"{tmp_path / 'systems.yaml'}#two-groups")
+

@@ -554,3 +554,8 @@ def test_control_characters_in_a_name_are_printed_as_escapes(tmp_path: Path, cap
     out = capsys.readouterr().out
     assert "\x1b" not in out and "a\\x1b[31mb\\nc " in out
     assert "release r\\x1b[32m:" in out
+    # U+202E (right-to-left override) printed the rest of the line reversed
+    path = _write(tmp_path, HEADER + ",step_time_s",
+                  "a\u202eb,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    assert main(["validate", str(path)]) == 0
+    assert "a\\u202eb " in capsys.readouterr().out

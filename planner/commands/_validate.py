@@ -173,7 +173,8 @@ class ValidateCommand(BaseCommand):
         parser.add_argument("--framework", choices=FRAMEWORKS, default=None,
                             help="read every row whose framework cell is empty as this"
                             " framework runs it: its defaults for the cells left empty, and"
-                            " a plan it cannot run as written left out with the reason")
+                            " a plan it cannot run as written left out with the reason (rows"
+                            " on a mixed cluster, whose plans are in stages, as they are)")
 
     def run(self, args: argparse.Namespace) -> int:
         runs, skipped = read_runs_files(args.runs, load_catalog(), args.framework)

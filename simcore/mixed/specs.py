@@ -83,7 +83,7 @@ class MixedPlan:
             raise ValueError("a plan needs at least one stage")
         if self.micro_batches < 1:
             raise ValueError(f"`micro_batches >= 1` must hold, but got {self.micro_batches}")
-        if self.schedule in (Schedule.INTERLEAVED, Schedule.ZBV):
+        if self.schedule in (Schedule.INTERLEAVED, Schedule.ZBV, Schedule.ZB_H1):
             raise ValueError(f"schedule={self.schedule.value} is not modelled on mixed systems;"
                              " use 1f1b or gpipe")
 

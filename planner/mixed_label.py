@@ -2,10 +2,12 @@
 
     v100:tp1dp4x3[5,7,6] > t4:tp1dp4x1[6] m8 none
 
-Runs of stages in pipeline order, ``>`` between them: a group of the system, its stages' tp and
-dp, how many stages and each one's transformer layers; then the micro-batches of a step, the
-recompute and, when set, ``zero1`` to ``zero3`` (:meth:`simcore.mixed.MixedPlan.label` writes
-it). The recompute may be left off (none). A layer list is whole numbers and commas, no spaces.
+Runs of stages in pipeline order, ``>`` between them: a group of the system (or groups joined
+by ``+``, a stage whose ranks continue from one group into the next: ``v100+t4:tp1dp8x1[11]``),
+its stages' tp and dp, how many stages and each one's transformer layers; then the micro-batches
+of a step, the recompute and, when set, ``zero1`` to ``zero3``
+(:meth:`simcore.mixed.MixedPlan.label` writes it). The recompute may be left off (none). A layer
+list is whole numbers and commas, no spaces.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from simcore.specs import Recompute, Schedule, ZeroStage
 
 __all__ = ["parse_mixed_plan"]
 
-_RUN = re.compile(r"\s*([A-Za-z0-9_.-]+):tp(\d+)dp(\d+)x(\d+)\[(\d+(?:,\d+)*)\]\s*", re.ASCII)
+_RUN = re.compile(r"\s*([\w.-]+(?:\+[\w.-]+)*):tp(\d+)dp(\d+)x(\d+)\[(\d+(?:,\d+)*)\]\s*",
+                  re.ASCII)
 _TAIL = re.compile(r"\s+m(\d+)(?:\s+(none|selective|full))?(?:\s+zero([0-3]))?\s*", re.ASCII)
 _FORM = "GROUP:tpTdpDxN[L,L,...] > ... mM [none|selective|full] [zeroZ]"
 
@@ -34,15 +37,17 @@ def parse_mixed_plan(text: str, system: MixedSystemSpec, *,
         if run is None:
             raise ValueError(f"{_shown(text)} is not a plan as `planner mixed` prints it:"
                              f" {_FORM}")
-        name, tp, dp, count, layers = run.groups()
-        if name not in groups:
-            raise ValueError(f"group {name!r} is not one of {system.name}'s:"
-                             f" {', '.join(groups)}")
+        names, tp, dp, count, layers = run.groups()
+        for name in names.split("+"):
+            if name not in groups:
+                raise ValueError(f"group {name!r} is not one of {system.name}'s:"
+                                 f" {', '.join(groups)}")
+        first, *span = (groups[name] for name in names.split("+"))
         split = [int(n) for n in layers.split(",")]
         if len(split) != int(count):
-            raise ValueError(f"{name}:tp{tp}dp{dp}x{count} lists {len(split)} stages' layers,"
+            raise ValueError(f"{names}:tp{tp}dp{dp}x{count} lists {len(split)} stages' layers,"
                              f" not {count}")
-        stages += [MixedStage(group=groups[name], tp=int(tp), dp=int(dp), layers=n)
+        stages += [MixedStage(group=first, tp=int(tp), dp=int(dp), layers=n, span=tuple(span))
                    for n in split]
         rest = rest[run.end():]
         if not rest.startswith(">"):

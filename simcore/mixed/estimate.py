@@ -15,10 +15,12 @@ group's ranks: tp inside a node when it fits, dp over the rest). Stages differ i
   last backward as in the one-device-type estimate; the step waits for the slowest;
 - memory is checked per stage against that stage's device's HBM.
 
-Left out (stated, not hidden): a stage whose ranks mix device types (Metis allows it, priced at
-its slowest member: here every stage is on one type, and a mixed cluster is used by giving each
-type its own stages), context parallelism and interleaved schedules on mixed systems, and
-uneven per-replica batches inside a stage.
+A stage whose ranks continue from one group into the next (``MixedStage.span``: its replicas
+on several device types, as Metis plans them) is priced at its slowest part's pace on the nodes
+it spans (:mod:`simcore.mixed.span`); boundaries to and from it send over ``link``.
+
+Left out (stated, not hidden): context parallelism and interleaved schedules on mixed systems,
+and uneven per-replica batches inside a stage.
 
 On a system of one group, a plan of equal stages that are whole nodes is the one-device-type
 estimate to the last bit (``tests/test_mixed_estimate.py``).
@@ -39,8 +41,9 @@ from simcore.megatron.plan import StepPlan
 from simcore.megatron.stage_memory import stage_memory
 from simcore.megatron.step import _ends, _stage, assemble
 from simcore.mixed.profile import LayerProfiles, profiled_ends, profiled_layer
+from simcore.mixed.span import part_system, stage_parts
 from simcore.mixed.specs import MixedPlan, MixedStage, MixedSystemSpec
-from simcore.network import Network, NetworkDim, PerNetwork
+from simcore.network import Network, NetworkDim, PerNetwork, Topology
 from simcore.specs import ModelSpec, Strategy, SystemSpec, TrainingSpec
 
 __all__ = ["estimate_mixed", "check_mixed", "stage_system", "stage_lines", "with_layers",
@@ -60,7 +63,8 @@ def _block_dims(group: SystemSpec, devices: int) -> tuple[NetworkDim, ...] | Non
         if left == 1:
             break
         piece = min(dim.npus, left)
-        if dim.npus % piece or left % piece:
+        # a switch joins any of its ports; a ring or mesh needs the block to tile it
+        if (dim.npus % piece and dim.topology is not Topology.SWITCH) or left % piece:
             return None
         dims.append(_sub_dim(dim, piece))
         left //= piece
@@ -121,27 +125,36 @@ class StageCosts:
     @staticmethod
     def key(plan: MixedPlan, stage: MixedStage) -> tuple:
         return (stage.group, stage.tp, stage.dp, plan.micro_batches, plan.recompute, plan.zero,
-                plan.schedule, plan.sequence_parallel)
+                plan.schedule, plan.sequence_parallel, stage.span)
 
     def placed(self, plan: MixedPlan, stage: MixedStage) -> Placed:
         key = self.key(plan, stage)
         found = self._placed.get(key)
         if found is None:
-            group = self.system.groups[stage.group]
-            sub = stage_system(group, stage.devices)
-            if sub is None:
-                raise ValueError(_block_message(group, stage.devices))
-            strategy = self.strategy(plan, stage)
-            check_plan(self.model, sub, self.training, strategy)
-            p = StepPlan(self.model, sub, self.training, strategy)
-            layer, ends = dense_layer(p), _ends(p)
-            if self.profiles is not None:
-                measured = self.profiles.get(group.device.name, stage.tp, strategy.micro_batch)
-                layer = profiled_layer(layer, measured, plan.recompute)
-                ends = profiled_ends(measured)
-            found = Placed(p, layer, ends)
+            if stage.span:  # the slowest of its parts' devices sets every micro-batch's pace
+                found = max((self._place(plan, stage, g, part_system(self.system, stage, g))
+                             for g in stage.groups), key=lambda p: p.layer.total)
+            else:
+                group = self.system.groups[stage.group]
+                sub = stage_system(group, stage.devices)
+                if sub is None:
+                    raise ValueError(_block_message(group, stage.devices))
+                found = self._place(plan, stage, stage.group, sub)
             self._placed[key] = found
         return found
+
+    def _place(self, plan: MixedPlan, stage: MixedStage, group: int,
+               sub: SystemSpec) -> Placed:
+        strategy = self.strategy(plan, stage)
+        check_plan(self.model, sub, self.training, strategy)
+        p = StepPlan(self.model, sub, self.training, strategy)
+        layer, ends = dense_layer(p), _ends(p)
+        if self.profiles is not None:
+            device = self.system.groups[group].device.name
+            measured = self.profiles.get(device, stage.tp, strategy.micro_batch)
+            layer = profiled_layer(layer, measured, plan.recompute)
+            ends = profiled_ends(measured)
+        return Placed(p, layer, ends)
 
 
 def _block_message(group: SystemSpec, devices: int) -> str:
@@ -158,17 +171,25 @@ def check_mixed(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpe
         raise ValueError(f"the stages hold {layers} layers but {model.name} has {model.layers};"
                          " the layer split must add up to the model's layers")
     used = [0] * len(system.groups)
+    # a stage that spans groups is laid out by stage_parts; the search's plans have none
+    parts = stage_parts(system, plan) if any(st.span for st in plan.stages) else None
     for i, st in enumerate(plan.stages):
-        if st.group >= len(system.groups):
-            raise ValueError(f"stages[{i}].group={st.group} but {system.name} has"
-                             f" {len(system.groups)} groups")
-        group = system.groups[st.group]
-        node = _node_size(group)
-        offset = used[st.group]
-        aligned = offset % (st.devices if st.devices <= node else node) == 0
-        if stage_system(group, st.devices) is None or not aligned:
-            raise ValueError(f"stages[{i}]: {_block_message(group, st.devices)}")
-        used[st.group] += st.devices
+        if parts is not None:
+            offset = parts[i][0].offset
+            for part in parts[i]:
+                used[part.group] += part.devices
+        else:
+            if st.group >= len(system.groups):
+                raise ValueError(f"stages[{i}].group={st.group} but {system.name} has"
+                                 f" {len(system.groups)} groups")
+            offset = used[st.group]
+            used[st.group] += st.devices
+        if not st.span:
+            group = system.groups[st.group]
+            node = _node_size(group)
+            aligned = offset % (st.devices if st.devices <= node else node) == 0
+            if stage_system(group, st.devices) is None or not aligned:
+                raise ValueError(f"stages[{i}]: {_block_message(group, st.devices)}")
         replicas = plan.micro_batches * st.dp
         if training.global_batch % replicas:
             raise ValueError(
@@ -181,9 +202,11 @@ def check_mixed(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpe
                              f" {g.devices}")
 
 
-def _offsets(plan: MixedPlan, groups: int) -> list[int]:
+def _offsets(plan: MixedPlan, system: MixedSystemSpec) -> list[int]:
     """Each stage's first rank inside its group (a group's stages are laid out in order)."""
-    used = [0] * groups
+    if any(st.span for st in plan.stages):
+        return [parts[0].offset for parts in stage_parts(system, plan)]
+    used = [0] * len(system.groups)  # the search's plans: no stage spans groups
     out = []
     for st in plan.stages:
         out.append(used[st.group])
@@ -198,7 +221,7 @@ def _boundary_time(costs: StageCosts, plan: MixedPlan, k: int, offsets: list[int
     sequences = training.global_batch / plan.micro_batches
     full = sequences * training.seq_len * model.hidden * training.bytes_per_activation
     size = int(max(full / (a.dp * a.tp), full / (b.dp * b.tp)))
-    if a.group != b.group:
+    if a.group != b.group or a.span or b.span:
         dim = system.link
     else:
         group = system.groups[a.group]
@@ -233,7 +256,7 @@ def _sends(costs: StageCosts, plan: MixedPlan) -> list[float]:
     pp = plan.pp
     if pp == 1:
         return [0.0]
-    offsets = _offsets(plan, len(costs.system.groups))
+    offsets = _offsets(plan, costs.system)
     bounds = [_boundary_time(costs, plan, k, offsets) for k in range(pp - 1)]
     return [(bounds[i] if i < pp - 1 else bounds[i - 1]) + (bounds[i - 1] if i > 0 else bounds[i])
             for i in range(pp)]
@@ -258,8 +281,12 @@ def estimate_mixed(model: ModelSpec, system: MixedSystemSpec, training: Training
     check_mixed(model, system, training, plan)
     costs = costs or StageCosts(model, system, training, profiles)
     stages = [(placed.plan, st) for placed, st in _stages(costs, plan)]
-    peak = sum(sp.system.device.peak_flops_per_s * s.devices
-               for (sp, _), s in zip(stages, plan.stages))
+    if any(st.span for st in plan.stages):
+        peak = sum(system.groups[part.group].device.peak_flops_per_s * part.devices
+                   for parts in stage_parts(system, plan) for part in parts)
+    else:
+        peak = sum(sp.system.device.peak_flops_per_s * s.devices
+                   for (sp, _), s in zip(stages, plan.stages))
     return assemble(model, training, stages, pp=plan.pp, m=plan.micro_batches, v=1,
                     recompute=plan.recompute, peak_flops_per_s=peak)
 

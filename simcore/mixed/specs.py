@@ -42,13 +42,19 @@ class MixedSystemSpec:
 
 @dataclass(frozen=True, slots=True)
 class MixedStage:
-    """One pipeline stage: the group it runs on, its tp and dp degrees and its layers."""
+    """One pipeline stage: the group it runs on, its tp and dp degrees and its layers.
+
+    ``span``: further groups the stage's ranks run on when its own group's are used up, in order
+    (a stage whose data-parallel replicas sit on different device types, as Metis allows and
+    DeepSpeed runs): each part whole nodes, priced at its slowest part
+    (:mod:`simcore.mixed.estimate`)."""
 
     group: int
     """Index into :attr:`MixedSystemSpec.groups`."""
     tp: int
     dp: int
     layers: int
+    span: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp", "layers"):
@@ -57,10 +63,20 @@ class MixedStage:
                 raise ValueError(f"`{name} >= 1` must hold, but got {name}={value}")
         if self.group < 0:
             raise ValueError(f"`group >= 0` must hold, but got group={self.group}")
+        if self.span:  # a search's stages have none: nothing more to check for them
+            if min(self.span) < 0:
+                raise ValueError(f"`group >= 0` must hold, but got span={self.span}")
+            if len(set(self.groups)) != len(self.groups):
+                raise ValueError(f"a stage spans each group once, but got groups {self.groups}")
 
     @property
     def devices(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """The groups the stage runs on: its own, then its span."""
+        return (self.group, *self.span)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,13 +113,13 @@ class MixedPlan:
 
     def label(self, system: MixedSystemSpec) -> str:
         """``a100:tp4dp1x2[5,5] > v100:tp2dp2x1[6]`` - runs of stages per group, their layers."""
-        runs: list[tuple[int, int, int, list[int]]] = []
+        runs: list[tuple[tuple[int, ...], int, int, list[int]]] = []
         for st in self.stages:
-            if runs and runs[-1][:3] == (st.group, st.tp, st.dp):
+            if runs and runs[-1][:3] == (st.groups, st.tp, st.dp):
                 runs[-1][3].append(st.layers)
             else:
-                runs.append((st.group, st.tp, st.dp, [st.layers]))
-        parts = [f"{system.groups[g].name}:tp{tp}dp{dp}x{len(ls)}[{','.join(map(str, ls))}]"
-                 for g, tp, dp, ls in runs]
+                runs.append((st.groups, st.tp, st.dp, [st.layers]))
+        parts = [f"{'+'.join(system.groups[g].name for g in gs)}:tp{tp}dp{dp}x{len(ls)}"
+                 f"[{','.join(map(str, ls))}]" for gs, tp, dp, ls in runs]
         zero = f" zero{int(self.zero)}" if self.zero else ""
         return " > ".join(parts) + f" m{self.micro_batches} {self.recompute.value}{zero}"

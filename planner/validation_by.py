@@ -54,7 +54,7 @@ def _joined(values: Iterable[object]) -> str:
 def _groups_used(run: MeasuredRun) -> str:
     system, plan = run.system, run.mixed
     assert isinstance(system, MixedSystemSpec) and plan is not None
-    return _joined(system.groups[st.group].device.name for st in plan.stages)
+    return _joined(system.groups[g].device.name for st in plan.stages for g in st.groups)
 
 
 def _per_stage(run: MeasuredRun, degree: str) -> str:

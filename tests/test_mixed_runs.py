@@ -19,8 +19,8 @@ from planner.errors import PlannerUsageError
 from planner.mixed_label import parse_mixed_plan
 from planner.runs_csv import read_runs
 from planner.units import GB
-from simcore.mixed import MixedPlan, MixedStage, estimate_mixed
-from simcore.specs import Recompute, Schedule, ZeroStage
+from simcore.mixed import MixedPlan, MixedStage, check_mixed, estimate_mixed
+from simcore.specs import Recompute, Schedule, TrainingSpec, ZeroStage
 
 DATA = Path(__file__).parent / "data" / "validation"
 
@@ -253,7 +253,8 @@ def test_a_stage_spanning_an_a100_and_a_v100_node_runs_at_the_v100_pace(tmp_path
 
 
 @pytest.mark.parametrize("label, says", [
-    ("a100+v100:tp8dp1x1[24] m16", "stages[0] spans group v100, but the groups before it in"),
+    ("a100+v100:tp8dp1x1[24] m16",
+     "stages[0] spans group v100, which has no rank left for it (the stages before it, or the"),
     ("a100:tp4dp1x1[4] > a100+v100:tp8dp2x1[20] m16",
      "stages[1] spans groups, so each part must be whole nodes of 8; its part on a100 is 12"),
     ("v100+a100:tp8dp8x1[24] m8", "stages[0] needs 64 devices but its groups have 32 left"),
@@ -265,3 +266,31 @@ def test_a_spanning_stage_that_does_not_fit_says_why(tmp_path: Path, capsys, lab
                   header="name,model,system,global_batch,seq_len,stages,step_time_s")
     assert main(["validate", str(path)]) == 1
     assert says in capsys.readouterr().out
+
+
+def test_a_block_inside_a_node_divides_it_and_between_nodes_a_switch_takes_any() -> None:
+    # Three stages of 3 GPUs on nodes of 8 would straddle nodes while priced inside one (a
+    # review found it); 2 of a switch's 3 nodes are a block (AMP's V100 instances hold one).
+    catalog = load_catalog()
+    system = catalog.any_system(str(DATA / "aws-systems.yaml") + "#amp-het-v100-t4-16")
+    model = catalog.model(str(DATA / "models.yaml") + "#gpt2-345m-1024")
+    training = TrainingSpec(global_batch=32, seq_len=1024)
+    straddle = MixedPlan(stages=(MixedStage(0, 1, 3, 12), MixedStage(0, 1, 3, 12)),
+                         micro_batches=1)
+    with pytest.raises(ValueError, match="a stage of 3 devices does not fit group v100"):
+        check_mixed(model, system, TrainingSpec(global_batch=3, seq_len=1024), straddle)
+    two_nodes = MixedPlan(stages=(MixedStage(0, 1, 8, 12), MixedStage(1, 1, 4, 12)),
+                          micro_batches=4)
+    check_mixed(model, system, training, two_nodes)  # no error
+
+
+def test_a_spanning_stage_is_named_by_every_device_it_runs_on(tmp_path: Path, capsys) -> None:
+    path = _write(tmp_path, 'a,gpt-1.7b,systems.yaml#a100-v100,64,2048,'
+                  '"a100:tp8dp1x1[12] > a100+v100:tp8dp2x1[12] m16 none",2.0',
+                  header="name,model,system,global_batch,seq_len,stages,step_time_s")
+    assert main(["validate", str(path), "--by", "device"]) == 0
+    assert "a100-80gb+v100-16gb" in capsys.readouterr().out
+    # 17 GB off every part it runs on: more than the V100s' 16.9 GB (the first group's A100s
+    # alone were lowered before a review)
+    assert main(["validate", str(path), "--margin-gb", "17"]) == 2
+    assert "runs on v100-16gb, 16.94 GB; keep less free" in capsys.readouterr().err

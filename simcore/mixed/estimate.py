@@ -1,9 +1,10 @@
 """One training step on a cluster that mixes device types.
 
-Each pipeline stage runs on one device group, with its own tp and dp, as Megatron-LM runs a
-stage: its layers, kernels and collectives are those of :mod:`simcore.megatron` on the group's
-device and on the links the stage's devices really span (the stage is a contiguous block of the
-group's ranks: tp inside a node when it fits, dp over the rest). Stages differ in speed, so:
+Each pipeline stage runs on one device group (or spans several, below), with its own tp and dp,
+as Megatron-LM runs a stage: its layers, kernels and collectives are those of
+:mod:`simcore.megatron` on the group's device and on the links the stage's devices really span
+(the stage is a contiguous block of the group's ranks: tp inside a node when it fits, dp over
+the rest). Stages differ in speed, so:
 
 - the step is the pipeline of unequal stages, ``m * slowest + (sum - slowest)``
   (:func:`simcore.megatron.pipeline.pipeline_time`; 1F1B and GPipe alike, no interleaving);
@@ -16,8 +17,10 @@ group's ranks: tp inside a node when it fits, dp over the rest). Stages differ i
 - memory is checked per stage against that stage's device's HBM.
 
 A stage whose ranks continue from one group into the next (``MixedStage.span``: its replicas
-on several device types, as Metis plans them) is priced at its slowest part's pace on the nodes
-it spans (:mod:`simcore.mixed.span`); boundaries to and from it send over ``link``.
+on several device types, as Metis plans them) is priced at its slowest part's pace: the longest
+of its micro-batch times as it would run all on each part's device, on that part's node links
+for every node it spans and ``link`` between them, with the smallest part's HBM
+(:mod:`simcore.mixed.span`); boundaries to and from it send over ``link``.
 
 Left out (stated, not hidden): context parallelism and interleaved schedules on mixed systems,
 and uneven per-replica batches inside a stage.
@@ -59,12 +62,14 @@ def _block_dims(group: SystemSpec, devices: int) -> tuple[NetworkDim, ...] | Non
     fits the group's shape (it must fill whole inner dimensions before the next)."""
     dims: list[NetworkDim] = []
     left = devices
-    for dim in group.network.dims:
+    for i, dim in enumerate(group.network.dims):
         if left == 1:
             break
         piece = min(dim.npus, left)
-        # a switch joins any of its ports; a ring or mesh needs the block to tile it
-        if (dim.npus % piece and dim.topology is not Topology.SWITCH) or left % piece:
+        # a block inside a node divides it; between nodes, a switch joins any of its ports (3
+        # nodes hold a block of 2) where a ring or a mesh needs the block to tile it
+        tiles = dim.npus % piece == 0 or (i > 0 and dim.topology is Topology.SWITCH)
+        if not tiles or left % piece:
             return None
         dims.append(_sub_dim(dim, piece))
         left //= piece
@@ -127,13 +132,16 @@ class StageCosts:
         return (stage.group, stage.tp, stage.dp, plan.micro_batches, plan.recompute, plan.zero,
                 plan.schedule, plan.sequence_parallel, stage.span)
 
-    def placed(self, plan: MixedPlan, stage: MixedStage) -> Placed:
-        key = self.key(plan, stage)
+    def placed(self, plan: MixedPlan, stage: MixedStage, group: int | None = None) -> Placed:
+        """The stage's plan and costs; a stage that spans groups, as it would run all on
+        ``group``'s device (:func:`_stages` takes the slowest)."""
+        key = (*self.key(plan, stage), group)
         found = self._placed.get(key)
         if found is None:
-            if stage.span:  # the slowest of its parts' devices sets every micro-batch's pace
-                found = max((self._place(plan, stage, g, part_system(self.system, stage, g))
-                             for g in stage.groups), key=lambda p: p.layer.total)
+            if stage.span:
+                if group is None:
+                    raise ValueError("a stage that spans groups is placed on one of them")
+                found = self._place(plan, stage, group, part_system(self.system, stage, group))
             else:
                 group = self.system.groups[stage.group]
                 sub = stage_system(group, stage.devices)
@@ -160,7 +168,8 @@ class StageCosts:
 def _block_message(group: SystemSpec, devices: int) -> str:
     shape = " x ".join(str(d.npus) for d in group.network.dims)
     return (f"a stage of {devices} devices does not fit group {group.name} ({shape}): use a"
-            f" divisor of its node size {_node_size(group)} or a multiple of it")
+            f" divisor of its node size {_node_size(group)} or whole nodes, starting on a node"
+            " (or at a multiple of its size inside one)")
 
 
 def check_mixed(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
@@ -265,9 +274,17 @@ def _sends(costs: StageCosts, plan: MixedPlan) -> list[float]:
 def _stages(costs: StageCosts, plan: MixedPlan) -> list[tuple[Placed, Stage]]:
     out = []
     for i, (st, sends) in enumerate(zip(plan.stages, _sends(costs, plan))):
-        placed = costs.placed(plan, st)
-        out.append((placed, _stage(placed.plan, placed.layer, placed.ends, i, layers=st.layers,
-                                   pp=plan.pp, pp_time=sends)))
+        # a stage spanning groups waits each micro-batch for its slowest part: its time as it
+        # would run all on each part's device, the longest (its ends included)
+        if not st.span:
+            placed = costs.placed(plan, st)
+            out.append((placed, _stage(placed.plan, placed.layer, placed.ends, i,
+                                       layers=st.layers, pp=plan.pp, pp_time=sends)))
+            continue
+        options = [costs.placed(plan, st, g) for g in st.groups]
+        out.append(max(((p, _stage(p.plan, p.layer, p.ends, i, layers=st.layers, pp=plan.pp,
+                                   pp_time=sends)) for p in options),
+                       key=lambda pair: pair[1].time))
     return out
 
 

@@ -4,9 +4,9 @@ Its ranks are laid out in order: what is left of its own group, then the next gr
 from that group's first free rank, and so on; each part is whole nodes, and every group it
 spans has nodes of one size. Its data-parallel replicas then sit on different device types, as
 Metis plans them and DeepSpeed runs them: each micro-batch's step waits for the slowest
-replica, so the stage is priced as the whole stage would run on its slowest part's device, on
-the nodes it spans (each part's node links, the cluster's network between them), and its memory
-is checked against the smallest part's memory.
+replica, so the stage is priced as the whole stage would run on each part's device (on that
+part's node links for every node it spans, the cluster's network between them) and the longest
+taken (:func:`simcore.mixed.estimate._stages`), its memory checked against the smallest part's.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ def stage_parts(system: MixedSystemSpec, plan: MixedPlan) -> list[tuple[Part, ..
         for g in st.groups:
             take = min(left, system.groups[g].devices - used[g])
             if take <= 0:
-                raise ValueError(f"stages[{i}] spans group {system.groups[g].name}, but the"
-                                 " groups before it in its span hold its ranks")
+                raise ValueError(f"stages[{i}] spans group {system.groups[g].name}, which has"
+                                 " no rank left for it (the stages before it, or the groups"
+                                 " before it in its span, hold them all)")
             parts.append(Part(g, used[g], take))
             used[g] += take
             left -= take
@@ -73,8 +74,8 @@ def _check_whole_nodes(system: MixedSystemSpec, st: MixedStage, parts: list[Part
             raise ValueError(f"stages[{i}] spans groups, so each part must be whole nodes of"
                              f" {node}; its part on {system.groups[p.group].name} is"
                              f" {p.devices} devices from rank {p.offset}")
-    if st.tp > node:
-        raise ValueError(f"stages[{i}] spans groups: tp={st.tp} must fit a node of {node}")
+    if node % st.tp:
+        raise ValueError(f"stages[{i}] spans groups: tp={st.tp} must divide a node of {node}")
 
 
 def part_system(system: MixedSystemSpec, stage: MixedStage, group: int) -> SystemSpec:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from planner.runs_csv import MeasuredRun
 from simcore.megatron.checks import micro_batches
 from simcore.mixed import MixedSystemSpec
+from simcore.mixed.span import stage_parts
 from simcore.specs import Strategy
 
 __all__ = ["BREAKDOWNS", "nodes_spanned"]
@@ -78,7 +79,8 @@ def nodes_spanned(run: MeasuredRun) -> int:
     if isinstance(system, MixedSystemSpec):
         assert run.mixed is not None
         used = [0] * len(system.groups)
-        for st in run.mixed.stages:
-            used[st.group] += st.devices
+        for parts in stage_parts(system, run.mixed):
+            for part in parts:
+                used[part.group] += part.devices
         return sum(math.ceil(n / g.network.dims[0].npus) for n, g in zip(used, system.groups))
     return math.ceil(run.plan.devices / system.network.dims[0].npus)

@@ -294,3 +294,13 @@ def test_a_spanning_stage_is_named_by_every_device_it_runs_on(tmp_path: Path, ca
     # alone were lowered before a review)
     assert main(["validate", str(path), "--margin-gb", "17"]) == 2
     assert "runs on v100-16gb, 16.94 GB; keep less free" in capsys.readouterr().err
+
+
+def test_a_spanning_stage_counts_the_nodes_of_every_group_it_runs_on(tmp_path: Path,
+                                                                     capsys) -> None:
+    # A100 node 1 for stage 0; stage 1 on A100 node 2 and V100 node 1: 3 nodes, 2 + 1.
+    path = _write(tmp_path, 'a,gpt-1.7b,systems.yaml#a100-v100,64,2048,'
+                  '"a100:tp8dp1x1[12] > a100+v100:tp8dp2x1[12] m16 none",2.0',
+                  header="name,model,system,global_batch,seq_len,stages,step_time_s")
+    assert main(["validate", str(path), "--by", "nodes"]) == 0
+    assert "\n  3 " in capsys.readouterr().out

@@ -283,8 +283,9 @@ def validate(runs: Iterable[MeasuredRun], skipped: Iterable[SkippedRun] = (), *,
         except ValueError as e:
             left_out.append(SkippedRun(run.line, run.name, str(e), file=run.file))
             continue
-        parts = _measured_stage(est, run.memory_stage, run.mixed is not None)
-        memory = parts.total - (_unallocated(parts, _stage_device(run, system, est))
+        index = _measured_index(run, est)
+        parts = est.memory if index is None else est.stages[index].memory
+        memory = parts.total - (_unallocated(parts, _stage_device(run, system, index))
                                 if run.memory_allocated else 0.0)
         results.append(RunResult(run, est.step_time, memory / GB, est.fits))
     return Validation(tuple(results), tuple(sorted(left_out, key=lambda s: (s.file, s.line))))
@@ -298,15 +299,26 @@ def _estimate(run: MeasuredRun, system: AnySystem) -> Estimate:
     return estimate(run.model, system, run.training, run.strategy)
 
 
-def _stage_device(run: MeasuredRun, system: AnySystem, est: Estimate) -> DeviceSpec:
+def _measured_index(run: MeasuredRun, est: Estimate) -> int | None:
+    """The estimate's stage the run's peak was measured on (:attr:`MeasuredRun.memory_stage`),
+    or None for the estimate's peak stage: the first or the last; the peak, on a mixed cluster,
+    the stage that holds the most (the estimate's peak stage is the one nearest its own part's
+    memory)."""
+    if not est.stages:
+        return None
+    if run.memory_stage in ("first", "last"):
+        return 0 if run.memory_stage == "first" else len(est.stages) - 1
+    if run.mixed is not None:
+        return max(range(len(est.stages)), key=lambda i: est.stages[i].memory.total)
+    return None
+
+
+def _stage_device(run: MeasuredRun, system: AnySystem, index: int | None) -> DeviceSpec:
     """The device of the stage the run's peak was measured on."""
     if isinstance(system, SystemSpec):
         return system.device
-    assert run.mixed is not None
-    stage = {"first": 0, "last": -1}.get(run.memory_stage)
-    if stage is None:  # the stage _measured_stage takes: the one that holds the most
-        stage = max(range(len(est.stages)), key=lambda i: est.stages[i].memory.total)
-    return system.groups[run.mixed.stages[stage].group].device
+    assert run.mixed is not None and index is not None
+    return system.groups[run.mixed.stages[index].group].device
 
 
 def less_memory(margin_gb: float) -> Callable[[MeasuredRun], AnySystem] | None:
@@ -333,17 +345,6 @@ def less_memory(margin_gb: float) -> Callable[[MeasuredRun], AnySystem] | None:
                                                     for i, g in enumerate(run.system.groups)))
         return less(run, run.system)
     return system
-
-
-def _measured_stage(est: Estimate, stage: str, mixed: bool = False) -> MemoryParts:
-    """The memory of the stage a run's peak was measured on (:attr:`MeasuredRun.memory_stage`):
-    the estimate's peak stage, or its first or last. On a mixed cluster the peak is the stage
-    that holds the most (the estimate's peak stage is the one nearest its own part's memory)."""
-    if stage == "peak" and mixed and est.stages:
-        return max((s.memory for s in est.stages), key=lambda m: m.total)
-    if stage == "peak" or not est.stages:
-        return est.memory
-    return est.stages[0 if stage == "first" else -1].memory
 
 
 def _unallocated(parts: MemoryParts, device: DeviceSpec) -> float:

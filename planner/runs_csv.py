@@ -243,10 +243,11 @@ def _check_measured(step: float | None, memory: float | None, oom: bool) -> None
 
 def _one_type(catalog: Catalog, ref: str, path: Path) -> SystemSpec:
     """The row's system of one device type; a system of node groups is a value to fix."""
-    if isinstance(catalog.any_system(ref, where=(path, "system")), MixedSystemSpec):
+    system = catalog.any_system(ref, where=(path, "system"))
+    if isinstance(system, MixedSystemSpec):
         raise BadValue(f"system {ref!r} mixes device types; give the plan in a stages cell, as"
                        " `planner mixed` prints it (dp, tp, pp and micro_batch empty)")
-    return catalog.system(ref, where=(path, "system"))
+    return system
 
 
 def _mixed_run(row: dict[str, str], catalog: Catalog, path: Path, line: int,

@@ -54,5 +54,4 @@ def mixed_plan(row: dict[str, str], model: ModelSpec, system: SystemSpec | Mixed
 
 def largest_part(system: MixedSystemSpec, plan: MixedPlan) -> DeviceSpec:
     """The device with the most memory among those the plan's stages run on."""
-    return max((system.groups[g].device for st in plan.stages for g in st.groups),
-               key=lambda d: d.hbm_bytes)
+    return max((system.groups[g].device for g in plan.groups_used), key=lambda d: d.hbm_bytes)

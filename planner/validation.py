@@ -340,7 +340,7 @@ def less_memory(margin_gb: float) -> Callable[[MeasuredRun], AnySystem] | None:
     def system(run: MeasuredRun) -> AnySystem:
         if isinstance(run.system, MixedSystemSpec):  # the parts of the groups the plan uses
             assert run.mixed is not None
-            used = {g for st in run.mixed.stages for g in st.groups}
+            used = run.mixed.groups_used
             return replace(run.system, groups=tuple(less(run, g) if i in used else g
                                                     for i, g in enumerate(run.system.groups)))
         return less(run, run.system)

@@ -55,7 +55,7 @@ def _joined(values: Iterable[object]) -> str:
 def _groups_used(run: MeasuredRun) -> str:
     system, plan = run.system, run.mixed
     assert isinstance(system, MixedSystemSpec) and plan is not None
-    return _joined(system.groups[g].device.name for st in plan.stages for g in st.groups)
+    return _joined(system.groups[g].device.name for g in plan.groups_used)
 
 
 def _per_stage(run: MeasuredRun, degree: str) -> str:

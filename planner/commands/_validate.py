@@ -16,7 +16,6 @@ from planner.runs_csv import read_runs_files
 from planner.validation import BREAKDOWNS, RunResult, Validation, less_memory, validate
 from search_spaces.frameworks import FRAMEWORKS
 from simcore import host_wait
-from simcore.specs import SystemSpec
 
 
 def percent(value: float | int | None, signed: bool = False) -> str:
@@ -37,7 +36,7 @@ HOST_SAYS = 0.05
 def host_waits(v: Validation) -> list[float]:
     """Seconds of each run's predicted step its devices wait for the host to issue the layers'
     kernels (:func:`simcore.host_wait`), in ``v.results``' order."""
-    return [0.0 if r.run.strategy is None or not isinstance(r.run.system, SystemSpec)
+    return [0.0 if r.run.strategy is None  # a mixed cluster's stages: not said
             else host_wait(r.run.model, r.run.system, r.run.training, r.run.strategy,
                            step_time=r.predicted_step_time_s) for r in v.results]
 

@@ -108,6 +108,11 @@ class MixedPlan:
         return len(self.stages)
 
     @property
+    def groups_used(self) -> tuple[int, ...]:
+        """The groups the stages run on (their spans included), each once, in pipeline order."""
+        return tuple(dict.fromkeys(g for st in self.stages for g in st.groups))
+
+    @property
     def devices(self) -> int:
         return sum(st.devices for st in self.stages)
 

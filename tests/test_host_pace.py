@@ -39,6 +39,8 @@ from simcore.specs import (
     Family,
     ModelSpec,
     Recompute,
+    RecomputeModule,
+    SelectiveRecompute,
     Strategy,
     SystemSpec,
     TrainingSpec,
@@ -76,6 +78,57 @@ def test_a_small_layer_runs_at_the_hosts_pace() -> None:
     full = replace(one, recompute=Recompute.FULL)
     assert layer_time(CI_GPT, slow, EAGER, full)[1] == pytest.approx(
         (BACKWARD + FORWARD) * HOST, rel=1e-12)
+
+
+def test_a_partial_recompute_issues_its_own_kernels_again() -> None:
+    """What a partial recompute issues again is its kernels' count (the hand count above),
+    not the forward's kernels in the share of its time they take: selective recompute the
+    attention core's five, flash attention's one kernel (one under flash-attn's function,
+    five under Transformer Engine's, as its forward costs the host); ``recompute_modules``
+    ``mlp`` FC1, GELU and FC2 (3), ``core_attn`` the core's five; torchtitan's per-op
+    checkpointing the five element-wise kernels and every second matmul (the projection and
+    FC2): 7."""
+    slow = _a100(HOST)
+    selective = Strategy(dp=8, micro_batch=4, recompute=Recompute.SELECTIVE)
+    assert layer_time(CI_GPT, slow, EAGER, selective)[1] == pytest.approx(
+        (BACKWARD + 5) * HOST, rel=1e-12)
+    flash = replace(EAGER, flash_attention=True)
+    assert layer_time(CI_GPT, slow, flash, selective)[1] == pytest.approx(
+        (BACKWARD - 6 + 1) * HOST, rel=1e-12)
+    te = replace(flash, transformer_engine=True)
+    assert layer_time(CI_GPT, slow, te, selective)[1] == pytest.approx(
+        (BACKWARD + 5) * HOST, rel=1e-12)
+    for modules, again in (((RecomputeModule.MLP,), 3), ((RecomputeModule.CORE_ATTN,), 5),
+                           ((RecomputeModule.CORE_ATTN, RecomputeModule.MLP), 8)):
+        training = replace(EAGER, recompute_modules=modules)
+        assert layer_time(CI_GPT, slow, training, selective)[1] == pytest.approx(
+            (BACKWARD + again) * HOST, rel=1e-12)
+    per_op = replace(EAGER, selective_recompute=SelectiveRecompute.OP)
+    assert layer_time(CI_GPT, slow, per_op, selective)[1] == pytest.approx(
+        (BACKWARD + 7) * HOST, rel=1e-12)
+
+
+@pytest.mark.parametrize("recompute", list(Recompute))
+def test_a_faster_gpu_never_slows_a_plan(recompute: Recompute) -> None:
+    """Raising the GPU's peak FLOP/s shortens each kernel or leaves it at its floor, and the
+    host issues the same kernels, so no step grows. Until stop 78 a selective recompute's
+    kernels issued again were the forward's in the share of its time the attention core took:
+    a faster GPU shortened the GEMMs, not the core's memory-bound softmax, and the host issued
+    more kernels (GPT 1.7B at tp 4 x pp 2, micro-batch 1, on 8 A100s: 0.877 s at the A100's
+    peak, 0.909 s at twice it)."""
+    catalog = load_catalog()
+    model, system = catalog.model("gpt-1.7b"), catalog.system("dgx-a100-8")
+    training = TrainingSpec(global_batch=8, seq_len=2048)
+    for plan in (Strategy(dp=1, tp=4, pp=2, micro_batch=1, recompute=recompute),
+                 Strategy(dp=2, tp=4, pp=1, micro_batch=2, recompute=recompute),
+                 Strategy(dp=1, tp=8, pp=1, micro_batch=1, recompute=recompute)):
+        times = []
+        for factor in (1.0, 1.25, 1.5, 2.0, 4.0):
+            device = replace(system.device,
+                             peak_flops_per_s=system.device.peak_flops_per_s * factor)
+            times.append(estimate(model, replace(system, device=device), training,
+                                  plan).step_time)
+        assert times == sorted(times, reverse=True), (plan, times)
 
 
 def test_a_collective_in_transformer_engines_userbuffers_costs_the_host_a_kernel() -> None:

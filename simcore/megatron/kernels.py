@@ -46,6 +46,7 @@ __all__ = [
     "LayerKernels",
     "layer_kernels",
     "modules_forward",
+    "modules_kernels",
 ]
 
 BACKWARD_KERNELS = 2
@@ -130,6 +131,15 @@ class LayerKernels:
     from Python, NVIDIA/TransformerEngine issue 836, and takes more than twice a BF16 one's host
     time to schedule, issues 761 and 445)."""
     issued_backward: int = 0
+    issued_core_forward: int = 0
+    """Of ``issued_forward``, the attention core's kernels: what selective recompute issues
+    again."""
+    issued_mlp_forward: int = 0
+    """Of ``issued_forward``, the MLP's (FC1, the activation, FC2): what ``recompute_modules``
+    ``mlp`` issues again."""
+    issued_op_forward: int = 0
+    """Of ``issued_forward``, what per-op selective checkpointing issues again (the kernels of
+    ``op_recompute``)."""
 
 
 def modules_forward(k: LayerKernels, modules: frozenset[RecomputeModule], *,
@@ -140,6 +150,14 @@ def modules_forward(k: LayerKernels, modules: frozenset[RecomputeModule], *,
     return ((k.core_forward if RecomputeModule.CORE_ATTN in modules else 0.0)
             + (k.mla_up_forward if RecomputeModule.MLA_UP_PROJ in modules else 0.0)
             + (k.mlp_forward if dense and RecomputeModule.MLP in modules else 0.0))
+
+
+def modules_kernels(k: LayerKernels, modules: frozenset[RecomputeModule], *,
+                    dense: bool = True) -> int:
+    """How many kernels the host issues again for :func:`modules_forward`'s modules."""
+    return ((k.issued_core_forward if RecomputeModule.CORE_ATTN in modules else 0)
+            + (1 if k.mla_up_forward and RecomputeModule.MLA_UP_PROJ in modules else 0)
+            + (k.issued_mlp_forward if dense and RecomputeModule.MLP in modules else 0))
 
 
 def _gemm_pair(costs: KernelCosts, m: float, n: float, k: float,
@@ -250,6 +268,10 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
     kernels_forward = len(gemms) + len(elementwise) + n_core_fwd
     kernels_backward = 2 * len(gemms) + BACKWARD_KERNELS * len(elementwise) + n_core_bwd
     op_recompute = sum(ew_fwd) + _every_second_matmul(model, gemms, kv, qkv)
+    # the matmuls _every_second_matmul prices: half of MLA's two, wk and wo, or the projection;
+    # then w3 or FC2
+    issued_op = (len(elementwise) + (2 if swiglu and model.attention_params is None else 1)
+                 + (1 if f else 0))
     if costs.fp8_rate is not None:
         fp8 = fp8_overheads(costs, linears, micro_batches)
         forward += fp8.forward
@@ -257,14 +279,18 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         kernels_forward += fp8.kernels_forward
         kernels_backward += fp8.kernels_backward
         op_recompute += fp8.forward
+        issued_op += fp8.kernels_forward
     issued_forward, issued_backward = kernels_forward, kernels_backward
+    issued_core = n_core_fwd
     if rope and not rope_fused:  # the host issues the five small ops in one kernel's time
         issued_forward -= len(UNFUSED_ROPE) - 1
         issued_backward -= BACKWARD_KERNELS * (len(UNFUSED_ROPE) - 1)
+        issued_op -= len(UNFUSED_ROPE) - 1
     if flash and te_attention:
         drop = 1 if shape.dropout else 0
         issued_forward += max(0, UNFUSED_CORE_KERNELS[0] + drop - n_core_fwd)
         issued_backward += max(0, UNFUSED_CORE_KERNELS[1] + drop - n_core_bwd)
+        issued_core = max(n_core_fwd, UNFUSED_CORE_KERNELS[0] + drop)
     # FC2 saves its input (the activation's output) and the residual add saves nothing: the
     # layer's last saved tensor is FC2's input. Without an FFN here (an MoE layer, whose routed
     # experts are priced apart) the tail is not counted.
@@ -282,6 +308,9 @@ def layer_kernels(model: ModelSpec, shape: LayerShape, costs: KernelCosts, *, mi
         gemm_forward=sum(g[0] for g in gemms), gemm_dgrad=sum(g[1] for g in gemms),
         forward_tail=tail, op_recompute=op_recompute, mlp_forward=mlp_forward,
         mla_up_forward=mla_up, issued_forward=issued_forward, issued_backward=issued_backward,
+        issued_core_forward=issued_core,
+        issued_mlp_forward=(3 + (1 if unfused_product else 0)) if f else 0,
+        issued_op_forward=issued_op,
     )
 
 

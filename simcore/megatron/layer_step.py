@@ -18,7 +18,7 @@ from simcore.megatron.calls import cp_kv_calls, fsdp_layer_calls, tp_pair_calls
 from simcore.megatron.moe import expert_comm
 from simcore.megatron.parts import Layer
 from simcore.megatron.plan import StepPlan
-from simcore.megatron.recompute import modules_again, runs_core_again
+from simcore.megatron.recompute import kernels_again, modules_again, runs_core_again
 from simcore.specs import ZERO_BUBBLE, CpComm, Recompute, ZeroStage
 
 __all__ = ["EXPOSED_CP", "dense_layer", "hidden_cost", "host_wait", "layer_of", "moe_layer",
@@ -46,7 +46,8 @@ def dense_layer(p: StepPlan, plain: bool = False) -> Layer:
                      tail=kernels.forward_tail, tail_comm=tail_comm,
                      per_op=kernels.op_recompute, plain=plain,
                      modules=modules_again(p, kernels, dense=True),
-                     launches=(kernels.issued_forward, kernels.issued_backward, 2))
+                     launches=(kernels.issued_forward, kernels.issued_backward, 2,
+                               kernels_again(p, kernels, dense=True)))
     return with_offload(p, layer, p.act.stored) if p.s.offload_layers else layer
 
 
@@ -70,7 +71,8 @@ def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
                      k.core_forward, tp, k.gemm_forward, k.gemm_dgrad, per_op=k.op_recompute,
                      plain=plain, modules=modules_again(p, k, dense=False),
                      launches=(k.issued_forward + x.issued_forward,
-                               k.issued_backward + x.issued_backward, pairs), beside=beside)
+                               k.issued_backward + x.issued_backward, pairs,
+                               kernels_again(p, k, dense=False)), beside=beside)
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
         hidden = hidden_cost(p, 2 * ep + again, layer.compute)
         layer = replace(layer, ep_fwd=0.0, ep_bwd=hidden)
@@ -106,7 +108,7 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
              tp: float, gemm_fwd: float = 0.0, gemm_dgrad: float = 0.0, *,
              tail: float = 0.0, tail_comm: float = 0.0, per_op: float = 0.0,
              plain: bool = False, modules: tuple[float, bool] = (0.0, False),
-             launches: tuple[int, int, int] = (0, 0, 0),
+             launches: tuple[int, int, int, int] = (0, 0, 0, 0),
              beside: tuple[float, float] = (0.0, 0.0)) -> Layer:
     """A layer of these kernels (seconds of its forward, backward, weight-gradient GEMMs and
     attention core; its linear layers' forward and input-gradient GEMMs) and tp communication,
@@ -120,9 +122,10 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
     seconds, and whether the MLP's tp pair runs again with it. ``launches``: what the host
     issues (:func:`host_wait`): the layer's kernels forward and backward, and how many times
     each pass runs :func:`simcore.megatron.calls.tp_pair_calls` (a dense layer twice, after
-    its attention and its MLP); ``beside``: the seconds of the forward and backward passes
-    that the GPU spends on work priced apart (an MoE layer's exposed all-to-alls), which the
-    host's issuing runs beside."""
+    its attention and its MLP), and the kernels a partial recompute issues again
+    (:func:`simcore.megatron.recompute.kernels_again`); ``beside``: the seconds of the
+    forward and backward passes that the GPU spends on work priced apart (an MoE layer's
+    exposed all-to-alls), which the host's issuing runs beside."""
     s = p.s
     zero_bubble = s.schedule in ZERO_BUBBLE
     if p.tp_overlap:
@@ -186,16 +189,14 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
             scatter /= p.m
         fsdp_fwd = hidden_cost(p, gather, fwd)
         fsdp_bwd = hidden_cost(p, gather + scatter, bwd + recompute)
-    kernels_fwd, kernels_bwd, pairs = launches
+    kernels_fwd, kernels_bwd, pairs, again = launches
     calls = pairs * len(tp_pair_calls(p))  # the tp collectives of one pass
     calls_bwd = calls
     if recompute and s.recompute is Recompute.FULL:
         kernels_bwd += kernels_fwd  # the forward's kernels and collectives again
         calls_bwd += calls
-    elif recompute and fwd:
-        # a partial recompute (the attention core, some modules, per-op): the forward's kernels
-        # in the share of its time the recompute runs again
-        kernels_bwd += round(kernels_fwd * min(1.0, recompute / fwd))
+    elif recompute:  # a partial recompute (the attention core, some modules, per-op)
+        kernels_bwd += again
     fwd += host_wait(p, kernels_fwd, calls, fwd + tp_fwd + sp_fwd + fsdp_fwd + beside[0])
     bwd += host_wait(p, kernels_bwd, calls_bwd, bwd + recompute + tp_bwd + tp_recompute + sp_bwd
                      + fsdp_bwd + beside[1])

@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import TypeVar
 
-from simcore.megatron.kernels import LayerKernels, modules_forward
+from simcore.megatron.kernels import LayerKernels, modules_forward, modules_kernels
 from simcore.megatron.plan import StepPlan
 from simcore.specs import Recompute, RecomputeModule
 
-__all__ = ["blend", "modules_again", "recomputed_fraction", "recomputed_share", "runs_core_again"]
+__all__ = ["blend", "kernels_again", "modules_again", "recomputed_fraction", "recomputed_share",
+           "runs_core_again"]
 
 _L = TypeVar("_L")
 
@@ -55,6 +56,22 @@ def modules_again(p: StepPlan, k: LayerKernels, *, dense: bool) -> tuple[float, 
         return 0.0, False
     return (modules_forward(k, m, dense=dense),
             dense and RecomputeModule.MLP in m and k.mlp_forward > 0)
+
+
+def kernels_again(p: StepPlan, k: LayerKernels, *, dense: bool) -> int:
+    """How many kernels the host issues again in the backward of a layer of these kernels under
+    a partial recompute (``recompute_modules``, per-op checkpointing, selective): the
+    recomputed kernels' own count, whatever their share of the forward's time (a faster GPU
+    runs them sooner, not more of them). Full recompute issues the whole forward again
+    (:func:`simcore.megatron.layer_step.layer_of`); none, nothing."""
+    s = p.s
+    if s.recompute is Recompute.NONE or s.recompute is Recompute.FULL:
+        return 0
+    if p.modules is not None:
+        return modules_kernels(k, p.modules, dense=dense)
+    if p.per_op:
+        return k.issued_op_forward
+    return k.issued_core_forward
 
 
 def runs_core_again(p: StepPlan, plain: bool) -> bool:

@@ -44,8 +44,13 @@ def atomic_write(path: Path, data: str | bytes, suffixes: tuple[str, ...] = ()) 
     An unwritable folder is a one-line error, and so is an existing path it must not replace:
     a device, pipe or socket, or (``suffixes``: what the command writes, e.g. ``.html``) a file
     whose suffix names another kind, such as a runs CSV given to ``--out`` by mistake (a name
-    without a suffix is the command's own, as its default format writes it)."""
+    without a suffix is the command's own, as its default format writes it), or a symbolic
+    link (the rename would replace the link and leave its file as it was; the catalog's
+    writes refuse one too, :func:`planner.catalog_write.check_writable`)."""
     folder = path.parent if str(path.parent) else Path(".")
+    if path.is_symlink():
+        raise PlannerUsageError(f"{path}: is a symbolic link (to {os.readlink(path)}); give the"
+                                " file's own path")
     if path.is_dir():
         raise PlannerUsageError(f"{path}: is a folder; give a file path")
     refuse_special(path, "give a file path")

@@ -75,13 +75,20 @@ def test_report_out_does_not_replace_a_file_of_another_kind(report, tmp_path, ca
     runs.write_text("name,model\n")
     pipe = tmp_path / "pipe.html"
     os.mkfifo(pipe)
+    # a symbolic link: the rename replaced the link, leaving its page as it was (refused, as
+    # the catalog's writes refuse one)
+    page = tmp_path / "page.html"
+    page.write_text("kept")
+    link = tmp_path / "link.html"
+    link.symlink_to(page)
     capsys.readouterr()
     for out, said in ((runs, "exists and is not a .html file"),
-                      (pipe, "is not a regular file")):
+                      (pipe, "is not a regular file"), (link, "is a symbolic link")):
         assert main(["report", "lab", "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1
     assert runs.read_text() == "name,model\n"
+    assert link.is_symlink() and page.read_text() == "kept"
     assert main(["report", "lab", "--out", str(report)]) == 0  # its own page again
     bare = tmp_path / "page"  # no suffix: the command's own HTML, written twice
     assert main(["report", "lab", "--out", str(bare)]) == 0

@@ -38,8 +38,8 @@ from simcore.megatron import uses_flash_attention
 from simcore.megatron.stack import uses_transformer_engine
 from simcore.specs import DeviceSpec, Precision, SystemSpec
 
-__all__ = ["CONSTANTS", "CV_MARGIN", "DEFAULT_TRIALS", "OFF_BY", "RUN_ERROR", "Constant",
-           "CrossValidation", "Fit", "calibrate"]
+__all__ = ["CONSTANTS", "CV_MARGIN", "DEFAULT_TRIALS", "OFF_BY", "RANKING_WORSE", "RUN_ERROR",
+           "Constant", "CrossValidation", "Fit", "at_edge", "calibrate"]
 
 RUN_ERROR = 0.1
 """The scale of one run's absolute log error that the constants cannot remove (the Laplace
@@ -48,6 +48,11 @@ model. The shipped devices are 3-10% off per run on the check files (tests/data/
 README.md); a team's own cluster and stack, not yet calibrated, sits further off: 10%."""
 
 DEFAULT_TRIALS = 300
+
+RANKING_WORSE = 0.005
+"""How much a fit may raise its own runs' plan-choice regret (mean over their groups) before
+``planner calibrate`` says it ranks them worse: half a point, below which a first choice moves
+between plans measured within a few tenths of a percent of one another."""
 
 SEARCH_SPREADS = 6
 """How far from the start the fit searches, in the prior's spreads: at the window's edge the
@@ -369,6 +374,26 @@ def _gain_se(start: Sequence[RunResult], refit: Sequence[RunResult]) -> float:
 def _per_run_losses(results: Sequence[RunResult]) -> list[float]:
     return [sum(abs(math.log1p(e)) for e in (r.step_time_error, r.memory_error) if e is not None)
             for r in results]
+
+
+def at_edge(c: Constant, start: DeviceSpec, fitted: DeviceSpec) -> str | None:
+    """Where a fitted constant stopped against what the fit may search, or None: ``floor`` or
+    ``ceiling`` of its range (:attr:`Constant.low`, :attr:`Constant.high`), or ``edge`` of the
+    search around its start (:func:`_window`). A constant at an edge is as far as the fit went,
+    not where the runs put it: they ask for more than the estimate can give by that constant,
+    and the fit may be taking up a cost it does not model (AMP's T4 runs send the GEMM rate to
+    its floor, 0.3, and the host's time up: tests/data/validation/README.md, "AMP's T4
+    sweep")."""
+    value = c.value(fitted)
+    if value == c.value(start):
+        return None
+    close = 0.005 * (c.high - c.low)  # the entry's three significant digits, and some
+    if value - c.low <= close:
+        return "floor"
+    if c.high - value <= close:
+        return "ceiling"
+    low, high = _window(c, min(max(c.value(start), c.low), c.high))
+    return "edge" if value - low <= close or high - value <= close else None
 
 
 def _window(c: Constant, start: float) -> tuple[float, float]:

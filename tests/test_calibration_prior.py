@@ -23,6 +23,7 @@ from planner.calibration import (
     _fit,
     _folds,
     _prior,
+    at_edge,
     calibrate,
 )
 from planner.catalog import load_catalog
@@ -284,3 +285,48 @@ def test_calibrate_jobs_is_checked_as_run_checks_it(capsys) -> None:
     assert main(["calibrate", "runs.csv", "--device", "a100-80gb", "--name", "x",
                  "--jobs", "0"]) == 2
     assert "--jobs: must be from 1 to" in capsys.readouterr().err
+
+
+def test_a_constant_at_an_edge_of_the_search_is_named() -> None:
+    # The T4's start (gpus.yaml: matmul 0.511, memory 0.805, host 177 us, launch 13.8 us).
+    # matmul_efficiency's range is 0.3-1 (within 0.5% of it, 0.0035, is at it); memory's
+    # search runs from its start down to the nearer bound's distance, 0.805 - 0.195 = 0.61;
+    # the host's from 0 to 177 + 177 = 354 us (a range of 400: within 2 us).
+    t4 = load_catalog().device("t4")
+    by_key = {c.key: c for c in CONSTANTS}
+
+    def edge(key: str, value: float) -> str | None:
+        c = by_key[key]
+        return at_edge(c, t4, c.apply(t4, value))
+
+    assert edge("matmul_efficiency", 0.301) == "floor"
+    assert edge("matmul_efficiency", 0.9995) == "ceiling"
+    assert edge("matmul_efficiency", 0.45) is None
+    assert edge("memory_efficiency", 0.612) == "edge"
+    assert edge("memory_efficiency", 0.70) is None
+    assert edge("host_kernel_us", 353) == "edge"
+    assert edge("host_kernel_us", 343) is None
+    assert edge("kernel_launch_us", 0.2) == "floor"
+    assert edge("matmul_efficiency", 0.511) is None  # not moved: where it started
+
+
+def test_calibrate_says_when_the_fit_ranks_worse_or_stops_at_an_edge(tmp_path: Path, capsys,
+                                                                      monkeypatch) -> None:
+    # AMP's T4 sweep (tests/data/validation/README.md, "AMP's T4 sweep"): the fit lowers the
+    # error (50.3% MAPE to about 28%) but sends the GEMM rate to its range's floor and ranks
+    # the 47 plans worse, regret 0.0% -> 17.5% (the fastest, tp 1 x dp 4 x pp 4 at
+    # micro-batch 1, priced slow); the command says both beside the figures
+    monkeypatch.setenv("PLANNER_CATALOG", str(tmp_path / "catalog"))
+    runs = DATA / "amp-t4-check.csv"
+    out = tmp_path / "t4-amp.yaml"
+    assert main(["calibrate", str(runs), "--device", "t4", "--name", "t4-amp", "--out",
+                 str(out), "--trials", "80"]) == 0
+    text = capsys.readouterr().out
+    assert "note: matmul_efficiency stopped at the floor of its range (0.301)" in text
+    assert ("note: the fit ranks these runs' plans worse than t4 did (plan-choice regret"
+            " 0.0% -> 17.5%") in text
+    assert main(["calibrate", str(runs), "--device", "t4", "--name", "t4-amp", "--out",
+                 str(out), "--trials", "80", "--force", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["at_edge"]["matmul_efficiency"] == "floor" and report["ranks_worse"] is True
+    assert report["after"]["regret_mean"] > report["before"]["regret_mean"] == 0.0

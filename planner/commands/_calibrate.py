@@ -12,7 +12,16 @@ from typing import Any
 
 import yaml
 
-from planner.calibration import CONSTANTS, CV_MARGIN, DEFAULT_TRIALS, OFF_BY, Fit, calibrate
+from planner.calibration import (
+    CONSTANTS,
+    CV_MARGIN,
+    DEFAULT_TRIALS,
+    OFF_BY,
+    RANKING_WORSE,
+    Fit,
+    at_edge,
+    calibrate,
+)
 from planner.catalog import device_from_entry, load_catalog, user_catalog_dir
 from planner.catalog_write import check_entry_name, check_writable, device_entry, write_entry
 from planner.commands._base import BaseCommand, jobs
@@ -173,7 +182,10 @@ class CalibrateCommand(BaseCommand):
                    "fitted": {c.key: c.value(fit.device) for c in fit.constants},
                    "base": {c.key: c.value(base) for c in fit.constants},
                    "before": _figures(fit.before), "after": _figures(fit.after),
-                   "cross_validation": _cross_validation(fit), "kept": fit.kept}
+                   "cross_validation": _cross_validation(fit), "kept": fit.kept,
+                   "at_edge": {c.key: edge for c in fit.constants
+                               if (edge := at_edge(c, base, fit.device)) is not None},
+                   "ranks_worse": _ranks_worse(fit)}
             print(json.dumps(out, indent=2))
         else:
             print("\n".join(self._report(fit, base)))
@@ -207,7 +219,37 @@ class CalibrateCommand(BaseCommand):
                            ("memory median error", "memory_median_ape"),
                            ("plan-choice regret mean", "regret_mean")):
             out.append(f"  {label:<26} {percent(b[key]):>8} {percent(a[key]):>8}")
-        return out + _cross_validation_lines(fit, base)
+        return out + _cross_validation_lines(fit, base) + _notices(fit, base)
+
+
+_EDGES = {"floor": "at the floor of its range", "ceiling": "at the ceiling of its range",
+          "edge": "at the edge of what the fit searches around its start"}
+
+
+def _ranks_worse(fit: Fit) -> bool:
+    """The fit raises its own runs' plan-choice regret by more than :data:`RANKING_WORSE`."""
+    before, after = fit.before.summary()["regret_mean"], fit.after.summary()["regret_mean"]
+    return before is not None and after is not None and after > before + RANKING_WORSE
+
+
+def _notices(fit: Fit, base: DeviceSpec) -> list[str]:
+    """What to check before trusting the fit: constants that stopped at an edge of what the fit
+    may search, and a ranking of the runs' plans worse than the starting device's."""
+    out = []
+    for c in fit.constants:
+        edge = at_edge(c, base, fit.device)
+        if edge is not None:
+            out.append(f"note: {c.key} stopped {_EDGES[edge]} ({c.value(fit.device):.4g}): the"
+                       " runs would push it further, so it may stand in for a cost the"
+                       " estimate does not model (check the runs' stack options)")
+    if _ranks_worse(fit):
+        b, a = fit.before.summary(), fit.after.summary()
+        out.append(f"note: the fit ranks these runs' plans worse than {base.name} did"
+                   f" (plan-choice regret {percent(b['regret_mean'])} ->"
+                   f" {percent(a['regret_mean'])}, Kendall tau {b['kendall_tau_mean']:.2f} ->"
+                   f" {a['kendall_tau_mean']:.2f}): its step times are closer, its first choices"
+                   " are not; compare plans with both devices, or fit fewer constants (--fit)")
+    return out
 
 
 def _cross_validation_lines(fit: Fit, base: DeviceSpec) -> list[str]:

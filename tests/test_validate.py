@@ -544,6 +544,32 @@ def test_calibrate_names_the_runs_it_cannot_estimate_apart_from_out_of_memory(
     assert left.startswith(f"{path}:3 (b): ")
 
 
+def test_calibrate_names_the_rows_it_could_not_read_as_plans(tmp_path: Path, capsys) -> None:
+    # Rows refused as the file is read (fp64 gradients; a framework that cannot run the plan as
+    # written), beside one refused as it is estimated (a layout one layer short): each is
+    # left out and named, as `planner validate` names them; two were dropped without a word.
+    # With no row left on the device, the error says why rather than "the runs' devices: none".
+    path = _write(tmp_path, HEADER + ",step_time_s,grad_bytes,framework,pipeline_layout",
+                  "r1,gpt-1.7b,dgx-a100-8,64,2048,8,1,1,1,1.5,,,",
+                  "r2,gpt-1.7b,dgx-a100-8,64,2048,4,2,1,2,1.6,,,",
+                  "r3,gpt-1.7b,dgx-a100-8,64,2048,2,4,1,4,1.7,8,,",
+                  "r4,gpt-1.7b,dgx-a100-8,64,2048,4,1,2,2,1.7,,deepspeed,",
+                  "r5,gpt-1.7b,dgx-a100-8,64,2048,4,1,2,2,1.8,,,Et*12|t*11L")
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine", "--out",
+                 str(tmp_path / "mine.yaml"), "--trials", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["runs"] == 2
+    assert [left.split(" ")[0] for left in out["cannot_express_left_out"]] == [
+        f"{path}:4", f"{path}:5", f"{path}:6"]
+    only = _write(tmp_path, HEADER + ",step_time_s,grad_bytes",
+                  "r3,gpt-1.7b,dgx-a100-8,64,2048,2,4,1,4,1.7,8")
+    assert main(["calibrate", str(only), "--device", "a100-80gb", "--name", "mine", "--out",
+                 str(tmp_path / "mine.yaml"), "--trials", "5", "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "1 row the planner cannot express left out" in err and f"{only}:2 (r3)" in err
+    assert err.count("\n") == 1
+
+
 def test_control_characters_in_a_name_are_printed_as_escapes(tmp_path: Path, capsys) -> None:
     # A name holding ESC [ 3 1 m recoloured the terminal that printed the table, and a newline
     # in a quoted cell broke its row: each control character is written as Python's escape.

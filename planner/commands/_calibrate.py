@@ -147,13 +147,21 @@ class CalibrateCommand(BaseCommand):
             raise PlannerUsageError(f"{', '.join(str(p) for p in args.runs)}: every run on"
                                     f" {base.name!r} ran out of memory; give runs with a"
                                     " step_time_s or peak_memory_gb to fit")
+        # rows read but not expressible as a plan (their device unknown): left out, said below
+        unread = tuple(sk for sk in skipped if not sk.bad_value)
         if not mine:
             found = sorted({r.device.name for r in runs if r.device is not None}
-                           | ({"a mixed cluster"} if mixed else set())) or ["none"]
+                           | ({"a mixed cluster"} if mixed else set()))
             files = ", ".join(str(p) for p in args.runs)
+            also = ""
+            if unread:
+                first = unread[0]
+                also = (f"; {counted(len(unread), 'row')} the planner cannot express left out,"
+                        f" {first.where} ({first.name}): {first.reason}")
             raise PlannerUsageError(f"{files}: no run is on device {base.name!r} (the"
-                                    f" runs' devices: {', '.join(found)})")
+                                    f" runs' devices: {', '.join(found) or 'none'}{also})")
         mine, cannot = _estimable(mine, base.name, args.runs)
+        cannot = unread + cannot
         oom = sum(r.out_of_memory for r in on_device)
         show = sys.stderr.isatty() and not args.json
         progress = (lambda i, n: print(f"\rfitting and cross-validating: trial {i}/{n}", end="",

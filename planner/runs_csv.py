@@ -92,6 +92,12 @@ class MeasuredRun:
     it checks is the estimate's verdict that the plan fits."""
     mixed: MixedPlan | None = None
     """The plan of a run on a cluster that mixes device types (``stages``), on :attr:`system`."""
+    model_id: str = ""
+    """What :attr:`model_ref` names, whoever wrote it: a catalog name, or a YAML file's
+    resolved path and entry (``models.yaml#m`` beside two CSVs in two folders are two models;
+    ``./models.yaml#m`` and ``models.yaml#m`` beside one are one). Empty: the ref itself."""
+    system_id: str = ""
+    """The same for :attr:`system_ref`."""
 
     @property
     def plan(self) -> Strategy | MixedPlan:
@@ -106,7 +112,14 @@ class MeasuredRun:
     @property
     def group(self) -> GroupKey:
         """Runs of one model on one system at one batch and sequence length, measured on one
-        release: the plans a study of that question would choose between."""
+        release: the plans a study of that question would choose between (the model and system
+        as what they name: :attr:`model_id`, :attr:`system_id`)."""
+        return (self.model_id or self.model_ref, self.system_id or self.system_ref,
+                self.training.global_batch, self.training.seq_len, self.release)
+
+    @property
+    def group_label(self) -> GroupKey:
+        """:attr:`group` as the CSV writes its model and system."""
         return (self.model_ref, self.system_ref, self.training.global_batch,
                 self.training.seq_len, self.release)
 
@@ -124,6 +137,21 @@ class SkippedRun:
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}" if self.file else f"line {self.line}"
+
+
+def ref_id(ref: str, path: Path) -> str:
+    """What a ``model`` or ``system`` cell of the CSV at ``path`` names: a catalog name as
+    written; a YAML path (``FILE.yaml`` or ``FILE.yaml#NAME``, relative to the CSV's folder) as
+    the file's resolved path and the entry, so that one file reached two ways is one, and two
+    files of one name in two folders are two (as :meth:`planner.catalog.Catalog._find` reads
+    it)."""
+    file, hash_, entry = ref.partition("#")
+    where = Path(file)
+    if where.suffix not in (".yaml", ".yml"):
+        return ref
+    if not where.is_absolute():
+        where = path.parent / where
+    return f"{where.resolve()}{hash_}{entry}"
 
 
 def _spec(find: Callable[[str], object], ref: str, kind: str, path: Path) -> object:
@@ -266,6 +294,7 @@ def _mixed_run(row: dict[str, str], catalog: Catalog, path: Path, line: int,
     _check_peak(memory, largest_part(system, plan))
     return MeasuredRun(
         line=line, name=name, model_ref=row["model"], system_ref=row["system"], model=model,
+        model_id=ref_id(row["model"], path), system_id=ref_id(row["system"], path),
         system=system, training=training, strategy=None, step_time_s=step,
         peak_memory_gb=memory, memory_allocated=allocated(row), memory_stage=memory_stage(row),
         file=str(path), release=_printable(row.get("release", "")), out_of_memory=oom,
@@ -409,6 +438,7 @@ def read_runs(path: Path, catalog: Catalog,
             training = as_run_by(run_framework, model, system, row_training(row), strategy)
             runs.append(MeasuredRun(
                 line=line, name=name, model_ref=row["model"], system_ref=row["system"],
+                model_id=ref_id(row["model"], path), system_id=ref_id(row["system"], path),
                 model=model, system=system, training=training, strategy=strategy,
                 step_time_s=step, peak_memory_gb=memory, memory_allocated=allocated(row),
                 memory_stage=memory_stage(row),

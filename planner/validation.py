@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 
@@ -191,7 +193,9 @@ class Validation:
                 by_key.setdefault(r.run.group, []).append(r)
             elif r.run.out_of_memory:
                 oom.setdefault(r.run.group, []).append(r)
-        return tuple(GroupResult(k, tuple(v), tuple(oom.get(k, ()))) for k, v in by_key.items()
+        labels = _labels({k: v[0].run.group_label for k, v in by_key.items()})
+        return tuple(GroupResult(labels[k], tuple(v), tuple(oom.get(k, ())))
+                     for k, v in by_key.items()
                      if len({(r.run.plan, r.run.training) for r in v}) >= 2)
 
     @property
@@ -241,8 +245,16 @@ class Validation:
         are estimated fast or slow as a body), and its memory MAPE."""
         key = BREAKDOWNS[by]
         parts: dict[str, list[RunResult]] = {}
-        for r in self.results:
-            parts.setdefault(key(r.run), []).append(r)
+        if by in ("model", "system"):  # what the cell names, labelled as the CSV writes it
+            named: dict[str, list[RunResult]] = {}
+            for r in self.results:
+                named.setdefault(r.run.model_id or r.run.model_ref if by == "model"
+                                 else r.run.system_id or r.run.system_ref, []).append(r)
+            said = _labels({n: key(v[0].run) for n, v in named.items()})
+            parts = {said[n]: v for n, v in named.items()}
+        else:
+            for r in self.results:
+                parts.setdefault(key(r.run), []).append(r)
         out = []
         values = list(parts)
         if all(value.isdigit() for value in values):  # a count: in its order
@@ -289,6 +301,17 @@ def validate(runs: Iterable[MeasuredRun], skipped: Iterable[SkippedRun] = (), *,
                                 if run.memory_allocated else 0.0)
         results.append(RunResult(run, est.step_time, memory / GB, est.fits))
     return Validation(tuple(results), tuple(sorted(left_out, key=lambda s: (s.file, s.line))))
+
+
+_K = TypeVar("_K")
+
+
+def _labels(labels: dict[_K, _K]) -> dict[_K, _K]:
+    """Each key's label (its model and system as the CSV writes them), but where two keys share
+    one (``models.yaml#m`` beside two CSVs in two folders: two models), those keys themselves
+    (what the cells name: the files' resolved paths)."""
+    counts = Counter(labels.values())
+    return {k: label if counts[label] == 1 else k for k, label in labels.items()}
 
 
 def _estimate(run: MeasuredRun, system: AnySystem) -> Estimate:

@@ -585,3 +585,34 @@ def test_control_characters_in_a_name_are_printed_as_escapes(tmp_path: Path, cap
                   "a\u202eb,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
     assert main(["validate", str(path)]) == 0
     assert "a\\u202eb " in capsys.readouterr().out
+
+
+def test_a_group_is_of_what_the_cells_name_not_how_they_are_written(tmp_path: Path,
+                                                                    capsys) -> None:
+    # `models.yaml#m` beside two CSVs in two folders names two models (a 24-layer GPT and a
+    # 48-layer one): two plan-choice groups, not one whose regret and tau compared the two
+    # models; `./models.yaml#m` and `models.yaml#m` beside one CSV name one. Where two groups
+    # would print alike, each prints the file its model is in.
+    model = ("m:\n  family: gpt\n  layers: {}\n  hidden: 2048\n  ffn_hidden: 8192\n"
+             "  heads: 16\n  vocab: 51200\n  seq_len: 2048\n")
+    header = HEADER + ",step_time_s"
+    files = []
+    for folder, layers, rows in (
+            ("a", 24, ("small,models.yaml#m,dgx-a100-8,64,2048,8,1,1,1,1.5",
+                       "small2,./models.yaml#m,dgx-a100-8,64,2048,4,2,1,1,1.7")),
+            ("b", 48, ("big,models.yaml#m,dgx-a100-8,64,2048,1,8,1,1,20.0",
+                       "big2,models.yaml#m,dgx-a100-8,64,2048,2,4,1,1,18.0"))):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "models.yaml").write_text(model.format(layers))
+        files.append(tmp_path / folder / "runs.csv")
+        files[-1].write_text("\n".join((header, *rows)) + "\n")
+    assert main(["validate", *map(str, files), "--json", "--by", "model"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    groups = [(g["key"]["model"], g["runs"]) for g in out["groups"]]
+    models = [str((tmp_path / f / "models.yaml").resolve()) + "#m" for f in ("a", "b")]
+    assert groups == [(models[0], 2), (models[1], 2)]
+    assert [part["model"] for part in out["by"]["rows"]] == models
+    # one CSV alone: its group prints the model as its first row writes it
+    assert main(["validate", str(files[0]), "--json"]) == 0
+    [group] = json.loads(capsys.readouterr().out)["groups"]
+    assert group["key"]["model"] == "models.yaml#m" and group["runs"] == 2

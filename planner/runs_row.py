@@ -276,6 +276,11 @@ def row_schedule(row: dict[str, str]) -> tuple[Schedule | None, bool | None]:
 def row_training(row: dict[str, str]) -> TrainingSpec:
     """The row's training (batch, sequence and the stack's options), cells left empty None."""
     overlap = _boolean(row, "overlap_grad_reduce")
+    if _boolean(row, "master_weights") is False and (row.get("optimizer_bytes") or "").strip():
+        # 12 is the default: given beside master_weights false, it was read as left empty
+        raise BadValue(f"optimizer_bytes={row['optimizer_bytes']!r} with master_weights false,"
+                       " which sets the optimizer state (Adam's two moments in the weights'"
+                       " type): leave optimizer_bytes empty or master_weights true")
     return _built(lambda: TrainingSpec(
         global_batch=integer(row, "global_batch"), seq_len=integer(row, "seq_len"),
         bytes_per_param_grads=integer(row, "grad_bytes", 2),

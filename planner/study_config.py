@@ -250,6 +250,11 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     grad_bytes = integer(path, "training.grad_bytes", t.get("grad_bytes", 2), minimum=1)
     optimizer_bytes = integer(path, "training.optimizer_bytes", t.get("optimizer_bytes", 12),
                               minimum=1)
+    if t.get("optimizer_bytes") is not None and t.get("master_weights") is False:
+        # 12 is the default: given beside master_weights false, it was read as left out
+        raise fail(path, "training.optimizer_bytes", "master_weights false sets the optimizer"
+                   " state (Adam's two moments in the weights' type); leave optimizer_bytes out"
+                   " or set master_weights true")
     reduce_bytes = (None if t.get("grad_reduce_bytes") is None else
                     integer(path, "training.grad_reduce_bytes", t["grad_reduce_bytes"], minimum=1))
     training = spec_or_fail(path, "training", lambda: TrainingSpec(

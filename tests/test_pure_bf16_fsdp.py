@@ -83,6 +83,31 @@ def test_master_weights_and_an_optimizer_size_are_not_both_given() -> None:
                      bytes_per_param_optimizer=8)
 
 
+def test_a_runs_row_giving_both_is_a_value_to_fix(tmp_path: Path, capsys) -> None:
+    # an explicit optimizer_bytes 12 (the default) beside master_weights false was read as left
+    # empty, and 10 was refused naming the spec's field (bytes_per_param_optimizer): both are
+    # one line naming the row's cells
+    header = ("name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch,step_time_s,"
+              "master_weights,optimizer_bytes")
+    for size in ("12", "10"):
+        runs = tmp_path / "runs.csv"
+        runs.write_text(f"{header}\nr,llama3-8b,kempner-h200-1,8,4096,1,1,1,2,3.1,false,{size}\n")
+        assert main(["validate", str(runs)]) == 1
+        out = capsys.readouterr()
+        said = out.out + out.err
+        assert f"{runs}:2 (r): optimizer_bytes='{size}' with master_weights false" in said
+        assert "bytes_per_param" not in said
+    study = tmp_path / "study.yaml"  # and a study's training, whatever the size
+    study.write_text(STUDY.format(framework="any", master="false")
+                     .replace("  fsdp_no_sync", "  optimizer_bytes: 12\n  fsdp_no_sync"))
+    assert main(["run", str(study), "--storage", str(tmp_path / "s.db")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "training.optimizer_bytes: master_weights false sets the optimizer state" in line
+    with pytest.raises(ValueError, match="give optimizer_bytes or master_weights, not both"):
+        TrainingSpec(global_batch=8, seq_len=4096, master_weights=False,
+                     bytes_per_param_optimizer=10)
+
+
 def test_pure_bf16_takes_eight_bytes_a_parameter_less_optimizer_state_on_one_gpu() -> None:
     one = Strategy(dp=1, micro_batch=2, recompute=Recompute.FULL)
     pure = _estimate(PURE, one, "kempner-h200-1")

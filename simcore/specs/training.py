@@ -264,8 +264,8 @@ class TrainingSpec:
                              f" (cast to fp32 for the reduction), not {self.grad_reduce_bytes}")
         if not self.master_weights and self.bytes_per_param_optimizer != 12:
             raise ValueError("master_weights false sets the optimizer state (Adam's two moments in"
-                             " the weights' type); give bytes_per_param_optimizer or"
-                             " master_weights, not both")
+                             " the weights' type); give optimizer_bytes or master_weights,"
+                             " not both")
 
     @property
     def reduced_grad_bytes(self) -> int:

@@ -167,7 +167,8 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
     """The header and each non-blank row: its line, {column: cell} and how many filled cells
     it has past the last column (an unquoted comma shifted them there)."""
     text = read_text(path, "CSV of measured runs", encoding="utf-8-sig")
-    reader = csv.reader(io.StringIO(text))
+    # universal newlines: a file saved with CR alone (classic Mac) ends its lines too
+    reader = csv.reader(io.StringIO(text, newline=None))
     try:
         header = _canonical(path, [h.strip().lower() for h in next(reader, [])])
         rows = []
@@ -183,7 +184,7 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
             unnamed = [i + 1 for i, (k, v) in enumerate(zip(header, record)) if not k and v.strip()]
             if unnamed:  # a header shifted by a column, or a column left unnamed
                 cells[""] = str(unnamed[0])
-            rows.append((reader.line_num, cells, spilled))
+            rows.append((line, cells, spilled))  # where the record starts
     except csv.Error as e:
         raise PlannerUsageError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
     if text.count('"') % 2 and _ends_in_a_quote(text):  # read as one cell to the end

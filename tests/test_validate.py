@@ -616,3 +616,19 @@ def test_a_group_is_of_what_the_cells_name_not_how_they_are_written(tmp_path: Pa
     assert main(["validate", str(files[0]), "--json"]) == 0
     [group] = json.loads(capsys.readouterr().out)["groups"]
     assert group["key"]["model"] == "models.yaml#m" and group["runs"] == 2
+
+
+def test_a_row_is_named_by_the_line_it_starts_on_and_cr_alone_ends_a_line(
+        tmp_path: Path, capsys) -> None:
+    # A quoted cell over three lines: its row starts on line 2 (it was named by its last,
+    # line 4); a file saved with CR alone (classic Mac) was "not valid CSV" in Python's words.
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + ',step_time_s,source\n'
+                    'r1,gpt-1.7b,dgx-a100-8,64,2048,8,1,1,abc,1.5,"a note\nspanning\nthree lines"\n'
+                    'r2,gpt-1.7b,dgx-a100-8,64,2048,4,2,1,1,1.6,\n')
+    assert main(["validate", str(path)]) == 1
+    assert f"{path}:2 (r1): micro_batch='abc' must be a whole number" in capsys.readouterr().out
+    path.write_bytes((HEADER + ",step_time_s\rr1,gpt-1.7b,dgx-a100-8,64,2048,8,1,1,1,1.5\r"
+                      "r2,gpt-1.7b,dgx-a100-8,64,2048,4,2,1,1,xx\r").encode())
+    assert main(["validate", str(path)]) == 1
+    assert f"{path}:3 (r2): step_time_s='xx' must be a number" in capsys.readouterr().out

@@ -237,8 +237,15 @@ def row_strategy(row: dict[str, str]) -> Strategy:
         ep_overlap=bool(_boolean(row, "ep_overlap")),
         ep_dedup=bool(_boolean(row, "ep_dedup")), layout=layout,
         recompute_layers=_layers_or_all(row, "recompute_layers"),
-        offload_layers=_optional_integer(row, "offload_layers"),
+        offload_layers=_none_if_zero(row, "offload_layers"),
     ))
+
+
+def _none_if_zero(row: dict[str, str], key: str) -> int | None:
+    """A count of layers, or None (none) where the cell is empty or 0, as a study's
+    ``space.offload_layers`` reads 0."""
+    value = _number(row, key)
+    return None if value is None or value == 0 else integer(row, key)
 
 
 def _layers_or_all(row: dict[str, str], key: str) -> int | None:

@@ -16,6 +16,7 @@ from planner.cli import main
 from planner.errors import PlannerUsageError
 from planner.exports import export_files
 from planner.plan import make_plan
+from planner.runs_csv import read_runs
 from planner.study_config import load_study_config
 from search_spaces.frameworks import why_not
 from simcore import estimate
@@ -123,6 +124,22 @@ def test_planner_estimate_and_its_plan_file(tmp_path, capsys) -> None:
     assert main(["estimate", "--model", "llama3-70b", "--system", "dgx-gb200-64", "--dp", "32",
                  "--pp", "2", "--offload-layers", "4", "--global-batch", "256"]) == 2
     assert "needs pp=1" in capsys.readouterr().err
+    # 0 is none, as a study's space.offload_layers and a runs CSV read it (it was refused)
+    zero = args[:-1] + ["0", "--json"]
+    assert main(zero) == 0
+    assert "offload_layers" not in json.loads(capsys.readouterr().out)["strategy"]
+    assert main(args[:-1] + ["-1"]) == 2
+    assert "--offload-layers must be >= 0 (0: none), but got -1" in capsys.readouterr().err
+
+
+def test_a_runs_row_of_no_offloaded_layers_is_zero_or_empty(tmp_path) -> None:
+    header = "name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch,step_time_s"
+    runs = tmp_path / "runs.csv"
+    runs.write_text(f"{header},offload_layers\n"
+                    "a,llama3-8b,dgx-h100-8,64,4096,8,1,1,1,3.0,0\n"
+                    "b,llama3-8b,dgx-h100-8,64,4096,4,2,1,1,3.0,\n")
+    read, skipped = read_runs(runs, load_catalog())
+    assert not skipped and [r.strategy.offload_layers for r in read] == [None, None]
 
 
 def test_a_study_searches_it_and_exports_it_for_megatron_only(tmp_path) -> None:

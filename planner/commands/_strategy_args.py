@@ -97,7 +97,7 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--offload-layers", type=int, metavar="N", default=None,
                    help="the first N layers copy their activations to host memory and back"
                    " (Megatron-Core's --cpu-offloading --cpu-offloading-num-layers N; needs"
-                   " --pp 1, no recompute and the device's host link; default: none)")
+                   " --pp 1, no recompute and the device's host link; 0 or default: none)")
     g.add_argument("--recompute-layers", type=int, metavar="N", default=None,
                    help="with --recompute full: recompute only the first N layers of each"
                    " pipeline stage (of each model chunk with --v > 1), Megatron-LM's"
@@ -244,17 +244,20 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 DEGREE_FLAGS = ("dp", "tp", "pp", "sp", "micro_batch", "v", "first_stage_layers",
-                "last_stage_layers", "shard_group", "ep", "etp", "recompute_layers",
-                "offload_layers")
+                "last_stage_layers", "shard_group", "ep", "etp", "recompute_layers")
 """Flags that take a degree or a count: each must be >= 1 when given."""
 
 
 def check_degrees(args: argparse.Namespace) -> None:
-    """One line for the first degree flag below 1, before anything divides by it."""
+    """One line for the first degree flag below 1, before anything divides by it; a count
+    of offloaded layers below 0 (0 is none, as a study's ``space.offload_layers`` reads it)."""
     for name in DEGREE_FLAGS:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise PlannerUsageError(f"--{name.replace('_', '-')} must be >= 1, but got {value}")
+    if args.offload_layers is not None and args.offload_layers < 0:
+        raise PlannerUsageError(f"--offload-layers must be >= 0 (0: none), but got"
+                                f" {args.offload_layers}")
 
 
 def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
@@ -284,7 +287,7 @@ def strategy_from_args(args: argparse.Namespace, devices: int) -> Strategy:
             last_stage_layers=args.last_stage_layers, shard_group=args.shard_group,
             ep=args.ep, etp=args.etp, ep_overlap=args.ep_overlap, ep_dedup=args.ep_dedup,
             layout=layout, recompute_layers=args.recompute_layers,
-            offload_layers=args.offload_layers,
+            offload_layers=args.offload_layers or None,
         )
     except ValueError as e:
         raise PlannerUsageError(f"strategy: {e}") from None

@@ -63,7 +63,7 @@ class RunResult:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "name": self.run.name, "line": self.run.line,
+            "name": self.run.name, "file": self.run.file, "line": self.run.line,
             "predicted_step_time_s": self.predicted_step_time_s,
             "measured_step_time_s": self.run.step_time_s,
             "step_time_error": self.step_time_error,

@@ -21,7 +21,14 @@ from planner.exports import export_files
 from planner.plan import make_plan
 from planner.units import GB
 from search_spaces.frameworks import with_framework_defaults
-from simcore.specs import Convention, Recompute, Strategy, TrainingSpec, ZeroStage
+from simcore.specs import (
+    Convention,
+    CrossEntropy,
+    Recompute,
+    Strategy,
+    TrainingSpec,
+    ZeroStage,
+)
 
 CATALOG = load_catalog(user=False)
 MODEL = CATALOG.model("llama3-8b")
@@ -48,6 +55,29 @@ def test_an_open_stack_plan_is_estimated_again_for_the_framework(framework, file
     assert found is not None and "the stack its study left open" in text
     assert float(found[1]) == pytest.approx(run.step_time, abs=5e-4)
     assert float(found[2]) == pytest.approx(run.memory.total / GB, abs=0.05)
+
+
+def test_a_te_plan_is_estimated_again_as_torchtitan_runs_it() -> None:
+    # A ZeRO-1 plan of an open study on H100s is priced on the device's default stack,
+    # Transformer Engine; torchtitan runs PyTorch's kernels and its own loss. The job file said
+    # only what the loss does to the peak ("step time unchanged": 6.824 s where
+    # `planner estimate --framework torchtitan` says 8.961 s); it gives torchtitan's figures,
+    # those of estimate --framework torchtitan.
+    training = TrainingSpec(global_batch=64, seq_len=4096)
+    strategy = Strategy(dp=4, tp=2, zero=ZeroStage.OPTIMIZER)
+    plan = make_plan(MODEL, H100, training, strategy, Convention.MEGATRON)
+    assert H100.device.transformer_engine  # the device's default stack the plan is priced on
+    files = export_files(plan, "torchtitan")
+    run = simcore.estimate(MODEL, H100, replace(
+        with_framework_defaults(training, "torchtitan", H100.device.transformer_engine),
+        cross_entropy=CrossEntropy.PYTORCH), strategy)
+    assert run.step_time > 1.2 * plan.estimate.step_time
+    for text in files.values():
+        found = re.search(r"as torchtitan runs the plan \(its kernels, its checkpointing, its"
+                          r" loss\): step time ([0-9.]+) s, peak memory ([0-9.]+) GB", text)
+        assert found is not None
+        assert float(found[1]) == pytest.approx(run.step_time, abs=5e-4)
+        assert float(found[2]) == pytest.approx(run.memory.total / GB, abs=0.05)
 
 
 def test_a_plan_that_no_longer_fits_is_refused() -> None:

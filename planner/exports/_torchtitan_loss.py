@@ -1,11 +1,14 @@
-"""torchtitan's loss against the loss a plan was priced with.
+"""torchtitan's stack and loss against those a plan was priced with.
 
 torchtitan computes its loss with ``torch.nn.functional.cross_entropy`` on an fp32 copy of the
 logits (pytorch/torchtitan@31a17bfdb7 ``torchtitan/components/loss.py``): 12 bytes a logit at
-its peak where Megatron-LM's fused loss holds 4 (:class:`simcore.specs.CrossEntropy`). A plan
-priced with the fused loss (a study of another framework, or of ``any``) is estimated again
-with torchtitan's before it is exported for torchtitan: refused if it fit and no longer does,
-else the job file says what the peak becomes.
+its peak where Megatron-LM's fused loss holds 4 (:class:`simcore.specs.CrossEntropy`). It runs
+PyTorch's kernels, not Transformer Engine's, and its own checkpointing
+(:func:`search_spaces.frameworks.with_framework_defaults`). A plan priced otherwise (a study of
+another framework, or of ``any``, whose stack is the device's default) is estimated again as
+torchtitan runs it before it is exported for torchtitan: refused if it fit and no longer does,
+else the job file says what the step time and the peak become (as the Megatron-LM and DeepSpeed
+exports say theirs, :func:`planner.exports._reprice.stack_check`).
 """
 
 from __future__ import annotations
@@ -15,24 +18,31 @@ from dataclasses import replace
 from planner.exports._reprice import reprice
 from planner.plan import Plan
 from planner.units import GB
+from search_spaces.frameworks import with_framework_defaults
 from simcore.specs import CrossEntropy
 
 __all__ = ["torchtitan_loss_check"]
 
 
 def torchtitan_loss_check(plan: Plan) -> str | None:
-    """A comment for the job file when torchtitan's loss raises the plan's peak (None when the
-    plan was priced with it, or its peak is on a stage without the loss); raises ValueError
-    when a plan that fits no longer fits under it."""
-    if plan.training.cross_entropy is CrossEntropy.PYTORCH:
-        return None
-    training = replace(plan.training, cross_entropy=CrossEntropy.PYTORCH)
+    """A comment for the job file when torchtitan's stack or loss changes the plan's figures
+    (None when it does not); raises ValueError when a plan that fits no longer fits under
+    them."""
+    training = replace(with_framework_defaults(plan.training, "torchtitan",
+                                               plan.system.device.transformer_engine),
+                       cross_entropy=CrossEntropy.PYTORCH)
     est = reprice(plan, training, "torchtitan's loss (cross_entropy on an fp32 copy of the"
-                  " logits, 12 bytes a logit)", "run the study with framework: torchtitan (or"
-                  " training cross_entropy: pytorch) to find one that fits")
-    assert est is not None  # the training differs
-    peak = est.memory.total / GB
-    if round(peak, 1) == round(plan.estimate.memory.total / GB, 1):
-        return None  # the peak is on a stage without the loss
-    return (f"the estimate priced Megatron-LM's fused loss; under torchtitan's the peak is"
-            f" {peak:.1f} GB a device (step time unchanged)")
+                  " logits, 12 bytes a logit) and stack", "run the study with framework:"
+                  " torchtitan (or training cross_entropy: pytorch) to find one that fits")
+    if est is None:
+        return None
+    step, peak = est.step_time, est.memory.total / GB
+    same_step = round(step, 3) == round(plan.estimate.step_time, 3)
+    if same_step and round(peak, 1) == round(plan.estimate.memory.total / GB, 1):
+        return None  # the peak is on a stage without the loss, the stack the same
+    if same_step:
+        return (f"the estimate priced Megatron-LM's fused loss; under torchtitan's the peak is"
+                f" {peak:.1f} GB a device (step time unchanged)")
+    return (f"the estimate priced the stack its study left open; as torchtitan runs the plan"
+            f" (its kernels, its checkpointing, its loss): step time {step:.3f} s, peak memory"
+            f" {peak:.1f} GB a device")

@@ -30,6 +30,7 @@ from planner.report_decision import (
     export_formats,
     short_wide,
 )
+from planner.study_summary import unfinished_note
 from planner.tables import PLACEMENTS, best_frame, mfu_note, trials_frame
 from search_spaces.frameworks import FRAMEWORKS
 from simcore import estimate, host_wait
@@ -47,6 +48,7 @@ td, th { padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: right
 th { background: #f5f5f5; } td:first-child, th:first-child { text-align: left; }
 pre { background: #f7f7f7; padding: 1em; overflow-x: auto; }
 .figure { margin: 1em 0 2em; }
+.unfinished { background: #fff4e5; border-left: 4px solid #e8a317; padding: 0.6em 1em; }
 """
 
 
@@ -60,6 +62,9 @@ class Report:
     best: pd.DataFrame
     figures: list[tuple[str, go.Figure]]
     decision: Decision
+    unfinished: str | None = None
+    """The warning of a study whose run stopped before its end (:func:`planner.study_summary
+    .unfinished_note`): its best is the best of the plans estimated so far."""
 
 
 def _refusals(plan: Plan, formats: tuple[str, ...]) -> dict[str, str]:
@@ -109,7 +114,8 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
                       wide=short_wide(micro_batches(plan.training, plan.strategy),
                                       plan.strategy.dp, plan.estimate.step_time),
                       device=plan.system.device.name, eager=_eager_ops(plan))
-    return Report(study.study_name, summary, _counts(frame), best, figures, decision)
+    return Report(study.study_name, summary, _counts(frame), best, figures, decision,
+                  unfinished_note(study, storage))
 
 
 def _tp_overlap(plan: Plan) -> float:
@@ -185,8 +191,11 @@ def report_html(report: Report) -> str:
     head = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}: Parallel Planner"
             f" report</title><style>{_STYLE}</style></head><body>")
     made = f"<p>Made by Parallel Planner on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.</p>"
-    parts = [head, f"<h1>Study {title}</h1>", made,
-             "<h2>Recommendation</h2>", decision_html(report.decision),
+    parts = [head, f"<h1>Study {title}</h1>", made]
+    if report.unfinished:  # the page outlives the terminal that said so
+        note = report.unfinished.removeprefix("warning: ")
+        parts.append(f"<p class='unfinished'><strong>Unfinished:</strong> {html.escape(note)}</p>")
+    parts += ["<h2>Recommendation</h2>", decision_html(report.decision),
              "<h2>Inputs</h2>", _inputs(report),
              "<h2>Best plans</h2>", _best_table(report.best)]
     for i, (title, fig) in enumerate(report.figures):

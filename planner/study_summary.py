@@ -48,25 +48,26 @@ def study_row(study: optuna.Study, best: pd.DataFrame | None = None) -> dict[str
             "best step s": (f"{best['step_time_s'].iloc[0]:.4g}" if not best.empty else "-")}
 
 
-def unfinished_note(study: optuna.Study) -> str | None:
+def unfinished_note(study: optuna.Study, storage: str = "") -> str | None:
     """A warning for a study with fewer plans estimated than its space holds: a run stopped
     before its end (Ctrl-C, a crash), so its best is the best of the plans estimated so far.
     Estimated: its finished trials when every plan becomes a trial (``trials kept: all``), else
     its results table's rows and the plans its bounds ruled out; a study of an Optuna sampler is
     unfinished with fewer finished trials than its ``n_trials``. None when it is whole or when
-    its table is gone."""
+    its table is gone. ``storage``: the ``--storage`` option its command carries ("" for the
+    default storage, :func:`planner.storage_paths.storage_option`)."""
     from planner.results_parquet import RESULTS
 
     results = study.user_attrs.get(RESULTS) or {}
     plans = results.get("plans")
     if not plans:
-        return _unfinished_sampling(study)
+        return _unfinished_sampling(study, storage)
     done = _estimated(study, results)
     if done is None or done >= plans:
         return None
     return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its"
             f" {counted(plans, 'plan')} estimated, so its best is the best of those;"
-            " `planner run STUDY.yaml --resume` finishes it")
+            f" `planner run STUDY.yaml --resume{storage}` finishes it")
 
 
 SAMPLED = ("tpe", "nsga2", "gp")
@@ -74,7 +75,7 @@ SAMPLED = ("tpe", "nsga2", "gp")
 records them as the exhaustive path does)."""
 
 
-def _unfinished_sampling(study: optuna.Study) -> str | None:
+def _unfinished_sampling(study: optuna.Study, storage: str) -> str | None:
     """The warning for a study of an Optuna sampler (tpe, nsga2, gp) that finished fewer trials
     than its ``n_trials``: ``planner run --resume`` runs the rest (:func:`planner.runner`)."""
     from optuna.trial import TrialState
@@ -88,7 +89,7 @@ def _unfinished_sampling(study: optuna.Study) -> str | None:
         return None
     return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its {wanted:,}"
             f" {config['sampler']} trials finished, so its best is the best of those;"
-            " `planner run STUDY.yaml --resume` finishes it")
+            f" `planner run STUDY.yaml --resume{storage}` finishes it")
 
 
 def _estimated(study: optuna.Study, results: dict[str, Any]) -> int | None:

@@ -80,3 +80,25 @@ def test_best_of_an_unfinished_study_warns(tmp_path, monkeypatch, capsys) -> Non
     assert main(["best", "lab", "--top", "1"]) == 0
     err = capsys.readouterr().err
     assert f"study 'lab' is unfinished: {trials} of its {trials + 5} plans" in err
+
+
+def test_the_report_page_of_an_unfinished_study_says_so(tmp_path, capsys) -> None:
+    # The page outlives the terminal: a report of a run stopped early recommended the best of
+    # the plans estimated so far, and only stderr said the study was unfinished. The note's
+    # command carries the --storage given, as every command the planner suggests does.
+    journal = tmp_path / "studies.journal"
+    assert main(["run", str(lab_study(tmp_path)), "--quiet", "--storage", str(journal)]) == 0
+    study = optuna.load_study(study_name="lab", storage=open_storage(str(journal), create=False))
+    trials = len(study.trials)
+    study.set_user_attr(RESULTS, {"plans": trials + 5, "trials_kept": ALL})
+    page = tmp_path / "r.html"
+    capsys.readouterr()
+    assert main(["report", "lab", "--storage", str(journal), "--out", str(page)]) == 0
+    said = f"--resume --storage {journal}` finishes it"
+    assert said in capsys.readouterr().err
+    text = page.read_text()
+    assert "<strong>Unfinished:</strong>" in text and said in text
+    assert f"{trials} of its {trials + 5} plans estimated" in text
+    study.set_user_attr(RESULTS, {"plans": trials, "trials_kept": ALL})  # whole: no note
+    assert main(["report", "lab", "--storage", str(journal), "--out", str(page)]) == 0
+    assert "Unfinished" not in page.read_text()

@@ -12,7 +12,7 @@ from planner.commands._base import BaseCommand, add_storage_argument
 from planner.commands._base import at_least_one as _positive_int
 from planner.errors import PlannerUsageError
 from planner.outputs import atomic_write
-from planner.storage_paths import storage_label
+from planner.storage_paths import storage_label, storage_option
 from planner.study_folder import folder_studies, is_folder, load_stored
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def _study(args: argparse.Namespace) -> optuna.Study:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = load_stored(args.storage, args.name)
-    note = unfinished_note(study)
+    note = unfinished_note(study, storage_option(storage_label(args.storage)))
     if note:
         print(note, file=sys.stderr)
     return study

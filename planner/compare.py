@@ -331,5 +331,8 @@ def run_comparison(comparison: Comparison, label: str, *,
             studies.append(report.study)
             if on_cell:
                 on_cell(CellRun(cell, report.added, time.perf_counter() - start))
+            if report.late_stop and cell is not cells[-1]:
+                # the Ctrl-C came as the cell's last trials finished: stop before the next
+                raise KeyboardInterrupt
     rows = [cell_row(cell, study) for cell, study in zip(cells, studies)]
     return pd.DataFrame(rows, columns=COLUMNS)

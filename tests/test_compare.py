@@ -295,3 +295,26 @@ def test_ctrl_c_says_where_the_trials_are_once(tmp_path: Path, capsys, monkeypat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("planner compare: interrupted: finished trials")
     assert "again to continue" in err[0]
+
+
+def test_a_ctrl_c_as_a_cell_finishes_stops_before_the_next(tmp_path: Path, capsys,
+                                                         monkeypatch) -> None:
+    # A Ctrl-C that came as a cell's last trials were finishing let that cell's run end as
+    # finished (RunReport.late_stop), and the comparison ran every other cell and exited 0.
+    from planner import compare
+    from planner.runner import RunReport
+
+    path = write_comparison(tmp_path, str(lab_study(tmp_path)))
+    real = compare.run_study
+    ran: list[str] = []
+
+    def late(config, *args, **kwargs) -> RunReport:
+        report = real(config, *args, **kwargs)
+        ran.append(config.name)
+        return RunReport(report.study, report.added, report.requeued, late_stop=True)
+
+    monkeypatch.setattr(compare, "run_study", late)
+    assert main(["compare", str(path), "--storage", str(tmp_path / "s.journal"),
+                 "--quiet"]) == 130
+    assert len(ran) == 1
+    assert "planner compare: interrupted: finished trials" in capsys.readouterr().err

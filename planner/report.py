@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 
 from planner.errors import PlannerUsageError
 from planner.exports import runnable_files
+from planner.exports._chakra import chakra_problem
 from planner.plan import Plan, plans_from_frame
 from planner.plots import figure_html
 from planner.plots.breakdown import breakdown_figure
@@ -69,11 +70,17 @@ class Report:
 
 def _refusals(plan: Plan, formats: tuple[str, ...]) -> dict[str, str]:
     """The training frameworks among ``formats`` whose exporter refuses ``plan``, each with its
-    reason, found by exporting it as ``planner export`` would (nothing is written)."""
+    reason, found by exporting it as ``planner export`` would (nothing is written), and Chakra
+    traces where they would be refused (:func:`planner.exports._chakra.chakra_problem`)."""
     refused = {}
     for fmt in formats:
+        if fmt == "chakra":  # a plan whose traces it would not write (MoE, too many nodes)
+            problem = chakra_problem(plan)
+            if problem is not None:
+                refused[fmt] = problem
+            continue
         if fmt not in FRAMEWORKS:
-            continue  # chakra, astra-sim and plan files: not a framework's rules
+            continue  # astra-sim and plan files: not a framework's rules
         try:
             runnable_files(plan, fmt)
         except ValueError as e:

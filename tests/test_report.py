@@ -93,3 +93,36 @@ def test_report_out_does_not_replace_a_file_of_another_kind(report, tmp_path, ca
     bare = tmp_path / "page"  # no suffix: the command's own HTML, written twice
     assert main(["report", "lab", "--out", str(bare)]) == 0
     assert main(["report", "lab", "--out", str(bare)]) == 0
+
+
+def test_the_page_offers_chakra_traces_only_where_they_would_be_written() -> None:
+    # The page listed `planner export NAME --format chakra` for MoE studies and for plans of
+    # more trace nodes than the export writes, whose export then refused them; now they are
+    # among its refusals with the export's reason, found without writing a trace.
+    from planner.catalog import load_catalog
+    from planner.exports._chakra import MAX_NODES
+    from planner.plan import make_plan
+    from planner.report import _refusals
+    from simcore.megatron.step_graph import step_graph_nodes
+    from simcore.specs import Convention, Strategy, TrainingSpec
+
+    catalog = load_catalog(user=False)
+    h100 = catalog.system("dgx-h100-8")
+    moe = make_plan(catalog.model("mixtral-8x7b"), h100, TrainingSpec(global_batch=8,
+                                                                     seq_len=4096),
+                    Strategy(dp=8, ep=8), Convention.MEGATRON)
+    assert "does not write MoE layers" in _refusals(moe, ("chakra", "plan"))["chakra"]
+    dense = TrainingSpec(global_batch=8, seq_len=2048)
+    small = make_plan(catalog.model("gpt-1.7b"), h100, dense, Strategy(dp=8),
+                      Convention.MEGATRON)
+    assert _refusals(small, ("chakra", "plan")) == {}
+    # the count the refusal uses is the traces' own: every NPU's graph of the step
+    from simcore.megatron.step_graph import step_graphs
+    graphs = step_graphs(small.model, h100, dense, small.strategy)
+    assert step_graph_nodes(small.model, h100, dense, small.strategy) == sum(
+        len(g.nodes) for g in graphs.graphs)
+    big = make_plan(catalog.model("llama3-405b"), catalog.system("dgx-h100-2304"),
+                    TrainingSpec(global_batch=2048, seq_len=8192),
+                    Strategy(dp=16, tp=8, pp=18, micro_batch=1), Convention.MEGATRON)
+    assert step_graph_nodes(big.model, big.system, big.training, big.strategy) > MAX_NODES
+    assert "trace nodes over 2304 NPUs" in _refusals(big, ("chakra",))["chakra"]

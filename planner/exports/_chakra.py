@@ -29,7 +29,7 @@ from planner.plan import Plan
 from simcore.network import Congestion
 from simcore.specs import Convention
 
-__all__ = ["TRACE_FOLDER", "export_chakra", "run_script"]
+__all__ = ["TRACE_FOLDER", "chakra_problem", "export_chakra", "run_script"]
 
 TRACE_FOLDER = "traces"
 TRACE_NAME = "workload"
@@ -53,11 +53,32 @@ def _stage_files(plan: Plan, progress: TraceProgress | None) -> dict[str, bytes 
 
 def _step_files(plan: Plan, progress: TraceProgress | None) -> dict[str, bytes | str]:
     from planner.chakra.step_et import step_trace_files
-    from simcore.megatron.step_graph import step_graphs
+    from simcore.megatron.step_graph import step_graph_nodes, step_graphs
 
+    # counted from the stages' graphs before every NPU's is built: a plan of millions of nodes
+    # is refused in seconds, not after it has filled the memory
+    _check_size(step_graph_nodes(plan.model, plan.system, plan.training, plan.strategy), plan)
     steps = step_graphs(plan.model, plan.system, plan.training, plan.strategy)
-    _check_size(sum(len(g.nodes) for g in steps.graphs), plan)
     return step_trace_files(steps, TRACE_NAME, progress)
+
+
+def chakra_problem(plan: Plan) -> str | None:
+    """Why :func:`export_chakra` would refuse the plan of a megatron or mlp study, found without
+    writing a trace (the stage convention's are found as it builds them: None); None when it
+    would write it."""
+    from simcore.megatron.step_graph import step_graph_nodes
+
+    if plan.convention is Convention.STAGE:
+        return None
+    if plan.convention is not Convention.MEGATRON:
+        return (f"the {plan.convention.value} convention's estimate has no per-op step to write"
+                " as Chakra traces; use the megatron or stage convention")
+    try:
+        _check_size(step_graph_nodes(plan.model, plan.system, plan.training, plan.strategy),
+                    plan)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _check_size(nodes: int, plan: Plan) -> None:

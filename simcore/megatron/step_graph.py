@@ -353,11 +353,19 @@ class _Stage:
         return self.out.nodes
 
 
-def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
-                strategy: Strategy) -> StepGraphs:
-    """Every NPU's graph of one step (see the module docstring); raises ValueError when the plan
-    does not divide, or when it holds what the graph does not write yet (MoE layers, context
-    parallelism's all-to-alls)."""
+def step_graph_nodes(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                     strategy: Strategy) -> int:
+    """How many nodes :func:`step_graphs` writes over every NPU, from its pipeline stages'
+    graphs alone (each NPU holds its stage's); raises ValueError as :func:`step_graphs` does."""
+    _, nodes = _stage_nodes(model, system, training, strategy)
+    return strategy.devices // strategy.pp * sum(len(n) for n in nodes)
+
+
+def _stage_nodes(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                 strategy: Strategy) -> tuple[list[_Stage], list[tuple[Node, ...]]]:
+    """Each pipeline stage and its nodes; raises ValueError when the plan does not divide, or
+    when it holds what the graph does not write yet (MoE layers, context parallelism's
+    all-to-alls)."""
     if model.moe is not None:
         raise ValueError(f"the step graph (Chakra, ASTRA-sim) does not write MoE layers yet"
                          f" ({model.name}); it offers dense GPT and Llama models")
@@ -370,7 +378,16 @@ def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     layer, ends = dense_layer(p), _ends(p)
     phases = stage_phases(model, system, training, strategy)
     stages = [_Stage(p, i, phases[i], _stage(p, layer, ends, i)) for i in range(strategy.pp)]
-    nodes = [tuple(st.build()) for st in stages]
+    return stages, [tuple(st.build()) for st in stages]
+
+
+def step_graphs(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
+                strategy: Strategy) -> StepGraphs:
+    """Every NPU's graph of one step (see the module docstring); raises ValueError when the plan
+    does not divide, or when it holds what the graph does not write yet (MoE layers, context
+    parallelism's all-to-alls)."""
+    stages, nodes = _stage_nodes(model, system, training, strategy)
+    p = stages[0].p
     npus = strategy.devices
     replicas = npus // strategy.pp
     strides = _replica_strides(strategy)

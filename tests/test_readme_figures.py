@@ -272,3 +272,12 @@ def test_the_out_of_memory_table_says_what_validate_gives() -> None:
         where = f"tests/data/validation/README.md's row {files!r} at {margin}"
         assert printed == given, f"{where} is stale: {given}"
         assert _says(regret.rstrip("%"), 100 * f["first_choice_regret_mean"]), where
+
+
+def test_the_reports_error_is_the_check_files_median() -> None:
+    """`planner report` weighs plans within the estimate's error as close; the figure is the
+    median absolute step-time error over every check file, as `planner validate` prints it."""
+    from planner.report_decision import ESTIMATE_ERROR
+
+    median = _figures(CHECKS)["step_time_median_ape"]
+    assert isinstance(median, float) and round(median, 3) == ESTIMATE_ERROR

@@ -78,7 +78,10 @@ def test_an_infeasible_plan_is_an_estimate_with_a_reason() -> None:
         (Strategy(dp=64 // 3, tp=3, pp=1), 63, "device count"),
         (Strategy(tp=64), 64, "must divide heads=96"),
         (Strategy(tp=8, pp=8, v=5, schedule=Schedule.INTERLEAVED), 64, "must divide layers=96"),
-        (Strategy(tp=8, pp=8, micro_batch=3), 64, "must divide global_batch=64"),
+        (Strategy(tp=8, pp=8, micro_batch=3), 64, "allowed micro_batch: divisors of 64"),
+        # dp not dividing the batch: no micro-batch tiles it ("divisors of 7" sent users to a
+        # micro-batch of 7, refused the same way)
+        (Strategy(dp=8, tp=8, pp=1), 63, "dp=8 must divide global_batch=63 .*change the batch"),
         (Strategy(tp=8, pp=8, schedule=Schedule.INTERLEAVED, v=2), 12, "multiple of pp=8"),
     ],
 )

@@ -83,11 +83,15 @@ def check_plan(
         _must_divide("tp", s.tp, "seq_len/sp", training.seq_len // s.sp,
                      "sequence parallelism splits the sequence over tp")
     replicas = s.dp * s.micro_batch
+    if training.global_batch % s.dp:  # no micro-batch can tile it: say so, not "divisors of"
+        raise ValueError(
+            f"dp={s.dp} must divide global_batch={training.global_batch} (each data-parallel"
+            " replica takes an equal share of the batch); change the batch or dp")
     if training.global_batch % replicas:
         raise ValueError(
             f"dp*micro_batch={replicas} must divide global_batch={training.global_batch}"
             " (micro-batches tile the batch); allowed micro_batch:"
-            f" divisors of {training.global_batch // s.dp if training.global_batch >= s.dp else 1}"
+            f" divisors of {training.global_batch // s.dp}"
         )
     _check_experts(model, s)
     if s.recompute is Recompute.SELECTIVE and training.recompute_modules is not None:

@@ -89,6 +89,11 @@ def test_report_out_does_not_replace_a_file_of_another_kind(report, tmp_path, ca
         assert said in err and len(err.strip().splitlines()) == 1
     assert runs.read_text() == "name,model\n"
     assert link.is_symlink() and page.read_text() == "kept"
+    # a new file named for another kind: the page was written as r.png
+    assert main(["report", "lab", "--out", str(tmp_path / "r.png")]) == 2
+    err = capsys.readouterr().err
+    assert "a report is an HTML page; give a .html path" in err and err.count("\n") == 1
+    assert not (tmp_path / "r.png").exists()
     assert main(["report", "lab", "--out", str(report)]) == 0  # its own page again
     bare = tmp_path / "page"  # no suffix: the command's own HTML, written twice
     assert main(["report", "lab", "--out", str(bare)]) == 0

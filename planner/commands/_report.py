@@ -8,6 +8,7 @@ from pathlib import Path
 from planner.commands._base import BaseCommand
 from planner.commands._results import _study
 from planner.commands._run import _positive_int, add_storage_argument
+from planner.errors import PlannerUsageError
 from planner.outputs import atomic_write, default_path
 from planner.storage import storage_label, storage_option
 
@@ -28,6 +29,10 @@ class ReportCommand(BaseCommand):
     def run(self, args: argparse.Namespace) -> int:
         from planner.report import build_report, report_html  # plotly only when used
 
+        if args.out is not None and args.out.suffix.lower() not in ("", ".html", ".htm"):
+            # an HTML page named .png or .csv (the figures' commands refuse such a name)
+            raise PlannerUsageError(f"--out {args.out}: a report is an HTML page; give a .html"
+                                    " path (`planner pareto` and `show` write PNG figures)")
         study = _study(args)
         where = storage_option(storage_label(args.storage))
         page = report_html(build_report(study, args.top, where))

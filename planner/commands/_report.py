@@ -29,7 +29,8 @@ class ReportCommand(BaseCommand):
     def run(self, args: argparse.Namespace) -> int:
         from planner.report import build_report, report_html  # plotly only when used
 
-        if args.out is not None and args.out.suffix.lower() not in ("", ".html", ".htm"):
+        if (args.out is not None and args.out.suffix.lower() not in ("", ".html", ".htm")
+                and not args.out.exists()):  # an existing one: atomic_write says what it is
             # an HTML page named .png or .csv (the figures' commands refuse such a name)
             raise PlannerUsageError(f"--out {args.out}: a report is an HTML page; give a .html"
                                     " path (`planner pareto` and `show` write PNG figures)")

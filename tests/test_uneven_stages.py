@@ -85,6 +85,10 @@ def test_checks_refuse_bad_splits_in_one_line(specs) -> None:
                   last_stage_layers=8), "v=4 must divide every stage's layers"),
         # 126 - 63 - 63 = 0 layers for 14 middle stages ("Mismatch" in Megatron).
         (Strategy(**META, first_stage_layers=63, last_stage_layers=63), "must split evenly"),
+        # more than the model holds: said so, not "leave -8 layers" beside a None (the
+        # 126-layer model on pp 16)
+        (Strategy(**META, first_stage_layers=130),
+         "^first_stage_layers=130 hold 130 layers, more than the model's 126$"),
     ]
     for strategy, words in bad:
         with pytest.raises(ValueError, match=words) as e:

@@ -251,12 +251,19 @@ class Strategy:
             raise ValueError("first_stage_layers / last_stage_layers need pp >= 2")
         rest = layers - (first or 0) - (last or 0)
         middle_stages = pp - (first is not None) - (last is not None)
-        if rest < 0 or bool(rest) != bool(middle_stages) or (middle_stages
-                                                              and rest % middle_stages):
-            raise ValueError(
-                f"first_stage_layers={first} and last_stage_layers={last} leave {rest} layers"
-                f" for {middle_stages} middle stages of pp={pp}; they must split evenly"
-            )
+        given = " and ".join(f"{name}={n}" for name, n in (("first_stage_layers", first),
+                                                             ("last_stage_layers", last))
+                             if n is not None)
+        if rest < 0:
+            raise ValueError(f"{given} hold {layers - rest} layers, more than the model's"
+                             f" {layers}")
+        if not middle_stages and rest:
+            raise ValueError(f"{given} hold {layers - rest} of the model's {layers} layers, and"
+                             f" pp={pp} has no other stage for the {rest} left")
+        if middle_stages and (not rest or rest % middle_stages):
+            others = f"the other {middle_stages} stage{'s' if middle_stages > 1 else ''}"
+            raise ValueError(f"{given} leave {rest} of the model's {layers} layers for {others}"
+                             f" of pp={pp}; they must split evenly")
         middle = rest // middle_stages if middle_stages else 0
         return ((middle if first is None else first,) + (middle,) * (pp - 2)
                 + (middle if last is None else last,))

@@ -354,11 +354,11 @@ def plan_at(study: optuna.Study, rank: int, storage_option: str = "") -> Plan:
     ``storage_option`` (:func:`planner.storage.storage_option`) goes into its hint."""
     if rank < 1:
         raise PlannerUsageError(f"--plan must be >= 1 (1 is the best plan), but got {rank}")
-    from planner.tables import best_frame
+    from planner.tables import best_count, best_frame
 
     best = best_frame(study, rank)
     if len(best) < rank:
         raise PlannerUsageError(f"--plan {rank}: study {study.study_name!r} has only"
-                                f" {len(best)} feasible plan(s); `planner best"
+                                f" {best_count(study, len(best))}; `planner best"
                                 f" {study.study_name}{storage_option}` lists them")
     return _plan(study, study_specs(study), best.iloc[rank - 1])

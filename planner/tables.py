@@ -10,8 +10,8 @@ import pandas as pd
 
 from planner.results_parquet import ALL, RESULTS, ResultsTable, pareto_mask, table_path
 
-__all__ = ["KNOBS", "PLACEMENTS", "OPTIONAL_KNOBS", "best_frame", "format_best", "mfu_note",
-           "results_table", "trials_frame"]
+__all__ = ["KNOBS", "PLACEMENTS", "OPTIONAL_KNOBS", "best_count", "best_frame", "format_best",
+           "mfu_note", "results_table", "trials_frame"]
 
 KNOBS = ["dp", "tp", "pp", "sp", "zero", "recompute", "micro_batch", "schedule", "v",
          "placement", "sequence_parallel", "precision"]
@@ -63,6 +63,14 @@ def _ordered(df: pd.DataFrame) -> pd.DataFrame:
     rest = [c for c in df.columns if c not in first and c not in last]
     middle = sorted(rest, key=lambda c: (not c.startswith("time_"), not c.startswith("memory_")))
     return df[first + middle + last].reset_index(drop=True)
+
+
+def best_count(study: optuna.Study, n: int) -> str:
+    """``n`` of a study's best plans in words: feasible plans, or with two objectives the plans
+    of its Pareto front (what :func:`best_frame` holds)."""
+    if len(study.directions) > 1:
+        return f"{n:,} plan{'' if n == 1 else 's'} on its Pareto front (step time and memory)"
+    return f"{n:,} feasible plan{'' if n == 1 else 's'}"
 
 
 def best_frame(study: optuna.Study, top: int | None = None,

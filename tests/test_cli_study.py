@@ -148,6 +148,19 @@ def test_hints_carry_the_storage_given(tmp_path, monkeypatch, capsys):
     assert main(["show", "lab", "--plan", "999", "--storage", journal]) == 2
     err = capsys.readouterr().err
     assert f"`planner best lab --storage {shlex.quote(journal)}`" in err
+    assert "has only " in err and " feasible plans; " in err
+
+
+def test_a_rank_past_a_pareto_front_says_it_is_the_front(tmp_path, capsys) -> None:
+    # a two-objective study's best plans are its Pareto front: it said "only 51 feasible
+    # plan(s)" of a study with thousands
+    journal = str(tmp_path / "s.journal")
+    study = lab_study(tmp_path, "two", objectives="[step_time, peak_memory]")
+    assert main(["run", str(study), "--quiet", "--storage", journal]) == 0
+    capsys.readouterr()
+    assert main(["show", "two", "--plan", "999", "--storage", journal]) == 2
+    err = capsys.readouterr().err
+    assert " plans on its Pareto front (step time and memory); `planner best two" in err
 
 
 def test_hint_for_an_empty_storage_names_it(tmp_path, monkeypatch, capsys):

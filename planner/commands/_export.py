@@ -17,6 +17,7 @@ from planner.exports import EXPORTERS, runnable_files
 from planner.outputs import RESULTS_DIR, atomic_write, counted, slug, write_folders
 from planner.plan import Plan, plan_text, plans_from_study
 from planner.progress import progress_bar
+from planner.tables import best_count
 
 ALL = "all"
 PLAN_SUFFIXES = (".yaml", ".yml", ".json")
@@ -150,5 +151,6 @@ class ExportCommand(BaseCommand):
         for folder in write_folders(out, folders):
             print(f"{folder}/: {_listing(folders[folder.name])}")
         if len(plans) < args.top:
-            print(f"(the study has {len(plans)} feasible plan(s), fewer than --top {args.top})")
+            print(f"(the study has {best_count(study, len(plans))}, fewer than --top"
+                  f" {args.top})")
         return 0

@@ -80,7 +80,12 @@ def _profiles(path: Path, value: Any, model: ModelSpec) -> LayerProfiles:
 
 def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStudy:
     catalog = catalog or load_catalog()
-    e = fields(path, "", load(path, "study YAML"), _FIELDS, _OPTIONAL, kind="study file")
+    raw = load(path, "study YAML")
+    if isinstance(raw, dict) and isinstance(raw.get("system"), str) and raw["system"]:
+        # a `planner run` study given here: say so before its fields (convention, space's
+        # other knobs, ...) are refused one by one
+        _system(path, raw["system"], catalog)
+    e = fields(path, "", raw, _FIELDS, _OPTIONAL, kind="study file")
     name = e.get("name", path.stem)
     if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
         raise fail(path, "name", f"must be a name without spaces, but got {name!r}")

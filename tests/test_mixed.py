@@ -226,6 +226,11 @@ def test_planner_mixed_bad_input_is_one_line(tmp_path, capsys):
     assert main(["mixed", str(study)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "system" in err[0] and "planner run" in err[0]
+    # a whole `planner run` study (its convention, its space's other knobs): the same line,
+    # not "convention: unknown field"
+    assert main(["mixed", str(ROOT / "studies" / "lab4b-llama70b-system1.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has one device type; plan on it with `planner run`" in err[0]
 
 
 @pytest.mark.parametrize("path", sorted(MIXED.glob("*.yaml")), ids=lambda p: p.stem)

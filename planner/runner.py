@@ -120,13 +120,14 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label:
         study = optuna.load_study(study_name=config.name, storage=storage, sampler=sampler)
         _describe(study, config)
         return study, 0
-    if exists and not resume:
-        raise PlannerUsageError(
-            f"{config.path}: name: a study {config.name!r} already exists in {label}; add"
-            " --resume to continue it, or set another name (or --storage)")
     if exists:
         study = optuna.load_study(study_name=config.name, storage=storage, sampler=sampler)
+        # a study of other settings first: --resume would not continue it either
         _check_fingerprint(study, config)
+        if not resume:
+            raise PlannerUsageError(
+                f"{config.path}: name: a study {config.name!r} already exists in {label}; add"
+                " --resume to continue it, or set another name (or --storage)")
         # Exhaustive and random studies store only finished trials: a stale one is just failed
         # (the plan is estimated again as one not stored yet).
         requeue = config.sampler not in ("exhaustive", "random")

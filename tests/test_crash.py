@@ -258,7 +258,9 @@ def test_a_described_study_is_not_taken_over(tmp_path):
     storage = open_storage(label, create=True)
     study = optuna.create_study(study_name=config.name, storage=storage)
     study.set_user_attr("fingerprint", "another")
-    with pytest.raises(PlannerUsageError, match="already exists"):
+    # without --resume it says what --resume would: another study of the name (it said "add
+    # --resume to continue it", which then failed)
+    with pytest.raises(PlannerUsageError, match="different.*set another name"):
         run_study(config, open_storage(label, create=True), label, progress=False)
     with pytest.raises(PlannerUsageError, match="different"):
         run_study(config, open_storage(label, create=True), label, resume=True, progress=False)

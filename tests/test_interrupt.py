@@ -205,8 +205,8 @@ def test_ctrl_c_mid_study_is_one_line_with_the_trials_kept(tmp_path, capsys, mon
     # what reads it says it is unfinished, and how to finish it
     assert main(["best", "lab", "--storage", str(storage)]) == 0
     assert ("warning: study 'lab' is unfinished: 4 of its 12 tpe trials finished, so its best is"
-            " the best of those; `planner run STUDY.yaml --resume` finishes it"
-            in capsys.readouterr().err)
+            f" the best of those; `planner run STUDY.yaml --resume --storage {storage}` finishes"
+            " it" in capsys.readouterr().err)
     assert main(["studies", "--storage", str(storage)]) == 0
     assert _finished(capsys.readouterr().out) == "no"
     monkeypatch.undo()

@@ -117,6 +117,9 @@ def test_resume_refuses_a_changed_study(tmp_path):
     with pytest.raises(PlannerUsageError, match=r"different settings \(space\.recompute"
                        r" \['none', 'full'\] -> \['none'\]\)"):
         _run(tmp_path, path, resume=True)
+    # and without --resume the same: it said "add --resume to continue it", which then failed
+    with pytest.raises(PlannerUsageError, match=r"different settings .*set another name"):
+        _run(tmp_path, path)
 
 
 def test_sampler_study_requeues_a_stale_trial(tmp_path):

@@ -47,6 +47,24 @@ def atomic_write(path: Path, data: str | bytes, suffixes: tuple[str, ...] = ()) 
     without a suffix is the command's own, as its default format writes it), or a symbolic
     link (the rename would replace the link and leave its file as it was; the catalog's
     writes refuse one too, :func:`planner.catalog_write.check_writable`)."""
+    folder = check_output(path, suffixes)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part")
+    except OSError as e:
+        raise PlannerUsageError(f"{path}: cannot write in {folder}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(tmp, new_file_mode())  # mkstemp makes 0600; give what open() would
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_output(path: Path, suffixes: tuple[str, ...] = ()) -> Path:
+    """What :func:`atomic_write` refuses, said before any long work (nothing is written): its
+    folder, which exists."""
     folder = path.parent if str(path.parent) else Path(".")
     if path.is_symlink():
         raise PlannerUsageError(f"{path}: is a symbolic link (to {os.readlink(path)}); give the"
@@ -61,18 +79,7 @@ def atomic_write(path: Path, data: str | bytes, suffixes: tuple[str, ...] = ()) 
         what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise PlannerUsageError(f"{path}: the folder {folder} {what}; create it or choose"
                                 " another output path")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part")
-    except OSError as e:
-        raise PlannerUsageError(f"{path}: cannot write in {folder}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.chmod(tmp, new_file_mode())  # mkstemp makes 0600; give what open() would
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return folder
 
 
 def refuse_special(path: Path, fix: str) -> None:

@@ -238,3 +238,19 @@ def test_every_shipped_mixed_study_loads(path, catalog):
     study = load_mixed_study(path, catalog=catalog)
     assert len(study.space.system.groups) == 2
     assert next(skeletons(study.space), None) is not None
+
+
+def test_mixed_out_into_a_missing_folder_is_refused_before_the_search(tmp_path, capsys,
+                                                                       monkeypatch):
+    # it searched the whole space, then failed with pandas' own words
+    import planner.commands._mixed as command
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched before the output path was checked")
+
+    monkeypatch.setattr(command, "search_mixed", no_search)
+    monkeypatch.setattr(command, "sample_mixed", no_search)
+    out = tmp_path / "none" / "plans.csv"
+    assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--out", str(out)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"the folder {out.parent} does not exist; create it" in line

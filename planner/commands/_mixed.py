@@ -17,7 +17,7 @@ from planner.commands._base import BaseCommand
 from planner.errors import Interrupted, PlannerUsageError
 from planner.exports.hetero import FRAMEWORKS, export_hetero, runs_on, why_not
 from planner.mixed_config import MixedStudy, load_mixed_study
-from planner.outputs import counted, write_folders
+from planner.outputs import atomic_write, check_output, counted, write_folders
 from search_spaces.mixed import MixedResult, search_mixed, space_size
 from search_spaces.mixed_sample import sample_mixed
 from simcore.mixed.estimate import StageCosts
@@ -180,6 +180,8 @@ class MixedCommand(BaseCommand):
             raise PlannerUsageError(f"--top must be >= 0, not {args.top}")
         if args.out is not None and args.out.suffix not in (".csv", ".parquet"):
             raise PlannerUsageError(f"--out {args.out}: use a .csv or .parquet file name")
+        if args.out is not None:  # before the search, not after it
+            check_output(args.out, (args.out.suffix,))
         if args.max_plans < 0 or args.trials < 1:
             raise PlannerUsageError("--max-plans must be >= 0 and --trials >= 1")
         study = load_mixed_study(args.study)
@@ -257,10 +259,7 @@ def _export(study: MixedStudy, result: MixedResult, args: argparse.Namespace) ->
 
 
 def _write(table: pd.DataFrame, path: Path) -> None:
-    try:
-        if path.suffix == ".parquet":
-            table.to_parquet(path, index=False)
-        else:
-            table.to_csv(path, index=False)
-    except OSError as e:
-        raise PlannerUsageError(f"--out {path}: cannot write ({e.strerror or e})") from None
+    """The table, written whole or not at all (:func:`planner.outputs.atomic_write`)."""
+    data = (table.to_parquet(index=False) if path.suffix == ".parquet"
+            else table.to_csv(index=False))
+    atomic_write(path, data, (path.suffix,))

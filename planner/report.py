@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from planner.errors import PlannerUsageError
 from planner.exports import runnable_files
 from planner.exports._chakra import chakra_problem
+from planner.outputs import counted
 from planner.plan import Plan, plans_from_frame
 from planner.plots import figure_html
 from planner.plots.breakdown import breakdown_figure
@@ -101,8 +102,14 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
     frame = trials_frame(study)
     best = best_frame(study, top, frame)
     if best.empty:
-        raise PlannerUsageError(f"study {study.study_name!r} has no feasible plan to report;"
-                                " run it (or raise its HBM limit)")
+        counts = _counts(frame)
+        if counts["finished"]:
+            raise PlannerUsageError(
+                f"study {study.study_name!r} has no feasible plan to report: none of its"
+                f" {counted(counts['finished'], 'finished plan')} fits its HBM limit; raise the"
+                " limit (hbm_gb, or --hbm-gb) or widen its space")
+        raise PlannerUsageError(f"study {study.study_name!r} has no finished plan to report;"
+                                " `planner run STUDY.yaml --resume` runs it")
     plans = plans_from_frame(study, best.head(1))
     figures = [
         ("Pareto front: step time against peak memory", pareto_figure(study)),

@@ -131,3 +131,15 @@ def test_the_page_offers_chakra_traces_only_where_they_would_be_written() -> Non
                     Strategy(dp=16, tp=8, pp=18, micro_batch=1), Convention.MEGATRON)
     assert step_graph_nodes(big.model, big.system, big.training, big.strategy) > MAX_NODES
     assert "trace nodes over 2304 NPUs" in _refusals(big, ("chakra",))["chakra"]
+
+
+def test_a_study_where_no_plan_fits_says_so(tmp_path, capsys) -> None:
+    # it said "run it (or raise its HBM limit)" of a study that had run
+    journal = str(tmp_path / "s.journal")
+    assert main(["run", str(lab_study(tmp_path, "tight", hbm="1")), "--quiet",
+                 "--storage", journal]) == 0
+    capsys.readouterr()
+    assert main(["report", "tight", "--storage", journal, "--out",
+                 str(tmp_path / "r.html")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "none of its 56 finished plans fits its HBM limit; raise the limit" in line

@@ -69,10 +69,18 @@ def pareto_figure(study: optuna.Study, hbm_gb: float | None = None) -> go.Figure
     (the one that colours the points; none when it ran unlimited) and, when ``hbm_gb`` differs,
     that limit too."""
     trials = _plottable(study)
-    with warnings.catch_warnings():  # plot_pareto_front is marked experimental
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        fig = optuna.visualization.plot_pareto_front(
-            study, targets=_targets, target_names=["step time (s)", "peak memory per device (GB)"])
+    level = optuna.logging.get_verbosity()
+    # its log line when no trial fits ("does not have any completed and feasible trials") is
+    # the figure's to show: every point is then shaded as over the limit
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        with warnings.catch_warnings():  # plot_pareto_front is marked experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            fig = optuna.visualization.plot_pareto_front(
+                study, targets=_targets,
+                target_names=["step time (s)", "peak memory per device (GB)"])
+    finally:
+        optuna.logging.set_verbosity(level)
     front: list[tuple[float, float]] = []
     for trace in fig.data:
         texts = trace.text or ()

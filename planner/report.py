@@ -32,6 +32,7 @@ from planner.report_decision import (
     export_formats,
     short_wide,
 )
+from planner.results_parquet import RESULTS
 from planner.study_summary import unfinished_note
 from planner.tables import PLACEMENTS, best_frame, mfu_note, trials_frame
 from search_spaces.frameworks import FRAMEWORKS
@@ -89,11 +90,19 @@ def _refusals(plan: Plan, formats: tuple[str, ...]) -> dict[str, str]:
     return refused
 
 
-def _counts(df: pd.DataFrame) -> dict[str, int]:
+def _counts(df: pd.DataFrame, study: optuna.Study | None = None) -> dict[str, int]:
+    """The trials by state; with ``study``, the plans of its space and those its bounds ruled
+    out (``planner run --prune``), which are not trials."""
     complete = df[df["state"] == "COMPLETE"] if not df.empty else df
     feasible = int(complete["feasible"].astype(bool).sum()) if "feasible" in complete else 0
-    return {"trials": len(df), "finished": len(complete), "feasible": feasible,
-            "infeasible": len(complete) - feasible}
+    counts = {"trials": len(df), "finished": len(complete), "feasible": feasible,
+              "infeasible": len(complete) - feasible}
+    results = (study.user_attrs.get(RESULTS) or {}) if study is not None else {}
+    if results.get("plans"):
+        counts = {"plans in the space": int(results["plans"]), **counts}
+    if results.get("prune"):
+        counts["ruled out by bounds (--prune)"] = int(results.get("pruned", 0))
+    return counts
 
 
 def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Report:
@@ -128,7 +137,7 @@ def build_report(study: optuna.Study, top: int = 10, storage: str = "") -> Repor
                       wide=short_wide(micro_batches(plan.training, plan.strategy),
                                       plan.strategy.dp, plan.estimate.step_time),
                       device=plan.system.device.name, eager=_eager_ops(plan))
-    return Report(study.study_name, summary, _counts(frame), best, figures, decision,
+    return Report(study.study_name, summary, _counts(frame, study), best, figures, decision,
                   unfinished_note(study, storage))
 
 

@@ -143,3 +143,21 @@ def test_a_study_where_no_plan_fits_says_so(tmp_path, capsys) -> None:
                  str(tmp_path / "r.html")]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "none of its 56 finished plans fits its HBM limit; raise the limit" in line
+
+
+def test_the_inputs_say_the_plans_of_the_space_and_those_pruned() -> None:
+    # a pruned study's page said "trials 49,783 finished 49,783" and nothing of its space of
+    # 92,496 plans or of the 42,713 its bounds ruled out
+    import optuna
+    import pandas as pd
+
+    from planner.report import _counts
+    from planner.results_parquet import RESULTS
+
+    study = optuna.create_study()
+    study.set_user_attr(RESULTS, {"plans": 92_496, "prune": True, "pruned": 42_713})
+    frame = pd.DataFrame({"state": ["COMPLETE"] * 3, "feasible": [True, True, False]})
+    assert _counts(frame, study) == {"plans in the space": 92_496, "trials": 3, "finished": 3,
+                                     "feasible": 2, "infeasible": 1,
+                                     "ruled out by bounds (--prune)": 42_713}
+    assert "plans in the space" not in _counts(frame)

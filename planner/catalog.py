@@ -125,6 +125,10 @@ class Catalog:
         if path.suffix in (".yaml", ".yml"):
             if where is not None and not path.is_absolute():
                 path = where[0].parent / path
+            if where is not None and not path.exists():  # said beside the file naming it
+                found = "" if str(path) == file else f" ({path})"
+                raise fail(*where, f"{file}: no such file{found}; give a catalog name or the"
+                           f" path of a {kind} YAML, relative to the file naming it")
             read = _read_kind(kind, path, self.devices)
             families = {n: f for n, f in read.items() if isinstance(f, ClusterFamily)}
             found = {n: spec for n, spec in read.items() if n not in families}

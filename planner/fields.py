@@ -107,6 +107,9 @@ make the simulator loop for hours."""
 
 def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool,
            maximum: float = MAX_NUMBER) -> float:
+    if isinstance(value, str) and _exponent_text(value):
+        raise fail(path, field, f"must be a number, but got {value!r}, which YAML reads as text"
+                   " (an exponent needs a decimal point there: 1.0e3); write it so or in full")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise fail(path, field, f"must be a number, but got {_short(value)}")
     if value < minimum or (strict and value == minimum):
@@ -115,6 +118,14 @@ def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool,
     if value > maximum:
         raise fail(path, field, f"must be <= {maximum:g}, but got {value:g}; check the unit")
     return float(value)
+
+
+def _exponent_text(text: str) -> bool:
+    """``1e30``, ``5E-3``: a number YAML 1.1 (PyYAML) reads as a string, lacking a dot."""
+    try:
+        return math.isfinite(float(text)) and "e" in text.lower() and "." not in text
+    except ValueError:
+        return False
 
 
 def boolean(path: Path, field: str, value: Any) -> bool:

@@ -134,6 +134,7 @@ def load_existing(storage: BaseStorage, name: str, label: str) -> optuna.Study:
     """A stored study by name; a one-line error listing the stored names if there is none."""
     names = study_names(storage)
     if name not in names:
-        known = ", ".join(sorted(names)) or "none yet"
-        raise PlannerUsageError(f"no study named {name!r} in {label}; stored: {known}")
+        from planner.study_folder import missing_study
+
+        raise missing_study(label, name, names)
     return optuna.load_study(study_name=name, storage=storage)

@@ -17,6 +17,7 @@ that file exists and the folder does not, it stays the default, so stored studie
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -105,10 +106,24 @@ def stored_names(arg: str | None) -> list[str]:
     return sorted(study_names(open_storage(arg, create=False)))
 
 
+SHOWN_NAMES = 8
+"""Stored names a missing study's line lists before `planner studies` is the way to see all."""
+
+
 def missing_study(label: str, name: str, names: list[str]) -> PlannerUsageError:
-    """The one line for a study that is not stored."""
-    known = ", ".join(sorted(names)) or "none yet"
-    return PlannerUsageError(f"no study named {name!r} in {label}; stored: {known}")
+    """The one line for a study that is not stored: the names closest to it, else the first
+    stored ones (a storage of hundreds printed every one)."""
+    if not names:
+        return PlannerUsageError(f"no study named {name!r} in {label}; none is stored yet")
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if close:
+        return PlannerUsageError(f"no study named {name!r} in {label}; did you mean"
+                                 f" {' or '.join(close)}? (`planner studies` lists them all)")
+    shown = sorted(names)[:SHOWN_NAMES]
+    more = (f", and {len(names) - SHOWN_NAMES:,} more (`planner studies` lists them)"
+            if len(names) > SHOWN_NAMES else "")
+    return PlannerUsageError(f"no study named {name!r} in {label}; stored: {', '.join(shown)}"
+                             f"{more}")
 
 
 def load_stored(arg: str | None, name: str) -> optuna.Study:

@@ -40,6 +40,9 @@ def as_list(path: Path, field: str, value: Any) -> list:
 def degrees(path: Path, field: str, value: Any, limit: int) -> tuple[int, ...]:
     if isinstance(value, str) and value.strip().lower() in _POWERS:
         return powers_of_two(limit)
+    if isinstance(value, str) and not value.strip().isdigit():  # powers_of_2, "all", ...
+        raise fail(path, field, f"must be a whole number, a list of them or powers_of_two, but"
+                   f" got {value!r}")
     out = []
     for i, item in enumerate(as_list(path, field, value)):
         out.append(integer(path, f"{field}[{i}]" if isinstance(value, list) else field, item,

@@ -115,6 +115,9 @@ def test_unknown_study_and_empty_storage(tmp_path, storage, capsys):
     capsys.readouterr()
     assert main(["best", "other"]) == 2
     assert "stored: lab" in capsys.readouterr().err
+    # a name close to a stored one: did you mean it (a storage of hundreds listed every one)
+    assert main(["best", "lba"]) == 2
+    assert "no study named 'lba'" in (err := capsys.readouterr().err) and "did you mean lab?" in err
 
 
 @pytest.mark.parametrize("kind, name", [("models", "llama3-405b"), ("systems", "dgx-h100-{gpus}"),

@@ -124,3 +124,25 @@ def test_misspelt_fields_suggest_the_right_one(tmp_path, wrong, right, where):
 def test_far_off_fields_get_no_suggestion(tmp_path):
     message = _error(tmp_path, GOOD + "colour: red\n")
     assert "did you mean" not in message and "allowed:" in message
+
+
+@pytest.mark.parametrize("change, said", [
+    # a YAML path that is not there: named beside the study and its field (it named the file
+    # alone)
+    (("system: lab-system1", "system: gone.yaml"),
+     "study.yaml: system: gone.yaml: no such file ("),
+    # a near miss of powers_of_two: "must be a whole number" said nothing of it
+    (("tp: powers_of_two", "tp: powers_of_2"),
+     "space.tp: must be a whole number, a list of them or powers_of_two, but got 'powers_of_2'"),
+    # YAML 1.1 reads 1e30 as text: "must be a number, but got '1e30'" did not say why
+    (("hbm_gb: 80", "hbm_gb: 1e30"), "hbm_gb: must be a number, but got '1e30', which YAML"
+     " reads as text (an exponent needs a decimal point there: 1.0e3)"),
+])
+def test_a_study_says_what_to_fix(tmp_path, change, said):
+    path = lab_study(tmp_path, "study")
+    text = path.read_text()
+    assert change[0] in text
+    path.write_text(text.replace(*change))
+    with pytest.raises(PlannerUsageError) as e:
+        load_study_config(path)
+    assert said in str(e.value) and "\n" not in str(e.value)

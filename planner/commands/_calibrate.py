@@ -98,7 +98,8 @@ class CalibrateCommand(BaseCommand):
                             help="write the device entry here instead of your catalog"
                             " (<catalog>/devices/NAME.yaml)")
         parser.add_argument("--force", action="store_true",
-                            help="replace a device of the same name in your catalog")
+                            help="replace a device of the same name in your catalog, or"
+                            " the file --out names")
         parser.add_argument("--fit", metavar="KEYS",
                             help="comma-separated constants to fit (default: every one the runs"
                             " measure, but "

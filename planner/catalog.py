@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -165,8 +166,14 @@ class Catalog:
 
 def _close_names(ref: str, names: list[str]) -> str:
     """The catalog names closest to a mistyped ``ref`` (up to three, best first), as one text;
-    empty when none is close."""
-    return ", ".join(difflib.get_close_matches(ref, names, n=3))
+    empty when none is close. A ref ending in a GPU count is matched against the families'
+    names with the count in place of ``{gpus}`` too (``dgx-h1OO-256``: ``dgx-h100-256``)."""
+    count = re.search(r"-(\d+)$", ref)
+    members = {}
+    if count:
+        members = {n.replace("{gpus}", count[1]): n for n in names if "{gpus}" in n}
+    found = difflib.get_close_matches(ref, [*names, *members], n=3)
+    return ", ".join(dict.fromkeys(found))
 
 
 def _mixed_here(ref: str, where: tuple[Path, str] | None) -> PlannerUsageError:

@@ -127,6 +127,13 @@ def test_estimate_command_takes_a_member(capsys: pytest.CaptureFixture[str]) -> 
     assert "12288 x a100-80gb" in capsys.readouterr().out
 
 
+def test_a_mistyped_member_is_offered_the_familys(capsys: pytest.CaptureFixture[str]) -> None:
+    # "dgx-h1OO-256" was offered dgx-h100-2, dgx-16 and dgx-h100-8, not the family's member
+    assert cli.main(["estimate", "--model", "llama3-8b", "--system", "dgx-h1OO-256",
+                     "--global-batch", "256"]) == 2
+    assert "did you mean dgx-h100-256," in capsys.readouterr().err
+
+
 def test_a_users_family_with_nodes_of_four(user_catalog: Path) -> None:
     (user_catalog / "systems").mkdir(parents=True)
     (user_catalog / "systems" / "mine.yaml").write_text(textwrap.dedent("""\

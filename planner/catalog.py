@@ -147,7 +147,8 @@ class Catalog:
                                         f" {file}#NAME ({names}; a family's with the GPU count"
                                         " in place of {gpus}) or keep one per file")
             return next(iter(found.values()))
-        close = _close_names(ref, [*table, *(self.families if kind == "system" else ())])
+        families = self.families if kind == "system" else {}
+        close = _close_names(ref, [*table, *families], families)
         if close:
             message = (f"unknown {kind} {ref!r}; did you mean {close}? (`planner catalog"
                        f" {kind}s` lists them all)")
@@ -164,14 +165,16 @@ class Catalog:
                                 " or the path of a YAML file")
 
 
-def _close_names(ref: str, names: list[str]) -> str:
+def _close_names(ref: str, names: list[str],
+                 families: Mapping[str, ClusterFamily] | None = None) -> str:
     """The catalog names closest to a mistyped ``ref`` (up to three, best first), as one text;
-    empty when none is close. A ref ending in a GPU count is matched against the families'
-    names with the count in place of ``{gpus}`` too (``dgx-h1OO-256``: ``dgx-h100-256``)."""
+    empty when none is close. A ref ending in a GPU count is matched against the ``families``'
+    members of that count too, where a family takes it (``dgx-h1OO-256``: ``dgx-h100-256``)."""
     count = re.search(r"-(\d+)$", ref)
-    members = {}
+    members = []
     if count:
-        members = {n.replace("{gpus}", count[1]): n for n in names if "{gpus}" in n}
+        members = [m for f in (families or {}).values()
+                   if (m := f.name.replace("{gpus}", count[1])) != ref and f.member(m)]
     found = difflib.get_close_matches(ref, [*names, *members], n=3)
     return ", ".join(dict.fromkeys(found))
 
@@ -194,9 +197,36 @@ def _entries(path: Path) -> dict[str, Any]:
     return {str(k): v for k, v in data.items() if not str(k).startswith(".")}
 
 
+_KIND_KEYS = {"model": {"layers", "hidden", "heads", "vocab"},
+              "system": {"device", "network", "groups"},
+              "device": {"peak_tflops", "hbm_gb", "hbm_bandwidth_gbps"}}
+"""Fields that tell an entry's kind, to name a file of another kind given for this one."""
+_STUDY_KEYS = {"model", "system", "training"}
+
+
+def _check_kind(kind: str, path: Path, data: Any) -> None:
+    """A one-line error for a study file, or a file of other entries (models for a system),
+    named where a ``kind`` YAML is wanted: said as such, not as the first field that does not
+    fit."""
+    if not isinstance(data, Mapping):
+        return
+    if _STUDY_KEYS <= set(map(str, data)):
+        raise fail(path, "top level", f"is a study file, not a {kind} YAML; name the study's"
+                   f" {kind} (its `{kind}:` value) or a {kind} YAML")
+    for name, entry in data.items():
+        if str(name).startswith(".") or not isinstance(entry, Mapping):
+            continue
+        keys = set(map(str, entry))
+        other = max(_KIND_KEYS, key=lambda k: len(keys & _KIND_KEYS[k]))
+        if other != kind and len(keys & _KIND_KEYS[other]) >= 2 and not keys & _KIND_KEYS[kind]:
+            raise fail(path, str(name), f"is a {other} entry, not a {kind}; name a {kind}"
+                       f" YAML here (this file holds {other}s)")
+
+
 def _read_kind(kind: str, path: Path, devices: Mapping[str, DeviceSpec],
                entries: dict[str, Any] | None = None) -> dict[str, Any]:
     if entries is None:
+        _check_kind(kind, path, load(path, "catalog YAML"))
         entries = _entries(path)
     if kind == "model":
         return {n: model_from_entry(path, n, e) for n, e in entries.items()}

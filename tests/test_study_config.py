@@ -146,3 +146,22 @@ def test_a_study_says_what_to_fix(tmp_path, change, said):
     with pytest.raises(PlannerUsageError) as e:
         load_study_config(path)
     assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_yaml_of_another_kind_is_named_as_such(tmp_path):
+    # a study file given as the system said "description: must be a mapping of fields", a file
+    # of systems given as a model named its first system's first field
+    other = lab_study(tmp_path, "other")
+    path = lab_study(tmp_path, "study")
+    path.write_text(path.read_text().replace("system: lab-system1", f"system: {other.name}"))
+    with pytest.raises(PlannerUsageError, match="top level: is a study file, not a system"
+                       " YAML; name the study's system"):
+        load_study_config(path)
+    systems = tmp_path / "systems.yaml"
+    systems.write_text("mine:\n  device: a100-80gb\n  network:\n    - {topology: Switch,"
+                       " npus: 8, bandwidth_gbps: 231, latency_us: 0.58}\n")
+    path.write_text(path.read_text().replace("model: llama70b", "model: systems.yaml#mine")
+                    .replace(f"system: {other.name}", "system: systems.yaml#mine"))
+    with pytest.raises(PlannerUsageError, match="systems.yaml: mine: is a system entry, not a"
+                       " model; name a model YAML here"):
+        load_study_config(path)

@@ -42,6 +42,8 @@ def parse_mixed_plan(text: str, system: MixedSystemSpec, *,
             if name not in groups:
                 raise ValueError(f"group {name!r} is not one of {system.name}'s:"
                                  f" {', '.join(groups)}")
+        if len(set(names.split("+"))) != len(names.split("+")):
+            raise ValueError(f"{names}: a stage spans each group once; name each group once")
         first, *span = (groups[name] for name in names.split("+"))
         split = [int(n) for n in layers.split(",")]
         if len(split) != int(count):

@@ -103,7 +103,9 @@ def positive(row: dict[str, str], key: str) -> float | None:
     """The cell as a number > 0, or None where it is empty."""
     value = _number(row, key)
     if value is not None and not 0 < value <= MAX_NUMBER:
-        raise BadValue(f"{key}={row[key]!r} must be a number > 0")
+        raise BadValue(f"{key}={row[key]!r} must be a number > 0" if value <= 0 else
+                       f"{key}={row[key]!r} must be a number up to {MAX_NUMBER:g}; check the"
+                       " unit")
     return value
 
 

@@ -139,6 +139,9 @@ def test_a_file_of_mixed_rows_needs_no_degree_columns(tmp_path: Path, capsys) ->
      "stages: schedule=zb-h1 is not modelled on mixed systems; use 1f1b or gpipe"),
     ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,,,,,\"a100:tp8dp1x3[2,3,0 3] m16\",2.0",
      "stages: 'a100:tp8dp1x3[2,3,0 3] m16' is not a plan as `planner mixed` prints it"),
+    # a group named twice in a span: said by name ("got groups (0, 0)" named indices)
+    ("a,gpt-1.7b,systems.yaml#two-groups,64,2048,,,,,\"a100+a100:tp8dp2x1[24] m16\",2.0",
+     "stages: a100+a100: a stage spans each group once; name each group once"),
 ])
 def test_a_mixed_rows_bad_cells_are_values_to_fix(tmp_path: Path, capsys, row: str,
                                                   says: str | None) -> None:

@@ -194,8 +194,8 @@ def test_rows_it_cannot_express_are_reported_not_fatal(tmp_path: Path, capsys) -
     assert "no measured" in reasons["empty"]
     assert "dp='eight' must be a whole number" in reasons["text"]
     assert bad == {"typo", "empty", "text"}
-    assert out.err.strip() == ("planner validate: 3 rows with a value to fix (listed as left"
-                               " out); the figures leave them out")
+    assert out.err.strip() == ("planner validate: 3 rows with a value to fix (listed in"
+                               " skipped); the figures leave them out")
 
 
 def test_a_row_shifted_by_an_unquoted_comma_is_a_value_to_fix(tmp_path: Path) -> None:
@@ -632,3 +632,17 @@ def test_a_row_is_named_by_the_line_it_starts_on_and_cr_alone_ends_a_line(
                       "r2,gpt-1.7b,dgx-a100-8,64,2048,4,2,1,1,xx\r").encode())
     assert main(["validate", str(path)]) == 1
     assert f"{path}:3 (r2): step_time_s='xx' must be a number" in capsys.readouterr().out
+
+
+def test_a_peak_far_over_any_part_says_check_the_unit_and_json_lists_in_skipped(
+        tmp_path: Path, capsys) -> None:
+    # hbm_gb=1e30 said "must be a number > 0" of a positive number; under --json the stderr
+    # line said the rows were "listed as left out", which only the text report does
+    path = _write(tmp_path, HEADER + ",step_time_s,hbm_gb",
+                  "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,1e30",
+                  "b,gpt-1.7b,dgx-a100-8,16,2048,4,2,1,1,1.0,")
+    assert main(["validate", str(path)]) == 1
+    assert "hbm_gb='1e30' must be a number up to 1e+12; check the unit" in (
+        capsys.readouterr().out)
+    assert main(["validate", str(path), "--json"]) == 1
+    assert "(listed in skipped)" in capsys.readouterr().err

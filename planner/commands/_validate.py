@@ -205,12 +205,14 @@ class ValidateCommand(BaseCommand):
             print("\n".join(lines))
         bad = sum(sk.bad_value for sk in result.skipped)
         if bad:
-            print(f"planner validate: {counted(bad, 'row')} with a value to fix (listed as left"
-                  " out); the figures leave them out", file=sys.stderr)
+            where = "in skipped" if args.json else "as left out"
+            print(f"planner validate: {counted(bad, 'row')} with a value to fix (listed {where});"
+                  " the figures leave them out", file=sys.stderr)
             return 1
         if not result.results:  # every row left out: no figure at all
             left = counted(len(result.skipped), "row")
+            where = "in skipped" if args.json else "above"
             print(f"planner validate: no row could be estimated ({left} left out, listed"
-                  " above); the plans need a fix", file=sys.stderr)
+                  f" {where}); the plans need a fix", file=sys.stderr)
             return 1
         return 0

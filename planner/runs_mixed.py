@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.mixed_label import parse_mixed_plan
-from planner.runs_row import BadValue, row_schedule
+from planner.runs_row import BadValue, RowError, row_schedule
 from simcore.mixed import MixedPlan, MixedSystemSpec
 from simcore.mixed.estimate import check_mixed
 from simcore.specs import DeviceSpec, ModelSpec, Schedule, SystemSpec, TrainingSpec
@@ -30,8 +30,9 @@ memory; and no framework rule is written for mixed clusters."""
 
 def mixed_plan(row: dict[str, str], model: ModelSpec, system: SystemSpec | MixedSystemSpec,
                training: TrainingSpec) -> MixedPlan:
-    """The row's plan from its ``stages`` cell, checked against the system and the model;
-    :class:`BadValue` naming the cell to fix."""
+    """The row's plan from its ``stages`` cell, checked against the system and the model:
+    :class:`BadValue` naming the cell to fix where it does not read, :class:`RowError` (a
+    plan the planner cannot express here) where it does not fit."""
     if not isinstance(system, MixedSystemSpec):
         raise BadValue(f"stages is given but system {system.name!r} has one device type; name"
                        " a system of node groups (studies/catalog/systems/mixed.yaml), or give"
@@ -41,14 +42,19 @@ def mixed_plan(row: dict[str, str], model: ModelSpec, system: SystemSpec | Mixed
         raise BadValue(f"{filled[0]}={row[filled[0]]!r} beside stages: a row with stages takes"
                        f" its plan from them; empty the {filled[0]} cell")
     schedule, sequence_parallel = row_schedule(row)
-    try:
-        plan = parse_mixed_plan(row["stages"], system,
-                                schedule=schedule or Schedule.ONE_F_ONE_B)
-        if sequence_parallel is not None:
-            plan = replace(plan, sequence_parallel=sequence_parallel)
-        check_mixed(model, system, training, plan)
+    try:  # a label that does not read, or names a group the system lacks: a value to fix
+        plan = parse_mixed_plan(row["stages"], system, schedule=Schedule.ONE_F_ONE_B)
     except ValueError as e:
         raise BadValue(f"stages: {e}") from None
+    if sequence_parallel is not None:
+        plan = replace(plan, sequence_parallel=sequence_parallel)
+    try:  # a plan that reads but does not fit the model, system or batch, or a schedule not
+        # modelled here: left out, as a one-type row's plan is (RowError), not a typo
+        if schedule is not None:
+            plan = replace(plan, schedule=schedule)
+        check_mixed(model, system, training, plan)
+    except ValueError as e:
+        raise RowError(f"stages: {e}") from None
     return plan
 
 

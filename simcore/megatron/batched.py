@@ -19,7 +19,8 @@ Covered: the megatron convention (dense GPT and Llama models), every schedule (Z
 weight-gradient times per stage type), ZeRO stage and HSDP shard group (a field of the group),
 recompute, precision, placement, even and uneven stages, any network (congestion-aware too:
 the collectives are the scalar ones). Falls back to :func:`simcore.estimate` one by one: the
-``stage`` and ``mlp`` conventions and mixture-of-experts models. Mixed systems have their own
+``stage`` and ``mlp`` conventions, mixture-of-experts models, and a batch holding a pipeline
+layout whose middle stages differ. Mixed systems have their own
 entry point (:func:`simcore.estimate_mixed`) and are not taken here.
 """
 
@@ -105,7 +106,8 @@ def estimate_many(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     convention = convention or simcore.convention_of(model)
     if (convention is not Convention.MEGATRON
             or implementation(convention).estimate is not estimate_megatron
-            or not strategies or model.moe is not None):  # MoE: one by one
+            or not strategies or model.moe is not None  # MoE: one by one
+            or any(_middles_differ(s, model.layers) for s in strategies)):
         return from_estimates([simcore.estimate(model, system, training, s, convention)
                                for s in strategies])
     groups: dict[tuple[Any, ...], list[int]] = {}
@@ -117,6 +119,15 @@ def estimate_many(model: ModelSpec, system: SystemSpec, training: TrainingSpec,
     g.finish()
     _check_all(model, system, training, strategies, g)
     return g.assemble()
+
+
+def _middles_differ(s: Strategy, layers: int) -> bool:
+    """A pipeline layout whose middle stages hold different layer counts: the groups time one
+    middle stage for all of them, so such a batch is estimated one by one."""
+    if s.layout is None:
+        return False
+    middle = s.stage_layers(layers)[1:-1]
+    return len(set(middle)) > 1
 
 
 class _Groups:

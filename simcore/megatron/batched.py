@@ -90,7 +90,7 @@ FIRST, MIDDLE, LAST = 0, 1, 2
 """The stage types (columns of the per-type arrays): stage 0, stage 1 (the middle stages'
 peak, when pp >= 3) and stage pp - 1 (when pp >= 2; with pp = 1 the first stage is the last)."""
 
-_STAGE_FIELDS = ("compute", "tp", "sp", "fsdp", "wgrad", "bwd", "offload")
+_STAGE_FIELDS = ("compute", "tp", "sp", "fsdp", "wgrad", "bwd", "offload", "bwd_pass")
 _MEMORY_FIXED = ("weights", "gradients", "optimizer", "gathered_weights", "comm_buffers",
                  "overhead", "tracked")
 """The memory parts that do not depend on the schedule (activations do, through in-flight)."""
@@ -279,7 +279,7 @@ class _Groups:
     def _zbv_shares(self, times: np.ndarray, g: np.ndarray, pp: np.ndarray) -> np.ndarray:
         """Each stage type's :func:`zbv_bubble` over p - 1 (:func:`zbv_time`), from its time,
         backward (B + W) and weight-gradient W per micro-batch, halved into chunks."""
-        bwd, w = self.stage["bwd"][g], self.stage["wgrad"][g]
+        bwd, w = self.stage["bwd_pass"][g], self.stage["wgrad"][g]
         depth = pp[:, None]
         bubble = zbv_bubble(depth, (times - bwd) / 2, (bwd - w) / 2, w / 2)
         return np.where(np.isfinite(times), bubble / (depth - 1), 0.0)

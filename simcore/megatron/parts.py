@@ -88,6 +88,11 @@ class Stage:
     group)."""
     offload: float = 0.0
     """Its activation offloading's exposed copies and reloads."""
+    bwd_pass: float = 0.0
+    """The backward's whole share of :attr:`time` for one micro-batch: :attr:`bwd` with the
+    backward's exposed sp, FSDP, expert and offload exchanges, the LM head's backward and the
+    backward's pipeline sends (as :func:`simcore.megatron.phases.stage_phases` splits them);
+    what a zero-bubble V schedule splits into B and W, the rest of :attr:`time` being F."""
 
     @property
     def time(self) -> float:

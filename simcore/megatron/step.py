@@ -164,9 +164,15 @@ def _sums(p: StepPlan, layer: Layer, ends: Ends, layers: int, n_moe: int, first:
     wgrad = n * p.kernels.wgrad + (ends.head_wgrad if last else 0.0)
     sp, fsdp = n * (layer.sp_fwd + layer.sp_bwd), n * (layer.fsdp_fwd + layer.fsdp_bwd)
     offload = n * (layer.offload_fwd + layer.offload_bwd)
+    # the backward's whole share of the stage's time, as stage_phases splits it (the zero-bubble
+    # V schedule's B and W; its F is the rest)
+    back = bwd + n * (layer.sp_bwd + layer.fsdp_bwd + layer.offload_bwd)
+    if last:
+        back += ends.head_bwd + p.comm.total(head_calls(p, True))
     if not n_moe:
-        return (layers, params, compute, tp, sp, _sends(p, pp_time, compute), fsdp, bwd, wgrad,
-                0.0, 0, 0.0, offload)
+        sends = _sends(p, pp_time, compute)
+        return (layers, params, compute, tp, sp, sends, fsdp, bwd, wgrad, 0.0, 0, 0.0, offload,
+                back + sends / 2)
     assert moe is not None
     m = n_moe
     ms = p.moe_shape
@@ -174,12 +180,14 @@ def _sums(p: StepPlan, layer: Layer, ends: Ends, layers: int, n_moe: int, first:
                    + ms.shared_params) / t
     experts = m * ms.expert_params * ms.experts / (s.ep * s.expert_tp)
     compute += m * moe.compute
+    sends = _sends(p, pp_time, compute)
+    moe_back = m * (moe.bwd_compute + moe.recompute + moe.tp_bwd)
     return (layers, params, compute,
             tp + m * (moe.tp_fwd + moe.tp_bwd), sp + m * (moe.sp_fwd + moe.sp_bwd),
-            _sends(p, pp_time, compute),
-            fsdp, bwd + m * (moe.bwd_compute + moe.recompute + moe.tp_bwd),
+            sends, fsdp, bwd + moe_back,
             wgrad + m * moe.wgrad, m * (moe.ep_fwd + moe.ep_bwd), m, experts,
-            offload + m * (moe.offload_fwd + moe.offload_bwd))
+            offload + m * (moe.offload_fwd + moe.offload_bwd),
+            back + moe_back + m * (moe.sp_bwd + moe.ep_bwd + moe.offload_bwd) + sends / 2)
 
 
 def _sends(p: StepPlan, pp_time: float | None, compute: float) -> float:
@@ -310,7 +318,7 @@ def assemble(model: ModelSpec, training: TrainingSpec, stages: list[tuple[StepPl
     times = [st.time for _, st in stages]
     if schedule is Schedule.ZBV:
         assert wgrads is not None
-        pipe, slowest = zbv_time(times, [st.bwd for _, st in stages], wgrads, m)
+        pipe, slowest = zbv_time(times, [st.bwd_pass for _, st in stages], wgrads, m)
     else:
         pipe, slowest = pipeline_time(times, m, v, wgrads)
     critical = stages[slowest][1]

@@ -66,6 +66,13 @@ def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
             experts = p.expert_act_full if s.recompute is Recompute.FULL else 0.0
             working = max(working, p.moe_act.full + experts - p.moe_act.stored)
         activations += max(working, 0.0)
+    elif s.recompute is Recompute.SELECTIVE and p.modules is not None:
+        # the modules being recomputed (Megatron-LM's recompute_modules): what they drop, not
+        # the attention core's scores unless core_attn is among them
+        working = act.full - act.stored
+        if n_moe:
+            working = max(working, p.moe_act.full - p.moe_act.stored)
+        activations += max(working, 0.0)
     elif s.recompute is Recompute.SELECTIVE:
         activations += act.attention_core
     h, t = model.hidden, s.tp

@@ -69,7 +69,7 @@ def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
     elif s.recompute is Recompute.SELECTIVE and p.modules is not None:
         # the modules being recomputed (Megatron-LM's recompute_modules): what they drop, not
         # the attention core's scores unless core_attn is among them
-        working = act.full - act.stored
+        working = act.full - act.stored if stage.layers > n_moe else 0.0  # a dense layer's
         if n_moe:
             working = max(working, p.moe_act.full - p.moe_act.stored)
         activations += max(working, 0.0)

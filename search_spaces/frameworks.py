@@ -320,9 +320,10 @@ def _fp8_attention(framework: str, training: TrainingSpec, strategy: Strategy) -
 
 def _cuda_graphs(framework: str, training: TrainingSpec) -> str | None:
     """Layers captured as CUDA graphs (``cuda_graphs``): Megatron-LM's ``--cuda-graph-impl``
-    (its export writes ``local``). torchtitan's trainer (b5bcd76c) captures none of its step
-    (only ``experiments/graph_trainer`` reads ``training.disable_cuda_graphs``; the export
-    writes the main trainer's configuration), nor does this project's DeepSpeed export."""
+    (its export writes ``local``). torchtitan's export writes ``disable_cuda_graphs=True``
+    (its trainer captures forward and backward by default since f84224af, which pipelines and
+    the MoE all-to-all dispatcher refuse), so it runs eager, as does this project's DeepSpeed
+    export."""
     if not training.cuda_graphs or framework == "megatron":
         return None
     return (f"cuda_graphs (each layer captured as a CUDA graph): {framework} as exported here"

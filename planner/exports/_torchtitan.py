@@ -43,9 +43,11 @@ commit 9810191b (2026-02-23, #2386). Field names from pytorch/torchtitan main at
 - ``torchtitan/models/llama3/config_registry.py``: ``llama3_8b``, ``llama3_70b``, ``llama3_405b``.
 
 fp8: torchao's ``Float8Linear`` swapped in for the linear layers by a model converter, the LM
-head left in bf16. TOML (v0.2.2): ``[model] converters = ["float8"]`` with
-``[quantize.linear.float8] filter_fqns = ["output"]``, as
-``torchtitan/models/llama3/train_configs/llama3_405b.toml`` at 73a0e697 does. Python (main):
+head left in bf16. TOML (v0.2.2): ``[model] converters = ["quantize.linear.float8"]``, the
+name the converter registers under at 73a0e697 (``torchtitan/components/quantization/
+float8.py``; ``protocols/model_converter.py`` looks it up as given: ``"float8"``, which that
+tag's ``train_configs/llama3_405b.toml`` still writes, is a KeyError), with
+``[quantize.linear.float8] filter_fqns = ["output"]``. Python (main):
 ``model_registry(flavor, converters=[Float8LinearConverter.Config(filter_fqns=["lm_head"],
 model_compile_enabled=...)])`` as ``llama3_405b`` in ``torchtitan/models/llama3/config_registry.py``
 at b5bcd76c does (``torchtitan/components/quantization/float8.md``: torch.compile fuses the
@@ -139,7 +141,7 @@ def _toml_model(plan: Plan) -> list[str]:
         lines = ["[model]", _kv("name", found[0]), _kv("flavor", found[1])]
     if plan.strategy.precision is Precision.FP8:
         lines += ["# fp8: torchao Float8Linear for the linear layers, the LM head in bf16",
-                  'converters = ["float8"]', "", "[quantize.linear.float8]",
+                  'converters = ["quantize.linear.float8"]', "", "[quantize.linear.float8]",
                   _kv_list("filter_fqns", ["output"])]
     return lines
 

@@ -118,9 +118,11 @@ def _python_apply(plan: Plan) -> list[str]:
               f"        max_context_length={t.seq_len},",
               '        mixed_precision_param="bfloat16",',
               '        mixed_precision_reduce="float32",']
-    if s.pp > 1:
-        lines += ["        # CUDA graphs do not support pipeline parallelism yet",
-                  "        disable_cuda_graphs=True,"]
+    # the plan is priced eager (torchtitan's trainer captures forward and backward as CUDA
+    # graphs by default since f84224af, which pipeline parallelism and the all-to-all token
+    # dispatcher of MoE models do not support either)
+    lines += ["        # eager, as the plan was priced (CUDA graphs are on by default)",
+              "        disable_cuda_graphs=True,"]
     ac = _ac_class(plan)
     components = ", ".join(_py(c) for c in COMPILED)
     lines += ["    )",

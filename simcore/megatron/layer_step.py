@@ -74,13 +74,7 @@ def moe_layer(p: StepPlan, plain: bool = False) -> Layer:
                                k.issued_backward + x.issued_backward, pairs,
                                kernels_again(p, k, dense=False)), beside=beside)
     if p.s.ep_overlap:  # beside another micro-batch's forward and backward of the layer
-        # what the all-to-alls outlast, and the compute's slowdown beside them where they
-        # overlap kernels, not the GPU's wait for the host, which they fill first (a host-paced
-        # MoE layer was slower with the overlap than without it)
-        comm = 2 * ep + again
-        busy = max(0.0, min(comm, layer.compute) - layer.host)
-        hidden = (max(0.0, comm - layer.compute)
-                  + p.system.device.overlap_slowdown * busy)
+        hidden = hidden_cost(p, 2 * ep + again, layer.compute)
         layer = replace(layer, ep_fwd=0.0, ep_bwd=hidden)
     else:
         layer = replace(layer, ep_fwd=ep, ep_bwd=ep + again)
@@ -203,11 +197,11 @@ def layer_of(p: StepPlan, fwd: float, bwd: float, wgrad: float, core: float,
         calls_bwd += calls
     elif recompute:  # a partial recompute (the attention core, some modules, per-op)
         kernels_bwd += again
-    wait_fwd = host_wait(p, kernels_fwd, calls, fwd + tp_fwd + sp_fwd + fsdp_fwd + beside[0])
-    wait_bwd = host_wait(p, kernels_bwd, calls_bwd, bwd + recompute + tp_bwd + tp_recompute
-                         + sp_bwd + fsdp_bwd + beside[1])
-    return Layer(fwd + wait_fwd, bwd + wait_bwd, recompute, tp_fwd, tp_bwd + tp_recompute,
-                 sp_fwd, sp_bwd, fsdp_fwd, fsdp_bwd, wgrad, host=wait_fwd + wait_bwd)
+    fwd += host_wait(p, kernels_fwd, calls, fwd + tp_fwd + sp_fwd + fsdp_fwd + beside[0])
+    bwd += host_wait(p, kernels_bwd, calls_bwd, bwd + recompute + tp_bwd + tp_recompute + sp_bwd
+                     + fsdp_bwd + beside[1])
+    return Layer(fwd, bwd, recompute, tp_fwd, tp_bwd + tp_recompute, sp_fwd, sp_bwd,
+                 fsdp_fwd, fsdp_bwd, wgrad)
 
 
 def host_wait(p: StepPlan, kernels: int, calls: int, gpu: float) -> float:

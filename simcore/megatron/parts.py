@@ -38,9 +38,6 @@ class Layer:
     (the average layer's share: :func:`simcore.megatron.layer_step.with_offload`)."""
     offload_bwd: float = 0.0
     """Its reloads that outlast the backward they run beside."""
-    host: float = 0.0
-    """Of ``fwd_compute`` and ``bwd_compute``, the seconds the GPU waits for the host to
-    issue the layer's kernels (:func:`simcore.megatron.layer_step.host_wait`)."""
 
     @property
     def compute(self) -> float:

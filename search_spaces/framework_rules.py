@@ -41,6 +41,12 @@ def experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:
     if s.ep_overlap and s.recompute is Recompute.FULL:
         return ("ep_overlap with recompute full: Megatron-LM's expert-parallel overlap refuses"
                 " full recomputation; it offers selective or none")
+    # the same file: "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be
+    # specified when pipeline_model_parallel_size > 1"
+    if s.ep_overlap and s.pp > 1 and s.v == 1:
+        return (f"ep_overlap with pp {s.pp} and one model chunk a stage: Megatron-LM's"
+                " expert-parallel overlap needs an interleaved pipeline (virtual stages) when"
+                " pp > 1; use schedule interleaved, or ep_overlap false")
     if framework == "torchtitan" and s.expert_tp != 1:
         return (f"etp {s.expert_tp}: torchtitan has no expert tensor parallelism (it shards"
                 " experts over ep and FSDP); it offers etp 1")

@@ -345,3 +345,14 @@ def test_expert_kernels_move_their_bytes_once_each() -> None:
                 + 8 * ((4096 * 2048 + 2048 * 1536) + 2 * 4096 * 1536)
                 + 8 * ((4096 * 768 + 768 * 2048) + 2 * 4096 * 2048))
     assert k.forward == pytest.approx(expected, rel=1e-12)
+
+
+def test_megatron_overlaps_the_all_to_alls_of_a_pipeline_only_interleaved() -> None:
+    # megatron/core/transformer/transformer_config.py (d98e8a64): "If enabling EP A2A
+    # overlap, virtual_pipeline_model_parallel_size must be specified when
+    # pipeline_model_parallel_size > 1": such a plan was offered and exported, and its
+    # megatron.sh stopped at the assert
+    plan = replace(PLAN, ep_overlap=True, schedule=Schedule.ONE_F_ONE_B, v=1)
+    said = why_not("megatron", MIXTRAL, TRAINING, plan)
+    assert said is not None and "needs an interleaved pipeline" in said
+    assert why_not("megatron", MIXTRAL, TRAINING, replace(PLAN, ep_overlap=True)) is None

@@ -70,9 +70,32 @@ def test_deepspeed_writes_mixtral_as_deepspeed_moe() -> None:
     training = TrainingSpec(global_batch=256, seq_len=4096)
     launch = export_files(_plan(MIXTRAL, strategy, "dgx-h100-64", training),
                           "deepspeed")["deepspeed-launch.txt"]
+    # --create-moe-param-group: Megatron-DeepSpeed makes the MoE parameter groups of its own
+    # optimizer only with it, and ZeRO-1/2 assert without them (deepspeedai/DeepSpeed
+    # stage_1_and_2.py "The model has moe layers, but None of the param groups are marked as
+    # MoE"); with tp > 1 the sequence-parallel flag needs CUDA_DEVICE_MAX_CONNECTIONS=1
     for option in ("--num-experts 8", "--topk 2", "--expert-interval 1",
-                   "--moe-expert-parallel-size 8", "--moe-train-capacity-factor 1"):
+                   "--moe-expert-parallel-size 8", "--moe-train-capacity-factor 1",
+                   "--create-moe-param-group", "--sequence-parallel"):
         assert f"  {option}\n" in launch
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in launch
+
+
+def test_deepspeed_moe_pipelines_with_tp_do_not_partition_their_activations() -> None:
+    # DeepSpeed's pipeline engine asserts on the MoE layers' activations that require grad
+    # (the auxiliary loss) while pipe_partitioned / grad_partitioned hold, both true by
+    # default with tp > 1 (deepspeed/runtime/pipe/engine.py, runtime/config.py)
+    import json
+
+    training = TrainingSpec(global_batch=256, seq_len=4096)
+    piped = Strategy(dp=16, tp=2, pp=2, ep=8, etp=1, zero=ZeroStage.OPTIMIZER)
+    config = json.loads(export_files(_plan(MIXTRAL, piped, "dgx-h100-64", training),
+                                     "deepspeed")["ds_config.json"])
+    assert config["pipeline"] == {"pipe_partitioned": False, "grad_partitioned": False}
+    flat = Strategy(dp=32, tp=2, ep=8, etp=1, zero=ZeroStage.OPTIMIZER)
+    config = json.loads(export_files(_plan(MIXTRAL, flat, "dgx-h100-64", training),
+                                     "deepspeed")["ds_config.json"])
+    assert "pipeline" not in config
 
 
 def test_deepspeed_refuses_what_its_moe_layer_cannot_hold() -> None:

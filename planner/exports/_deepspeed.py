@@ -95,6 +95,11 @@ def ds_config(plan: Plan) -> dict[str, Any]:
             "synchronize_checkpoint_boundary": False,
             "profile": False,
         }
+    if plan.model.moe is not None and s.pp > 1 and s.tp > 1:
+        # deepspeed/runtime/pipe/engine.py asserts on an activation that requires grad (the MoE
+        # layers pass the auxiliary loss on) while pipe_partitioned and grad_partitioned hold,
+        # which both default true with tp > 1 (runtime/config.py)
+        config["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     _check_batch(config, s.dp)
     return config
 
@@ -137,6 +142,10 @@ def _readme(plan: Plan, config: dict[str, Any], repriced: str | None = None) -> 
              "What the JSON cannot say (JSON has no comments) goes to the launcher:",
              "Megatron-DeepSpeed pretrain_gpt.py arguments, option names from",
              f"  {LAUNCHER_SOURCE}:", ""]
+    if s.tp > 1 and s.sp == 1 and s.sequence_parallel:
+        # Megatron-DeepSpeed's arguments.py raises on CUDA with --sequence-parallel without it
+        lines += ["  (in the environment: CUDA_DEVICE_MAX_CONNECTIONS=1, which"
+                  " --sequence-parallel needs)", ""]
     lines += [f"  {a}" for a in launcher_args(plan)]
     lines += ["", *_notes(plan)]
     return "\n".join(lines) + "\n"
@@ -170,7 +179,11 @@ def launcher_args(plan: Plan) -> list[str]:
     if moe is not None:  # frameworks.why_not checked top-k, ep | dp, the layers and etp 1
         args += [f"--num-experts {moe.experts}", f"--topk {moe.top_k}",
                  f"--expert-interval {moe.every}", f"--moe-expert-parallel-size {s.ep}",
-                 f"--moe-train-capacity-factor {moe.capacity_factor:g}"]
+                 f"--moe-train-capacity-factor {moe.capacity_factor:g}",
+                 # Megatron-DeepSpeed hands DeepSpeed its own optimizer, whose MoE parameter
+                 # groups it makes only with this flag (arguments.py, optimizer/__init__.py);
+                 # ZeRO-1/2 and the BF16 optimizer assert on an MoE model without them
+                 "--create-moe-param-group"]
     return args
 
 

@@ -324,6 +324,12 @@ def _data_parallel_args(plan: Plan) -> list[str]:
     args += _gradient_args(plan)
     if plan.training.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
+        if zero is ZeroStage.OPTIMIZER:
+            # the estimate hides the updated shards' all-gather beside the next step's forward
+            # as it hides the reduce-scatter beside the backward; without this flag the
+            # distributed optimizer gathers them after the step, exposed
+            # (megatron/training/arguments.py d98e8a64: it needs --overlap-grad-reduce)
+            args.append("--overlap-param-gather")
     return args
 
 

@@ -44,6 +44,7 @@ ARGS=(
   # Megatron-LM's default is fp32 main gradients (a study's grad_bytes: 4)
   --grad-reduce-in-bf16
   --overlap-grad-reduce
+  --overlap-param-gather
 
   # model llama3-70b (vocab 128256 comes from the tokenizer)
   --num-layers 80

@@ -125,7 +125,7 @@ def test_megatron_export_writes_the_nvfp4_recipe_and_others_refuse() -> None:
     plan = make_plan(LLAMA70, RACK, TRAINING, RECIPE, Convention.MEGATRON)
     script = export_files(plan, "megatron")["megatron.sh"]
     assert "  --fp4-format e2m1\n" in script and "  --fp4-recipe nvfp4\n" in script
-    assert "--fp8-" not in script and "param-gather" not in script
+    assert "--fp8-" not in script and "--fp8-param-gather" not in script
     s = Strategy(dp=64, precision=NV)
     assert "torchtitan does not run" in (why_not("torchtitan", LLAMA70, TRAINING, s) or "")
     assert "DeepSpeed has no FP8" in (why_not("deepspeed", LLAMA70, TRAINING, s) or "")

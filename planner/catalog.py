@@ -187,8 +187,10 @@ def _mixed_here(ref: str, where: tuple[Path, str] | None) -> PlannerUsageError:
     return PlannerUsageError(message)
 
 
-def _entries(path: Path) -> dict[str, Any]:
-    data = load(path, "catalog YAML")
+def _entries(path: Path, data: Any = None) -> dict[str, Any]:
+    """The file's entries (``data``: the file as loaded already, else it is read)."""
+    if data is None:
+        data = load(path, "catalog YAML")
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -226,8 +228,9 @@ def _check_kind(kind: str, path: Path, data: Any) -> None:
 def _read_kind(kind: str, path: Path, devices: Mapping[str, DeviceSpec],
                entries: dict[str, Any] | None = None) -> dict[str, Any]:
     if entries is None:
-        _check_kind(kind, path, load(path, "catalog YAML"))
-        entries = _entries(path)
+        data = load(path, "catalog YAML")  # read once: its kind checked, then its entries
+        _check_kind(kind, path, data)
+        entries = _entries(path, data)
     if kind == "model":
         return {n: model_from_entry(path, n, e) for n, e in entries.items()}
     if kind == "device":

@@ -88,8 +88,14 @@ def _group_links(path: Path, where: str, entry: Any) -> tuple[tuple[int, int], .
     if not isinstance(entry, Mapping):
         raise fail(path, where, "must map a group size to a device's links within the group,"
                    " e.g. {2: 1, 4: 4}")
-    return tuple(sorted((integer(path, where, k, minimum=2),
+    return tuple(sorted((integer(path, where, _size(k), minimum=2),
                          integer(path, f"{where}.{k}", v, minimum=1)) for k, v in entry.items()))
+
+
+def _size(key: Any) -> Any:
+    """A group size as written: a YAML key is a number, a JSON key (a stored study's system)
+    the number's digits."""
+    return int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
 
 
 def network_dim(path: Path, where: str, entry: Any) -> NetworkDim:

@@ -8,10 +8,12 @@ Megatron-LM/README.md: GPU0-GPU1 one link, GPUs 0-3 four of GPU0's six)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from planner.catalog import load_catalog, system_from_entry
 from planner.catalog_write import system_entry
@@ -120,6 +122,28 @@ def test_links_survive_a_catalog_round_trip() -> None:
     assert entry["network"][0]["group_links"] == {2: 6, 3: 12}
     copy = system_from_entry(Path("copy.yaml"), "copy", entry, {"h200": KEMPNER_4.device})
     assert copy.network.dims[0] == BOARD
+
+
+def test_links_survive_a_json_round_trip() -> None:
+    # a stored study keeps its system as JSON, whose keys are strings: {"2": 6, "3": 12}
+    entry = json.loads(json.dumps(system_entry(KEMPNER_4, device="h200")))
+    assert entry["network"][0]["group_links"] == {"2": 6, "3": 12}
+    copy = system_from_entry(Path("copy.json"), "copy", entry, {"h200": KEMPNER_4.device})
+    assert copy.network.dims[0] == BOARD
+
+
+def test_a_study_on_a_switchless_node_shows_and_exports(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("s.yaml").write_text("description: a DGX-1\nmodel: gpt-1.7b\nsystem: dgx1-v100-8\n"
+                              "training: {global_batch: 64, seq_len: 2048}\nhbm_gb: 40\n"
+                              "objectives: [step_time]\nsampler: exhaustive\n"
+                              "space: {tp: [1, 2], pp: [1, 2]}\n")
+    assert main(["run", "s.yaml", "--quiet"]) == 0
+    assert main(["show", "s"]) == 0
+    assert main(["export", "s", "--format", "plan,megatron", "--out", "out"]) == 0
+    plan = yaml.safe_load(next(Path("out").glob("*/plan.yaml")).read_text())
+    assert plan["system"]["network"][0]["group_links"] == {2: 1, 4: 4}
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize(("links", "group_links", "field"), [

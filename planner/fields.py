@@ -141,7 +141,8 @@ TRAINING_FLAGS: dict[str, bool | None] = {
 stack's choice (flash attention, Transformer Engine, ...), which a file may also write as null."""
 
 
-def training_flags(path: Path, training: Mapping[str, Any]) -> dict[str, bool | None]:
+def training_flags(path: Path, training: Mapping[str, Any],
+                   where: str = "training") -> dict[str, bool | None]:
     """Every true-or-false training option of a study's or plan file's ``training``, its
     default where the file leaves it out."""
     flags: dict[str, bool | None] = {}
@@ -151,7 +152,7 @@ def training_flags(path: Path, training: Mapping[str, Any]) -> dict[str, bool | 
             flags[key] = None
         elif not isinstance(value, bool):
             also = ", or null for the default" if default is None else ""
-            raise fail(path, f"training.{key}", f"must be true or false{also}, but got"
+            raise fail(path, f"{where}.{key}", f"must be true or false{also}, but got"
                        f" {_short(value)}")
         else:
             flags[key] = value

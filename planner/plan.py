@@ -11,6 +11,7 @@ best trials, the specs the study stored when it was created) or from a plan file
     model: {name: llama70b, family: stage, layers: 80, ...}      # catalog fields
     system: {name: lab-system1, device: {name: ..., peak_tflops: ...}, network: [...], ...}
     training: {global_batch: 512, seq_len: 1024, ...}
+    given_training: {...}      # a framework study's training before its framework's defaults
     strategy: {dp: 64, tp: 1, ..., placement: [tp, sp, dp, pp]}
     estimate: {step_time: ..., time: {...}, memory: {...}, ...}    # what simcore returned
 
@@ -68,6 +69,8 @@ __all__ = [
     "read_plan",
     "specs_dict",
     "strategy_dict",
+    "study_given_training",
+    "training_from_dict",
     "strategy_from_attrs",
     "write_plan",
 ]
@@ -85,6 +88,10 @@ class Plan:
     estimate: Estimate
     study: str | None = None
     trial: int | None = None
+    given_training: TrainingSpec | None = None
+    """The training as its study wrote it, before the study's ``framework`` filled what it left
+    open (:func:`search_spaces.frameworks.with_framework_defaults`); None: ``training`` itself.
+    An export for another framework fills it with that framework's instead."""
 
     @property
     def label(self) -> str:
@@ -93,9 +100,10 @@ class Plan:
 
 def make_plan(model: ModelSpec, system: SystemSpec, training: TrainingSpec, strategy: Strategy,
               convention: Convention, *, study: str | None = None,
-              trial: int | None = None) -> Plan:
+              trial: int | None = None, given_training: TrainingSpec | None = None) -> Plan:
     est = simcore.estimate(model, system, training, strategy, convention)
-    return Plan(model, system, training, strategy, convention, est, study, trial)
+    given = None if given_training == training else given_training
+    return Plan(model, system, training, strategy, convention, est, study, trial, given)
 
 
 # -- to and from plain data -------------------------------------------------------------------
@@ -146,6 +154,8 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     if plan.trial is not None:
         out["trial"] = plan.trial
     out |= specs_dict(plan.model, plan.system, plan.training, plan.convention)
+    if plan.given_training is not None:
+        out["given_training"] = training_dict(plan.given_training)
     out["strategy"] = strategy_dict(plan.strategy)
     out["estimate"] = plan.estimate.to_dict()
     return out
@@ -219,22 +229,26 @@ def specs_from_dict(path: Path, data: dict[str, Any]
     system = system_from_entry(path, "system", raw_system, {device_name: device})
     system = replace(system, name=system_name,
                      network=replace(system.network, congestion=congestion))
-    t = check_fields(path, "training", data.get("training"), {"global_batch", "seq_len"},
+    return model, system, training_from_dict(path, "training", data.get("training")), convention
+
+
+def training_from_dict(path: Path, where: str, data: Any) -> TrainingSpec:
+    """Read back :func:`training_dict` (errors name ``path`` and the field ``where``)."""
+    t = check_fields(path, where, data, {"global_batch", "seq_len"},
                      {f.name for f in fields(TrainingSpec)})
-    flags = training_flags(path, t)
-    chosen = {k: choice(path, f"training.{k}", t[k], enum)
+    flags = training_flags(path, t, where)
+    chosen = {k: choice(path, f"{where}.{k}", t[k], enum)
               for k, enum in TRAINING_CHOICES.items() if t.get(k) is not None}
-    ints = {k: integer(path, f"training.{k}", v, minimum=1) for k, v in t.items()
+    ints = {k: integer(path, f"{where}.{k}", v, minimum=1) for k, v in t.items()
             if k not in ("recompute_modules", *TRAINING_CHOICES, *flags)}
     modules = t.get("recompute_modules")
     if modules is not None:
         if not isinstance(modules, list) or not modules:
-            raise fail(path, "training.recompute_modules", "must be a list of module names")
-        modules = tuple(choice(path, "training.recompute_modules", m, RecomputeModule)
+            raise fail(path, f"{where}.recompute_modules", "must be a list of module names")
+        modules = tuple(choice(path, f"{where}.recompute_modules", m, RecomputeModule)
                         for m in modules)
-    training = spec_or_fail(path, "training", lambda: TrainingSpec(
+    return spec_or_fail(path, where, lambda: TrainingSpec(
         **ints, **chosen, **flags, recompute_modules=modules))
-    return model, system, training, convention
 
 
 def _mapping(path: Path, field: str, value: Any) -> dict:
@@ -290,10 +304,12 @@ def read_plan(path: Path) -> Plan:
         raise fail(path, "format", f"must be {FORMAT!r}; write plan files with `planner export"
                    " --format plan`")
     model, system, training, convention = specs_from_dict(path, data)
+    given = data.get("given_training")
+    given = None if given is None else training_from_dict(path, "given_training", given)
     strategy = _strategy(path, data.get("strategy"))
     try:
         return make_plan(model, system, training, strategy, convention,
-                         study=data.get("study"), trial=data.get("trial"))
+                         study=data.get("study"), trial=data.get("trial"), given_training=given)
     except ValueError as e:
         raise fail(path, "strategy", str(e)) from None
 
@@ -329,6 +345,15 @@ def study_specs(study: optuna.Study
     return config.model, config.system, config.training, config.convention
 
 
+def study_given_training(study: optuna.Study) -> TrainingSpec | None:
+    """The training as a ``framework`` study wrote it (:attr:`Plan.given_training`), stored on
+    it at creation; None for a study of any framework, or one stored before it was kept."""
+    stored = study.user_attrs.get("given_training")
+    if not isinstance(stored, dict):
+        return None
+    return training_from_dict(Path(f"study {study.study_name!r}"), "given_training", stored)
+
+
 def plans_from_study(study: optuna.Study, top: int) -> list[Plan]:
     """The study's ``top`` best feasible plans (``planner best``'s order), estimated again."""
     from planner.tables import best_frame
@@ -338,15 +363,15 @@ def plans_from_study(study: optuna.Study, top: int) -> list[Plan]:
 
 def plans_from_frame(study: optuna.Study, best: pd.DataFrame) -> list[Plan]:
     """The plans of rows of the study's :func:`planner.tables.best_frame`, estimated again."""
-    specs = study_specs(study)
-    return [_plan(study, specs, row) for _, row in best.iterrows()]
+    specs, given = study_specs(study), study_given_training(study)
+    return [_plan(study, specs, given, row) for _, row in best.iterrows()]
 
 
 def _plan(study: optuna.Study, specs: tuple[ModelSpec, SystemSpec, TrainingSpec, Convention],
-          row: Any) -> Plan:
+          given: TrainingSpec | None, row: Any) -> Plan:
     model, system, training, convention = specs
     return make_plan(model, system, training, strategy_from_attrs(row.to_dict()), convention,
-                     study=study.study_name, trial=int(row["number"]))
+                     study=study.study_name, trial=int(row["number"]), given_training=given)
 
 
 def plan_at(study: optuna.Study, rank: int, storage_option: str = "") -> Plan:
@@ -361,4 +386,4 @@ def plan_at(study: optuna.Study, rank: int, storage_option: str = "") -> Plan:
         raise PlannerUsageError(f"--plan {rank}: study {study.study_name!r} has only"
                                 f" {best_count(study, len(best))}; `planner best"
                                 f" {study.study_name}{storage_option}` lists them")
-    return _plan(study, study_specs(study), best.iloc[rank - 1])
+    return _plan(study, study_specs(study), study_given_training(study), best.iloc[rank - 1])

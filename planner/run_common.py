@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial
 from tqdm.auto import tqdm
 
 from planner.errors import PlannerUsageError
-from planner.plan import specs_dict
+from planner.plan import specs_dict, training_dict
 from planner.progress import progress_bar
 from planner.record import Evaluator, Record
 from planner.storage import batched
@@ -165,6 +165,9 @@ def _describe(study: optuna.Study, config: StudyConfig) -> None:
     study.set_user_attr("config", config.summary())
     study.set_user_attr("specs", specs_dict(config.model, config.system, config.training,
                                             config.convention))
+    given = config.given_training
+    if given is not None and given != config.training:
+        study.set_user_attr("given_training", training_dict(given))
     study.set_user_attr("fingerprint", config.fingerprint())
 
 

@@ -109,6 +109,9 @@ class StudyConfig:
     description: str = ""
     hbm_override: float | None = None
     """The command line's --hbm-gb, if given (workers re-read the file with it)."""
+    given_training: TrainingSpec | None = None
+    """The training as the file wrote it, before its ``framework``'s defaults (None: as
+    ``training``): :attr:`planner.plan.Plan.given_training`."""
 
     def evaluator(self) -> Evaluator:
         return Evaluator(self.model, self.system, self.training, self.convention, self.hbm_gb,
@@ -293,7 +296,8 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
         raise fail(path, f"training.{key}", f"is a stack's own data-parallel reduction (Aleph"
                    f" Alpha's Scaling); framework {framework} reduces its own way: remove it or"
                    f" the study's framework")
-    training = with_framework_defaults(training, framework, system.device.transformer_engine)
+    given, training = training, with_framework_defaults(training, framework,
+                                                        system.device.transformer_engine)
     space = space_from_entry(path, e["space"], model, system, training, convention, framework)
     if training.fp8_attention and any(q.quantized for q in space.precision):
         problem = fp8_attention_problem(system.device)
@@ -303,7 +307,8 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     return StudyConfig(name=name, path=path, model=model, system=system, training=training,
                        convention=convention, hbm_gb=limit, objectives=objectives,
                        sampler=sampler, n_trials=n_trials, seed=seed, space=space,
-                       description=str(description), hbm_override=hbm_gb)
+                       description=str(description), hbm_override=hbm_gb,
+                       given_training=given)
 
 
 def with_congestion(system: SystemSpec, congestion: Congestion, convention: Convention,

@@ -18,7 +18,7 @@ import simcore
 from planner.catalog import load_catalog
 from planner.cli import main
 from planner.exports import export_files
-from planner.plan import make_plan
+from planner.plan import Plan, make_plan
 from planner.units import GB
 from search_spaces.frameworks import with_framework_defaults
 from simcore.specs import (
@@ -122,3 +122,80 @@ def test_planner_estimate_says_when_it_prices_fp32_shards(capsys) -> None:
     assert json.loads(capsys.readouterr().out)["fp32_shards"] is False
     assert main(base) == 0
     assert "PyTorch FSDP's fp32 shards" in capsys.readouterr().out
+
+
+# -- a plan of a study that names its framework, exported for another ---------------------------
+def _framework_study_plan(framework: str, training: TrainingSpec = TRAINING,
+                          strategy: Strategy = FSDP) -> Plan:
+    """The plan as a ``framework:`` study stores it: its training filled with the framework's
+    defaults, the training as the study wrote it kept beside it."""
+    resolved = with_framework_defaults(training, framework, H100.device.transformer_engine)
+    return make_plan(MODEL, H100, resolved, strategy, Convention.MEGATRON,
+                     given_training=training)
+
+
+@pytest.mark.parametrize(("study", "framework", "file"), [
+    ("megatron", "deepspeed", "deepspeed-launch.txt"), ("deepspeed", "megatron", "megatron.sh")])
+def test_a_framework_study_plan_is_estimated_again_for_another(study, framework, file) -> None:
+    # Megatron-LM runs Transformer Engine on H100s, DeepSpeed does not: a megatron study's plan
+    # exported for DeepSpeed said nothing (the study's training, all of it named, was taken as
+    # DeepSpeed's) and the reverse likewise
+    plan = _framework_study_plan(study)
+    run = _as_run(framework)
+    assert abs(run.step_time - plan.estimate.step_time) > 0.01 * run.step_time
+    text = export_files(plan, framework)[file]
+    found = re.search(r"step time ([0-9.]+) s, peak memory ([0-9.]+) GB a device", text)
+    assert found is not None and "the stack of its study's framework" in text
+    assert float(found[1]) == pytest.approx(run.step_time, abs=5e-4)
+    assert float(found[2]) == pytest.approx(run.memory.total / GB, abs=0.05)
+    assert "stack of its study's framework" not in export_files(plan, study)[
+        {"megatron": "megatron.sh", "deepspeed": "deepspeed-launch.txt"}[study]]
+
+
+def test_a_megatron_study_plan_is_exported_as_torchtitan_runs_it() -> None:
+    # the ZeRO-1 plan of test_a_te_plan_is_estimated_again_as_torchtitan_runs_it, from a
+    # megatron study: torchtitan's figures (its kernels, not Megatron-LM's Transformer Engine)
+    training = TrainingSpec(global_batch=64, seq_len=4096)
+    strategy = Strategy(dp=4, tp=2, zero=ZeroStage.OPTIMIZER)
+    plan = _framework_study_plan("megatron", training, strategy)
+    assert plan.training.transformer_engine and not plan.given_training.transformer_engine
+    run = simcore.estimate(MODEL, H100, replace(
+        with_framework_defaults(training, "torchtitan", H100.device.transformer_engine),
+        cross_entropy=CrossEntropy.PYTORCH), strategy)
+    text = export_files(plan, "torchtitan")["torchtitan.toml"]
+    found = re.search(r"as torchtitan runs the plan \(its kernels, its checkpointing, its"
+                      r" loss\): step time ([0-9.]+) s, peak memory ([0-9.]+) GB", text)
+    assert found is not None
+    assert float(found[1]) == pytest.approx(run.step_time, abs=5e-4)
+    assert float(found[2]) == pytest.approx(run.memory.total / GB, abs=0.05)
+
+
+STUDY = """description: Llama 3 8B, Megatron-LM's plans
+model: llama3-8b
+system: dgx-h100-8
+framework: megatron
+training: {global_batch: 16, seq_len: 8192, grad_bytes: 4}
+objectives: [step_time]
+sampler: exhaustive
+space: {tp: [1], pp: [1], zero: [3], recompute: [full], micro_batch: [2]}
+"""
+
+
+def test_a_stored_framework_study_keeps_what_it_wrote(tmp_path, monkeypatch, capsys) -> None:
+    # through storage, a plan file and `planner estimate --plan FILE --framework X`: FSDP's
+    # plan of a megatron study, as DeepSpeed runs it
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(STUDY)
+    assert main(["run", "s.yaml", "--quiet"]) == 0
+    assert main(["export", "s", "--format", "plan,deepspeed", "--out", "out"]) == 0
+    capsys.readouterr()
+    (folder,) = (tmp_path / "out").iterdir()
+    run = _as_run("deepspeed")
+    assert f"step time {run.step_time:.3f} s" in (folder / "deepspeed-launch.txt").read_text()
+    assert main(["estimate", "--plan", str(folder / "plan.yaml"), "--framework", "deepspeed",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] == pytest.approx(run.step_time)
+    assert main(["estimate", "--plan", str(folder / "plan.yaml"), "--framework", "megatron",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] == pytest.approx(
+        _as_run("megatron").step_time)

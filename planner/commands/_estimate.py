@@ -107,8 +107,19 @@ class EstimateCommand(BaseCommand):
             from planner.plan import read_plan  # Optuna and pandas: only for --plan
 
             plan = read_plan(args.plan)
-            self._print(args, plan.model, plan.system, plan.strategy, plan.estimate,
-                        plan.training)
+            if args.framework == ANY:
+                self._print(args, plan.model, plan.system, plan.strategy, plan.estimate,
+                            plan.training)
+                return 0
+            try:  # as the framework runs it: the training as its study wrote it, then its own
+                training = framework_training(args.framework, plan.model, plan.system,
+                                              plan.given_training or plan.training,
+                                              plan.strategy)
+                est = estimate(plan.model, plan.system, training, plan.strategy,
+                               plan.convention)
+            except ValueError as e:
+                raise PlannerUsageError(f"{args.plan}: {e}") from None
+            self._print(args, plan.model, plan.system, plan.strategy, est, training)
             return 0
         for flag in ("model", "system", "global_batch"):
             if getattr(args, flag) is None:

@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from planner.exports._megatron import header_lines, micro_batches
-from planner.exports._reprice import stack_check
+from planner.exports._reprice import run_by, stack_check
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
 from simcore import estimate
@@ -56,6 +56,7 @@ LAUNCHER_SOURCE = "deepspeedai/Megatron-DeepSpeed 4efb479d (2025-07-16), megatro
 def export_deepspeed(plan: Plan) -> dict[str, str]:
     """``ds_config.json`` (the JSON DeepSpeed reads) and ``deepspeed-launch.txt`` (the rest);
     raises ValueError if DeepSpeed cannot run the plan."""
+    plan = run_by(plan, "deepspeed")
     refused = why_not("deepspeed", plan.model, plan.training, plan.strategy,
                       bf16=plan.system.device.bf16)
     if refused is not None:

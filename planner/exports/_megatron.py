@@ -50,7 +50,7 @@ Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.framework
 from __future__ import annotations
 
 from planner.exports._megatron_model import model_args, precision_args
-from planner.exports._reprice import stack_check
+from planner.exports._reprice import run_by, stack_check
 from planner.exports.moe_args import megatron_moe_args
 from planner.plan import Plan
 from planner.units import GB
@@ -115,6 +115,7 @@ def header_lines(plan: Plan) -> list[str]:
 def export_megatron(plan: Plan) -> dict[str, str]:
     """``megatron.sh``: torchrun + ``pretrain_gpt.py`` with the plan's arguments; raises
     ValueError if Megatron-LM cannot run the plan."""
+    plan = run_by(plan, "megatron")
     refused = why_not("megatron", plan.model, plan.training, plan.strategy)
     if refused is not None:
         raise ValueError(refused)

@@ -13,6 +13,8 @@ does, else the files say the new figures.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import simcore
 from planner.exports._runnable import FRAMEWORK_NAMES
 from planner.plan import Plan
@@ -21,16 +23,14 @@ from search_spaces.frameworks import with_framework_defaults
 from simcore.estimate import Estimate
 from simcore.specs import TrainingSpec
 
-__all__ = ["reprice", "stack_check"]
+__all__ = ["priced", "reprice", "run_by", "stack_check"]
 
 
 
-def reprice(plan: Plan, training: TrainingSpec, under: str, hint: str) -> Estimate | None:
-    """The plan estimated with ``training`` (None when that is what it was priced with); raises
-    ValueError, naming what it is ``under`` and the ``hint``, when a plan that fit no longer
-    does."""
-    if training == plan.training:
-        return None
+def reprice(plan: Plan, training: TrainingSpec, under: str, hint: str) -> Estimate:
+    """The plan estimated with ``training`` (its estimate again where that is what it was
+    priced with: a view of :func:`run_by` keeps its study's figures); raises ValueError, naming
+    what it is ``under`` and the ``hint``, when a plan that fit no longer does."""
     est: Estimate = simcore.estimate(plan.model, plan.system, training, plan.strategy,
                                      plan.convention)
     if plan.estimate.fits and not est.fits:
@@ -38,6 +38,17 @@ def reprice(plan: Plan, training: TrainingSpec, under: str, hint: str) -> Estima
             f"under {under} this plan needs {est.memory.total / GB:.1f} GB a device, over the"
             f" {plan.system.device.hbm_bytes / GB:g} GB it has; {hint}")
     return est
+
+
+def run_by(plan: Plan, framework: str) -> Plan:
+    """``plan`` with the training ``framework`` runs where its study named another framework:
+    the training as the study wrote it (:attr:`Plan.given_training`) with ``framework``'s
+    defaults, not the study's framework's. The estimate stays the study's: :func:`stack_check`
+    says where ``framework``'s figures differ."""
+    if plan.given_training is None:
+        return plan
+    return replace(plan, training=with_framework_defaults(
+        plan.given_training, framework, plan.system.device.transformer_engine))
 
 
 def stack_check(plan: Plan, framework: str) -> str | None:
@@ -48,13 +59,17 @@ def stack_check(plan: Plan, framework: str) -> str | None:
                                        plan.system.device.transformer_engine)
     est = reprice(plan, training, f"{name}'s stack",
                   f"run the study with framework: {framework} to find one that fits")
-    if est is None:
-        return None
     step, peak = est.step_time, est.memory.total / GB
     old = plan.estimate
     if round(step, 3) == round(old.step_time, 3) and round(peak, 1) == round(
             old.memory.total / GB, 1):
         return None
-    return (f"the estimate priced the stack its study left open; as {name} runs the plan (its"
-            f" checkpointing, its shards, its kernels): step time {step:.3f} s, peak memory"
-            f" {peak:.1f} GB a device")
+    return (f"{priced(plan)}; as {name} runs the plan (its checkpointing, its shards, its"
+            f" kernels): step time {step:.3f} s, peak memory {peak:.1f} GB a device")
+
+
+def priced(plan: Plan) -> str:
+    """What the plan's estimate priced, for the files' comment on another stack's figures."""
+    if plan.given_training is not None:
+        return "the estimate priced the stack of its study's framework"
+    return "the estimate priced the stack its study left open"

@@ -64,6 +64,7 @@ from __future__ import annotations
 import json
 
 from planner.exports._megatron import header_lines, micro_batches
+from planner.exports._reprice import run_by
 from planner.exports._torchtitan_fields import (
     COMPILED,
     SCHEDULES,
@@ -91,6 +92,7 @@ TOML_SOURCE = "pytorch/torchtitan v0.2.2 (73a0e697), torchtitan/config/job_confi
 def export_torchtitan(plan: Plan) -> dict[str, str]:
     """``torchtitan.toml`` (v0.2.2 and earlier) and ``torchtitan_config.py`` (main, 2026);
     raises ValueError if torchtitan cannot run the plan."""
+    plan = run_by(plan, "torchtitan")
     refused = why_not("torchtitan", plan.model, plan.training, plan.strategy)
     if refused is not None:
         raise ValueError(refused)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.exports._reprice import reprice
+from planner.exports._reprice import priced, reprice
 from planner.plan import Plan
 from planner.units import GB
 from search_spaces.frameworks import with_framework_defaults
@@ -34,8 +34,6 @@ def torchtitan_loss_check(plan: Plan) -> str | None:
     est = reprice(plan, training, "torchtitan's loss (cross_entropy on an fp32 copy of the"
                   " logits, 12 bytes a logit) and stack", "run the study with framework:"
                   " torchtitan (or training cross_entropy: pytorch) to find one that fits")
-    if est is None:
-        return None
     step, peak = est.step_time, est.memory.total / GB
     same_step = round(step, 3) == round(plan.estimate.step_time, 3)
     if same_step and round(peak, 1) == round(plan.estimate.memory.total / GB, 1):
@@ -43,6 +41,5 @@ def torchtitan_loss_check(plan: Plan) -> str | None:
     if same_step:
         return (f"the estimate priced Megatron-LM's fused loss; under torchtitan's the peak is"
                 f" {peak:.1f} GB a device (step time unchanged)")
-    return (f"the estimate priced the stack its study left open; as torchtitan runs the plan"
-            f" (its kernels, its checkpointing, its loss): step time {step:.3f} s, peak memory"
-            f" {peak:.1f} GB a device")
+    return (f"{priced(plan)}; as torchtitan runs the plan (its kernels, its checkpointing,"
+            f" its loss): step time {step:.3f} s, peak memory {peak:.1f} GB a device")

@@ -311,22 +311,41 @@ def test_torchtitan_zero3_is_fsdp_resharding_after_forward(zero3_plan: Plan) -> 
 
 def test_torchtitan_zero0_replicates_and_gpipe(gpipe_plan: Plan) -> None:
     files = export_files(gpipe_plan, "torchtitan")
-    doc = tomllib.loads(files["torchtitan.toml"])
+    # v0.2.2 runs ZeRO 0 over dp 8 as DDP, which parallelize.py (73a0e697) refuses beside tp or
+    # pp: "DDP has not supported > 1D parallelism"; main runs it as FSDP of shard degree 1
+    assert "torchtitan.toml" not in files
+    text = files["torchtitan_config.py"]
+    assert "No torchtitan.toml: torchtitan v0.2.2 runs ZeRO 0 over dp 8 as DDP" in text
+    assert "data_parallel_replicate_degree=8," in text
+    assert "data_parallel_shard_degree=1," in text
+    # the same layout with ZeRO-1 (FSDP that keeps the parameters gathered): v0.2.2 runs it
+    plan = _plan(model="gpt3-175b", global_batch=1536, seq_len=2048, dp=8, tp=8, pp=16, sp=1,
+                 zero=ZeroStage.OPTIMIZER, recompute=Recompute.NONE, schedule=Schedule.GPIPE,
+                 v=1)
+    doc = tomllib.loads(export_files(plan, "torchtitan")["torchtitan.toml"])
     par = doc["parallelism"]
-    assert par["data_parallel_replicate_degree"] == 8
-    assert par["data_parallel_shard_degree"] == 1
-    assert "fsdp_reshard_after_forward" not in par
+    assert par["data_parallel_replicate_degree"] == 1
+    assert par["data_parallel_shard_degree"] == 8
+    assert par["fsdp_reshard_after_forward"] == "never"
     assert par["pipeline_parallel_schedule"] == "GPipe"
     assert par["pipeline_parallel_layers_per_stage"] == 96 // 16
     # pp > 1: local_batch_size = micro_batch * micro-batches = 1 * 1536 / (1 * 8) = 192
     assert doc["training"]["local_batch_size"] == 192
     assert doc["activation_checkpoint"] == {"mode": "none"}
     assert "model" not in doc or "flavor" not in doc.get("model", {})  # no GPT flavor
-    text = files["torchtitan_config.py"]
     assert "activation_checkpoint=None" in text
     assert "num_pp_microbatches=192," in text
     assert "raise NotImplementedError('gpt3-175b')" in text
     compile(text, "torchtitan_config.py", "exec")
+
+
+def test_torchtitan_ddp_alone_keeps_its_toml() -> None:
+    # ZeRO 0 over dp 8 with nothing else is one-dimensional DDP, which v0.2.2 runs
+    plan = _plan(model="llama3-8b", global_batch=64, seq_len=2048, dp=8, tp=1, pp=1, sp=1,
+                 zero=ZeroStage.NONE, recompute=Recompute.FULL, schedule=Schedule.ONE_F_ONE_B,
+                 v=1, system="dgx-h100-8")
+    par = tomllib.loads(export_files(plan, "torchtitan")["torchtitan.toml"])["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (8, 1)
 
 
 def test_torchtitan_schedule_names() -> None:

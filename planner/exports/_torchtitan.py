@@ -19,7 +19,11 @@ pytorch/torchtitan tag v0.2.2 (commit 73a0e697, 2026-02-20):
 - ``torchtitan/distributed/pipeline_parallel.py``: stages = ceil((layers + first_less + last_less)
   / layers_per_stage), stages per rank = stages / pp.
 - ``torchtitan/models/llama3/infra/parallelize.py``: ``fsdp_reshard_after_forward = "default"``
-  reshards only without pipeline parallelism.
+  reshards only without pipeline parallelism; data parallelism by replication alone
+  (``data_parallel_replicate_degree`` > 1 with no sharding, no cp) is DDP, which raises "DDP
+  has not supported > 1D parallelism" beside tp or pp: such a plan gets no TOML
+  (:func:`toml_refused`). Main runs it as FSDP replicated over dp (``apply_fsdp_to_decoder``
+  always, shard degree 1).
 
 ``torchtitan_config.py``: the Python ``Trainer.Config`` form that replaced the TOML in
 commit 9810191b (2026-02-23, #2386). Field names from pytorch/torchtitan main at commit b5bcd76c
@@ -82,7 +86,7 @@ from planner.exports._torchtitan_moe import expert_comment, expert_fields
 from planner.exports._torchtitan_python import python_config
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
-from simcore.specs import Precision, Recompute, SelectiveRecompute
+from simcore.specs import Precision, Recompute, SelectiveRecompute, ZeroStage
 
 __all__ = ["SCHEDULES", "export_torchtitan", "llama3_flavor"]
 
@@ -105,8 +109,24 @@ def export_torchtitan(plan: Plan) -> dict[str, str]:
                          f" scaling) and {plan.system.device.name} has no bf16 tensor cores;"
                          " export for megatron or deepspeed, which train in fp16")
     loss = torchtitan_loss_check(plan)
+    refused = toml_refused(plan)
+    if refused is not None:  # the Python form only, saying why
+        return {"torchtitan_config.py": python_config(plan, loss, f"no torchtitan.toml:"
+                                                      f" {refused}")}
     toml = _toml(plan) if loss is None else f"# {loss}\n{_toml(plan)}"
     return {"torchtitan.toml": toml, "torchtitan_config.py": python_config(plan, loss)}
+
+
+def toml_refused(plan: Plan) -> str | None:
+    """Why torchtitan v0.2.2 cannot run the plan's TOML, or None: ZeRO 0 over dp > 1 beside tp
+    or pp is its DDP, refused for meshes of more than one dimension (module docstring)."""
+    s = plan.strategy
+    if s.zero is not ZeroStage.NONE or s.dp == 1 or s.sp > 1 or s.tp * s.pp == 1:
+        return None
+    return (f"torchtitan v0.2.2 runs ZeRO 0 over dp {s.dp} as DDP, which it refuses beside tp"
+            f" or pp (\"DDP has not supported > 1D parallelism\", parallelize.py at 73a0e697);"
+            " torchtitan main runs it as FSDP replicated over dp (this file), or export the"
+            " plan with zero 1-3")
 
 
 # -- torchtitan.toml (v0.2.2) -----------------------------------------------------------------

@@ -81,7 +81,8 @@ def zero_comment(plan: Plan) -> list[str]:
     if s.dp == 1:
         lines = ["dp=1: no data parallelism"]
     elif s.zero is ZeroStage.NONE:
-        lines = ["ZeRO 0: data parallel by replication (DDP)"]
+        lines = ["ZeRO 0: data parallel by replication (DDP in v0.2.2; FSDP of shard degree 1",
+                 "replicated over dp on main)"]
     elif s.zero is ZeroStage.PARAMETERS and s.replicas > 1:
         lines = [f"HSDP: FSDP within shard groups of {s.shard_ranks} ranks (dp_shard * cp),",
                  f"replicated {s.replicas} times (dp_replicate): gradients all-reduced across"]

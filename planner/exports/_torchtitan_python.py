@@ -29,9 +29,12 @@ _FLOAT8_BUILTIN = {"405B"}
 """Flavors whose config_registry function (main, b5bcd76c) already converts to float8."""
 
 
-def python_config(plan: Plan, loss: str | None = None) -> str:
+def python_config(plan: Plan, loss: str | None = None, note: str | None = None) -> str:
+    """The Python form; ``loss`` and ``note`` are sentences for its docstring (the loss's
+    figures, why there is no TOML form)."""
+    said = [f"{text[0].upper()}{text[1:]}." for text in (loss, note) if text]
     docstring = ["torchtitan Trainer.Config (Python form, torchtitan main since 2026)", "",
-                 *header_lines(plan), *([f"{loss[0].upper()}{loss[1:]}."] if loss else []), "",
+                 *header_lines(plan), *said, "",
                  "Field names:", f"{PY_SOURCE}.",
                  (f"Run with NGPU={plan.strategy.devices} in total, this file's folder on"
                  " PYTHONPATH:"),

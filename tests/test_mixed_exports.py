@@ -243,3 +243,26 @@ def test_flagscale_and_megatron_turn_dropout_off_for_a_model_without_it(metis):
         args = model_args(shaped, 1024, flash=False)
         assert ("--attention-dropout 0.0" in args) == (expected is not None)
         assert ("--hidden-dropout 0.0" in args) == (expected is not None)
+
+
+def test_gradients_are_exported_in_the_type_estimated(metis):
+    # Megatron-LM keeps fp32 main gradients in bf16 unless --grad-reduce-in-bf16, and fp16 ones
+    # in fp16 unless --accumulate-allreduce-grads-in-fp32 (megatron/training/arguments.py,
+    # d98e8a64); the estimate prices grad_bytes (2 unless the training says 4). FlagScale passes
+    # its `system` keys on as those options.
+    system, model = metis
+    a100_only = _plan((0, 2, 2, 4), (0, 2, 2, 6), m=8)  # bf16: every stage on the A100s
+    with_v100 = _plan((1, 2, 2, 1), (1, 2, 2, 2), (0, 2, 2, 2), (0, 2, 2, 3), m=8)  # fp16
+    fp32 = replace(TRAINING, bytes_per_param_grads=4)
+    for plan, training, flag in ((a100_only, TRAINING, "--grad-reduce-in-bf16"),
+                                 (a100_only, fp32, None),
+                                 (with_v100, TRAINING, None),
+                                 (with_v100, fp32, "--accumulate-allreduce-grads-in-fp32")):
+        script = export_hetero("megatron", model, system, training, plan, "x")["megatron.sh"]
+        cfg = yaml.safe_load(export_hetero("flagscale", model, system, training, plan,
+                                           "x")["flagscale_train.yaml"])["system"]
+        options = {"--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"}
+        assert {o for o in options if f"  {o}\n" in script} == ({flag} if flag else set())
+        keys = {o[2:].replace("-", "_") for o in options}
+        assert {k for k in keys if cfg.get(k)} == (
+            {flag[2:].replace("-", "_")} if flag else set())

@@ -322,7 +322,7 @@ def _data_parallel_args(plan: Plan) -> list[str]:
                 "# (fp32 master weights, Adam moments) over data-parallel ranks: ZeRO-1-like",
                 "--use-distributed-optimizer"]
         args += _optimizer_instances_args(plan)
-    args += _gradient_args(plan)
+    args += gradient_args(plan.training.bytes_per_param_grads, plan.system.device.bf16)
     if plan.training.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
         if zero is ZeroStage.OPTIMIZER:
@@ -334,13 +334,14 @@ def _data_parallel_args(plan: Plan) -> list[str]:
     return args
 
 
-def _gradient_args(plan: Plan) -> list[str]:
-    """The gradients' type as estimated (``grad_bytes``). Megatron-LM keeps fp32 main gradients
-    in bf16 training unless told to reduce in bf16, and 16-bit ones in fp16 training unless told
-    to accumulate in fp32 (d98e8a64 ``megatron/training/arguments.py``: ``if args.bf16``
-    turns ``accumulate_allreduce_grads_in_fp32`` on unless ``--grad-reduce-in-bf16``)."""
-    fp32 = plan.training.bytes_per_param_grads == 4
-    if plan.system.device.bf16:
+def gradient_args(grad_bytes: int, bf16: bool) -> list[str]:
+    """The gradients' type as estimated (``grad_bytes``), training in bf16 or fp16. Megatron-LM
+    keeps fp32 main gradients in bf16 training unless told to reduce in bf16, and 16-bit ones in
+    fp16 training unless told to accumulate in fp32 (d98e8a64 ``megatron/training/arguments.py``:
+    ``if args.bf16`` turns ``accumulate_allreduce_grads_in_fp32`` on unless
+    ``--grad-reduce-in-bf16``)."""
+    fp32 = grad_bytes == 4
+    if bf16:
         if fp32:
             return ["# fp32 main gradients (4 bytes a parameter): Megatron-LM's bf16 default"]
         return ["# gradients accumulated and reduced in bf16 (2 bytes a parameter), as estimated;",

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from planner.exports._megatron import model_args, recompute_args
+from planner.exports._megatron import gradient_args, model_args, recompute_args
 from simcore.megatron import uses_flash_attention
 from simcore.mixed import MixedPlan, MixedSystemSpec
 from simcore.specs import (
@@ -193,7 +193,8 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
                   "sequence_parallel": plan.sequence_parallel and any(m.tp > 1 for m in ms),
                   "use_distributed_optimizer": plan.zero is ZeroStage.OPTIMIZER,
                   "overlap_grad_reduce": training.overlap_grad_reduce,
-                  "precision": {"bf16": True} if _bf16(system, plan) else {"fp16": True}}
+                  "precision": {"bf16": True} if _bf16(system, plan) else {"fp16": True},
+                  **_gradient_keys(training.bytes_per_param_grads, _bf16(system, plan))}
     if plan.recompute is Recompute.FULL:
         sys_.update(recompute_granularity="full", recompute_method="uniform",
                     recompute_num_layers=1)
@@ -232,6 +233,13 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
     text += yaml.dump({"system": sys_, "model": m}, Dumper=_Dumper, sort_keys=False)
     hostfile = "".join(f"{name} slots={gpus} type={device}\n" for name, gpus, device in nodes)
     return {"flagscale_train.yaml": text, "hostfile": hostfile}
+
+
+def _gradient_keys(grad_bytes: int, bf16: bool) -> dict[str, bool]:
+    """:func:`planner.exports._megatron.gradient_args` as FlagScale's ``system`` keys, which it
+    passes on as Megatron-LM's options (``--grad-reduce-in-bf16`` as ``grad_reduce_in_bf16``)."""
+    flags = [a for a in gradient_args(grad_bytes, bf16) if a.startswith("--")]
+    return {f[2:].replace("-", "_"): True for f in flags}
 
 
 def layout(plan: MixedPlan) -> str:
@@ -279,6 +287,7 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
     dp = (["--use-distributed-optimizer"] if plan.zero is ZeroStage.OPTIMIZER else [])
     if training.overlap_grad_reduce:
         dp.append("--overlap-grad-reduce")
+    dp += gradient_args(training.bytes_per_param_grads, _bf16(system, plan))
     for section in (parallel, batch,
                     recompute_args(plan.recompute, modules=training.recompute_modules), dp,
                     model_args(model, training.seq_len, flash, _bf16(system, plan))):

@@ -198,7 +198,17 @@ def test_deepspeed_readme_has_launcher_args(plan: Plan) -> None:
                 "--ds-sequence-parallel-size 4",
                 "--micro-batch-size 1", "--global-batch-size 2048",
                 "--recompute-granularity selective", "--deepspeed-activation-checkpointing",
-                "--bf16", "--attention-dropout 0.0", "--hidden-dropout 0.0"]  # Llama: none
+                "--bf16",
+                # Llama 3 70B (Dubey et al. 2024, Table 3: 80 layers, model dimension 8,192,
+                # FFN 28,672, 64 heads, 8 key/value heads) at sequence 8,192, in
+                # Megatron-DeepSpeed's names (4efb479d megatron/arguments.py)
+                "--num-layers 80", "--hidden-size 8192", "--ffn-hidden-size 28672",
+                "--num-attention-heads 64", "--num-key-value-heads 8", "--seq-length 8192",
+                "--max-position-embeddings 8192", "--swiglu", "--normalization rmsnorm",
+                "--use-rotary-position-embeddings", "--disable-bias-linear",
+                "--untie-embeddings-and-output-weights",
+                "--attention-dropout 0.0", "--hidden-dropout 0.0",  # Llama: none
+                "--use-flash-attn-v2"]  # estimated with flash attention (llama on H100)
     assert launcher_args(plan) == expected
     # estimated as Ulysses runs it (cp_comm a2a, what a deepspeed study sets); a plan priced
     # with the ring is refused

@@ -44,8 +44,8 @@ from planner.exports._reprice import run_by, stack_check
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
 from simcore import estimate
-from simcore.megatron.stack import elementwise_fusions
-from simcore.specs import Precision, Recompute, ZeroStage
+from simcore.megatron.stack import elementwise_fusions, uses_flash_attention
+from simcore.specs import Activation, Family, Precision, Recompute, ZeroStage
 
 __all__ = ["ds_config", "export_deepspeed"]
 
@@ -174,8 +174,7 @@ def launcher_args(plan: Plan) -> list[str]:
             args += ["--recompute-method uniform", "--recompute-num-layers 1"]
         args.append("--deepspeed-activation-checkpointing")
     args.append("--bf16" if plan.system.device.bf16 else "--fp16")
-    if not plan.model.trains_with_dropout:  # Megatron's defaults are 0.1 each
-        args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
+    args += _model_args(plan)
     moe = plan.model.moe
     if moe is not None:  # frameworks.why_not checked top-k, ep | dp, the layers and etp 1
         args += [f"--num-experts {moe.experts}", f"--topk {moe.top_k}",
@@ -185,6 +184,31 @@ def launcher_args(plan: Plan) -> list[str]:
                  # groups it makes only with this flag (arguments.py, optimizer/__init__.py);
                  # ZeRO-1/2 and the BF16 optimizer assert on an MoE model without them
                  "--create-moe-param-group"]
+    return args
+
+
+def _model_args(plan: Plan) -> list[str]:
+    """The model's shape and attention kernel in Megatron-DeepSpeed's option names (4efb479d
+    ``megatron/arguments.py``: ``--num-key-value-heads`` for grouped-query attention,
+    ``--normalization rmsnorm``, ``--use-rotary-position-embeddings``, which turns the learned
+    position embedding off, ``--use-flash-attn-v2``)."""
+    m, seq = plan.model, plan.training.seq_len
+    args = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}",
+            f"--ffn-hidden-size {m.ffn_hidden}", f"--num-attention-heads {m.heads}"]
+    if m.kv_heads is not None and m.kv_heads != m.heads:
+        args.append(f"--num-key-value-heads {m.kv_heads}")
+    args += [f"--seq-length {seq}", f"--max-position-embeddings {seq}"]
+    if m.activation is Activation.SWIGLU:
+        args.append("--swiglu")
+    if m.family is Family.LLAMA:
+        args += ["--normalization rmsnorm", "--use-rotary-position-embeddings",
+                 "--disable-bias-linear"]
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not m.trains_with_dropout:  # Megatron's defaults are 0.1 each
+        args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
+    if uses_flash_attention(m, plan.system, plan.training):  # else its unfused attention
+        args.append("--use-flash-attn-v2")
     return args
 
 

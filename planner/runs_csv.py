@@ -169,6 +169,7 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
     text = read_text(path, "CSV of measured runs", encoding="utf-8-sig")
     # universal newlines: a file saved with CR alone (classic Mac) ends its lines too
     reader = csv.reader(io.StringIO(text, newline=None))
+    unclosed = text.count('"') % 2 and _ends_in_a_quote(text)  # said after the rows
     try:
         header = _canonical(path, [h.strip().lower() for h in next(reader, [])])
         rows = []
@@ -179,6 +180,8 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
                 continue
             if len(rows) >= MAX_ROWS:
                 raise PlannerUsageError(f"{path}: more than {MAX_ROWS:,} runs; split the file")
+            if not unclosed:
+                _no_rows_inside(path, line, header, record)
             spilled = sum(1 for v in record[len(header):] if v.strip())
             cells = {k: v.strip() for k, v in zip(header, record) if k}
             unnamed = [i + 1 for i, (k, v) in enumerate(zip(header, record)) if not k and v.strip()]
@@ -187,11 +190,26 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
             rows.append((line, cells, spilled))  # where the record starts
     except csv.Error as e:
         raise PlannerUsageError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
-    if text.count('"') % 2 and _ends_in_a_quote(text):  # read as one cell to the end
+    if unclosed:  # read as one cell to the end
         raise PlannerUsageError(f"{path}: line {line}: a quote opened in this row is never"
                                 " closed (the file ends inside a quoted cell); close it or"
                                 " remove it")
     return header, rows
+
+
+def _no_rows_inside(path: Path, line: int, header: list[str], record: list[str]) -> None:
+    """Refuse a cell that runs over lines that read as rows (as many cells as the header, but
+    two): a quote opened and closed only on a later line, which took the rows between into
+    the cell. A quoted note over several lines of prose is a cell like any other."""
+    for i, cell in enumerate(record):
+        rows = cell.splitlines()[1:]
+        if any(row.count(",") >= len(header) - 2 for row in rows):
+            column = header[i] if i < len(header) and header[i] else f"column {i + 1}"
+            lines = len(rows)
+            raise PlannerUsageError(
+                f"{path}: line {line}: {column}: a quote opened in this cell closes only"
+                f" {lines} line{'s' if lines > 1 else ''} later, taking the rows between into"
+                " it; close the quote on its line or remove it")
 
 
 def _ends_in_a_quote(text: str) -> bool:

@@ -521,6 +521,20 @@ def test_a_quote_never_closed_is_one_line(tmp_path: Path, capsys) -> None:
     assert main(["validate", str(inch)]) == 0
 
 
+def test_a_quote_closed_rows_later_is_one_line(tmp_path: Path, capsys) -> None:
+    # A stray opening quote closed by the next row's quoted cell took that row into its cell:
+    # run b was left out of every figure without a word.
+    path = _write(tmp_path, HEADER + ",step_time_s,notes",
+                  "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,\"table 1",
+                  "b,gpt-1.7b,dgx-a100-8,16,2048,4,2,1,1,1.2,\"table 2\"",
+                  "c,gpt-1.7b,dgx-a100-8,16,2048,2,4,1,1,1.4,table 3")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert (f"{path}: line 2: notes: a quote opened in this cell closes only 1 line later,"
+            " taking the rows between into it") in err
+    assert err.count("\n") == 1
+
+
 def test_calibrate_fit_names_ignore_case(tmp_path: Path, capsys) -> None:
     # A runs CSV's columns are read in any case; --fit's names were not.
     path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")

@@ -17,7 +17,7 @@ from simcore.specs import (
 )
 
 __all__ = ["NO_OFFLOAD", "deepspeed", "deepspeed_accumulation", "deepspeed_layers", "experts",
-           "megatron", "torchtitan"]
+           "megatron", "torchtitan", "torchtitan_zero"]
 
 
 def experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:
@@ -210,6 +210,27 @@ def deepspeed(s: Strategy, bf16: bool) -> str | None:
         return (f"zero 0 with pp {s.pp} in bf16: DeepSpeed's pipeline engine trains bf16 with"
                 " its BF16_Optimizer, which shards the optimizer over the data-parallel ranks"
                 " (ZeRO 1); use zero 1")
+    return None
+
+
+def torchtitan_zero(s: Strategy) -> str | None:
+    # torchtitan has no ZeRO-1 or ZeRO-2: their stand-in (planner.exports._torchtitan_fields)
+    # is FSDP that keeps the parameters gathered from forward to backward, one config for both,
+    # whose cost its pipeline decides. At pp 1 its train loop (trainer.py, 73a0e697 and
+    # b5bcd76c) never turns the gradient sync off, so each micro-batch's backward
+    # reduce-scatters its gradients into fp32 shards: ZeRO-2 as priced. With pp > 1 PyTorch's
+    # pipeline stages sync on the last micro-batch only (torch/distributed/pipelining/stage.py
+    # backward_maybe_with_nosync), accumulating whole gradients until then: ZeRO-1 as priced.
+    if s.dp * s.sp == 1:
+        return None
+    if s.zero is ZeroStage.OPTIMIZER and s.pp == 1:
+        return ("zero 1 at pp 1: torchtitan has no ZeRO-1, and its FSDP without resharding"
+                " reduce-scatters the gradients into shards every micro-batch, as zero 2 is"
+                " priced; use zero 2 or 3")
+    if s.zero is ZeroStage.GRADIENTS and s.pp > 1:
+        return (f"zero 2 with pp {s.pp}: torchtitan has no ZeRO-2, and with pp > 1 its FSDP"
+                " without resharding keeps whole gradients until the last micro-batch's"
+                " reduce-scatter, as zero 1 is priced; use zero 1 or 3")
     return None
 
 

@@ -263,7 +263,10 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
                or _cp_chunks(framework, training, strategy)
                or _fp8_attention(framework, training, strategy) or _cuda_graphs(framework, training)
                or _any_only(framework, training))
-    return refused if refused is not None else _selective(framework, training, strategy)
+    refused = refused or _selective(framework, training, strategy)
+    if refused is None and framework == "torchtitan":  # after the rules that name a knob
+        refused = rules.torchtitan_zero(strategy)
+    return refused
 
 
 CP_COMM = {"torchtitan": CpComm.P2P, "deepspeed": CpComm.A2A}

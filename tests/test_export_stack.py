@@ -62,9 +62,10 @@ def test_a_te_plan_is_estimated_again_as_torchtitan_runs_it() -> None:
     # Transformer Engine; torchtitan runs PyTorch's kernels and its own loss. The job file said
     # only what the loss does to the peak ("step time unchanged": 6.824 s where
     # `planner estimate --framework torchtitan` says 8.961 s); it gives torchtitan's figures,
-    # those of estimate --framework torchtitan.
+    # those of estimate --framework torchtitan. (dp 2 x tp 2 x pp 2: torchtitan runs ZeRO-1
+    # with pp > 1 only, framework_rules.torchtitan_zero)
     training = TrainingSpec(global_batch=64, seq_len=4096)
-    strategy = Strategy(dp=4, tp=2, zero=ZeroStage.OPTIMIZER)
+    strategy = Strategy(dp=2, tp=2, pp=2, zero=ZeroStage.OPTIMIZER)
     plan = make_plan(MODEL, H100, training, strategy, Convention.MEGATRON)
     assert H100.device.transformer_engine  # the device's default stack the plan is priced on
     files = export_files(plan, "torchtitan")
@@ -156,7 +157,7 @@ def test_a_megatron_study_plan_is_exported_as_torchtitan_runs_it() -> None:
     # the ZeRO-1 plan of test_a_te_plan_is_estimated_again_as_torchtitan_runs_it, from a
     # megatron study: torchtitan's figures (its kernels, not Megatron-LM's Transformer Engine)
     training = TrainingSpec(global_batch=64, seq_len=4096)
-    strategy = Strategy(dp=4, tp=2, zero=ZeroStage.OPTIMIZER)
+    strategy = Strategy(dp=2, tp=2, pp=2, zero=ZeroStage.OPTIMIZER)
     plan = _framework_study_plan("megatron", training, strategy)
     assert plan.training.transformer_engine and not plan.given_training.transformer_engine
     run = simcore.estimate(MODEL, H100, replace(

@@ -4,6 +4,8 @@ planner/exports/_deepspeed.py name the commits), and the plans each refuses in o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from planner.catalog import load_catalog
@@ -18,6 +20,9 @@ MIXTRAL = CATALOG.model("mixtral-8x7b")
 TRAINING = TrainingSpec(global_batch=1024, seq_len=4096)
 EP16 = Strategy(dp=16, ep=16, etp=1, zero=ZeroStage.OPTIMIZER)
 """Megatron-Bridge's Qwen3-30B-A3B layout on 16 H100s (tests/data/validation/moe-check.csv)."""
+TITAN16 = replace(EP16, zero=ZeroStage.GRADIENTS)
+"""The same on torchtitan, whose one stand-in for ZeRO-1/2 (FSDP without resharding) runs at
+pp 1 as ZeRO-2 (search_spaces.framework_rules.torchtitan_zero)."""
 
 
 def _plan(model, strategy, system="dgx-h100-16", training=TRAINING):  # type: ignore[no-untyped-def]
@@ -27,7 +32,7 @@ def _plan(model, strategy, system="dgx-h100-16", training=TRAINING):  # type: ig
 def test_torchtitan_writes_qwen3_30b_a3b_with_its_expert_parallelism() -> None:
     # priced as a torchtitan study prices it: its loss holds the logits in 12 bytes, not 4
     titan = TrainingSpec(global_batch=1024, seq_len=4096, cross_entropy=CrossEntropy.PYTORCH)
-    files = export_files(_plan(QWEN3, EP16, training=titan), "torchtitan")
+    files = export_files(_plan(QWEN3, TITAN16, training=titan), "torchtitan")
     toml = files["torchtitan.toml"]
     for line in ('name = "qwen3"', 'flavor = "30B-A3B"', "data_parallel_shard_degree = 16",
                  "expert_parallel_degree = 16", "expert_tensor_parallel_degree = 1"):
@@ -40,7 +45,7 @@ def test_torchtitan_writes_qwen3_30b_a3b_with_its_expert_parallelism() -> None:
 
 def test_torchtitan_writes_deepseek_v3_671b() -> None:
     dsv3 = CATALOG.model("deepseek-v3")  # 61 layers, as torchtitan's 671B (no MTP layer)
-    strategy = Strategy(dp=256, ep=64, etp=1, zero=ZeroStage.OPTIMIZER)
+    strategy = Strategy(dp=256, ep=64, etp=1, zero=ZeroStage.GRADIENTS)
     toml = export_files(_plan(dsv3, strategy, "dgx-h100-256",
                               TrainingSpec(global_batch=2048, seq_len=4096)),
                         "torchtitan")["torchtitan.toml"]
@@ -52,13 +57,13 @@ def test_torchtitan_refuses_what_its_mesh_cannot_hold() -> None:
     # parallel_dims.py: ep must divide dp_shard * cp * tp; ZeRO 0 replicates dp (dp_shard 1)
     replicated = Strategy(dp=16, ep=16, etp=1, zero=ZeroStage.NONE)
     assert "must divide" in why_not("torchtitan", QWEN3, TRAINING, replicated)
-    assert why_not("torchtitan", QWEN3, TRAINING, EP16) is None
+    assert why_not("torchtitan", QWEN3, TRAINING, TITAN16) is None
     with pytest.raises(ValueError, match="must divide"):
         export_files(_plan(QWEN3, replicated), "torchtitan")
 
 
 def test_torchtitan_moe_in_fp8_is_refused_in_one_line() -> None:
-    fp8 = Strategy(dp=16, ep=16, etp=1, zero=ZeroStage.OPTIMIZER, precision=Precision.FP8)
+    fp8 = replace(TITAN16, precision=Precision.FP8)
     with pytest.raises(ValueError, match="bf16 only"):
         export_files(_plan(QWEN3, fp8), "torchtitan")
 
@@ -102,7 +107,6 @@ def test_deepspeed_refuses_what_its_moe_layer_cannot_hold() -> None:
     assert "top-1 and top-2" in why_not("deepspeed", QWEN3, TRAINING, EP16)
     shared = CATALOG.model("deepseek-v3")
     assert "top-1 and top-2" in why_not("deepspeed", shared, TRAINING, EP16)
-    from dataclasses import replace
 
     assert shared.moe is not None
     top2 = replace(shared, moe=replace(shared.moe, top_k=2))

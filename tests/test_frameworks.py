@@ -102,6 +102,20 @@ def test_deepspeed_ulysses_without_tp_or_pp() -> None:
     assert _why("deepspeed", dp=16, tp=2, pp=2, zero=ZeroStage.OPTIMIZER) is None  # no Ulysses
 
 
+def test_torchtitan_runs_zero_2_at_pp_1_and_zero_1_with_pp() -> None:
+    # torchtitan's one stand-in for ZeRO-1/2 (FSDP without resharding) reduce-scatters into
+    # shards every micro-batch at pp 1 (its trainer never turns the gradient sync off): ZeRO-2;
+    # with pp > 1 PyTorch's pipeline stages sync on the last micro-batch only: ZeRO-1
+    reason = _why("torchtitan", dp=32, zero=ZeroStage.OPTIMIZER)
+    assert reason is not None and "use zero 2 or 3" in reason
+    assert _why("torchtitan", dp=32, zero=ZeroStage.GRADIENTS) is None
+    reason = _why("torchtitan", dp=16, pp=2, zero=ZeroStage.GRADIENTS)
+    assert reason is not None and "use zero 1 or 3" in reason
+    assert _why("torchtitan", dp=16, pp=2, zero=ZeroStage.OPTIMIZER) is None
+    assert _why("torchtitan", dp=1, tp=8, zero=ZeroStage.OPTIMIZER) is None  # nothing sharded
+    assert _why("megatron", dp=32, zero=ZeroStage.OPTIMIZER) is None
+
+
 def test_any_runs_everything_and_unknown_is_an_error() -> None:
     assert _why("any", dp=16, pp=2, sp=2, zero=ZeroStage.PARAMETERS,
                 schedule=Schedule.GPIPE) is None

@@ -126,14 +126,15 @@ def test_a_framework_whose_export_refuses_the_plan_is_named_not_offered() -> Non
 def test_the_report_asks_each_exporter(tmp_path, monkeypatch, capsys) -> None:
     # A study that leaves the framework open and trains in FP8 on an H100: DeepSpeed has no FP8
     # mode of its own (deepspeedai/DeepSpeed#6908), so its export refuses the best plan; the
-    # page offers the other two frameworks' exports.
+    # page offers the other two frameworks' exports (pp 2: torchtitan runs ZeRO-1 with pp > 1
+    # only, framework_rules.torchtitan_zero).
     from planner.cli import main
 
     monkeypatch.setenv("PLANNER_STORAGE", str(tmp_path / "studies.journal"))
     study = tmp_path / "fp8.yaml"
     study.write_text("name: fp8\nmodel: llama3-8b\nsystem: dgx-h100-8\n"
                      "training: {global_batch: 64, seq_len: 4096}\n"
-                     "space: {tp: [1, 2], pp: [1], micro_batch: [1], recompute: [none],"
+                     "space: {tp: [1, 2], pp: [2], micro_batch: [1], recompute: [none],"
                      " zero: [1], precision: [fp8]}\n")
     assert main(["run", str(study), "--quiet"]) == 0
     page = tmp_path / "page.html"

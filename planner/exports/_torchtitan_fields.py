@@ -91,7 +91,8 @@ def zero_comment(plan: Plan) -> list[str]:
     else:
         lines = [f"ZeRO {int(s.zero)}: torchtitan has no ZeRO-1/2; FSDP that keeps the",
                  "parameters gathered from forward to backward (reshard never) shards",
-                 "gradients and optimizer state: ZeRO-2-like"]
+                 "gradients and optimizer state, reduce-scattering them every micro-batch at",
+                 "pp 1 (ZeRO-2) and on the last micro-batch under a pipeline (ZeRO-1)"]
         if s.replicas > 1:
             lines.append(f"sharded within groups of {s.shard_ranks} ranks (dp_shard * cp),"
                          f" replicated {s.replicas} times (dp_replicate)")

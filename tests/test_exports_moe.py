@@ -113,3 +113,23 @@ def test_deepspeed_refuses_what_its_moe_layer_cannot_hold() -> None:
     assert "first_dense 3" in why_not("deepspeed", top2, TRAINING, EP16)
     no_dense = replace(top2, moe=replace(top2.moe, first_dense=0))
     assert "shared expert" in why_not("deepspeed", no_dense, TRAINING, EP16)
+
+
+def test_export_all_of_an_moe_study_writes_what_runs(tmp_path, monkeypatch, capsys) -> None:
+    # STAGE builds dense transformers only: --format all said so as an error, exit 2, and wrote
+    # nothing; it is a note like a framework's refusal, and the other formats are written
+    from planner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "moe.yaml").write_text(
+        "model: qwen3-30b-a3b\nsystem: dgx-h100-16\nframework: megatron\n"
+        "training: {global_batch: 1024, seq_len: 4096}\nobjectives: [step_time]\n"
+        "space: {tp: [1], pp: [1], ep: [16], zero: [1], recompute: [full], micro_batch: [1]}\n")
+    assert main(["run", "moe.yaml", "--quiet"]) == 0
+    assert main(["export", "moe", "--format", "all", "--out", "out"]) == 0
+    out = capsys.readouterr().out
+    assert "plan 1: no astra-sim files: STAGE cannot build it: qwen3-30b-a3b has MoE layers" in out
+    (folder,) = (tmp_path / "out").iterdir()
+    assert {"plan.yaml", "megatron.sh"} <= {f.name for f in folder.iterdir()}
+    assert main(["export", "moe", "--format", "astra-sim", "--out", "out2"]) == 2
+    assert "--format astra-sim: plan 1: STAGE cannot build it" in capsys.readouterr().err

@@ -27,7 +27,6 @@ from planner.astra_io import (
     system_json_text,
 )
 from planner.catalog_write import short_float
-from planner.errors import PlannerUsageError
 from planner.outputs import counted
 from planner.plan import Plan
 from planner.units import GB
@@ -61,25 +60,23 @@ runpy.run_path("main.py", run_name="__main__")
 '"""
 
 
-def stage_args_for(plan: Plan, fmt: str = "astra-sim") -> StageArgs:
-    """STAGE's arguments for the plan; one line naming ``--format fmt`` if STAGE cannot build
-    it."""
+def stage_args_for(plan: Plan) -> StageArgs:
+    """STAGE's arguments for the plan; a ValueError (the export's one line: ``planner export``
+    names ``--format`` and the plan) if STAGE cannot build it, as a framework's exporter
+    refuses a plan it cannot run."""
     if plan.model.moe is not None:
-        raise PlannerUsageError(f"--format {fmt}: plan {plan.label}: STAGE cannot build it:"
-                                f" {plan.model.name} has MoE layers and STAGE's transformer"
-                                " has dense ones only; export another format")
+        raise ValueError(f"STAGE cannot build it: {plan.model.name} has MoE layers and STAGE's"
+                         " transformer has dense ones only; export another format")
     if plan.strategy.uneven:
         # STAGE recomp main.py (0b44904d) takes only --pp; its graph spreads the layers over the
         # stages itself (round-robin), with no per-stage count.
-        raise PlannerUsageError(f"--format {fmt}: plan {plan.label}: STAGE cannot build it:"
-                                " uneven pipeline stages (first_stage_layers /"
-                                " last_stage_layers); STAGE splits the layers evenly; export"
-                                " another plan")
+        raise ValueError("STAGE cannot build it: uneven pipeline stages (first_stage_layers /"
+                         " last_stage_layers); STAGE splits the layers evenly; export another"
+                         " plan")
     try:
         return check_stage(plan.model, plan.system, plan.training, plan.strategy)
     except ValueError as e:
-        raise PlannerUsageError(f"--format {fmt}: plan {plan.label}: STAGE cannot build it:"
-                                f" {e}; export another plan") from None
+        raise ValueError(f"STAGE cannot build it: {e}; export another plan") from None
 
 
 def output_name(plan: Plan, args: StageArgs) -> str:

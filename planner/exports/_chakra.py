@@ -45,7 +45,7 @@ def _stage_files(plan: Plan, progress: TraceProgress | None) -> dict[str, bytes 
     from planner.exports._astra import stage_args_for
     from simcore.stage import build_model
 
-    args = stage_args_for(plan, "chakra")
+    args = stage_args_for(plan)
     model = build_model(args)
     _check_size(args.npus * max(len(r.nodes) for r in model.ranks), plan)
     return stage_trace_files(model, TRACE_NAME, progress)

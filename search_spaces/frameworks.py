@@ -262,7 +262,7 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
     refused = (refused or _cp_comm(framework, training, strategy)
                or _cp_chunks(framework, training, strategy)
                or _fp8_attention(framework, training, strategy) or _cuda_graphs(framework, training)
-               or _any_only(framework, training))
+               or _any_only(framework, training) or _loss(framework, training))
     refused = refused or _selective(framework, training, strategy)
     if refused is None and framework == "torchtitan":  # after the rules that name a knob
         refused = rules.torchtitan_zero(strategy)
@@ -331,6 +331,18 @@ def _cuda_graphs(framework: str, training: TrainingSpec) -> str | None:
         return None
     return (f"cuda_graphs (each layer captured as a CUDA graph): {framework} as exported here"
             " issues every kernel from the host; use framework megatron, or cuda_graphs false")
+
+
+def _loss(framework: str, training: TrainingSpec) -> str | None:
+    """Megatron-LM's loss is its vocab-parallel cross-entropy, fused
+    (``--cross-entropy-loss-fusion``) or not (d98e8a64 ``megatron/core/model_parallel_config.py``
+    ``cross_entropy_loss_fusion``): not PyTorch's on an fp32 copy of the logits, nor one on
+    logits gathered whole to every tp rank."""
+    loss = training.cross_entropy
+    if framework != "megatron" or loss in (None, CrossEntropy.FUSED, CrossEntropy.MEGATRON):
+        return None
+    return (f"cross_entropy {loss.value}: Megatron-LM's loss is its vocab-parallel one, fused"
+            " or not (cross_entropy: fused or megatron)")
 
 
 def _any_only(framework: str, training: TrainingSpec) -> str | None:

@@ -28,13 +28,16 @@ from pathlib import Path
 
 import pytest
 
+import simcore
 from planner.catalog import load_catalog
 from planner.exports import export_files
 from planner.exports._deepspeed import ds_config, launcher_args
 from planner.plan import Plan, make_plan
+from search_spaces.frameworks import with_framework_defaults
 from simcore.specs import (
     Convention,
     CpComm,
+    CrossEntropy,
     Recompute,
     Schedule,
     SelectiveRecompute,
@@ -210,11 +213,16 @@ def test_deepspeed_readme_has_launcher_args(plan: Plan) -> None:
                 "--attention-dropout 0.0", "--hidden-dropout 0.0",  # Llama: none
                 "--use-flash-attn-v2"]  # estimated with flash attention (llama on H100)
     assert launcher_args(plan) == expected
-    # estimated as Ulysses runs it (cp_comm a2a, what a deepspeed study sets); a plan priced
-    # with the ring is refused
-    ring = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1)
+    # estimated as Ulysses runs it (cp_comm a2a, what a deepspeed study sets); a plan whose
+    # training names the ring is refused, one that leaves it open is priced again as Ulysses
+    ring = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1,
+                 cp_comm=CpComm.P2P)
     with pytest.raises(ValueError, match="cp_comm p2p: deepspeed's context parallelism is"):
         export_files(ring, "deepspeed")
+    open_ring = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1)
+    launch = export_files(open_ring, "deepspeed")["deepspeed-launch.txt"]
+    assert "--ds-sequence-parallel-size 4" in launch
+    assert "the stack its study left open; as DeepSpeed runs the plan" in launch
     ulysses = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1,
                     cp_comm=CpComm.A2A)
     readme = export_files(ulysses, "deepspeed")["deepspeed-launch.txt"]
@@ -285,13 +293,17 @@ def test_a_selective_recompute_is_exported_only_where_it_runs(
     # Megatron-LM's selective recompute (the attention core) is not torchtitan's (per-op), and
     # per-op checkpointing is torchtitan's alone: each, said so, is refused where the other
     # runs, with the setting that fixes it. A plan whose training names neither (an `any`
-    # study's) exports to each as its own, torchtitan's saying what the estimate priced.
+    # study's) exports to each as its own, torchtitan's with its figures (its checkpointing).
     megatron = replace(plan, training=replace(plan.training,
                                               selective_recompute=SelectiveRecompute.ATTENTION))
     with pytest.raises(ValueError, match="selective_recompute: op"):
         export_files(megatron, "torchtitan")
     toml = export_files(plan, "torchtitan")["torchtitan.toml"]
-    assert "the estimate priced Megatron-LM's attention-core recompute" in toml
+    assert 'selective_ac_option = "op"' in toml
+    per_op = simcore.estimate(plan.model, plan.system, replace(
+        with_framework_defaults(plan.training, "torchtitan", True),
+        cross_entropy=CrossEntropy.PYTORCH), plan.strategy)
+    assert f"its loss): step time {per_op.step_time:.3f} s" in toml
     one_f_one_b = _plan(selective=SelectiveRecompute.OP, schedule=Schedule.ONE_F_ONE_B, v=1,
                         dp=32, sp=1)
     for framework, op_plan in (("megatron", torchtitan_plan), ("deepspeed", one_f_one_b)):
@@ -429,10 +441,36 @@ def test_the_deepspeed_launcher_says_megatron_deepspeed_runs_swiglu_and_rope_unf
     said = re.search(r"runs the model's SwiGLU and rotary embedding as PyTorch's element-wise"
                      r" ops; .* says swiglu_fusion: false, rope_fusion: false prices what it"
                      r" runs \((\d+\.\d+) s a step against (\d+\.\d+) s\)", text)
-    assert said and float(said.group(2)) == pytest.approx(plan.estimate.step_time, abs=5e-4)
+    # against the step as DeepSpeed runs the plan fused (estimate --framework deepspeed)
+    fused = simcore.estimate(plan.model, plan.system, with_framework_defaults(
+        training, "deepspeed", plan.system.device.transformer_engine), strategy)
+    assert said and float(said.group(2)) == pytest.approx(fused.step_time, abs=5e-4)
     assert float(said.group(1)) - float(said.group(2)) == pytest.approx(0.406, abs=0.005)
     eager = replace(training, swiglu_fusion=False, rope_fusion=False)
     for model, t in (("llama3-8b", eager), ("gpt-1.7b", training)):
         other = make_plan(c.model(model), c.system("dgx-a100-8"), t, strategy,
                           Convention.MEGATRON)
         assert "element-wise ops" not in export_files(other, "deepspeed")["deepspeed-launch.txt"]
+
+
+def test_megatron_runs_the_stack_and_loss_the_plan_was_priced_with() -> None:
+    # Megatron-LM d98e8a64: transformer_impl defaults to transformer_engine
+    # (transformer_config.py), cross_entropy_loss_fusion to False (model_parallel_config.py).
+    # A plan priced on the classic stack with Megatron-LM's unfused loss launched TE with it;
+    # one priced with the fused loss launched the unfused one.
+    c = load_catalog()
+    strategy = Strategy(dp=4, tp=2, zero=ZeroStage.OPTIMIZER)
+
+    def script(**training: object) -> str:
+        plan = make_plan(c.model("llama3-8b"), c.system("dgx-h100-8"),
+                         TrainingSpec(global_batch=64, seq_len=4096, **training),  # type: ignore[arg-type]
+                         strategy, Convention.MEGATRON)
+        return export_files(plan, "megatron")["megatron.sh"]
+
+    classic = script(transformer_engine=False, cross_entropy=CrossEntropy.MEGATRON)
+    assert "  --transformer-impl local\n" in classic
+    assert "--cross-entropy-loss-fusion" not in classic
+    te = script()  # the H100's default stack, the fused loss
+    assert "--transformer-impl" not in te and "  --cross-entropy-loss-fusion\n" in te
+    with pytest.raises(ValueError, match="cross_entropy pytorch: Megatron-LM's loss is its"):
+        script(cross_entropy=CrossEntropy.PYTORCH)

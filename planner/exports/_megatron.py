@@ -57,10 +57,15 @@ from planner.units import GB
 from search_spaces.frameworks import why_not
 from simcore.layout import format_layout
 from simcore.megatron import uses_flash_attention
-from simcore.megatron.stack import uses_quantized_params, uses_tp_comm_overlap
+from simcore.megatron.stack import (
+    uses_quantized_params,
+    uses_tp_comm_overlap,
+    uses_transformer_engine,
+)
 from simcore.specs import (
     Activation,
     CpComm,
+    CrossEntropy,
     Family,
     Precision,
     Recompute,
@@ -138,6 +143,7 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
                                plan.training.recompute_modules), _data_parallel_args(plan),
                 model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16),
                 megatron_moe_args(plan)]
+    sections.append(_stack_args(plan))
     if s.offload_layers is not None:
         # model_parallel_config.py (d98e8a64): cpu_offloading_num_layers > 0 sets cpu_offloading
         sections.append([f"# the first {s.offload_layers} layers offload their activations to"
@@ -162,6 +168,22 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
     lines[-1] = ")"
     lines += ["", 'torchrun "${TORCHRUN_ARGS[@]}" pretrain_gpt.py "${ARGS[@]}" "$@"']
     return "\n".join(lines) + "\n"
+
+
+def _stack_args(plan: Plan) -> list[str]:
+    """The layers' implementation and the loss the plan was priced with (d98e8a64:
+    ``transformer_impl`` defaults to ``transformer_engine`` in ``transformer_config.py``,
+    ``cross_entropy_loss_fusion`` to False in ``model_parallel_config.py``)."""
+    args = []
+    if not uses_transformer_engine(plan.system, plan.training, plan.strategy.zero):
+        args += ["# Megatron-Core's own layers, as estimated (no Transformer Engine)",
+                 "--transformer-impl local"]
+    if plan.training.cross_entropy in (None, CrossEntropy.FUSED):
+        args += ["# the fused vocab-parallel loss, as estimated (4 bytes a logit)",
+                 "--cross-entropy-loss-fusion"]
+    else:  # CrossEntropy.MEGATRON (search_spaces.frameworks refuses the others)
+        args.append("# Megatron-LM's unfused loss, its default, as estimated")
+    return args
 
 
 def _launcher(plan: Plan) -> list[str]:

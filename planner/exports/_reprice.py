@@ -41,14 +41,14 @@ def reprice(plan: Plan, training: TrainingSpec, under: str, hint: str) -> Estima
 
 
 def run_by(plan: Plan, framework: str) -> Plan:
-    """``plan`` with the training ``framework`` runs where its study named another framework:
-    the training as the study wrote it (:attr:`Plan.given_training`) with ``framework``'s
-    defaults, not the study's framework's. The estimate stays the study's: :func:`stack_check`
-    says where ``framework``'s figures differ."""
-    if plan.given_training is None:
-        return plan
+    """``plan`` with the training ``framework`` runs: what its study left open filled with
+    ``framework``'s defaults (its stack, loss, recompute), and where the study named another
+    framework, the training as the study wrote it (:attr:`Plan.given_training`) so filled, not
+    with the study's framework's. The estimate stays the study's: :func:`stack_check` says
+    where ``framework``'s figures differ."""
+    written = plan.given_training or plan.training
     return replace(plan, training=with_framework_defaults(
-        plan.given_training, framework, plan.system.device.transformer_engine))
+        written, framework, plan.system.device.transformer_engine))
 
 
 def stack_check(plan: Plan, framework: str) -> str | None:

@@ -86,7 +86,7 @@ from planner.exports._torchtitan_moe import expert_comment, expert_fields
 from planner.exports._torchtitan_python import python_config
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
-from simcore.specs import Precision, Recompute, SelectiveRecompute, ZeroStage
+from simcore.specs import Precision, Recompute, ZeroStage
 
 __all__ = ["SCHEDULES", "export_torchtitan", "llama3_flavor"]
 
@@ -213,9 +213,6 @@ def _toml_parallelism(plan: Plan) -> list[str]:
 def _toml_activation_checkpoint(plan: Plan) -> list[str]:
     r = plan.strategy.recompute
     lines = ["[activation_checkpoint]", _kv("mode", r.value)]
-    if r is Recompute.SELECTIVE:
-        priced = ("" if plan.training.selective_recompute is SelectiveRecompute.OP else
-                  " (the estimate priced Megatron-LM's attention-core recompute; a torchtitan"
-                  " study prices this)")
-        lines += [f"# per-op selective checkpointing{priced}", _kv("selective_ac_option", "op")]
+    if r is Recompute.SELECTIVE:  # the stack's comment says what it costs over the estimate's
+        lines += ["# per-op selective checkpointing", _kv("selective_ac_option", "op")]
     return lines

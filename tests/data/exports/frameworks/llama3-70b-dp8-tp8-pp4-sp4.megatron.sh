@@ -66,6 +66,9 @@ ARGS=(
   --bf16
   # flash attention, as estimated (the s x s scores are never stored)
   --attention-backend flash
+
+  # the fused vocab-parallel loss, as estimated (4 bytes a logit)
+  --cross-entropy-loss-fusion
 )
 
 torchrun "${TORCHRUN_ARGS[@]}" pretrain_gpt.py "${ARGS[@]}" "$@"

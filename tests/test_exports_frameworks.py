@@ -474,3 +474,15 @@ def test_megatron_runs_the_stack_and_loss_the_plan_was_priced_with() -> None:
     assert "--transformer-impl" not in te and "  --cross-entropy-loss-fusion\n" in te
     with pytest.raises(ValueError, match="cross_entropy pytorch: Megatron-LM's loss is its"):
         script(cross_entropy=CrossEntropy.PYTORCH)
+
+
+def test_torchtitan_reduces_the_gradients_in_the_type_priced(torchtitan_plan: Plan) -> None:
+    # FSDP reduces in mixed_precision_reduce (torchtitan's default float32, job_config.py at
+    # 73a0e697); the estimate prices the reduce-scatter's volume from grad_bytes
+    fp32 = replace(torchtitan_plan, training=replace(torchtitan_plan.training,
+                                                     bytes_per_param_grads=4))
+    for plan, dtype in ((torchtitan_plan, "bfloat16"), (fp32, "float32")):
+        files = export_files(plan, "torchtitan")
+        toml = tomllib.loads(files["torchtitan.toml"])
+        assert toml["training"]["mixed_precision_reduce"] == dtype
+        assert f'mixed_precision_reduce="{dtype}",' in files["torchtitan_config.py"]

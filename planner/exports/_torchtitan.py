@@ -79,6 +79,7 @@ from planner.exports._torchtitan_fields import (
     llama3_flavor,
     pipeline,
     pipeline_comment,
+    reduce_dtype,
     zero_comment,
 )
 from planner.exports._torchtitan_loss import torchtitan_loss_check
@@ -185,7 +186,9 @@ def _toml_training(plan: Plan) -> list[str]:
             _kv("global_batch_size", t.global_batch),
             _kv("seq_len", t.seq_len),
             _kv("mixed_precision_param", "bfloat16"),
-            _kv("mixed_precision_reduce", "float32")]
+            f"# gradients reduced in {reduce_dtype(plan)}, as priced (grad_bytes"
+            f" {t.bytes_per_param_grads})",
+            _kv("mixed_precision_reduce", reduce_dtype(plan))]
 
 
 def _toml_parallelism(plan: Plan) -> list[str]:

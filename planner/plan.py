@@ -38,6 +38,7 @@ from planner.fields import choice, fail, integer, load, training_flags
 from planner.fields import fields as check_fields
 from planner.record import strategy_attrs
 from search_spaces import strategy_label
+from search_spaces.frameworks import given_disagrees
 from simcore.estimate import Estimate
 from simcore.layout import parse_layout
 from simcore.network import Congestion
@@ -251,6 +252,11 @@ def training_from_dict(path: Path, where: str, data: Any) -> TrainingSpec:
         **ints, **chosen, **flags, recompute_modules=modules))
 
 
+def _value(value: Any) -> str:
+    """A training field's value as a plan file writes it."""
+    return str(getattr(value, "value", value))
+
+
 def _mapping(path: Path, field: str, value: Any) -> dict:
     if not isinstance(value, dict):
         raise fail(path, field, f"must be a mapping, but got {type(value).__name__}")
@@ -306,6 +312,12 @@ def read_plan(path: Path) -> Plan:
     model, system, training, convention = specs_from_dict(path, data)
     given = data.get("given_training")
     given = None if given is None else training_from_dict(path, "given_training", given)
+    field = None if given is None else given_disagrees(given, training)
+    if field is not None:
+        raise fail(path, f"given_training.{field}", f"is {_value(getattr(given, field))} where"
+                   f" training.{field} is {_value(getattr(training, field))}: the study's"
+                   " training as written and as its framework ran it must agree but for what"
+                   " the framework filled in; edit both, or remove given_training")
     strategy = _strategy(path, data.get("strategy"))
     try:
         return make_plan(model, system, training, strategy, convention,

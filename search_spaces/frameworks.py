@@ -52,7 +52,7 @@ deepspeedai/DeepSpeed#6908), so a DeepSpeed study keeps bf16 only.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from search_spaces import framework_rules as rules
 from simcore.specs import (
@@ -175,6 +175,28 @@ def async_tp_allreduce(framework: str) -> bool | None:
     backward's tp collective waits for the layer's GEMMs
     (:attr:`simcore.specs.TrainingSpec.async_tp_allreduce`). Else None (on)."""
     return False if framework == "deepspeed" else None
+
+
+FRAMEWORK_FILLED = ("transformer_engine", "recompute_early_stop", "selective_recompute",
+                    "cross_entropy", "cp_comm", "grad_copy", "main_grad_copy",
+                    "fp32_grad_partition", "async_tp_allreduce")
+"""The training fields :func:`with_framework_defaults` fills where they are None; it also
+turns Scaling's ``grad_all_reduce`` and ``grad_reduce_bytes`` off for a named framework."""
+
+
+def given_disagrees(given: TrainingSpec, training: TrainingSpec) -> str | None:
+    """The first field where ``training`` is not ``given`` filled by some framework's
+    defaults (:func:`with_framework_defaults`), or None: what a plan file's two trainings
+    must keep alike."""
+    for f in fields(TrainingSpec):
+        mine, theirs = getattr(given, f.name), getattr(training, f.name)
+        if f.name in FRAMEWORK_FILLED and mine is None:
+            continue  # the framework's to fill
+        if f.name in ("grad_all_reduce", "grad_reduce_bytes"):
+            continue
+        if mine != theirs:
+            return f.name
+    return None
 
 
 def with_framework_defaults(training: TrainingSpec, framework: str,

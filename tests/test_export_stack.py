@@ -200,3 +200,29 @@ def test_a_stored_framework_study_keeps_what_it_wrote(tmp_path, monkeypatch, cap
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["step_time"] == pytest.approx(
         _as_run("megatron").step_time)
+
+
+def test_a_plan_files_two_trainings_must_agree(tmp_path, monkeypatch, capsys) -> None:
+    # Edited in one place only, `estimate --plan` read `training` and `--framework` the other
+    # (a batch of 1024 estimated at 512 without a word): the two must agree but for what a
+    # framework fills in
+    import yaml
+
+    from search_spaces.frameworks import FRAMEWORKS, given_disagrees
+
+    for framework in FRAMEWORKS:
+        for training in (TRAINING, replace(TRAINING, cross_entropy=CrossEntropy.MEGATRON)):
+            assert given_disagrees(training, with_framework_defaults(
+                training, framework, True)) is None
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(STUDY)
+    assert main(["run", "s.yaml", "--quiet"]) == 0
+    assert main(["export", "s", "--format", "plan", "--out", "plan.yaml"]) == 0
+    data = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    data["training"]["global_batch"] = 32
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    assert main(["estimate", "--plan", "edited.yaml", "--framework", "deepspeed"]) == 2
+    err = capsys.readouterr().err
+    assert ("edited.yaml: given_training.global_batch: is 16 where training.global_batch is"
+            " 32") in err and err.count("\n") == 1

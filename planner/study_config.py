@@ -53,7 +53,7 @@ from planner.study_space import as_list, enums, space_from_entry
 from planner.units import GB
 from search_spaces import StrategySpace
 from search_spaces.frameworks import ANY, FRAMEWORKS, with_framework_defaults
-from simcore import convention_of
+from simcore import CONVENTIONS_OF_FAMILY, convention_of
 from simcore.megatron.checks import recompute_modules_problem
 from simcore.megatron.precision import fp8_attention_problem
 from simcore.network import Congestion
@@ -238,6 +238,10 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
         model = replace(model, vocab=math.ceil(model.vocab / k) * k)
     convention = (choice(path, "convention", e["convention"], Convention)
                   if "convention" in e else convention_of(model))
+    allowed = CONVENTIONS_OF_FAMILY[model.family]
+    if convention not in allowed:
+        raise fail(path, "convention", f"model {model.name} ({model.family.value} family) cannot"
+                   f" use {convention.value}; use {' or '.join(c.value for c in allowed)}")
     if "congestion" in e:
         system = with_congestion(system, choice(path, "congestion", e["congestion"], Congestion),
                                  convention, lambda m: fail(path, "congestion", m))

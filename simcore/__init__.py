@@ -62,6 +62,12 @@ from simcore.specs import (
 )
 from simcore.timeline import Timeline, step_timeline
 
+_TRANSFORMER = (Convention.MEGATRON, Convention.STAGE)
+CONVENTIONS_OF_FAMILY = {Family.GPT: _TRANSFORMER, Family.LLAMA: _TRANSFORMER,
+                         Family.STAGE: _TRANSFORMER, Family.MLP: (Convention.MLP,)}
+"""The conventions each model family can be estimated with: a transformer as Megatron-LM or
+STAGE builds it, the DistIR MLP only as itself."""
+
 
 def convention_of(model: ModelSpec) -> Convention:
     """The graph convention a model family is simulated with."""
@@ -167,6 +173,7 @@ def _check_uneven(strategy: Strategy, convention: Convention) -> None:
 
 __all__ = [
     "CONVENTIONS",
+    "CONVENTIONS_OF_FAMILY",
     "AlgorithmChoice",
     "Collective",
     "CollectiveAlgorithm",

@@ -122,3 +122,27 @@ def test_validate_and_calibrate_read_empty_cells_as_the_framework_given(tmp_path
                  str(tmp_path / "ours.yaml"), "--framework", "deepspeed", "--trials", "8",
                  "--fit", "matmul_efficiency", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["runs"] == 2
+
+
+def test_framework_needs_the_megatron_convention(tmp_path, capsys) -> None:
+    # The stage convention (STAGE's graph on ASTRA-sim) and the mlp one are no framework's:
+    # `--framework megatron` printed the stage figure "as megatron runs it"
+    stage = ["estimate", "--model", "llama70b", "--system", "lab-system1", "--dp", "64",
+             "--global-batch", "512", "--seq-len", "1024", "--convention", "stage"]
+    assert main(stage) == 0
+    capsys.readouterr()
+    assert main([*stage, "--framework", "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert "--framework megatron: the stage convention is not a training framework's" in err
+    assert err.count("\n") == 1
+
+
+def test_a_study_takes_only_a_convention_its_model_has(tmp_path, capsys) -> None:
+    # DistIR's MLP convention prices an MLP: a Llama study in it ranked plans at 0.1% MFU
+    study = tmp_path / "s.yaml"
+    study.write_text("model: llama3-8b\nsystem: dgx-h100-8\nconvention: mlp\n"
+                     "training: {global_batch: 64, seq_len: 4096}\nspace: {tp: [1, 2]}\n")
+    assert main(["run", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert (f"{study}: convention: model llama3-8b (llama family) cannot use mlp; use megatron"
+            " or stage") in err

@@ -107,6 +107,11 @@ class EstimateCommand(BaseCommand):
             from planner.plan import read_plan  # Optuna and pandas: only for --plan
 
             plan = read_plan(args.plan)
+            if args.framework != ANY and plan.convention is not Convention.MEGATRON:
+                raise PlannerUsageError(
+                    f"--framework {args.framework}: {args.plan} was estimated in the"
+                    f" {plan.convention.value} convention, which no training framework runs;"
+                    " drop --framework")
             if args.framework == ANY:
                 self._print(args, plan.model, plan.system, plan.strategy, plan.estimate,
                             plan.training)
@@ -133,6 +138,10 @@ class EstimateCommand(BaseCommand):
                 raise PlannerUsageError(f"--hbm-gb must be > 0, but got {args.hbm_gb}")
             system = replace(system, device=replace(system.device, hbm_bytes=args.hbm_gb * GB))
         convention = convention_for(model, args.convention)
+        if args.framework != ANY and convention is not Convention.MEGATRON:
+            raise PlannerUsageError(f"--framework {args.framework}: the {convention.value}"
+                                    " convention is not a training framework's; drop"
+                                    " --framework or use --convention megatron")
         if args.congestion is not None:
             from planner.study_config import with_congestion  # Optuna: only for --congestion
 

@@ -9,14 +9,13 @@ import argparse
 from planner.commands._base import positive_int
 from planner.errors import PlannerUsageError
 from planner.fields import placement_axes
-from simcore import convention_of
+from simcore import CONVENTIONS_OF_FAMILY, convention_of
 from simcore.layout import layout_chunks, parse_layout
 from simcore.specs import (
     Axis,
     Convention,
     CpComm,
     CrossEntropy,
-    Family,
     ModelSpec,
     Precision,
     Recompute,
@@ -62,11 +61,6 @@ def _placement(text: str) -> tuple[Axis, ...]:
     return axes
 
 
-_TRANSFORMER = (Convention.MEGATRON, Convention.STAGE)
-CONVENTIONS_OF_FAMILY = {Family.GPT: _TRANSFORMER, Family.LLAMA: _TRANSFORMER,
-                         Family.STAGE: _TRANSFORMER, Family.MLP: (Convention.MLP,)}
-"""The conventions each model family can be estimated with: a transformer as Megatron-LM or
-STAGE builds it, the DistIR MLP only as itself."""
 
 
 def convention_for(model: ModelSpec, name: str | None) -> Convention:

@@ -199,11 +199,13 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
 
 def _no_rows_inside(path: Path, line: int, header: list[str], record: list[str]) -> None:
     """Refuse a cell that runs over lines that read as rows (as many cells as the header, but
-    two): a quote opened and closed only on a later line, which took the rows between into
-    the cell. A quoted note over several lines of prose is a cell like any other."""
+    two), or whose row then spills past the header: a quote opened and closed only on a later
+    line, which took the rows between into the cell. A quoted note over several lines of prose
+    is a cell like any other."""
+    spilled = len(record) > len(header)  # the rest of the row the quote took, cells past the end
     for i, cell in enumerate(record):
         rows = cell.splitlines()[1:]
-        if any(row.count(",") >= len(header) - 2 for row in rows):
+        if rows and (spilled or any(row.count(",") >= len(header) - 2 for row in rows)):
             column = header[i] if i < len(header) and header[i] else f"column {i + 1}"
             lines = len(rows)
             raise PlannerUsageError(

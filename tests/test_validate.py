@@ -533,6 +533,13 @@ def test_a_quote_closed_rows_later_is_one_line(tmp_path: Path, capsys) -> None:
     assert (f"{path}: line 2: notes: a quote opened in this cell closes only 1 line later,"
             " taking the rows between into it") in err
     assert err.count("\n") == 1
+    # closed at the start of the next row: the rest of that row spilled past the header
+    path = _write(tmp_path, HEADER + ",step_time_s,notes",
+                  "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,\"table 1",
+                  "b\",gpt-1.7b,dgx-a100-8,16,2048,4,2,1,1,1.2,table 2")
+    assert main(["validate", str(path)]) == 2
+    assert (f"{path}: line 2: notes: a quote opened in this cell closes only 1 line later"
+            in capsys.readouterr().err)
 
 
 def test_calibrate_fit_names_ignore_case(tmp_path: Path, capsys) -> None:

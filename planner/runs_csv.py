@@ -403,7 +403,29 @@ def read_runs_files(paths: Iterable[Path], catalog: Catalog,
         found, left_out = read_runs(path, catalog, framework)
         runs += found
         skipped += left_out
-    return runs, skipped
+    return _once(runs, skipped)
+
+
+def _once(runs: list[MeasuredRun], skipped: list[SkippedRun]
+          ) -> tuple[list[MeasuredRun], list[SkippedRun]]:
+    """The runs with each one in another file already read left out as a value to fix: one
+    file's row copied into another would count one run twice in every figure (a file's own
+    repeats are its :func:`read_runs`'s)."""
+    first: dict[tuple, MeasuredRun] = {}
+    kept: list[MeasuredRun] = []
+    for run in runs:
+        key = (run.name, run.model_id, run.system_id, run.training, run.strategy, run.mixed,
+               run.step_time_s, run.peak_memory_gb, run.memory_stage, run.memory_allocated,
+               run.release, run.framework, run.out_of_memory)
+        earlier = first.setdefault(key, run)
+        if earlier.file == run.file:  # itself, or a row its file tells apart by other cells
+            kept.append(run)
+            continue
+        skipped.append(SkippedRun(run.line, run.name, f"repeats {earlier.file}:{earlier.line}"
+                                  " (the same run, plan and figures), which would count one run"
+                                  " twice; remove one, or give a second measurement its own"
+                                  " name", True, run.file))
+    return kept, skipped
 
 
 def read_runs(path: Path, catalog: Catalog,

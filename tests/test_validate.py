@@ -667,3 +667,17 @@ def test_a_peak_far_over_any_part_says_check_the_unit_and_json_lists_in_skipped(
         capsys.readouterr().out)
     assert main(["validate", str(path), "--json"]) == 1
     assert "(listed in skipped)" in capsys.readouterr().err
+
+
+def test_a_run_in_two_files_counts_once(tmp_path: Path, capsys) -> None:
+    # a file copied beside itself counted every run twice (Kendall tau -1.00 -> -0.67)
+    rows = ("a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0",
+            "b,gpt-1.7b,dgx-a100-8,16,2048,4,2,1,1,1.2")
+    one = _write(tmp_path, HEADER + ",step_time_s", *rows)
+    two = tmp_path / "copy.csv"
+    two.write_text(one.read_text())
+    assert main(["validate", str(one), str(two), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_time_runs"] == 2
+    assert [s["reason"].split(" (")[0] for s in out["skipped"]] == [
+        f"repeats {one}:2", f"repeats {one}:3"]

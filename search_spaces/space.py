@@ -381,6 +381,35 @@ class StrategySpace:
             why = self.reason_invalid(s)
             if why is not None:
                 return why
-        return (f"no dp, tp, pp, sp from the lists multiplies to {self.devices} devices"
-                if not self.layouts() else "")
+        if not self.layouts():
+            return f"no dp, tp, pp, sp from the lists multiplies to {self.devices} devices"
+        return self._first_pairing()
+
+    def _first_pairing(self) -> str:
+        """Why :meth:`candidates` made no strategy of the first layout: the first knob the
+        lists pair with it that makes no plan."""
+        layout = self.layouts()[0]
+        for zero, rc, pipe, short, group, expert, partial, offload in itertools.product(
+                self.zero, self.recompute, self.pipelines(), self.uneven, self.shard_group,
+                self.experts(), self.recompute_layers, self.offload_layers):
+            ranks = layout.dp * layout.sp
+            if self._ends(layout.pp, short) == -1:
+                return (f"uneven {short}: no split of {self.model.layers} layers over pp"
+                        f" {layout.pp} has first and last stages {short} layer(s) short")
+            if not _shard_group_ok(layout, zero, group):
+                return (f"shard_group {group} with dp x sp = {ranks} and zero {int(zero)}: a"
+                        f" shard group is a multiple of sp ({layout.sp}) that divides dp x sp"
+                        " and is smaller, under zero 1 or 3")
+            if not _experts_ok(layout, *expert[:2], self.etp):
+                return (f"ep {expert[0]} x etp {expert[1] or layout.tp} must divide tp x sp x"
+                        f" dp = {layout.tp * ranks}")
+            if not self._partial_ok(layout.pp, pipe.v, rc, partial):
+                return (f"recompute_layers {partial}: needs recompute full, the megatron"
+                        " convention and fewer layers than a stage's"
+                        f" {self.model.layers // (layout.pp * pipe.v)}")
+            if not self._offload_ok(layout.pp, rc, offload):
+                return (f"offload_layers {offload}: needs pp 1, recompute none, the megatron"
+                        " convention, fewer layers than the model's and a device with a host"
+                        " link")
+        return "each pairing of the lists' knobs is left out"
 

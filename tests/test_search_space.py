@@ -133,6 +133,17 @@ def test_empty_space_says_why():
     assert "kv_heads" in space.first_reason() or "heads" in space.first_reason()
 
 
+def test_a_space_whose_knobs_pair_with_no_layout_says_which():
+    # shard_group 3 divides no dp x sp of 8 GPUs: the message said "()"
+    space = StrategySpace(model=CATALOG.model("llama3-8b"), system=CATALOG.system("dgx-h100-8"),
+                          training=TrainingSpec(global_batch=64, seq_len=4096),
+                          convention=Convention.MEGATRON, tp=(1, 2),
+                          zero=(ZeroStage.PARAMETERS,), shard_group=(3,))
+    assert space.enumerate() == ()
+    assert space.first_reason().startswith("shard_group 3 with dp x sp = 8 and zero 3: a shard"
+                                           " group is a multiple of sp (1) that divides")
+
+
 def test_dp_list_restricts_layouts():
     space = StrategySpace(model=CATALOG.model("llama70b"), system=CATALOG.system("lab-system1"),
                           training=LAB_TRAINING, convention=Convention.MEGATRON,

@@ -133,3 +133,22 @@ def test_export_all_of_an_moe_study_writes_what_runs(tmp_path, monkeypatch, caps
     assert {"plan.yaml", "megatron.sh"} <= {f.name for f in folder.iterdir()}
     assert main(["export", "moe", "--format", "astra-sim", "--out", "out2"]) == 2
     assert "--format astra-sim: plan 1: STAGE cannot build it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("model", "total", "active"), [
+    ("mixtral-8x7b", 46.7, 12.9),  # Mistral AI, "Mixtral of experts" (2024): 46.7B, 12.9B
+    ("deepseek-v3", 671, 37),  # arXiv:2412.19437 abstract: 671B total, 37B activated
+    ("qwen3-235b-a22b", 235, 22),  # Qwen3 technical report, Table 2: 235B, 22B activated
+])
+def test_the_catalog_lists_an_moe_models_parameters_and_active_ones(model, total, active,
+                                                                      capsys) -> None:
+    # the listing counted a dense FFN per layer: Mixtral at 7.2B
+    from planner.cli import main
+
+    assert main(["catalog", "models"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.split()[0] == model)
+    figures = row.split()[2:5]
+    assert float(figures[0]) == pytest.approx(total, rel=0.025)
+    assert figures[1].startswith("(") and figures[2] == "active)"
+    assert float(figures[1][1:]) == pytest.approx(active, rel=0.03)

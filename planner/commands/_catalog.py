@@ -11,16 +11,26 @@ from planner.outputs import text_table
 from planner.units import GB
 from simcore import precision_problem
 from simcore.megatron.layers import layer_shape
+from simcore.megatron.moe import moe_shape
 from simcore.network import NetworkDim
 from simcore.specs import Convention, DeviceSpec, Family, ModelSpec, Precision
 
 
 def _params_b(m: ModelSpec) -> str:
+    """Billions of parameters; an MoE model's all of them, then those a token runs through."""
     if m.family not in (Family.GPT, Family.LLAMA):
         return "-"
     shape = layer_shape(m)
     head = 0 if m.tied_embeddings else shape.head_params
-    return f"{(m.layers * shape.layer_params + shape.embedding_params + head) / 1e9:.1f}"
+    ends = shape.embedding_params + head
+    if m.moe is None:
+        return f"{(m.layers * shape.layer_params + ends) / 1e9:.1f}"
+    ms, n_moe = moe_shape(m), m.moe_layer_count
+    dense = (m.layers - n_moe) * shape.layer_params + ends
+    common = shape.attention_params + shape.other_params + ms.router_params + ms.shared_params
+    total = dense + n_moe * (common + ms.routed_params)
+    active = dense + n_moe * (common + m.moe.top_k * ms.expert_params)
+    return f"{total / 1e9:.1f} ({active / 1e9:.1f} active)"
 
 
 def _where(catalog: Catalog, kind: str, name: str) -> str:

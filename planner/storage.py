@@ -77,6 +77,11 @@ def open_storage(arg: str | None, *, create: bool, heartbeat: int | None = None
     interval; trials silent for ``3 * heartbeat`` seconds are failed and retried."""
     label = storage_label(arg)
     if is_url(label):
+        sqlite = _sqlite_file(label)
+        if not create and sqlite is not None and not sqlite.exists():  # Optuna would make it
+            raise PlannerUsageError(f"--storage {label}: {sqlite} does not exist, so no studies"
+                                    f" are there yet; run `planner run STUDY.yaml"
+                                    f"{storage_option(label)}` first, or give another --storage")
         return open_rdb(label, heartbeat)
     path = Path(label)
     if not create and not path.exists():
@@ -89,6 +94,15 @@ def open_storage(arg: str | None, *, create: bool, heartbeat: int | None = None
     _check_journal(path, label)
     path.parent.mkdir(parents=True, exist_ok=True)
     return BatchedJournalStorage(BatchedJournalFileBackend(str(path)))
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a ``sqlite:///PATH`` URL (its query dropped); None for a server or an
+    in-memory database."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
 
 
 JOURNAL_START = b'{"op_code":'

@@ -267,3 +267,14 @@ def test_a_stored_study_gives_back_its_configuration(tmp_path):
             config.sampler, config.n_trials, config.seed, config.objectives)
         s = config.space.valid[5]
         assert again.evaluator()(s) == config.evaluator()(s)
+
+
+def test_reading_a_missing_sqlite_file_makes_none(tmp_path, capsys) -> None:
+    # `planner best` on a sqlite URL of no file made a 114 kB database as it read it
+    from planner.cli import main
+
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    assert main(["best", "s", "--storage", url]) == 2
+    assert f"{tmp_path / 'none.db'} does not exist, so no studies are there yet" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "none.db").exists()

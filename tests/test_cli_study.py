@@ -108,6 +108,17 @@ def test_trials_into_a_missing_folder_is_one_line(tmp_path, storage, capsys):
         assert "None" not in err[0]
 
 
+def test_trials_named_for_the_other_format_is_one_line(tmp_path, storage, capsys):
+    # --csv x.parquet wrote CSV under a Parquet name (and the reverse)
+    main(["run", str(lab_study(tmp_path)), "--quiet"])
+    capsys.readouterr()
+    for flag, name, other in (("--csv", "t.parquet", "--parquet"),
+                              ("--parquet", "t.CSV", "--csv")):
+        assert main(["trials", "lab", flag, str(tmp_path / name)]) == 2
+        assert f"use {other} {tmp_path / name}" in capsys.readouterr().err
+        assert not (tmp_path / name).exists()
+
+
 def test_unknown_study_and_empty_storage(tmp_path, storage, capsys):
     assert main(["best", "lab"]) == 2
     assert "no studies there yet" in capsys.readouterr().err

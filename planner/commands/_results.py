@@ -50,8 +50,17 @@ class BestCommand(BaseCommand):
         return 0
 
 
+_OTHER = {"csv": (".parquet", "parquet"), "parquet": (".csv", "csv")}
+"""Each table format, with the suffix of the other and its option."""
+
+
 def _check_target(path: Path, kind: str) -> None:
-    """Refuse an output path whose folder does not exist before reading anything."""
+    """Refuse an output path whose folder does not exist, or named for the other format,
+    before reading anything."""
+    suffix, other = _OTHER[kind]
+    if path.suffix.lower() == suffix:
+        raise PlannerUsageError(f"--{kind} {path}: a {kind} file named {suffix}; use --{other}"
+                                f" {path}, or name it .{kind}")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise PlannerUsageError(f"--{kind} {path}: the folder {folder} does not exist; create"

@@ -22,7 +22,8 @@ SWITCHES = {"overlap_grad_reduce": True, "tp_comm_overlap": True, "launch_blocki
             "fp8_attention": False, "fused_norm": True, "grad_all_reduce": False,
             "rope_fusion": True}
 STACK_CHOICES = ("flash_attention", "transformer_engine", "recompute_early_stop", "grad_copy",
-                 "main_grad_copy", "fp32_grad_partition", "async_tp_allreduce")
+                 "main_grad_copy", "fp32_grad_partition", "async_tp_allreduce",
+                 "pipeline_no_sync")
 
 STUDY = """model: llama3-8b
 system: dgx-h100-8
@@ -51,7 +52,7 @@ def test_every_flag_a_study_sets_reaches_the_plan_file_and_back(tmp_path: Path) 
     flipped = {**{k: not v for k, v in SWITCHES.items()},
                "flash_attention": True, "transformer_engine": False,
                "recompute_early_stop": True, "grad_copy": False, "main_grad_copy": True,
-               "fp32_grad_partition": True}
+               "fp32_grad_partition": True, "pipeline_no_sync": True}
     config = load_study_config(_study(tmp_path, flipped))
     for key, value in flipped.items():
         assert getattr(config.training, key) is value, key

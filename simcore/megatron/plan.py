@@ -151,11 +151,15 @@ class StepPlan:
         self.fp32_shards = uses_fp32_shards(system, training, strategy.zero)
         """Gradient shards in fp32, and under ZeRO-3 no 16-bit shard (PyTorch FSDP):
         :func:`uses_fp32_shards`."""
-        self.no_sync = (training.fsdp_no_sync and strategy.zero is ZeroStage.PARAMETERS
-                        and self.m > 1)
+        self.pipeline_no_sync = bool(training.pipeline_no_sync and strategy.pp > 1
+                                     and strategy.zero is ZeroStage.PARAMETERS and self.m > 1)
+        """FSDP2 under PyTorch's pipeline stages: ``no_sync`` accumulation, and the stage's
+        weights kept gathered (:attr:`TrainingSpec.pipeline_no_sync`)."""
+        self.no_sync = self.pipeline_no_sync or (
+            training.fsdp_no_sync and strategy.zero is ZeroStage.PARAMETERS and self.m > 1)
         """FSDP's ``no_sync`` accumulation: the whole gradient kept through the step, in the
         reduction's type, and each layer's reduce-scatter once a step
-        (:attr:`TrainingSpec.fsdp_no_sync`)."""
+        (:attr:`TrainingSpec.fsdp_no_sync`, :attr:`TrainingSpec.pipeline_no_sync`)."""
         self.per_op = (strategy.recompute is Recompute.SELECTIVE
                        and training.selective_recompute is SelectiveRecompute.OP)
         """Selective recompute is torchtitan's per-op checkpointing, not the attention core."""

@@ -166,6 +166,9 @@ def _fixed_memory(p: StepPlan, stage: Stage, pp: int) -> MemoryParts:
     if zero is ZeroStage.PARAMETERS and group > 1:
         layer = p.shape.layer_params / t
         gathered = layer * (2 * tr.bytes_per_param_weights + tr.bytes_per_param_grads)
+    if p.pipeline_no_sync and group > 1:  # the stage's weights kept gathered between passes
+        gathered = max(gathered, (stage.params + stage.expert_params)
+                       * tr.bytes_per_param_weights)
     comm = 0.0
     if t > 1:
         comm += sbh * tr.bytes_per_activation  # one gathered (b, s, h) activation

@@ -106,6 +106,16 @@ class TrainingSpec:
     shards before the next step's micro-batches. False: each
     micro-batch's backward reduce-scatters its gradients, as torchtitan and llm-foundry run
     FSDP. Plans with one micro-batch a step, or another ZeRO stage, are the same either way."""
+    pipeline_no_sync: bool | None = None
+    """Under a pipeline (pp > 1), ZeRO-3 (FSDP) runs as PyTorch's pipeline stages run FSDP2:
+    every micro-batch's backward but the last skips the gradient sync and keeps the weights it
+    gathered (pytorch/pytorch v2.10.0 ``torch/distributed/pipelining/stage.py``
+    ``backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``,
+    ``set_reshard_after_backward(False)``), so each device holds its stage's whole gradient,
+    in the reduction's type, as :attr:`fsdp_no_sync` does, and its stage's whole 16-bit
+    weights, and reduce-scatters once a step. torchtitan's pipelines run so (a
+    ``framework: torchtitan`` study sets it); None or False: FSDP under a pipeline as at pp 1.
+    """
     swiglu_fusion: bool = True
     """A SwiGLU MLP runs its gate's SiLU and the product in one fused kernel that saves only its
     input (the gate and up projections' output) for the backward, as Megatron-LM's

@@ -202,7 +202,8 @@ def _no_rows_inside(path: Path, line: int, header: list[str], record: list[str])
     two), or whose row then spills past the header: a quote opened and closed only on a later
     line, which took the rows between into the cell. A quoted note over several lines of prose
     is a cell like any other."""
-    spilled = len(record) > len(header)  # the rest of the row the quote took, cells past the end
+    # the rest of the row the quote took: filled cells past the end
+    spilled = any(v.strip() for v in record[len(header):])
     for i, cell in enumerate(record):
         rows = cell.splitlines()[1:]
         if rows and (spilled or any(row.count(",") >= len(header) - 2 for row in rows)):

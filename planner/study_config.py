@@ -52,7 +52,12 @@ from planner.record import Evaluator
 from planner.study_space import as_list, enums, space_from_entry
 from planner.units import GB
 from search_spaces import StrategySpace
-from search_spaces.frameworks import ANY, FRAMEWORKS, with_framework_defaults
+from search_spaces.frameworks import (
+    ANY,
+    FRAMEWORKS,
+    TORCHTITAN_GRAD_BYTES,
+    with_framework_defaults,
+)
 from simcore import CONVENTIONS_OF_FAMILY, convention_of
 from simcore.megatron.checks import recompute_modules_problem
 from simcore.megatron.precision import fp8_attention_problem
@@ -138,6 +143,7 @@ class StudyConfig:
             **({"main_grad_copy": True} if self.training.main_grad_copy else {}),
             **({"fp32_grad_partition": True} if self.training.fp32_grad_partition else {}),
             **({"async_tp_allreduce": False} if self.training.async_tp_allreduce is False else {}),
+            **({"pipeline_no_sync": True} if self.training.pipeline_no_sync else {}),
             **({"fused_norm": False} if not self.training.fused_norm else {}),
             **({"rope_fusion": False} if not self.training.rope_fusion else {}),
             **({"grad_all_reduce": True} if self.training.grad_all_reduce else {}),
@@ -255,6 +261,10 @@ def load_study_config(path: Path, *, hbm_gb: float | None = None, system: str | 
     batch = integer(path, "training.global_batch", t["global_batch"], minimum=1)
     seq_len = integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1)
     grad_bytes = integer(path, "training.grad_bytes", t.get("grad_bytes", 2), minimum=1)
+    if e.get("framework") == "torchtitan" and grad_bytes != TORCHTITAN_GRAD_BYTES and (
+            "grad_bytes" in t):
+        raise fail(path, "training.grad_bytes", f"torchtitan reduces the gradients in float32"
+                   f" only (mixed_precision_reduce): {TORCHTITAN_GRAD_BYTES}, or leave it out")
     optimizer_bytes = integer(path, "training.optimizer_bytes", t.get("optimizer_bytes", 12),
                               minimum=1)
     if t.get("optimizer_bytes") is not None and t.get("master_weights") is False:

@@ -177,11 +177,21 @@ def async_tp_allreduce(framework: str) -> bool | None:
     return False if framework == "deepspeed" else None
 
 
+def pipeline_no_sync(framework: str) -> bool | None:
+    """The ``pipeline_no_sync`` of a ``framework`` study whose training names none: torchtitan
+    pipelines through PyTorch's pipeline stages, which run FSDP2 without the gradient sync and
+    without resharding on every micro-batch's backward but the last
+    (:attr:`simcore.specs.TrainingSpec.pipeline_no_sync`). Else None (Megatron-FSDP and
+    DeepSpeed, whose pipelines refuse ZeRO-3, sync as at pp 1)."""
+    return True if framework == "torchtitan" else None
+
+
 FRAMEWORK_FILLED = ("transformer_engine", "recompute_early_stop", "selective_recompute",
                     "cross_entropy", "cp_comm", "grad_copy", "main_grad_copy",
-                    "fp32_grad_partition", "async_tp_allreduce")
+                    "fp32_grad_partition", "async_tp_allreduce", "pipeline_no_sync")
 """The training fields :func:`with_framework_defaults` fills where they are None; it also
-turns Scaling's ``grad_all_reduce`` and ``grad_reduce_bytes`` off for a named framework."""
+turns Scaling's ``grad_all_reduce`` and ``grad_reduce_bytes`` off for a named framework, and
+sets torchtitan's gradients to fp32 (:data:`TORCHTITAN_GRAD_BYTES`)."""
 
 
 def given_disagrees(given: TrainingSpec, training: TrainingSpec) -> str | None:
@@ -194,6 +204,8 @@ def given_disagrees(given: TrainingSpec, training: TrainingSpec) -> str | None:
             continue  # the framework's to fill
         if f.name in ("grad_all_reduce", "grad_reduce_bytes"):
             continue
+        if f.name == "bytes_per_param_grads" and theirs == TORCHTITAN_GRAD_BYTES:
+            continue  # torchtitan's, whatever was written
         if mine != theirs:
             return f.name
     return None
@@ -218,11 +230,22 @@ def with_framework_defaults(training: TrainingSpec, framework: str,
         "main_grad_copy": main_grad_copy(framework, training),
         "fp32_grad_partition": fp32_grad_partition(framework, training),
         "async_tp_allreduce": async_tp_allreduce(framework),
+        "pipeline_no_sync": pipeline_no_sync(framework),
     }
     named = {k: v for k, v in defaults.items() if getattr(training, k) is None}
     if framework != ANY:  # each reduces its gradients its own way, none as Scaling does
         named.update(grad_all_reduce=False, grad_reduce_bytes=None)
+    if framework == "torchtitan":
+        named["bytes_per_param_grads"] = TORCHTITAN_GRAD_BYTES
     return replace(training, **named)
+
+
+TORCHTITAN_GRAD_BYTES = 4
+"""torchtitan's FSDP reduces the gradients in float32 only: ``mixed_precision_reduce`` is
+``Literal["float32"]`` (``torchtitan/config/job_config.py`` at 73a0e697,
+``torchtitan/config/configs.py`` at b5bcd76c), so a torchtitan plan's gradients are 4 bytes,
+whatever a study's ``grad_bytes`` left at its default says (one naming 2 is refused where it
+is read)."""
 
 
 def framework_training(framework: str, model: ModelSpec, system: SystemSpec,
@@ -370,7 +393,8 @@ def _loss(framework: str, training: TrainingSpec) -> str | None:
 def _any_only(framework: str, training: TrainingSpec) -> str | None:
     """Three trainings none of the three frameworks runs, so only an ``any`` study offers them.
     FSDP's ``no_sync`` accumulation (``fsdp_no_sync``): torchtitan reduce-scatters every
-    micro-batch's gradients, skipping only HSDP's all-reduce. Pure 16-bit training
+    micro-batch's gradients at pp 1, skipping only HSDP's all-reduce (its pipelines accumulate:
+    ``pipeline_no_sync``). Pure 16-bit training
     (``master_weights: false``): Megatron-LM keeps fp32 or fp16 main parameters
     (``--main-params-dtype``, d98e8a64 ``megatron/training/arguments.py``), DeepSpeed's bf16 and
     ZeRO optimizers keep fp32 master weights, torchtitan keeps fp32 parameters under FSDP's
@@ -383,7 +407,9 @@ def _any_only(framework: str, training: TrainingSpec) -> str | None:
                 f" {framework} splits it over tp; use framework any")
     if training.fsdp_no_sync:
         return (f"fsdp_no_sync (gradients accumulated unsharded, one reduce-scatter a step):"
-                f" {framework}'s ZeRO-3 reduces each micro-batch's gradients; use framework any")
+                f" {framework}'s ZeRO-3 reduces each micro-batch's gradients (torchtitan's at"
+                " pp 1; its pipelines accumulate, as pipeline_no_sync prices); use framework"
+                " any")
     if training.master_weights:
         return None
     return (f"master_weights false (pure 16-bit training): {framework} keeps fp32 master weights;"

@@ -400,6 +400,8 @@ class StrategySpace:
                 return (f"shard_group {group} with dp x sp = {ranks} and zero {int(zero)}: a"
                         f" shard group is a multiple of sp ({layout.sp}) that divides dp x sp"
                         " and is smaller, under zero 1 or 3")
+            if expert[1] is not None and expert[1] == layout.tp and None in self.etp:
+                continue  # the same plan as etp None (_experts_ok leaves it out)
             if not _experts_ok(layout, *expert[:2], self.etp):
                 return (f"ep {expert[0]} x etp {expert[1] or layout.tp} must divide tp x sp x"
                         f" dp = {layout.tp * ranks}")

@@ -467,22 +467,34 @@ def test_megatron_runs_the_stack_and_loss_the_plan_was_priced_with() -> None:
                          strategy, Convention.MEGATRON)
         return export_files(plan, "megatron")["megatron.sh"]
 
-    classic = script(transformer_engine=False, cross_entropy=CrossEntropy.MEGATRON)
+    classic = script(transformer_engine=False, flash_attention=False,
+                     cross_entropy=CrossEntropy.MEGATRON)
     assert "  --transformer-impl local\n" in classic
+    assert "--attention-backend unfused" in classic
     assert "--cross-entropy-loss-fusion" not in classic
+    # Megatron-Core's own layers have no flash attention (megatron/core/models/backends.py
+    # LocalSpecProvider.core_attention: DotProductAttention): a plan priced with it keeps
+    # Transformer Engine's layers
+    flash = script(transformer_engine=False)
+    assert "--transformer-impl" not in flash and "--attention-backend flash" in flash
+    assert "have no flash attention, which the plan was priced with" in flash
     te = script()  # the H100's default stack, the fused loss
     assert "--transformer-impl" not in te and "  --cross-entropy-loss-fusion\n" in te
     with pytest.raises(ValueError, match="cross_entropy pytorch: Megatron-LM's loss is its"):
         script(cross_entropy=CrossEntropy.PYTORCH)
 
 
-def test_torchtitan_reduces_the_gradients_in_the_type_priced(torchtitan_plan: Plan) -> None:
-    # FSDP reduces in mixed_precision_reduce (torchtitan's default float32, job_config.py at
-    # 73a0e697); the estimate prices the reduce-scatter's volume from grad_bytes
-    fp32 = replace(torchtitan_plan, training=replace(torchtitan_plan.training,
-                                                     bytes_per_param_grads=4))
-    for plan, dtype in ((torchtitan_plan, "bfloat16"), (fp32, "float32")):
-        files = export_files(plan, "torchtitan")
-        toml = tomllib.loads(files["torchtitan.toml"])
-        assert toml["training"]["mixed_precision_reduce"] == dtype
-        assert f'mixed_precision_reduce="{dtype}",' in files["torchtitan_config.py"]
+def test_torchtitan_prices_the_gradients_it_reduces_in_float32(torchtitan_plan: Plan) -> None:
+    # mixed_precision_reduce is Literal["float32"] (torchtitan/config/job_config.py at
+    # 73a0e697): a plan priced with 2-byte gradients is exported with torchtitan's figures,
+    # those of 4-byte ones
+    files = export_files(torchtitan_plan, "torchtitan")
+    assert tomllib.loads(files["torchtitan.toml"])["training"]["mixed_precision_reduce"] == (
+        "float32")
+    assert torchtitan_plan.training.bytes_per_param_grads == 2
+    fp32 = replace(with_framework_defaults(torchtitan_plan.training, "torchtitan", True),
+                   cross_entropy=CrossEntropy.PYTORCH)
+    assert fp32.bytes_per_param_grads == 4
+    run = simcore.estimate(torchtitan_plan.model, torchtitan_plan.system, fp32,
+                           torchtitan_plan.strategy)
+    assert f"step time {run.step_time:.3f} s" in files["torchtitan.toml"]

@@ -152,3 +152,10 @@ def test_the_catalog_lists_an_moe_models_parameters_and_active_ones(model, total
     assert float(figures[0]) == pytest.approx(total, rel=0.025)
     assert figures[1].startswith("(") and figures[2] == "active)"
     assert float(figures[1][1:]) == pytest.approx(active, rel=0.03)
+
+
+def test_torchtitan_moe_replication_keeps_its_toml() -> None:
+    # qwen3's parallelize.py (73a0e697) checks dp_mesh.ndim itself, which a dp_replicate mesh
+    # passes: llama3's DDP refusal beside tp is not its
+    plan = _plan(QWEN3, Strategy(dp=8, tp=2, ep=1, etp=1, zero=ZeroStage.NONE))
+    assert "torchtitan.toml" in export_files(plan, "torchtitan")

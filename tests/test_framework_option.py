@@ -146,3 +146,23 @@ def test_a_study_takes_only_a_convention_its_model_has(tmp_path, capsys) -> None
     err = capsys.readouterr().err
     assert (f"{study}: convention: model llama3-8b (llama family) cannot use mlp; use megatron"
             " or stage") in err
+
+
+def test_torchtitan_reduces_the_gradients_in_float32_only(tmp_path, capsys) -> None:
+    # mixed_precision_reduce is Literal["float32"] (torchtitan/config/job_config.py at
+    # 73a0e697): a torchtitan plan is priced with 4-byte gradients; one naming 2 is refused
+    plain = _json(capsys, [*H100_PLAN, "--zero", "3", "--framework", "torchtitan"])
+    named = _json(capsys, [*H100_PLAN, "--zero", "3", "--framework", "torchtitan",
+                           "--grad-bytes", "4"])
+    assert plain["step_time"] == named["step_time"]
+    assert main([*H100_PLAN, "--zero", "3", "--framework", "torchtitan", "--grad-bytes",
+                 "2"]) == 2
+    assert "--grad-bytes 2: torchtitan reduces the gradients in float32 only" in (
+        capsys.readouterr().err)
+    study = tmp_path / "s.yaml"
+    study.write_text("model: llama3-8b\nsystem: dgx-h100-8\nframework: torchtitan\n"
+                     "training: {global_batch: 64, seq_len: 4096, grad_bytes: 2}\n"
+                     "space: {zero: [3]}\n")
+    assert main(["run", str(study)]) == 2
+    assert (f"{study}: training.grad_bytes: torchtitan reduces the gradients in float32 only"
+            in capsys.readouterr().err)

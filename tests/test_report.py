@@ -32,8 +32,11 @@ def test_report_holds_inputs_best_plans_and_three_figures(report, storage):
     # plan (dp 2 x tp 32, ZeRO 0, 40.0 of 40 GB) is not offered for Megatron-LM: its optimizer
     # step copies the 16-bit gradients to fp32 (4 bytes a parameter, 2.45 B a device: 49.0 GB at
     # the step); nor for DeepSpeed, whose optimizer keeps that fp32 copy beside its states
-    # (40.0 + 4 x 2.45 = 49.8 GB); the page says so, and offers torchtitan.
-    assert f"planner export lab --format torchtitan --storage {storage}" in text
+    # (40.0 + 4 x 2.45 = 49.8 GB); nor for torchtitan, which reduces the gradients in fp32
+    # only (40.0 + 2 x 2.45 = 44.9 GB); the page says so, and offers the plan file.
+    assert f"planner export lab --format plan --storage {storage}" in text
+    assert "; torchtitan (under torchtitan" in text and "needs 44.9 GB a device" in text
+    assert "planner export lab --format torchtitan" not in text
     assert "planner export lab --format megatron" not in text
     assert "planner export lab --format deepspeed" not in text
     assert "Not for megatron" in text and "needs 49.0 GB a device" in text

@@ -144,6 +144,19 @@ def test_a_space_whose_knobs_pair_with_no_layout_says_which():
                                            " group is a multiple of sp (1) that divides")
 
 
+def test_an_empty_space_names_the_knob_not_etps_duplicate():
+    # etp 2 beside etp None at tp 2 is the same plan, left out: not the reason the space is
+    # empty (recompute_layers 40 is more than a stage's 16 layers)
+    from search_spaces import StrategySpace as Space
+
+    space = Space(model=CATALOG.model("mixtral-8x7b"), system=CATALOG.system("dgx-h100-8"),
+                  training=TrainingSpec(global_batch=64, seq_len=4096),
+                  convention=Convention.MEGATRON, tp=(2,), pp=(2,), etp=(2, None),
+                  recompute=(Recompute.FULL,), recompute_layers=(40,))
+    assert space.enumerate() == ()
+    assert space.first_reason().startswith("recompute_layers 40: needs recompute full")
+
+
 def test_dp_list_restricts_layouts():
     space = StrategySpace(model=CATALOG.model("llama70b"), system=CATALOG.system("lab-system1"),
                           training=LAB_TRAINING, convention=Convention.MEGATRON,

@@ -540,6 +540,12 @@ def test_a_quote_closed_rows_later_is_one_line(tmp_path: Path, capsys) -> None:
     assert main(["validate", str(path)]) == 2
     assert (f"{path}: line 2: notes: a quote opened in this cell closes only 1 line later"
             in capsys.readouterr().err)
+    # a quoted note over two lines of prose, empty cells trailing past the header, is a cell
+    path = _write(tmp_path, HEADER + ",step_time_s,notes",
+                  "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0,\"two\nlines\",,",
+                  "b,gpt-1.7b,dgx-a100-8,16,2048,4,2,1,1,1.2,one")
+    assert main(["validate", str(path)]) == 0
+    capsys.readouterr()
 
 
 def test_calibrate_fit_names_ignore_case(tmp_path: Path, capsys) -> None:

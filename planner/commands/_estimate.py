@@ -151,7 +151,8 @@ class EstimateCommand(BaseCommand):
         try:
             seq_len = args.seq_len if args.seq_len is not None else model.seq_len
             training = TrainingSpec(global_batch=args.global_batch, seq_len=seq_len,
-                                    bytes_per_param_grads=args.grad_bytes,
+                                    bytes_per_param_grads=(2 if args.grad_bytes is None
+                                                           else args.grad_bytes),
                                     grad_reduce_bytes=args.grad_reduce_bytes,
                                     grad_all_reduce=args.grad_all_reduce,
                                     bytes_per_param_optimizer=args.optimizer_bytes,
@@ -177,6 +178,10 @@ class EstimateCommand(BaseCommand):
                                     **{k: enum(getattr(args, k))
                                        for k, enum in TRAINING_CHOICES.items()
                                        if getattr(args, k) is not None})
+            if args.framework == "torchtitan" and args.grad_bytes not in (None, 4):
+                raise ValueError(f"--grad-bytes {args.grad_bytes}: torchtitan reduces the"
+                                 " gradients in float32 only (mixed_precision_reduce); give 4"
+                                 " or leave it out")
             if args.framework != ANY and (args.grad_all_reduce or args.grad_reduce_bytes):
                 raise ValueError(f"--grad-all-reduce and --grad-reduce-bytes are a stack's own"
                                  f" gradient reduction (Aleph Alpha's Scaling); --framework"

@@ -163,9 +163,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " (gathered whole before the attention, exposed, as the Llama 3 paper's) or"
                    " a2a (Q, K, V and the output all-to-all'd, each rank attending the whole"
                    " sequence with cp-th of the heads: DeepSpeed-Ulysses)")
-    t.add_argument("--grad-bytes", type=int, default=2,
+    t.add_argument("--grad-bytes", type=int, default=None,
                    help="bytes per gradient (2: bf16 accumulation, the default; 4: fp32 main"
-                   " gradients as Megatron-LM keeps them)")
+                   " gradients as Megatron-LM keeps them, and torchtitan's)")
     t.add_argument("--grad-reduce-bytes", type=int, default=None, choices=(2, 4),
                    help="bytes a gradient element sends in the data-parallel reduction (default:"
                    " --grad-bytes; 4: 16-bit gradients cast to fp32 for it, as Aleph Alpha's"

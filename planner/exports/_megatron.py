@@ -175,7 +175,14 @@ def _stack_args(plan: Plan) -> list[str]:
     ``transformer_impl`` defaults to ``transformer_engine`` in ``transformer_config.py``,
     ``cross_entropy_loss_fusion`` to False in ``model_parallel_config.py``)."""
     args = []
-    if not uses_transformer_engine(plan.system, plan.training, plan.strategy.zero):
+    flash = uses_flash_attention(plan.model, plan.system, plan.training)
+    if uses_transformer_engine(plan.system, plan.training, plan.strategy.zero):
+        pass  # Megatron-LM's default
+    elif flash:  # the local layers' attention is DotProductAttention, unfused (backends.py)
+        args.append("# Transformer Engine's layers (the default): Megatron-Core's own have no"
+                    " flash attention, which the plan was priced with (its GEMMs at the classic"
+                    " stack's rate)")
+    else:
         args += ["# Megatron-Core's own layers, as estimated (no Transformer Engine)",
                  "--transformer-impl local"]
     if plan.training.cross_entropy in (None, CrossEntropy.FUSED):

@@ -79,7 +79,6 @@ from planner.exports._torchtitan_fields import (
     llama3_flavor,
     pipeline,
     pipeline_comment,
-    reduce_dtype,
     zero_comment,
 )
 from planner.exports._torchtitan_loss import torchtitan_loss_check
@@ -120,10 +119,13 @@ def export_torchtitan(plan: Plan) -> dict[str, str]:
 
 def toml_refused(plan: Plan) -> str | None:
     """Why torchtitan v0.2.2 cannot run the plan's TOML, or None: ZeRO 0 over dp > 1 beside tp
-    or pp is its DDP, refused for meshes of more than one dimension (module docstring)."""
+    or pp is its DDP, which llama3's parallelize.py refuses for meshes of more than one
+    dimension (module docstring)."""
     s = plan.strategy
     if s.zero is not ZeroStage.NONE or s.dp == 1 or s.sp > 1 or s.tp * s.pp == 1:
         return None
+    if plan.model.moe is not None:  # qwen3's and deepseek_v3's parallelize.py check the mesh
+        return None  # themselves (dp_mesh.ndim > 1), which a dp_replicate mesh passes
     return (f"torchtitan v0.2.2 runs ZeRO 0 over dp {s.dp} as DDP, which it refuses beside tp"
             f" or pp (\"DDP has not supported > 1D parallelism\", parallelize.py at 73a0e697);"
             " torchtitan main runs it as FSDP replicated over dp (this file), or export the"
@@ -186,9 +188,8 @@ def _toml_training(plan: Plan) -> list[str]:
             _kv("global_batch_size", t.global_batch),
             _kv("seq_len", t.seq_len),
             _kv("mixed_precision_param", "bfloat16"),
-            f"# gradients reduced in {reduce_dtype(plan)}, as priced (grad_bytes"
-            f" {t.bytes_per_param_grads})",
-            _kv("mixed_precision_reduce", reduce_dtype(plan))]
+            "# gradients reduced in float32, the only type torchtitan takes (grad_bytes 4)",
+            _kv("mixed_precision_reduce", "float32")]
 
 
 def _toml_parallelism(plan: Plan) -> list[str]:

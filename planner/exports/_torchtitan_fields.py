@@ -10,8 +10,7 @@ from planner.plan import Plan
 from simcore.specs import Family, Schedule, ZeroStage
 
 __all__ = ["COMPILED", "SCHEDULES", "compile_comment", "compiled", "configuration",
-           "data_parallel", "llama3_flavor", "pipeline", "pipeline_comment", "reduce_dtype",
-           "zero_comment"]
+           "data_parallel", "llama3_flavor", "pipeline", "pipeline_comment", "zero_comment"]
 
 SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
              Schedule.INTERLEAVED: "Interleaved1F1B", Schedule.ZBV: "ZBVZeroBubble"}
@@ -75,13 +74,6 @@ def data_parallel(plan: Plan) -> dict[str, int | str]:
     return {"data_parallel_replicate_degree": replicate,
             "data_parallel_shard_degree": s.dp // replicate,
             "fsdp_reshard_after_forward": _RESHARD[s.zero]}
-
-
-def reduce_dtype(plan: Plan) -> str:
-    """``mixed_precision_reduce``: the type FSDP reduces the gradients in, the plan's
-    ``grad_bytes`` (torchtitan's default is float32, job_config.py at 73a0e697; the estimate
-    prices the reduction's volume from ``grad_bytes``)."""
-    return "float32" if plan.training.bytes_per_param_grads == 4 else "bfloat16"
 
 
 def zero_comment(plan: Plan) -> list[str]:

@@ -15,7 +15,6 @@ from planner.exports._torchtitan_fields import (
     llama3_flavor,
     pipeline,
     pipeline_comment,
-    reduce_dtype,
     zero_comment,
 )
 from planner.exports._torchtitan_moe import expert_comment, expert_fields
@@ -121,9 +120,8 @@ def _python_apply(plan: Plan) -> list[str]:
               f"        num_tokens_per_train_step={t.global_batch * t.seq_len},",
               f"        max_context_length={t.seq_len},",
               '        mixed_precision_param="bfloat16",',
-              f"        # gradients reduced in {reduce_dtype(plan)}, as priced (grad_bytes"
-              f" {t.bytes_per_param_grads})",
-              f'        mixed_precision_reduce="{reduce_dtype(plan)}",']
+              "        # gradients reduced in float32, the only type torchtitan takes",
+              '        mixed_precision_reduce="float32",']
     # the plan is priced eager (torchtitan's trainer captures forward and backward as CUDA
     # graphs by default since f84224af, which pipeline parallelism and the all-to-all token
     # dispatcher of MoE models do not support either)

@@ -35,7 +35,7 @@ def apply_plan(config: Trainer.Config) -> Trainer.Config:
         num_tokens_per_train_step=16777216,
         max_context_length=8192,
         mixed_precision_param="bfloat16",
-        mixed_precision_reduce="bfloat16",
+        mixed_precision_reduce="float32",
         disable_cuda_graphs=True,
     )
     # configs.py CompileConfig(enable=False, components=["model", "loss"]) by default; the

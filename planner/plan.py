@@ -70,9 +70,9 @@ __all__ = [
     "read_plan",
     "specs_dict",
     "strategy_dict",
+    "strategy_from_attrs",
     "study_given_training",
     "training_from_dict",
-    "strategy_from_attrs",
     "write_plan",
 ]
 

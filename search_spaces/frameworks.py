@@ -69,8 +69,8 @@ from simcore.specs import (
 __all__ = ["ANY", "CP_COMM", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "cp_comm",
            "cross_entropy", "framework_training", "recompute_early_stop", "selective_recompute",
            "transformer_engine", "grad_copy", "main_grad_copy", "fp32_grad_partition",
-           "with_framework_defaults",
-           "why_not"]
+           "with_framework_defaults", "why_not", "FRAMEWORK_FILLED", "TORCHTITAN_GRAD_BYTES",
+           "given_disagrees", "pipeline_no_sync"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
@@ -218,8 +218,9 @@ def with_framework_defaults(training: TrainingSpec, framework: str,
     the loss, context parallelism's exchange (:func:`cp_comm`), the 16-bit gradient copy
     (:func:`grad_copy`), the step's fp32 one (:func:`main_grad_copy`), DeepSpeed's fp32
     gradient partition (:func:`fp32_grad_partition`) and its synchronous tp all-reduce
-    (:func:`async_tp_allreduce`); and the framework's own gradient reduction, never Scaling's
-    (``grad_all_reduce`` off, ``grad_reduce_bytes`` the buffer's)."""
+    (:func:`async_tp_allreduce`), FSDP under its pipelines (:func:`pipeline_no_sync`); and
+    the framework's own gradient reduction, never Scaling's (``grad_all_reduce`` off,
+    ``grad_reduce_bytes`` the buffer's), torchtitan's in fp32 (:data:`TORCHTITAN_GRAD_BYTES`)."""
     defaults = {
         "transformer_engine": transformer_engine(framework, device_transformer_engine),
         "recompute_early_stop": recompute_early_stop(framework),

@@ -38,13 +38,14 @@ def parse_mixed_plan(text: str, system: MixedSystemSpec, *,
             raise ValueError(f"{_shown(text)} is not a plan as `planner mixed` prints it:"
                              f" {_FORM}")
         names, tp, dp, count, layers = run.groups()
-        for name in names.split("+"):
+        spanned = names.split("+")
+        for name in spanned:
             if name not in groups:
                 raise ValueError(f"group {name!r} is not one of {system.name}'s:"
                                  f" {', '.join(groups)}")
-        if len(set(names.split("+"))) != len(names.split("+")):
+        if len(set(spanned)) != len(spanned):
             raise ValueError(f"{names}: a stage spans each group once; name each group once")
-        first, *span = (groups[name] for name in names.split("+"))
+        first, *span = (groups[name] for name in spanned)
         split = [int(n) for n in layers.split(",")]
         if len(split) != int(count):
             raise ValueError(f"{names}:tp{tp}dp{dp}x{count} lists {len(split)} stages' layers,"

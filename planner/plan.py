@@ -95,6 +95,11 @@ class Plan:
     An export for another framework fills it with that framework's instead."""
 
     @property
+    def written_training(self) -> TrainingSpec:
+        """The training as its study wrote it: :attr:`given_training`, else :attr:`training`."""
+        return self.given_training or self.training
+
+    @property
     def label(self) -> str:
         return strategy_label(self.strategy)
 

@@ -180,9 +180,9 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
                 continue
             if len(rows) >= MAX_ROWS:
                 raise PlannerUsageError(f"{path}: more than {MAX_ROWS:,} runs; split the file")
-            if not unclosed:
-                _no_rows_inside(path, line, header, record)
             spilled = sum(1 for v in record[len(header):] if v.strip())
+            if not unclosed:
+                _no_rows_inside(path, line, header, record, spilled > 0)
             cells = {k: v.strip() for k, v in zip(header, record) if k}
             unnamed = [i + 1 for i, (k, v) in enumerate(zip(header, record)) if not k and v.strip()]
             if unnamed:  # a header shifted by a column, or a column left unnamed
@@ -197,13 +197,12 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str], int]]]
     return header, rows
 
 
-def _no_rows_inside(path: Path, line: int, header: list[str], record: list[str]) -> None:
+def _no_rows_inside(path: Path, line: int, header: list[str], record: list[str],
+                    spilled: bool) -> None:
     """Refuse a cell that runs over lines that read as rows (as many cells as the header, but
-    two), or whose row then spills past the header: a quote opened and closed only on a later
-    line, which took the rows between into the cell. A quoted note over several lines of prose
-    is a cell like any other."""
-    # the rest of the row the quote took: filled cells past the end
-    spilled = any(v.strip() for v in record[len(header):])
+    two), or whose row then ``spilled`` filled cells past the header (the rest of the row the
+    quote took): a quote opened and closed only on a later line, which took the rows between
+    into the cell. A quoted note over several lines of prose is a cell like any other."""
     for i, cell in enumerate(record):
         rows = cell.splitlines()[1:]
         if rows and (spilled or any(row.count(",") >= len(header) - 2 for row in rows)):

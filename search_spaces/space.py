@@ -69,9 +69,14 @@ def _experts_ok(layout: Layout, ep: int, etp: int | None,
     """The expert grid fits the layout: ep x etp divides tp x sp x dp
     (:meth:`simcore.specs.Strategy._check_experts`); and ``etp`` equal to the layout's tp is
     left out where the space also offers None (the same plan, tp's default)."""
-    if etp is not None and etp == layout.tp and None in etps:
+    if _etp_repeats(layout, etp, etps):
         return False
     return (layout.tp * layout.sp * layout.dp) % (ep * (layout.tp if etp is None else etp)) == 0
+
+
+def _etp_repeats(layout: Layout, etp: int | None, etps: tuple[int | None, ...]) -> bool:
+    """``etp`` equal to the layout's tp where the space also offers None: the same plan."""
+    return etp is not None and etp == layout.tp and None in etps
 
 
 def _shard_group_ok(layout: Layout, zero: ZeroStage, group: int) -> bool:
@@ -400,8 +405,8 @@ class StrategySpace:
                 return (f"shard_group {group} with dp x sp = {ranks} and zero {int(zero)}: a"
                         f" shard group is a multiple of sp ({layout.sp}) that divides dp x sp"
                         " and is smaller, under zero 1 or 3")
-            if expert[1] is not None and expert[1] == layout.tp and None in self.etp:
-                continue  # the same plan as etp None (_experts_ok leaves it out)
+            if _etp_repeats(layout, expert[1], self.etp):
+                continue  # the same plan as etp None, not a reason
             if not _experts_ok(layout, *expert[:2], self.etp):
                 return (f"ep {expert[0]} x etp {expert[1] or layout.tp} must divide tp x sp x"
                         f" dp = {layout.tp * ranks}")

@@ -118,7 +118,7 @@ class EstimateCommand(BaseCommand):
                 return 0
             try:  # as the framework runs it: the training as its study wrote it, then its own
                 training = framework_training(args.framework, plan.model, plan.system,
-                                              plan.given_training or plan.training,
+                                              plan.written_training,
                                               plan.strategy)
                 est = estimate(plan.model, plan.system, training, plan.strategy,
                                plan.convention)

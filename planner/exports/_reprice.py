@@ -46,18 +46,16 @@ def run_by(plan: Plan, framework: str) -> Plan:
     framework, the training as the study wrote it (:attr:`Plan.given_training`) so filled, not
     with the study's framework's. The estimate stays the study's: :func:`stack_check` says
     where ``framework``'s figures differ."""
-    written = plan.given_training or plan.training
     return replace(plan, training=with_framework_defaults(
-        written, framework, plan.system.device.transformer_engine))
+        plan.written_training, framework, plan.system.device.transformer_engine))
 
 
 def stack_check(plan: Plan, framework: str) -> str | None:
-    """A comment for the exported files when ``framework``'s stack changes the plan's figures
-    (None when it does not); raises ValueError when a plan that fits no longer fits under it."""
+    """A comment for the exported files when ``framework``'s stack changes the figures of
+    ``plan``, its :func:`run_by` view (None when it does not); raises ValueError when a plan
+    that fits no longer fits under it."""
     name = FRAMEWORK_NAMES[framework]
-    training = with_framework_defaults(plan.training, framework,
-                                       plan.system.device.transformer_engine)
-    est = reprice(plan, training, f"{name}'s stack",
+    est = reprice(plan, plan.training, f"{name}'s stack",
                   f"run the study with framework: {framework} to find one that fits")
     step, peak = est.step_time, est.memory.total / GB
     old = plan.estimate

@@ -18,19 +18,16 @@ from dataclasses import replace
 from planner.exports._reprice import priced, reprice
 from planner.plan import Plan
 from planner.units import GB
-from search_spaces.frameworks import with_framework_defaults
 from simcore.specs import CrossEntropy
 
 __all__ = ["torchtitan_loss_check"]
 
 
 def torchtitan_loss_check(plan: Plan) -> str | None:
-    """A comment for the job file when torchtitan's stack or loss changes the plan's figures
-    (None when it does not); raises ValueError when a plan that fits no longer fits under
-    them."""
-    training = replace(with_framework_defaults(plan.training, "torchtitan",
-                                               plan.system.device.transformer_engine),
-                       cross_entropy=CrossEntropy.PYTORCH)
+    """A comment for the job file when torchtitan's stack or loss changes the figures of
+    ``plan``, its :func:`planner.exports._reprice.run_by` view (None when it does not); raises
+    ValueError when a plan that fits no longer fits under them."""
+    training = replace(plan.training, cross_entropy=CrossEntropy.PYTORCH)
     est = reprice(plan, training, "torchtitan's loss (cross_entropy on an fp32 copy of the"
                   " logits, 12 bytes a logit) and stack", "run the study with framework:"
                   " torchtitan (or training cross_entropy: pytorch) to find one that fits")

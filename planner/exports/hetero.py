@@ -177,6 +177,7 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
                plan: MixedPlan, header: list[str]) -> dict[str, str]:
     ms = meshes(plan)
     nodes = _nodes(system, plan)
+    bf16 = _bf16(system, plan)
     sequences = training.global_batch // plan.micro_batches
     hetero = {
         "enable_hetero": True,
@@ -193,8 +194,8 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
                   "sequence_parallel": plan.sequence_parallel and any(m.tp > 1 for m in ms),
                   "use_distributed_optimizer": plan.zero is ZeroStage.OPTIMIZER,
                   "overlap_grad_reduce": training.overlap_grad_reduce,
-                  "precision": {"bf16": True} if _bf16(system, plan) else {"fp16": True},
-                  **_gradient_keys(training.bytes_per_param_grads, _bf16(system, plan))}
+                  "precision": {"bf16": True} if bf16 else {"fp16": True},
+                  **_gradient_keys(training.bytes_per_param_grads, bf16)}
     if plan.recompute is Recompute.FULL:
         sys_.update(recompute_granularity="full", recompute_method="uniform",
                     recompute_num_layers=1)
@@ -255,6 +256,7 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
     st = plan.stages[0]
     nodes = _nodes(system, plan)
     flash = _flash(model, system, training, plan).pop()
+    bf16 = _bf16(system, plan)
     sequences = training.global_batch // plan.micro_batches
     lines = ["#!/usr/bin/env bash", *(f"# {h}" for h in header),
              "# Megatron-LM with a custom pipeline layout: every stage has the same tp and dp,",
@@ -287,10 +289,10 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
     dp = (["--use-distributed-optimizer"] if plan.zero is ZeroStage.OPTIMIZER else [])
     if training.overlap_grad_reduce:
         dp.append("--overlap-grad-reduce")
-    dp += gradient_args(training.bytes_per_param_grads, _bf16(system, plan))
+    dp += gradient_args(training.bytes_per_param_grads, bf16)
     for section in (parallel, batch,
                     recompute_args(plan.recompute, modules=training.recompute_modules), dp,
-                    model_args(model, training.seq_len, flash, _bf16(system, plan))):
+                    model_args(model, training.seq_len, flash, bf16)):
         lines += [f"  {a}" for a in section] + [""]
     lines[-1] = ")"
     lines += ["", 'torchrun "${TORCHRUN_ARGS[@]}" pretrain_gpt.py "${ARGS[@]}" "$@"']

@@ -124,11 +124,13 @@ def selective_recompute(framework: str) -> SelectiveRecompute | None:
 
 def cross_entropy(framework: str) -> CrossEntropy | None:
     """The ``cross_entropy`` of a ``framework`` study whose training names none: torchtitan's
-    loss is PyTorch's cross-entropy on an fp32 copy of the logits
-    (``torchtitan/components/loss.py``); Megatron-LM's, and Megatron-DeepSpeed's, its fused
-    vocab-parallel one; None (fused) for ``any``."""
+    loss is PyTorch's cross-entropy on an fp32 copy of the logits, taken a slice of the tokens
+    at a time by its ``ChunkedLossWrapper`` (``chunked``; main, b5bcd76c: every language
+    model's config; v0.2.2 takes it whole, which its TOML export checks:
+    :func:`planner.exports._torchtitan_loss.torchtitan_loss_check`); Megatron-LM's, and
+    Megatron-DeepSpeed's, its fused vocab-parallel one; None (fused) for ``any``."""
     if framework == "torchtitan":
-        return CrossEntropy.PYTORCH
+        return CrossEntropy.CHUNKED
     if framework in ("megatron", "deepspeed"):
         return CrossEntropy.FUSED
     return None

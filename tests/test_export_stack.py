@@ -69,13 +69,15 @@ def test_a_te_plan_is_estimated_again_as_torchtitan_runs_it() -> None:
     plan = make_plan(MODEL, H100, training, strategy, Convention.MEGATRON)
     assert H100.device.transformer_engine  # the device's default stack the plan is priced on
     files = export_files(plan, "torchtitan")
-    run = simcore.estimate(MODEL, H100, replace(
-        with_framework_defaults(training, "torchtitan", H100.device.transformer_engine),
-        cross_entropy=CrossEntropy.PYTORCH), strategy)
-    assert run.step_time > 1.2 * plan.estimate.step_time
-    for text in files.values():
-        found = re.search(r"as torchtitan runs the plan \(its kernels, its checkpointing, its"
-                          r" loss\): step time ([0-9.]+) s, peak memory ([0-9.]+) GB", text)
+    titan = with_framework_defaults(training, "torchtitan", H100.device.transformer_engine)
+    # each form with its own loss: main's chunked one (Python), v0.2.2's whole one (TOML)
+    for name, loss in (("torchtitan_config.py", CrossEntropy.CHUNKED),
+                       ("torchtitan.toml", CrossEntropy.PYTORCH)):
+        run = simcore.estimate(MODEL, H100, replace(titan, cross_entropy=loss), strategy)
+        assert run.step_time > 1.2 * plan.estimate.step_time
+        found = re.search(r"as torchtitan runs the plan \(its kernels, its checkpointing,"
+                          r" torchtitan .*\): step time ([0-9.]+) s, peak memory ([0-9.]+) GB",
+                          files[name])
         assert found is not None
         assert float(found[1]) == pytest.approx(run.step_time, abs=5e-4)
         assert float(found[2]) == pytest.approx(run.memory.total / GB, abs=0.05)
@@ -164,8 +166,9 @@ def test_a_megatron_study_plan_is_exported_as_torchtitan_runs_it() -> None:
         with_framework_defaults(training, "torchtitan", H100.device.transformer_engine),
         cross_entropy=CrossEntropy.PYTORCH), strategy)
     text = export_files(plan, "torchtitan")["torchtitan.toml"]
-    found = re.search(r"as torchtitan runs the plan \(its kernels, its checkpointing, its"
-                      r" loss\): step time ([0-9.]+) s, peak memory ([0-9.]+) GB", text)
+    found = re.search(r"as torchtitan runs the plan \(its kernels, its checkpointing,"
+                      r" torchtitan v0.2.2's loss .*\): step time ([0-9.]+) s, peak memory"
+                      r" ([0-9.]+) GB", text)
     assert found is not None
     assert float(found[1]) == pytest.approx(run.step_time, abs=5e-4)
     assert float(found[2]) == pytest.approx(run.memory.total / GB, abs=0.05)

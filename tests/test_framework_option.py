@@ -30,14 +30,15 @@ def _json(capsys, args: list[str]) -> dict:
 def test_estimate_takes_the_frameworks_defaults(capsys) -> None:
     # On an H100 a ZeRO-1 plan trains on Megatron-Core with Transformer Engine by default
     # (gpus.yaml: transformer_engine true); torchtitan and DeepSpeed run PyTorch's kernels,
-    # torchtitan's loss on an fp32 copy of the logits (torchtitan/components/loss.py).
+    # torchtitan's loss on an fp32 copy of the logits, an eighth of them at a time (main's
+    # ChunkedLossWrapper, torchtitan/components/loss.py).
     plain = _json(capsys, H100_PLAN)
     assert plain["transformer_engine"] is True and "framework" not in plain
     # torchtitan runs ZeRO-1 with pp > 1 only (framework_rules.torchtitan_zero): dp 4 x pp 2
     piped = [*H100_PLAN, "--dp", "4", "--pp", "2"]
     titan = _json(capsys, [*piped, "--framework", "torchtitan"])
     assert titan["transformer_engine"] is False and titan["framework"] == "torchtitan"
-    assert titan["cross_entropy"] == "pytorch" and "cross_entropy" not in plain
+    assert titan["cross_entropy"] == "chunked" and "cross_entropy" not in plain
     # the classic stack's GEMM rate is lower
     assert titan["step_time"] > _json(capsys, piped)["step_time"]
     assert main([*H100_PLAN, "--framework", "deepspeed"]) == 0

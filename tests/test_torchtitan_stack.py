@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def test_a_torchtitan_study_recomputes_per_op(tmp_path: Path) -> None:
     study.write_text(text.format(fw="torchtitan"))
     training = load_study_config(study).training
     assert training.selective_recompute is SelectiveRecompute.OP
-    assert training.cross_entropy is CrossEntropy.PYTORCH
+    assert training.cross_entropy is CrossEntropy.CHUNKED  # main's ChunkedLossWrapper
     study.write_text(text.format(fw="megatron"))
     training = load_study_config(study).training
     assert training.selective_recompute is SelectiveRecompute.ATTENTION
@@ -175,10 +176,13 @@ def test_torchtitan_h100_memory() -> None:
 
 def test_a_plan_priced_with_the_fused_loss_exports_to_torchtitan_only_if_it_fits() -> None:
     # Llama 3 8B, FSDP over 8 H100s, full recompute, 8,192 tokens a sequence: at a local batch
-    # of 4 it fits with Megatron-LM's loss (56.6 GB) and not with torchtitan's (90.7 GB: 8
-    # bytes more for each of 4 x 8,192 x 128,256 logits, and a layer's gathered gradient in
-    # fp32, torchtitan's only reduction type: 2 bytes more for each of its 218M parameters);
-    # at 2 it fits either way and the job file says what the step and peak become.
+    # of 4 it fits with Megatron-LM's loss (56.6 GB) and not with torchtitan v0.2.2's, which
+    # takes the loss on all the logits at once (90.7 GB: 8 bytes more for each of 4 x 8,192 x
+    # 128,256 logits, and a layer's gathered gradient in fp32, torchtitan's only reduction
+    # type: 2 bytes more for each of its 218M parameters), so no TOML; main's chunked loss
+    # holds 12 bytes a logit of an eighth of them and 6 bytes an element of the final norm's
+    # output: 12 x 7/8 x 4,202,692,608 - 6 x 32,768 x 4,096 = 43.3 GB less, 47.3 GB.
+    # At 2 both forms run and each file says what the step and peak become.
     h100 = CATALOG.system("dgx-h100-8")
 
     def plan(micro_batch: int) -> Plan:
@@ -187,10 +191,35 @@ def test_a_plan_priced_with_the_fused_loss_exports_to_torchtitan_only_if_it_fits
                          Strategy(dp=8, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL,
                                   micro_batch=micro_batch), Convention.MEGATRON)
 
-    with pytest.raises(ValueError, match="under torchtitan's loss .* needs 90.7 GB"):
-        export_files(plan(4), "torchtitan")
-    toml = export_files(plan(2), "torchtitan")["torchtitan.toml"]
-    assert "as torchtitan runs the plan" in toml and "peak memory 58.7 GB a device" in toml
+    files = export_files(plan(4), "torchtitan")
+    assert list(files) == ["torchtitan_config.py"]
+    config = files["torchtitan_config.py"]
+    assert re.search(r"No torchtitan.toml: under torchtitan v0.2.2's loss .* needs 90.7 GB",
+                     config)
+    assert "ChunkedLossWrapper" in config and "peak memory 47.3 GB a device" in config
+    files = export_files(plan(2), "torchtitan")
+    assert "v0.2.2's loss" in files["torchtitan.toml"]
+    assert "peak memory 58.7 GB a device" in files["torchtitan.toml"]
+    assert "peak memory 37.1 GB a device" in files["torchtitan_config.py"]
+
+
+def test_the_chunked_loss_holds_an_eighth_of_the_logits() -> None:
+    # torchtitan main's ChunkedLossWrapper against v0.2.2's whole loss, by hand: one
+    # micro-batch of 2 x 8,192 tokens and Llama 3's 128,256-token vocabulary at tp 1 holds 12
+    # bytes a logit of an eighth of them, beside 2 + 4 bytes an element of the (16,384 x
+    # 4,096) final norm output: 12 x 7/8 x 16,384 x 128,256 - 6 x 16,384 x 4,096 bytes less.
+    h100 = CATALOG.system("dgx-h100-8")
+    training = TrainingSpec(global_batch=16, seq_len=8192, bytes_per_param_grads=4,
+                            selective_recompute=SelectiveRecompute.OP, transformer_engine=False,
+                            cross_entropy=CrossEntropy.PYTORCH)
+    sac = replace(SAC, micro_batch=2)
+    whole = estimate(LLAMA3_8B, h100, training, sac)
+    chunked = estimate(LLAMA3_8B, h100, replace(training, cross_entropy=CrossEntropy.CHUNKED),
+                       sac)
+    saved = whole.memory.activations - chunked.memory.activations
+    assert saved == pytest.approx(12 * 7 / 8 * 16_384 * 128_256 - 6 * 16_384 * 4_096,
+                                  rel=1e-12)
+    assert chunked.step_time == whole.step_time
 
 
 def test_megatron_and_any_studies_keep_their_fingerprints(tmp_path: Path) -> None:
@@ -285,7 +314,7 @@ def test_the_python_config_says_what_the_loss_does_and_validate_marks_unfit_runs
                      Strategy(dp=8, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL,
                               micro_batch=2), Convention.MEGATRON)
     config = export_files(plan, "torchtitan")["torchtitan_config.py"]
-    assert "as torchtitan runs the plan" in config and "peak memory 58.7 GB a device" in config
+    assert "as torchtitan runs the plan" in config and "peak memory 37.1 GB a device" in config
     runs = tmp_path / "runs.csv"
     runs.write_text("name,model,system,global_batch,seq_len,dp,tp,pp,micro_batch,zero,"
                     "step_time_s\nbig,llama3-8b,dgx-h100-8,128,8192,8,1,1,16,3,10\n")

@@ -86,7 +86,7 @@ from planner.exports._torchtitan_moe import expert_comment, expert_fields
 from planner.exports._torchtitan_python import python_config
 from planner.plan import Plan
 from search_spaces.frameworks import why_not
-from simcore.specs import Precision, Recompute, ZeroStage
+from simcore.specs import CrossEntropy, Precision, Recompute, ZeroStage
 
 __all__ = ["SCHEDULES", "export_torchtitan", "llama3_flavor"]
 
@@ -108,12 +108,18 @@ def export_torchtitan(plan: Plan) -> dict[str, str]:
         raise ValueError(f"torchtitan trains in bfloat16 (FSDP2 mixed precision, no loss"
                          f" scaling) and {plan.system.device.name} has no bf16 tensor cores;"
                          " export for megatron or deepspeed, which train in fp16")
-    loss = torchtitan_loss_check(plan)
+    loss = torchtitan_loss_check(plan)  # main's, the Python form's
     refused = toml_refused(plan)
+    whole = None
+    if refused is None:  # v0.2.2 takes the loss on all the logits at once
+        try:
+            whole = torchtitan_loss_check(plan, CrossEntropy.PYTORCH)
+        except ValueError as error:
+            refused = f"{error} (main's loss, the Python form's, takes them a slice at a time)"
     if refused is not None:  # the Python form only, saying why
         return {"torchtitan_config.py": python_config(plan, loss, f"no torchtitan.toml:"
                                                       f" {refused}")}
-    toml = _toml(plan) if loss is None else f"# {loss}\n{_toml(plan)}"
+    toml = _toml(plan) if whole is None else f"# {whole}\n{_toml(plan)}"
     return {"torchtitan.toml": toml, "torchtitan_config.py": python_config(plan, loss)}
 
 

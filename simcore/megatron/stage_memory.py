@@ -19,18 +19,27 @@ from simcore.megatron.recompute import recomputed_share
 from simcore.megatron.states import FP32_GRAD_BYTES, model_state_bytes
 from simcore.specs import CrossEntropy, Recompute, ZeroStage
 
-__all__ = ["LOGIT_BYTES", "fixed_memory", "fp8_weight_params", "main_grad_copy_bytes",
-           "stage_activations", "stage_memory", "step_copy_beyond"]
+__all__ = ["LOGIT_BYTES", "LOSS_CHUNKS", "fixed_memory", "fp8_weight_params",
+           "main_grad_copy_bytes", "stage_activations", "stage_memory", "step_copy_beyond"]
 
 LOGIT_BYTES: dict[CrossEntropy, int] = {
     CrossEntropy.FUSED: 4,  # the fp32 logits (Korthikanti et al. 2022, section 4.3)
     CrossEntropy.MEGATRON: 6,  # the 16-bit logits and their fp32 copy (Megatron-LM's)
     CrossEntropy.PYTORCH: 12,  # its saved log-softmax output and, backward, two gradients
+    CrossEntropy.CHUNKED: 12,  # pytorch's, of one slice of the tokens at a time (LOSS_CHUNKS)
     CrossEntropy.NANOTRON: 8,  # the fp32 logits and their shifted copy, at its forward
     CrossEntropy.REPLICATED: 8,  # the held 16-bit logits, the log-softmax output, two gradients
 }
 """Bytes a logit takes at the peak of each loss (:class:`simcore.specs.CrossEntropy`): logits
 of the rank's vocabulary shard, but of the whole vocabulary on every rank for ``replicated``."""
+
+LOSS_CHUNKS = 8
+"""Slices of the tokens a ``chunked`` loss takes in turn: torchtitan's
+``ChunkedLossWrapper.Config.num_chunks`` (pytorch/torchtitan@b5bcd76c
+``torchtitan/components/loss.py``)."""
+CHUNK_COPY_BYTES = 2 + 4
+"""A ``chunked`` loss's bytes an element of the final norm's (b, s, h) output: its slices'
+detached 16-bit copies and their gradient accumulated in fp32 (``GradAccumulator``)."""
 
 _F = TypeVar("_F", float, np.ndarray)
 
@@ -83,7 +92,10 @@ def stage_activations(p: StepPlan, stage: Stage, flight: _F, pp: int) -> _F:
         # Final norm output and LM head input, 4sbh/t (section 4.3), and the loss's logits
         loss = p.training.cross_entropy or CrossEntropy.FUSED
         shard = 1 if loss is CrossEntropy.REPLICATED else t
-        head = 4 * sbh / t + LOGIT_BYTES[loss] * p.tokens * model.vocab / shard
+        logits = LOGIT_BYTES[loss] * p.tokens * model.vocab / shard
+        if loss is CrossEntropy.CHUNKED:  # one slice's logits, and every rank's whole copies
+            logits = logits / LOSS_CHUNKS + CHUNK_COPY_BYTES * sbh
+        head = 4 * sbh / t + logits
         if s.offload_layers is not None:  # the last offloaded layer, freed before the head
             head = max(head, per_layer)
         activations += head

@@ -173,6 +173,16 @@ class CrossEntropy(_Named):
     computes its loss (pytorch/torchtitan@31a17bfdb7 ``torchtitan/components/loss.py``
     ``cross_entropy_loss``): the log-softmax output it saves (4 bytes), and in its backward the
     gradients of that output and of its input (4 + 4): 12 bytes."""
+    CHUNKED = "chunked"
+    """``pytorch``'s loss taken on slices of the tokens in turn
+    (:data:`simcore.megatron.stage_memory.LOSS_CHUNKS`), as
+    torchtitan's ``ChunkedLossWrapper`` runs it (pytorch/torchtitan@b5bcd76c
+    ``torchtitan/components/loss.py``; every language model's ``config_registry.py`` at that
+    commit uses it, ``num_chunks`` 8; v0.2.2's loss is ``pytorch``'s): each slice's LM head,
+    loss and backward run before the next slice's, so 12 bytes a logit of one slice at the
+    peak, beside the slices of the final norm's output, detached copies (2 bytes an element),
+    and their gradient accumulated whole in fp32 (``GradAccumulator``, 4 bytes), both of the
+    whole (b, s, h) on every tp rank ("replicated on the TP axis before chunking")."""
     REPLICATED = "replicated"
     """``pytorch``'s loss on the whole vocabulary on every tp rank: the LM head's
     column-parallel output all-gathered to every rank before the loss (DTensor's

@@ -303,7 +303,7 @@ def test_a_selective_recompute_is_exported_only_where_it_runs(
     per_op = simcore.estimate(plan.model, plan.system, replace(
         with_framework_defaults(plan.training, "torchtitan", True),
         cross_entropy=CrossEntropy.PYTORCH), plan.strategy)
-    assert f"its loss): step time {per_op.step_time:.3f} s" in toml
+    assert f"all the logits, 12 bytes a logit)): step time {per_op.step_time:.3f} s" in toml
     one_f_one_b = _plan(selective=SelectiveRecompute.OP, schedule=Schedule.ONE_F_ONE_B, v=1,
                         dp=32, sp=1)
     for framework, op_plan in (("megatron", torchtitan_plan), ("deepspeed", one_f_one_b)):
@@ -401,6 +401,26 @@ def test_megatron_runs_the_gradients_in_the_type_they_were_priced_in(system, gra
         TrainingSpec(global_batch=8, seq_len=2048, bytes_per_param_grads=3)
 
 
+@pytest.mark.parametrize(("grad_bytes", "flag"), [(4, "--megatron-fsdp-main-grads-dtype fp32"),
+                                                (2, None)])
+def test_megatron_fsdp_runs_the_gradients_in_the_type_they_were_priced_in(grad_bytes,
+                                                                          flag) -> None:
+    # Megatron-FSDP's main gradients take the model's compute type (bf16) unless
+    # --megatron-fsdp-main-grads-dtype says otherwise (d98e8a64 arguments.py: default auto;
+    # megatron_fsdp/mixed_precision.py: None "will match the dtype of the model compute
+    # parameters"); it reads neither --grad-reduce-in-bf16 nor Megatron-LM's fp32 default.
+    c = load_catalog()
+    plan = make_plan(c.model("gpt-1.7b"), c.system("dgx-h100-8"),
+                     TrainingSpec(global_batch=8, seq_len=2048, bytes_per_param_grads=grad_bytes,
+                                  transformer_engine=True),
+                     Strategy(dp=8, zero=ZeroStage.PARAMETERS), Convention.MEGATRON)
+    args = _args(export_files(plan, "megatron")["megatron.sh"])
+    assert "--use-megatron-fsdp" in args
+    grad_flags = {"--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
+                  "--megatron-fsdp-main-grads-dtype fp32"}
+    assert [a for a in args if a in grad_flags] == ([flag] if flag else [])
+
+
 def test_torchtitan_compiles_a_plan_priced_with_fused_ops_and_not_an_eager_one() -> None:
     """torchtitan leaves torch.compile off by default (v0.2.2 ``Compile.enable`` false; main
     b5bcd76c ``CompileConfig.enable`` False), and eager it runs its Llama's RMSNorm, rotary
@@ -480,6 +500,9 @@ def test_megatron_runs_the_stack_and_loss_the_plan_was_priced_with() -> None:
     assert "have no flash attention, which the plan was priced with" in flash
     te = script()  # the H100's default stack, the fused loss
     assert "--transformer-impl" not in te and "  --cross-entropy-loss-fusion\n" in te
+    # its attention priced as TE's cuDNN kernel (the H100's fused_attention_efficiency):
+    # `flash` would force TE's FlashAttention (language_module.py: NVTE_FUSED_ATTN=0)
+    assert "  --attention-backend fused\n" in te and "--attention-backend flash" not in te
     with pytest.raises(ValueError, match="cross_entropy pytorch: Megatron-LM's loss is its"):
         script(cross_entropy=CrossEntropy.PYTORCH)
 

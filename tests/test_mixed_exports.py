@@ -240,7 +240,7 @@ def test_flagscale_and_megatron_turn_dropout_off_for_a_model_without_it(metis):
                                            "x")["flagscale_train.yaml"])["model"]
         assert cfg.get("attention_dropout") == expected
         assert cfg.get("hidden_dropout") == expected
-        args = model_args(shaped, 1024, flash=False)
+        args = model_args(shaped, 1024, "unfused")
         assert ("--attention-dropout 0.0" in args) == (expected is not None)
         assert ("--hidden-dropout 0.0" in args) == (expected is not None)
 
@@ -266,3 +266,24 @@ def test_gradients_are_exported_in_the_type_estimated(metis):
         keys = {o[2:].replace("-", "_") for o in options}
         assert {k for k in keys if cfg.get(k)} == (
             {flag[2:].replace("-", "_")} if flag else set())
+
+
+def test_each_device_type_keeps_the_attention_it_was_priced_with(metis, catalog):
+    # Flash attention everywhere: on a Hopper group it is priced as Transformer Engine's cuDNN
+    # kernel (h100-sxm's fused_attention_efficiency), on the A100s as flash attention. One
+    # --attention-backend runs on every stage: `auto`, with which Transformer Engine picks
+    # cuDNN's on Hopper and later and flash attention before ("Disabling FlashAttention to give
+    # FusedAttention preference on Hopper+", TransformerEngine's get_attention_backend), as
+    # each was priced; on the A100s alone, `flash`.
+    system, model = metis
+    h100 = catalog.system("dgx-h100-8").device
+    hopper = replace(system, groups=(system.groups[0], replace(system.groups[1], device=h100)))
+    flash = replace(TRAINING, flash_attention=True)
+    both = _plan((1, 2, 2, 1), (1, 2, 2, 2), (0, 2, 2, 2), (0, 2, 2, 3), m=8)
+    a100_only = _plan((0, 2, 2, 4), (0, 2, 2, 6), m=8)
+    for plan, backend in ((both, "auto"), (a100_only, "flash")):
+        script = export_hetero("megatron", model, hopper, flash, plan, "x")["megatron.sh"]
+        assert f"  --attention-backend {backend}\n" in script
+        cfg = yaml.safe_load(export_hetero("flagscale", model, hopper, flash, plan,
+                                           "x")["flagscale_train.yaml"])["model"]
+        assert cfg["attention_backend"] == backend

@@ -49,7 +49,12 @@ Plans Megatron-LM cannot run (GPipe) are refused: :func:`search_spaces.framework
 
 from __future__ import annotations
 
-from planner.exports._megatron_model import model_args, precision_args
+from planner.exports._megatron_model import (
+    attention_backend,
+    cudnn_attention,
+    model_args,
+    precision_args,
+)
 from planner.exports._reprice import run_by, stack_check
 from planner.exports.moe_args import megatron_moe_args
 from planner.plan import Plan
@@ -141,7 +146,9 @@ def _script(plan: Plan, repriced: str | None = None) -> str:
     sections = [_parallel_args(plan), _batch_args(plan),
                 recompute_args(s.recompute, s.recompute_layers,
                                plan.training.recompute_modules), _data_parallel_args(plan),
-                model_args(plan.model, plan.training.seq_len, flash, plan.system.device.bf16),
+                model_args(plan.model, plan.training.seq_len, attention_backend(
+                    flash, cudnn_attention(plan.system, plan.training, s.zero)),
+                    plan.system.device.bf16),
                 megatron_moe_args(plan)]
     sections.append(_stack_args(plan))
     if s.offload_layers is not None:
@@ -351,7 +358,10 @@ def _data_parallel_args(plan: Plan) -> list[str]:
                 "# (fp32 master weights, Adam moments) over data-parallel ranks: ZeRO-1-like",
                 "--use-distributed-optimizer"]
         args += _optimizer_instances_args(plan)
-    args += gradient_args(plan.training.bytes_per_param_grads, plan.system.device.bf16)
+    if zero in _FSDP:
+        args += _fsdp_gradient_args(plan.training.bytes_per_param_grads)
+    else:
+        args += gradient_args(plan.training.bytes_per_param_grads, plan.system.device.bf16)
     if plan.training.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
         if zero is ZeroStage.OPTIMIZER:
@@ -361,6 +371,20 @@ def _data_parallel_args(plan: Plan) -> list[str]:
             # (megatron/training/arguments.py d98e8a64: it needs --overlap-grad-reduce)
             args.append("--overlap-param-gather")
     return args
+
+
+def _fsdp_gradient_args(grad_bytes: int) -> list[str]:
+    """Megatron-FSDP's gradients in the type estimated: its main gradients take the model's
+    compute type (bf16) unless told otherwise (d98e8a64 ``--megatron-fsdp-main-grads-dtype``,
+    default ``auto``; ``megatron_fsdp/mixed_precision.py`` ``MixedPrecisionPolicy``: None
+    "will match the dtype of the model compute parameters"), and ``--grad-reduce-in-bf16``
+    and Megatron-LM's fp32 default are not read by it."""
+    if grad_bytes == 4:
+        return ["# fp32 main gradients (4 bytes a parameter), as estimated: Megatron-FSDP's",
+                "# follow the bf16 weights unless told",
+                "--megatron-fsdp-main-grads-dtype fp32"]
+    return ["# gradients accumulated and reduced in bf16 (2 bytes a parameter), as estimated:",
+            "# Megatron-FSDP's default (main gradients in the weights' type)"]
 
 
 def gradient_args(grad_bytes: int, bf16: bool) -> list[str]:

@@ -3,9 +3,18 @@ exports); option names as :mod:`planner.exports._megatron` says where they were 
 
 from __future__ import annotations
 
-from simcore.specs import Activation, Family, ModelSpec, Precision
+from simcore.megatron.stack import uses_transformer_engine
+from simcore.specs import (
+    Activation,
+    Family,
+    ModelSpec,
+    Precision,
+    SystemSpec,
+    TrainingSpec,
+    ZeroStage,
+)
 
-__all__ = ["model_args", "precision_args"]
+__all__ = ["attention_backend", "cudnn_attention", "model_args", "precision_args"]
 
 
 def precision_args(precision: Precision, *, param_gather: bool = False,
@@ -50,7 +59,38 @@ def precision_args(precision: Precision, *, param_gather: bool = False,
     return args
 
 
-def model_args(m: ModelSpec, seq: int, flash: bool, bf16: bool = True) -> list[str]:
+def cudnn_attention(system: SystemSpec, training: TrainingSpec, zero: ZeroStage) -> bool:
+    """Whether the plan's attention was priced as Transformer Engine's fused (cuDNN) kernel:
+    under Transformer Engine on a part with a ``fused_attention_efficiency``
+    (:meth:`simcore.megatron.kernel_costs.KernelCosts.of`)."""
+    return (uses_transformer_engine(system, training, zero)
+            and system.device.fused_attention_efficiency is not None)
+
+
+def attention_backend(flash: bool, cudnn: bool) -> str:
+    """Megatron-LM's ``--attention-backend`` for the attention the plan was priced with:
+    ``fused``, Transformer Engine's cuDNN kernel, where the device prices it (``cudnn``: its
+    ``fused_attention_efficiency`` under Transformer Engine); ``flash`` elsewhere that flash
+    attention was priced; ``unfused`` without it. ``flash`` would force TE's FlashAttention
+    where cuDNN's was priced (d98e8a64 ``language_module.py``: ``NVTE_FLASH_ATTN=1``,
+    ``NVTE_FUSED_ATTN=0``); the default, ``auto``, picks cuDNN's on Hopper and later
+    (TransformerEngine's ``get_attention_backend``: "Disabling FlashAttention to give
+    FusedAttention preference on Hopper+")."""
+    if not flash:
+        return "unfused"
+    return "fused" if cudnn else "flash"
+
+
+_BACKEND_COMMENTS = {
+    "fused": "# Transformer Engine's fused (cuDNN) attention, as estimated",
+    "flash": "# flash attention, as estimated (the s x s scores are never stored)",
+    "auto": ("# Transformer Engine picks its attention: cuDNN's on Hopper and later, flash"
+             " attention before, as each part was estimated"),
+    "unfused": "# unfused attention, as estimated (scale-mask-softmax, scores stored)",
+}
+
+
+def model_args(m: ModelSpec, seq: int, attention: str, bf16: bool = True) -> list[str]:
     """Megatron-LM's options for the model's shape and attention kernel, with comment lines."""
     args = [f"# model {m.name} (vocab {m.vocab} comes from the tokenizer)",
             f"--num-layers {m.layers}",
@@ -74,10 +114,5 @@ def model_args(m: ModelSpec, seq: int, flash: bool, bf16: bool = True) -> list[s
         args.append("--bf16")
     else:
         args += ["# fp16 with loss scaling: the device has no bf16 tensor cores", "--fp16"]
-    if flash:
-        args += ["# flash attention, as estimated (the s x s scores are never stored)",
-                 "--attention-backend flash"]
-    else:
-        args += ["# unfused attention, as estimated (scale-mask-softmax, scores stored)",
-                 "--attention-backend unfused"]
+    args += [_BACKEND_COMMENTS[attention], f"--attention-backend {attention}"]
     return args

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import yaml
 
 from planner.exports._megatron import gradient_args, model_args, recompute_args
+from planner.exports._megatron_model import attention_backend, cudnn_attention
 from simcore.megatron import uses_flash_attention
 from simcore.mixed import MixedPlan, MixedSystemSpec
 from simcore.specs import (
@@ -79,6 +80,17 @@ def _flash(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
            plan: MixedPlan) -> set[bool]:
     return {uses_flash_attention(model, system.groups[g], training)
             for g in {st.group for st in plan.stages}}
+
+
+def _attention(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
+               plan: MixedPlan) -> str:
+    """Megatron-LM's ``--attention-backend`` for every stage: the one each device type was
+    priced with, or, where they differ (cuDNN's on one, flash attention on another),
+    Transformer Engine's own pick, ``auto`` (:func:`attention_backend`)."""
+    flash = _flash(model, system, training, plan).pop()
+    kinds = {attention_backend(flash, cudnn_attention(system.groups[g], training, plan.zero))
+             for g in {st.group for st in plan.stages}}
+    return kinds.pop() if len(kinds) == 1 else "auto"
 
 
 def _bf16(system: MixedSystemSpec, plan: MixedPlan) -> bool:
@@ -204,7 +216,6 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
         if training.recompute_modules is not None:  # Megatron's recompute_modules option
             sys_["recompute_modules"] = [m.value for m in training.recompute_modules]
     sys_["hetero"] = hetero
-    flash = _flash(model, system, training, plan).pop()
     m: dict = {"num_layers": model.layers, "hidden_size": model.hidden,
                "ffn_hidden_size": model.ffn_hidden, "num_attention_heads": model.heads}
     if model.kv_heads is not None and model.kv_heads != model.heads:
@@ -218,7 +229,7 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
     if not model.trains_with_dropout:  # Megatron-LM's defaults are 0.1 each
         m.update(attention_dropout=0.0, hidden_dropout=0.0)
     m.update(untie_embeddings_and_output_weights=not model.tied_embeddings,
-             attention_backend="flash" if flash else "unfused",
+             attention_backend=_attention(model, system, training, plan),
              micro_batch_size=sequences // ms[0].dp,
              global_batch_size=training.global_batch)
     per_mesh = ", ".join(f"mesh {i} ({system.groups[x.group].name}): {sequences // x.dp}"
@@ -255,7 +266,6 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
               plan: MixedPlan, header: list[str]) -> dict[str, str]:
     st = plan.stages[0]
     nodes = _nodes(system, plan)
-    flash = _flash(model, system, training, plan).pop()
     bf16 = _bf16(system, plan)
     sequences = training.global_batch // plan.micro_batches
     lines = ["#!/usr/bin/env bash", *(f"# {h}" for h in header),
@@ -292,7 +302,8 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
     dp += gradient_args(training.bytes_per_param_grads, bf16)
     for section in (parallel, batch,
                     recompute_args(plan.recompute, modules=training.recompute_modules), dp,
-                    model_args(model, training.seq_len, flash, bf16)):
+                    model_args(model, training.seq_len, _attention(model, system, training, plan),
+                               bf16)):
         lines += [f"  {a}" for a in section] + [""]
     lines[-1] = ")"
     lines += ["", 'torchrun "${TORCHRUN_ARGS[@]}" pretrain_gpt.py "${ARGS[@]}" "$@"']

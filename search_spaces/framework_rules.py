@@ -16,8 +16,8 @@ from simcore.specs import (
     ZeroStage,
 )
 
-__all__ = ["NO_OFFLOAD", "deepspeed", "deepspeed_accumulation", "deepspeed_layers", "experts",
-           "megatron", "torchtitan", "torchtitan_zero"]
+__all__ = ["NO_OFFLOAD", "deepspeed", "deepspeed_accumulation", "deepspeed_layers",
+           "deepspeed_selective", "experts", "megatron", "torchtitan", "torchtitan_zero"]
 
 
 def experts(framework: str, model: ModelSpec, s: Strategy) -> str | None:
@@ -158,11 +158,15 @@ def torchtitan(model: ModelSpec, s: Strategy) -> str | None:
 def deepspeed(s: Strategy, bf16: bool) -> str | None:
     if s.offload_layers is not None:
         return NO_OFFLOAD.format(n=s.offload_layers, framework="Megatron-DeepSpeed")
-    # MiCS (mics_shard_size, deepspeed/runtime/zero/config.py, edaa7221) shards ZeRO-3 only;
-    # DeepSpeed's ZeRO-1 and ZeRO-2 shard over the whole data-parallel group.
-    if s.replicas > 1 and s.zero is not ZeroStage.PARAMETERS:
-        return (f"shard_group {s.shard_group} with zero {int(s.zero)}: DeepSpeed shards within"
-                " groups (MiCS) under ZeRO 3 only; use zero 3, or no shard group")
+    # DeepSpeed shards within groups only as MiCS, under ZeRO-3 (mics_shard_size,
+    # deepspeed/runtime/zero/config.py, edaa7221), and MiCS needs the model built under
+    # deepspeed.zero.MiCS_Init (mics.py asserts "To use MiCS sharding, please use
+    # deepspeed.zero.MiCS_Init"), where Megatron-DeepSpeed's pretrain_gpt.py (4efb479d) builds
+    # it under deepspeed.zero.Init: its launcher shards over the whole data-parallel group.
+    if s.replicas > 1:
+        return (f"shard_group {s.shard_group}: DeepSpeed shards within groups only as MiCS,"
+                " which needs the model built under deepspeed.zero.MiCS_Init, not"
+                " Megatron-DeepSpeed's deepspeed.zero.Init; use no shard group")
     # deepspeed/runtime/pipe/engine.py (edaa7221): ZeRO-2 and ZeRO-3 are incompatible with the
     # pipeline engine.
     offers = "ZeRO 1 (in bf16; ZeRO 0 too in fp16)" if bf16 else "ZeRO 0 or 1"
@@ -211,6 +215,19 @@ def deepspeed(s: Strategy, bf16: bool) -> str | None:
                 " its BF16_Optimizer, which shards the optimizer over the data-parallel ranks"
                 " (ZeRO 1); use zero 1")
     return None
+
+
+def deepspeed_selective(s: Strategy, flash: bool) -> str | None:
+    # Megatron-DeepSpeed 4efb479d megatron/model/transformer.py ParallelAttention: under
+    # --recompute-granularity selective it checkpoints the attention core only on its unfused
+    # path without Ulysses (checkpoint_core_attention is set beside CoreAttention); the flash
+    # attention core and DeepSpeed-Ulysses' DistributedAttention run without it, so the
+    # selective recompute priced would not run.
+    if s.recompute is not Recompute.SELECTIVE or not (flash or s.sp > 1):
+        return None
+    why = "flash attention" if flash else f"sp {s.sp} (DeepSpeed-Ulysses)"
+    return (f"recompute selective with {why}: Megatron-DeepSpeed recomputes the attention core"
+            " only on its unfused path without Ulysses; use recompute full or none")
 
 
 def torchtitan_zero(s: Strategy) -> str | None:

@@ -55,6 +55,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from search_spaces import framework_rules as rules
+from simcore.megatron.stack import uses_flash_attention
 from simcore.specs import (
     CpComm,
     CrossEntropy,
@@ -95,15 +96,16 @@ def transformer_engine(framework: str, device_default: bool) -> bool | None:
 
 
 def recompute_early_stop(framework: str) -> bool | None:
-    """The ``recompute_early_stop`` of a ``framework`` study whose training names none:
-    torchtitan's full activation checkpointing is PyTorch's non-reentrant ``checkpoint_wrapper``
-    (``torchtitan/distributed/activation_checkpoint.py``), which stops each layer's recompute
-    at its last saved tensor; Megatron-LM's (``tensor_parallel.checkpoint``) and DeepSpeed's
-    (``deepspeed.checkpointing``) re-run the whole layer; None for ``any``, where the plan's
-    stack decides (:func:`simcore.megatron.stack.uses_recompute_early_stop`)."""
-    if framework == "torchtitan":
-        return True
-    if framework in ("megatron", "deepspeed"):
+    """The ``recompute_early_stop`` of a ``framework`` study whose training names none: off
+    for the three. torchtitan's full activation checkpointing is PyTorch's non-reentrant
+    ``checkpoint_wrapper`` with ``early_stop=False`` (b5bcd76c
+    ``torchtitan/distributed/activation_checkpoint.py``, written so; v0.2.2's
+    ``[activation_checkpoint] early_stop`` defaults to false), so each layer's recompute runs
+    its whole forward, as Megatron-LM's (``tensor_parallel.checkpoint``) and DeepSpeed's
+    (``deepspeed.checkpointing``) do; None for ``any``, where the plan's stack decides
+    (:func:`simcore.megatron.stack.uses_recompute_early_stop`: PyTorch's default, early stop
+    on, as llm-foundry runs it)."""
+    if framework in ("torchtitan", "megatron", "deepspeed"):
         return False
     return None
 
@@ -127,12 +129,15 @@ def cross_entropy(framework: str) -> CrossEntropy | None:
     loss is PyTorch's cross-entropy on an fp32 copy of the logits, taken a slice of the tokens
     at a time by its ``ChunkedLossWrapper`` (``chunked``; main, b5bcd76c: every language
     model's config; v0.2.2 takes it whole, which its TOML export checks:
-    :func:`planner.exports._torchtitan_loss.torchtitan_loss_check`); Megatron-LM's, and
-    Megatron-DeepSpeed's, its fused vocab-parallel one; None (fused) for ``any``."""
+    :func:`planner.exports._torchtitan_loss.torchtitan_loss_check`); Megatron-LM's, the
+    fused vocab-parallel one its recipes run; Megatron-DeepSpeed's, its own
+    unfused one (``megatron_deepspeed``: it has no fused loss); None (fused) for ``any``."""
     if framework == "torchtitan":
         return CrossEntropy.CHUNKED
-    if framework in ("megatron", "deepspeed"):
+    if framework == "megatron":
         return CrossEntropy.FUSED
+    if framework == "deepspeed":
+        return CrossEntropy.MEGATRON_DEEPSPEED
     return None
 
 
@@ -260,7 +265,8 @@ def framework_training(framework: str, model: ModelSpec, system: SystemSpec,
     if framework == ANY:
         return training
     resolved = with_framework_defaults(training, framework, system.device.transformer_engine)
-    refused = why_not(framework, model, resolved, strategy, bf16=system.device.bf16)
+    refused = why_not(framework, model, resolved, strategy, bf16=system.device.bf16,
+                      flash=uses_flash_attention(model, system, resolved))
     if refused is not None:
         raise ValueError(f"{framework} cannot run this plan as written: {refused}")
     return resolved
@@ -289,9 +295,11 @@ def _selective(framework: str, training: TrainingSpec, s: Strategy) -> str | Non
 
 
 def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
-            strategy: Strategy, *, bf16: bool = True) -> str | None:
+            strategy: Strategy, *, bf16: bool = True, flash: bool = False) -> str | None:
     """Why ``framework`` cannot run ``strategy`` as written, or None if it can (``bf16``: the
-    device trains in bf16, not fp16 with loss scaling: :attr:`simcore.specs.DeviceSpec.bf16`)."""
+    device trains in bf16, not fp16 with loss scaling: :attr:`simcore.specs.DeviceSpec.bf16`;
+    ``flash``: the plan's attention is flash attention,
+    :func:`simcore.megatron.uses_flash_attention`)."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"unknown framework {framework!r}; use one of {', '.join(FRAMEWORKS)}")
     if framework != ANY and model.moe is not None:
@@ -312,6 +320,8 @@ def why_not(framework: str, model: ModelSpec, training: TrainingSpec,
                or _fp8_attention(framework, training, strategy) or _cuda_graphs(framework, training)
                or _any_only(framework, training) or _loss(framework, training))
     refused = refused or _selective(framework, training, strategy)
+    if refused is None and framework == "deepspeed":  # after per-op's, the more telling
+        refused = rules.deepspeed_selective(strategy, flash)
     if refused is None and framework == "torchtitan":  # after the rules that name a knob
         refused = rules.torchtitan_zero(strategy)
     return refused
@@ -385,7 +395,8 @@ def _loss(framework: str, training: TrainingSpec) -> str | None:
     """Megatron-LM's loss is its vocab-parallel cross-entropy, fused
     (``--cross-entropy-loss-fusion``) or not (d98e8a64 ``megatron/core/model_parallel_config.py``
     ``cross_entropy_loss_fusion``): not PyTorch's on an fp32 copy of the logits, nor one on
-    logits gathered whole to every tp rank."""
+    logits gathered whole to every tp rank. Megatron-DeepSpeed's is its own, unfused
+    (:attr:`simcore.specs.CrossEntropy.MEGATRON_DEEPSPEED`)."""
     loss = training.cross_entropy
     if framework != "megatron" or loss in (None, CrossEntropy.FUSED, CrossEntropy.MEGATRON):
         return None

@@ -22,6 +22,7 @@ import numpy as np
 import simcore
 from search_spaces.frameworks import ANY, why_not
 from simcore.conventions import implementation
+from simcore.megatron.stack import uses_flash_attention
 from simcore.specs import (
     DEFAULT_PLACEMENT,
     Axis,
@@ -271,11 +272,17 @@ class StrategySpace:
             return str(e)
         return self._framework_refuses(strategy)
 
+    @cached_property
+    def _flash(self) -> bool:
+        """The plans' attention is flash attention (the training's, else the model's and
+        device's default)."""
+        return uses_flash_attention(self.model, self.system, self.training)
+
     def _framework_refuses(self, strategy: Strategy) -> str | None:
         if self.framework == ANY:
             return None
         return why_not(self.framework, self.model, self.training, strategy,
-                       bf16=self.system.device.bf16)
+                       bf16=self.system.device.bf16, flash=self._flash)
 
     @cached_property
     def valid(self) -> tuple[Strategy, ...]:

@@ -270,8 +270,8 @@ def test_the_all_to_all_needs_the_heads_to_divide() -> None:
 
 
 def test_deepspeed_runs_ulysses() -> None:
-    ds = with_framework_defaults(TrainingSpec(global_batch=64, seq_len=65536), "deepspeed",
-                                 True)
+    written = TrainingSpec(global_batch=64, seq_len=65536)
+    ds = with_framework_defaults(written, "deepspeed", True)
     assert ds.cp_comm is CpComm.A2A
     ulysses = Strategy(dp=16, sp=4)  # DeepSpeed-Ulysses runs with tp 1 and pp 1
     assert why_not("deepspeed", LLAMA, ds, ulysses) is None
@@ -279,7 +279,10 @@ def test_deepspeed_runs_ulysses() -> None:
         "cp_comm p2p: deepspeed's context parallelism is DeepSpeed-Ulysses' all-to-all; use"
         " cp_comm a2a, or framework megatron")
     assert why_not("torchtitan", LLAMA, ds, ulysses).startswith("cp_comm a2a: torchtitan's")
-    plan = make_plan(LLAMA, SYSTEM, ds, ulysses, Convention.MEGATRON)
+    # as a deepspeed study holds it: the training it wrote kept, so that Megatron-LM's export
+    # fills in its own loss, not Megatron-DeepSpeed's (which it cannot run)
+    plan = make_plan(LLAMA, SYSTEM, ds, ulysses, Convention.MEGATRON,
+                     given_training=replace(written, cp_comm=CpComm.A2A))
     script = next(text for name, text in export_files(plan, "megatron").items()
                   if name.endswith(".sh"))
     assert "--cp-comm-type a2a" in script

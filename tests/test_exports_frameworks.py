@@ -215,16 +215,19 @@ def test_deepspeed_readme_has_launcher_args(plan: Plan) -> None:
     assert launcher_args(plan) == expected
     # estimated as Ulysses runs it (cp_comm a2a, what a deepspeed study sets); a plan whose
     # training names the ring is refused, one that leaves it open is priced again as Ulysses
+    # (full recompute: under Ulysses Megatron-DeepSpeed does not run the selective one)
+    full = Recompute.FULL
     ring = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1,
-                 cp_comm=CpComm.P2P)
+                 cp_comm=CpComm.P2P, recompute=full)
     with pytest.raises(ValueError, match="cp_comm p2p: deepspeed's context parallelism is"):
         export_files(ring, "deepspeed")
-    open_ring = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1)
+    open_ring = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1,
+                      recompute=full)
     launch = export_files(open_ring, "deepspeed")["deepspeed-launch.txt"]
     assert "--ds-sequence-parallel-size 4" in launch
     assert "the stack its study left open; as DeepSpeed runs the plan" in launch
     ulysses = _plan(dp=256, tp=1, pp=1, sp=4, schedule=Schedule.ONE_F_ONE_B, v=1,
-                    cp_comm=CpComm.A2A)
+                    cp_comm=CpComm.A2A, recompute=full)
     readme = export_files(ulysses, "deepspeed")["deepspeed-launch.txt"]
     for a in launcher_args(ulysses):
         assert f"  {a}\n" in readme

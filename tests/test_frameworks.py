@@ -19,7 +19,7 @@ from planner.cli import main
 from planner.errors import PlannerUsageError
 from planner.study_config import load_study_config
 from search_spaces.frameworks import FRAMEWORKS, why_not
-from simcore.specs import CpComm, Schedule, Strategy, TrainingSpec, ZeroStage
+from simcore.specs import CpComm, Recompute, Schedule, Strategy, TrainingSpec, ZeroStage
 
 MODEL = load_catalog().model("llama70b")  # 80 layers, 64 heads
 TRAINING = TrainingSpec(global_batch=512, seq_len=1024)
@@ -100,6 +100,23 @@ def test_deepspeed_ulysses_without_tp_or_pp() -> None:
         "cp_comm p2p: deepspeed's context parallelism is DeepSpeed-Ulysses' all-to-all; use"
         " cp_comm a2a, or framework megatron")
     assert _why("deepspeed", dp=16, tp=2, pp=2, zero=ZeroStage.OPTIMIZER) is None  # no Ulysses
+
+
+def test_deepspeed_recomputes_the_attention_core_only_unfused_without_ulysses() -> None:
+    # Megatron-DeepSpeed 4efb479d megatron/model/transformer.py ParallelAttention:
+    # checkpoint_core_attention is set only beside CoreAttention, not for flash attention's
+    # core nor under DeepSpeed-Ulysses' DistributedAttention
+    a2a = replace(TRAINING, cp_comm=CpComm.A2A)
+    selective = Strategy(dp=64, recompute=Recompute.SELECTIVE)
+    reason = why_not("deepspeed", MODEL, TRAINING, selective, flash=True)
+    assert reason is not None and "with flash attention" in reason
+    assert why_not("deepspeed", MODEL, TRAINING, selective, flash=False) is None
+    ulysses = Strategy(dp=32, sp=2, recompute=Recompute.SELECTIVE)
+    reason = why_not("deepspeed", MODEL, a2a, ulysses, flash=False)
+    assert reason is not None and "sp 2 (DeepSpeed-Ulysses)" in reason
+    assert why_not("deepspeed", MODEL, TRAINING, replace(selective, recompute=Recompute.FULL),
+                   flash=True) is None
+    assert why_not("megatron", MODEL, TRAINING, selective, flash=True) is None
 
 
 def test_torchtitan_runs_zero_2_at_pp_1_and_zero_1_with_pp() -> None:
@@ -190,3 +207,36 @@ def test_study_with_framework_runs_and_exports(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "GB a device, over the 80 GB" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o2").exists()
+
+
+def test_deepspeed_prices_and_runs_megatron_deepspeeds_loss(tmp_path) -> None:
+    # Megatron-DeepSpeed 4efb479d: gpt_model.py takes the loss on output.float() while holding
+    # the 16-bit output, and cross_entropy.py shifts that copy by its max out of place: 2 + 4 +
+    # 4 bytes a logit at its forward, where the fused loss holds 4. By hand, Llama 2 70B's
+    # 32,000-token vocabulary, one micro-batch of 1,024 tokens at tp 1 on the one stage:
+    # 6 x 1,024 x 32,000 bytes more.
+    from simcore import estimate
+    from simcore.specs import CrossEntropy
+
+    ds = load_study_config(_study(tmp_path, "ds", "framework: deepspeed\n"))
+    assert ds.training.cross_entropy is CrossEntropy.MEGATRON_DEEPSPEED
+    plan = Strategy(dp=64, zero=ZeroStage.OPTIMIZER)
+    system = load_catalog().system("lab-system1")
+    fused = estimate(MODEL, system, replace(ds.training, cross_entropy=CrossEntropy.FUSED),
+                     plan)
+    assert (estimate(MODEL, system, ds.training, plan).memory.activations
+            - fused.memory.activations) == pytest.approx(6 * 1024 * MODEL.vocab, rel=1e-12)
+    assert MODEL.vocab == 32_000
+    # Megatron-LM has no such loss; a plan priced with another one is exported for DeepSpeed
+    # with Megatron-DeepSpeed's figures (its launcher runs its own loss)
+    reason = why_not("megatron", MODEL, ds.training, plan)
+    assert reason is not None and "cross_entropy megatron_deepspeed" in reason
+    from planner.exports import export_files
+    from planner.plan import make_plan
+    from simcore import Convention
+
+    priced = make_plan(MODEL, system, replace(ds.training, cross_entropy=CrossEntropy.FUSED),
+                       plan, Convention.MEGATRON)
+    launch = export_files(priced, "deepspeed")["deepspeed-launch.txt"]
+    runs = estimate(MODEL, system, ds.training, plan).memory.total / 1e9
+    assert f"peak memory {runs:.1f} GB a device" in launch

@@ -132,8 +132,12 @@ def test_space_enumerates_shard_groups_only_with_zero1_and_zero3() -> None:
 
 
 def test_frameworks_and_exports_write_the_shard_group() -> None:
-    for framework in ("megatron", "torchtitan", "deepspeed"):
+    for framework in ("megatron", "torchtitan"):
         assert why_not(framework, MODEL, TRAINING, HSDP) is None
+    # DeepSpeed shards within groups only as MiCS, whose model must be built under
+    # deepspeed.zero.MiCS_Init (mics.py's assertion), which Megatron-DeepSpeed's pretrain_gpt.py
+    # does not do (4efb479d: deepspeed.zero.Init)
+    assert "MiCS_Init" in why_not("deepspeed", MODEL, TRAINING, HSDP)
     plan = make_plan(MODEL, SYSTEM, TRAINING, HSDP, Convention.MEGATRON)
     toml = tomllib.loads(export_files(plan, "torchtitan")["torchtitan.toml"])
     assert toml["parallelism"]["data_parallel_shard_degree"] == 4
@@ -141,7 +145,7 @@ def test_frameworks_and_exports_write_the_shard_group() -> None:
     script = export_files(plan, "megatron")["megatron.sh"]
     assert "--use-megatron-fsdp" in script
     assert "--num-distributed-optimizer-instances 4" in script
-    ds = export_files(plan, "deepspeed")["ds_config.json"]
-    assert '"mics_shard_size": 4' in ds
+    with pytest.raises(ValueError, match="MiCS_Init"):
+        export_files(plan, "deepspeed")
     assert strategy_from_attrs(strategy_dict(HSDP)) == HSDP
     assert Axis.DP in StepPlan(MODEL, SYSTEM, TRAINING, HSDP).comm.nets.networks

@@ -30,7 +30,7 @@ from planner.exports.hetero import export_hetero, layout, meshes, runs_on, why_n
 from planner.plan import make_plan
 from simcore import Convention, Strategy, TrainingSpec
 from simcore.mixed import MixedPlan, MixedStage
-from simcore.specs import ZeroStage
+from simcore.specs import CrossEntropy, ZeroStage
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXED = ROOT / "studies" / "mixed"
@@ -287,3 +287,25 @@ def test_each_device_type_keeps_the_attention_it_was_priced_with(metis, catalog)
         cfg = yaml.safe_load(export_hetero("flagscale", model, hopper, flash, plan,
                                            "x")["flagscale_train.yaml"])["model"]
         assert cfg["attention_backend"] == backend
+
+
+def test_mixed_exports_run_the_loss_and_gather_priced(metis):
+    # As --format megatron writes them: the fused loss priced by default (Megatron-LM's default
+    # is unfused: d98e8a64 model_parallel_config.py cross_entropy_loss_fusion False), and with
+    # the distributed optimizer's overlapped reduction the updated shards' all-gather beside
+    # the next forward (--overlap-param-gather; without it the gather runs after the step).
+    # A loss Megatron-LM does not have (PyTorch's on an fp32 copy) is refused.
+    system, model = metis
+    plan = _plan((1, 2, 2, 1), (1, 2, 2, 2), (0, 2, 2, 2), (0, 2, 2, 3), m=8)
+    script = export_hetero("megatron", model, system, TRAINING, plan, "x")["megatron.sh"]
+    assert "  --cross-entropy-loss-fusion\n" in script
+    assert "  --overlap-param-gather\n" in script and "  --overlap-grad-reduce\n" in script
+    cfg = yaml.safe_load(export_hetero("flagscale", model, system, TRAINING, plan,
+                                       "x")["flagscale_train.yaml"])["system"]
+    assert cfg["cross_entropy_loss_fusion"] is True and cfg["overlap_param_gather"] is True
+    unfused = replace(TRAINING, cross_entropy=CrossEntropy.MEGATRON, overlap_grad_reduce=False)
+    script = export_hetero("megatron", model, system, unfused, plan, "x")["megatron.sh"]
+    assert "--cross-entropy-loss-fusion" not in script and "--overlap-param-gather" not in script
+    pytorch = replace(TRAINING, cross_entropy=CrossEntropy.PYTORCH)
+    with pytest.raises(ValueError, match="cross_entropy pytorch: Megatron-LM's loss"):
+        export_hetero("megatron", model, system, pytorch, plan, "x")

@@ -78,10 +78,13 @@ QUOTES = (
         Figure("the best 1F1B plan, cp {sp}, dp {dp}, {mfu:.1%}", {"schedule": "1f1b"}),
     ), counts=("{valid:,} strategies",)),
     Quote("llama3-70b-h100-hsdp", "(`llama3-70b-h100-hsdp`", "; the DistIR MLP grid", (
-        Figure("best\ndp {dp} x tp {tp} sharding over all 64", {"shard_group": None}),
+        Figure("best\ndp {dp} x tp {tp} with FSDP shard groups of {shard_group:.0f}"),
         Figure("micro-batch {micro_batch}, {step_time_s:.1f} s per step, MFU {mfu:.1%}"),
-        Figure("against {step_time_s:.1f} s and {mfu:.1%} for the best HSDP plan, FSDP shard"
-               " groups of {shard_group:.0f} at micro-batch {micro_batch}", {"shard_group": 8}),
+        Figure("against {step_time_s:.1f} s and {mfu:.1%} sharding over all 64",
+               {"dp": 64, "tp": 4, "shard_group": None}),
+        Figure("({peak_memory_gb:.1f} GB sharding over all 64", {
+            "dp": 64, "tp": 4, "shard_group": None, "micro_batch": 2,
+            "recompute": "selective"}, fits=False),
     ), counts=("{valid} valid plans",)),
     Quote("llama3-405b-gb200-256", "(`llama3-405b-gb200-256`", "Llama 3 70B on one GB200 rack", (
         Figure("best dp {dp}, tp {tp}, pp {pp} interleaved v {v}"),

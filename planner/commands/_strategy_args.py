@@ -154,7 +154,9 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    help="how the loss holds the logits: fused (Megatron-LM's: fp32 logits, 4"
                    " bytes each; the default), pytorch (torchtitan's: cross_entropy on an fp32"
                    " copy, 12 bytes each at its peak), chunked (torchtitan main's: the same"
-                   " on an eighth of the tokens at a time), nanotron (fp32 logits and a shifted"
+                   " on an eighth of the tokens at a time), megatron_deepspeed"
+                   " (Megatron-DeepSpeed's: the 16-bit logits, an fp32 copy and a shifted one,"
+                   " 10 bytes each), nanotron (fp32 logits and a shifted"
                    " copy, 8 bytes each) or replicated (the 16-bit logits gathered to every tp"
                    " rank and held by the loop, 8 bytes each of the whole vocabulary)")
     t.add_argument("--cp-comm", choices=[m.value for m in CpComm], default=None,

@@ -45,7 +45,7 @@ from planner.plan import Plan
 from search_spaces.frameworks import why_not
 from simcore import estimate
 from simcore.megatron.stack import elementwise_fusions, uses_flash_attention
-from simcore.specs import Activation, Family, Precision, Recompute, ZeroStage
+from simcore.specs import Activation, CrossEntropy, Family, Precision, Recompute, ZeroStage
 
 __all__ = ["ds_config", "export_deepspeed"]
 
@@ -56,9 +56,14 @@ LAUNCHER_SOURCE = "deepspeedai/Megatron-DeepSpeed 4efb479d (2025-07-16), megatro
 def export_deepspeed(plan: Plan) -> dict[str, str]:
     """``ds_config.json`` (the JSON DeepSpeed reads) and ``deepspeed-launch.txt`` (the rest);
     raises ValueError if DeepSpeed cannot run the plan."""
+    # Megatron-DeepSpeed's launcher runs its own loss whatever the study named (an `any` study
+    # of Hugging Face models under DeepSpeed may price PyTorch's): its figures are the files'
     plan = run_by(plan, "deepspeed")
+    plan = replace(plan, training=replace(plan.training,
+                                          cross_entropy=CrossEntropy.MEGATRON_DEEPSPEED))
     refused = why_not("deepspeed", plan.model, plan.training, plan.strategy,
-                      bf16=plan.system.device.bf16)
+                      bf16=plan.system.device.bf16,
+                      flash=uses_flash_attention(plan.model, plan.system, plan.training))
     if refused is not None:
         raise ValueError(refused)
     if plan.model.moe is not None and plan.strategy.precision is not Precision.BF16:
@@ -113,9 +118,6 @@ def _zero(plan: Plan) -> dict[str, Any]:
     overlap = plan.training.overlap_grad_reduce and (s.pp == 1 or s.zero is ZeroStage.PARAMETERS)
     zero = {"stage": int(s.zero), "overlap_comm": overlap, "contiguous_gradients": True,
             "reduce_scatter": True, "allgather_partitions": True}
-    if s.replicas > 1:  # HSDP: DeepSpeed's MiCS (deepspeed/runtime/zero/config.py)
-        zero["mics_shard_size"] = s.shard_ranks
-        zero["mics_hierarchical_params_gather"] = False
     return zero
 
 
@@ -225,11 +227,7 @@ def _notes(plan: Plan) -> list[str]:
                   "  optional \"pipeline\" section (stages, partition,",
                   "  activation_checkpoint_interval); Megatron-DeepSpeed sets the stages from",
                   "  --pipeline-model-parallel-size."]
-    if s.zero is ZeroStage.PARAMETERS and s.replicas > 1:
-        notes += [f"- HSDP as DeepSpeed's MiCS: ZeRO 3 within mics_shard_size={s.shard_ranks}",
-                  "  ranks, replicated across; build the model under deepspeed.zero.MiCS_Init",
-                  "  (docs/code/zero3.rst, \"MiCS Configurations\")."]
-    elif s.zero is ZeroStage.PARAMETERS:
+    if s.zero is ZeroStage.PARAMETERS:
         notes += ["- ZeRO 3 (stage 3) is DeepSpeed's FSDP: parameters, gradients and optimizer",
                   "  state sharded over the data-parallel ranks."]
     if plan.model.moe is not None:

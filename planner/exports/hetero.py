@@ -38,6 +38,7 @@ from simcore.megatron import uses_flash_attention
 from simcore.mixed import MixedPlan, MixedSystemSpec
 from simcore.specs import (
     Activation,
+    CrossEntropy,
     Family,
     ModelSpec,
     Recompute,
@@ -114,6 +115,9 @@ def why_not(framework: str, model: ModelSpec, system: MixedSystemSpec, training:
     """Why ``framework`` cannot run ``plan`` as written, or None if it can."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"unknown framework {framework!r}; use one of {', '.join(FRAMEWORKS)}")
+    if training.cross_entropy not in (None, CrossEntropy.FUSED, CrossEntropy.MEGATRON):
+        return (f"cross_entropy {training.cross_entropy.value}: Megatron-LM's loss is its"
+                " vocab-parallel one, fused or not (cross_entropy: fused or megatron)")
     return _common(model, system, training, plan) or _specific(framework, model, training, plan,
                                                                 meshes(plan))
 
@@ -207,7 +211,8 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
                   "use_distributed_optimizer": plan.zero is ZeroStage.OPTIMIZER,
                   "overlap_grad_reduce": training.overlap_grad_reduce,
                   "precision": {"bf16": True} if bf16 else {"fp16": True},
-                  **_gradient_keys(training.bytes_per_param_grads, bf16)}
+                  **_gradient_keys(training.bytes_per_param_grads, bf16),
+                  **{f[2:].replace("-", "_"): True for f in _stack_flags(training, plan)}}
     if plan.recompute is Recompute.FULL:
         sys_.update(recompute_granularity="full", recompute_method="uniform",
                     recompute_num_layers=1)
@@ -245,6 +250,21 @@ def _flagscale(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec
     text += yaml.dump({"system": sys_, "model": m}, Dumper=_Dumper, sort_keys=False)
     hostfile = "".join(f"{name} slots={gpus} type={device}\n" for name, gpus, device in nodes)
     return {"flagscale_train.yaml": text, "hostfile": hostfile}
+
+
+def _stack_flags(training: TrainingSpec, plan: MixedPlan) -> list[str]:
+    """Megatron-LM's options for what the plan was priced with beyond its shape, as
+    ``--format megatron`` writes them (:mod:`planner.exports._megatron`): the updated shards'
+    all-gather beside the next forward (``--overlap-param-gather``, with the distributed
+    optimizer's overlapped reduction; without it the gather runs after the step, exposed) and
+    the fused loss (``--cross-entropy-loss-fusion``; Megatron-LM's default is unfused,
+    d98e8a64 ``model_parallel_config.py``)."""
+    flags = []
+    if plan.zero is ZeroStage.OPTIMIZER and training.overlap_grad_reduce:
+        flags.append("--overlap-param-gather")
+    if training.cross_entropy in (None, CrossEntropy.FUSED):
+        flags.append("--cross-entropy-loss-fusion")
+    return flags
 
 
 def _gradient_keys(grad_bytes: int, bf16: bool) -> dict[str, bool]:
@@ -300,6 +320,7 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
     if training.overlap_grad_reduce:
         dp.append("--overlap-grad-reduce")
     dp += gradient_args(training.bytes_per_param_grads, bf16)
+    dp += _stack_flags(training, plan)
     for section in (parallel, batch,
                     recompute_args(plan.recompute, modules=training.recompute_modules), dp,
                     model_args(model, training.seq_len, _attention(model, system, training, plan),

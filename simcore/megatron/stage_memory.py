@@ -27,6 +27,7 @@ LOGIT_BYTES: dict[CrossEntropy, int] = {
     CrossEntropy.MEGATRON: 6,  # the 16-bit logits and their fp32 copy (Megatron-LM's)
     CrossEntropy.PYTORCH: 12,  # its saved log-softmax output and, backward, two gradients
     CrossEntropy.CHUNKED: 12,  # pytorch's, of one slice of the tokens at a time (LOSS_CHUNKS)
+    CrossEntropy.MEGATRON_DEEPSPEED: 10,  # the 16-bit logits, an fp32 copy and a shifted one
     CrossEntropy.NANOTRON: 8,  # the fp32 logits and their shifted copy, at its forward
     CrossEntropy.REPLICATED: 8,  # the held 16-bit logits, the log-softmax output, two gradients
 }

@@ -198,6 +198,14 @@ class CrossEntropy(_Named):
     of that output and of its input, 2 bytes each, 8 bytes a logit of the whole vocabulary on
     every rank; each rank runs the loss's passes over all of them, and the backward through
     the gather is a local slice."""
+    MEGATRON_DEEPSPEED = "megatron_deepspeed"
+    """Megatron-DeepSpeed's vocab-parallel cross-entropy (deepspeedai/Megatron-DeepSpeed@4efb479d
+    ``megatron/model/gpt_model.py``: ``cross_entropy(output.float(), labels)``;
+    ``megatron/core/tensor_parallel/cross_entropy.py``: ``vocab_parallel_logits - logits_max``,
+    out of place, then the exponent in place on that copy, which it saves for the backward):
+    at its forward the 16-bit logits its caller holds, their fp32 copy and the shifted copy,
+    2 + 4 + 4 bytes a logit of the rank's vocabulary shard. A ``framework: deepspeed`` study's
+    loss."""
     NANOTRON = "nanotron"
     """nanotron's vocab-parallel loss (huggingface/nanotron@9055c664 ``src/nanotron/models/
     llama.py``: the LM head's output cast to fp32 by the model, ``cast_to_fp32``, then

@@ -4,8 +4,9 @@ entries, keeping every valid one in order (issue 20).
 A killed writer leaves at most a torn last line, which the planner cuts before it appends
 (:func:`planner.storage_journal.repair_tail`). A line damaged otherwise (an editor, a disk
 error, another program writing into the file) stops every reader once an entry follows it:
-Optuna raises on a bad line that is not the last. The repair keeps each line that parses as a
-JSON object with an ``op_code``, as Optuna wrote it, under the journal's lock, and writes the
+Optuna raises on a bad line that is not the last. The repair keeps each line that parses as an
+entry Optuna's journal replays (:func:`planner.journal_entry.is_journal_entry`: an ``op_code``
+and the keys its operation reads), as Optuna wrote it, under the journal's lock, and writes the
 result atomically after copying the file to ``JOURNAL.bak``. Entries are never edited, only
 dropped.
 """
@@ -18,6 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner.journal_entry import is_journal_entry
 from planner.storage import JournalLock
 
 __all__ = ["Repair", "repair_journal"]
@@ -40,7 +42,7 @@ def _is_entry(line: bytes) -> bool:
         entry = json.loads(line)
     except ValueError:
         return False
-    return isinstance(entry, dict) and "op_code" in entry
+    return is_journal_entry(entry)
 
 
 def repair_journal(path: Path) -> Repair:

@@ -31,6 +31,7 @@ from optuna.storages.journal import (
 )
 
 from planner.errors import PlannerUsageError
+from planner.journal_entry import is_journal_entry
 
 __all__ = ["BatchedJournalFileBackend", "BatchedJournalStorage", "JournalLock", "repair_tail"]
 
@@ -196,13 +197,18 @@ class BatchedJournalFileBackend(BaseJournalBackend):
 
     def _checked(self, log_number_from: int) -> Iterator[dict[str, Any]]:
         """Optuna's reading, with a line that is not a journal entry (before the last: Optuna
-        skips a bad last line) as one line naming the file and the fix."""
+        skips a bad last line that is not JSON; a JSON one that is not an entry, anywhere:
+        :func:`planner.journal_entry.is_journal_entry`) as one line naming the file and the
+        fix."""
         try:
-            yield from self._file.read_logs(log_number_from)
+            for log in self._file.read_logs(log_number_from):
+                if not is_journal_entry(log):  # JSON, but not an entry Optuna can replay
+                    raise ValueError(log)
+                yield log
         except ValueError:  # json.JSONDecodeError, or Optuna's "Invalid log format."
             raise PlannerUsageError(
-                f"{self._path}: a line that is not an Optuna journal entry, with entries after"
-                f" it; `planner repair {self._path}` keeps every valid entry (and a .bak copy)"
+                f"{self._path}: a line that is not an Optuna journal entry; `planner repair"
+                f" {self._path}` keeps every valid entry (and a .bak copy)"
             ) from None
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:

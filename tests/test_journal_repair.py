@@ -54,3 +54,24 @@ def test_repair_keeps_every_entry_around_garbage(tmp_path, capsys) -> None:
     assert _trials(journal) == {"first": 56}
     assert main(["repair", str(journal)]) == 0
     assert "nothing to repair" in capsys.readouterr().out
+
+
+def test_json_that_is_not_an_entry_is_named_and_repaired(tmp_path, capsys) -> None:
+    # Optuna's replay reads each operation's keys by name (JournalStorageReplayResult): a line
+    # of valid JSON without them stopped every reader with a KeyError, wherever it sat.
+    journal = tmp_path / "s.journal"
+    assert _run(tmp_path, journal, "first") == 0
+    lines = journal.read_bytes().splitlines(keepends=True)
+    bad = [b'{"x": 1}\n', b'{"op_code": 11, "worker_id": "w"}\n',
+           b'{"op_code": 4, "worker_id": "w", "datetime_start": null}\n',  # no study_id
+           b'{"op_code": 2, "worker_id": "w", "study_id": "0", "user_attr": {}}\n']
+    for line, where in [(b, i) for b in bad for i in (10, len(lines))]:
+        journal.write_bytes(b"".join(lines[:where] + [line] + lines[where:]))
+        capsys.readouterr()
+        assert main(["studies", "--storage", str(journal)]) == 2, line
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"planner repair {journal}" in err[0], err
+        assert main(["repair", str(journal)]) == 0
+        assert f"line {where + 1}" in capsys.readouterr().out
+        assert journal.read_bytes() == b"".join(lines)
+    assert _trials(journal) == {"first": 56}

@@ -311,6 +311,10 @@ def run_sweep(config: StudyConfig, request: SweepRequest) -> Sweep:
         groups.setdefault(key, []).append((c, s))
     points = [p for key, group in sorted(groups.items(), key=lambda kg: [_order(v) for v in kg[0]])
               if (p := _best(config, key, group)) is not None]
+    if not points:
+        raise PlannerUsageError(f"{config.path}: none of the {len(kept):,} plans swept fits in"
+                                f" {config.hbm_gb:g} GB a device (hbm_gb); raise --hbm-gb, or"
+                                " widen the study's space (tp, pp, zero, recompute)")
     unit = "samples/s" if config.training.seq_len == 1 else "tokens/s"
     return Sweep(config.name, request, unit, tuple(points), len(kept))
 

@@ -161,3 +161,14 @@ def test_what_a_study_cannot_resize_is_one_line(argv, message, capsys, tmp_path)
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and err.count("\n") == 1
+
+
+def test_a_sweep_where_no_plan_fits_is_one_line(capsys, tmp_path):
+    # Llama 2 70B's 16-bit weights alone are 140 GB: over 64 devices, at least 2.2 GB a device,
+    # so nothing fits in 1 GB (a raw plotly error about subplots before)
+    code = main(["sweep", str(LAB), "--x", "tp", "--hbm-gb", "1",
+                 "--out", str(tmp_path / "f.html")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "plans swept fits in 1 GB a device (hbm_gb); raise --hbm-gb" in err
+    assert not (tmp_path / "f.html").exists()

@@ -225,6 +225,12 @@ def test_text_workload_with_comm_sizes_times_its_collectives(capsys):
     ("PIPELINE\n1\nl -1 1 NONE 0 1 NONE 0 1 NONE 0 1\n", "line 1: parallelism 'PIPELINE'"),
     ("DATA\n2\nl -1 1 NONE 0 1 NONE 0 1 NONE 0 1\n", "says 2 layers but 1 follow"),
     ("DATA\n1\nl -1 x NONE 0 1 NONE 0 1 NONE 0 1\n", "line 3: expected name"),
+    # Chakra's duration_micros is a uint64 and comm_size an int64: a negative time or a size
+    # past 2**63 - 1 failed inside protobuf's encoder
+    ("DATA\n1\nl -1 -5 NONE 0 1 NONE 0 1 NONE 0 1\n",
+     "line 3: the forward's compute time -5 must be a whole number from 0 to"),
+    ("DATA\n1\nl -1 1 NONE 0 1 NONE 0 1 ALLREDUCE 9223372036854775808 1\n",
+     "line 3: the weight gradient's comm size 9223372036854775808 must be"),
     ("HYBRID_DLRM\n3\n" + "l -1 1 ALLTOALL 1 1 NONE 0 1 NONE 0 1\n" * 3,
      "takes the index of the last bottom-MLP layer"),
     ("HYBRID_DLRM 2\n3\n" + "l -1 1 ALLTOALL 1 1 NONE 0 1 NONE 0 1\n" * 3,

@@ -107,11 +107,27 @@ def read_text_workload(path: Path) -> TextWorkload:
             raise PlannerUsageError(
                 f"{path}, line {number}: expected name, reserved, then compute time, comm type"
                 " and comm size for forward, input gradient and weight gradient") from None
+        _check_numbers(path, number, layers[-1])
     if count != len(layers):
         raise PlannerUsageError(f"{path}, line 2: says {count} layers but {len(layers)} follow")
     if parallelism in _DLRM:
         _check_dlrm(path, layers, bottom)
     return TextWorkload(parallelism, count, tuple(layers), bottom)
+
+
+UINT64_FIELD = 2**63 - 1
+"""The largest time or size both of a Chakra node's fields hold: ``duration_micros`` is a
+``uint64`` and the ``comm_size`` attribute an ``int64`` (planner/chakra/nodes.py)."""
+
+
+def _check_numbers(path: Path, number: int, layer: Layer) -> None:
+    """Each phase's compute time and comm size are counts: 0 .. 2**63 - 1."""
+    for phase, (time_us, _, size) in zip(("forward", "input gradient", "weight gradient"),
+                                         (layer.fwd, layer.ig, layer.wg), strict=True):
+        for what, v in (("compute time", time_us), ("comm size", size)):
+            if not 0 <= v <= UINT64_FIELD:
+                raise PlannerUsageError(f"{path}, line {number}: the {phase}'s {what} {v} must"
+                                        f" be a whole number from 0 to {UINT64_FIELD}")
 
 
 def _check_dlrm(path: Path, layers: list[Layer], bottom: int) -> None:

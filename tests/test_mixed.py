@@ -210,6 +210,28 @@ def test_planner_mixed_reports_the_best_and_each_group_alone(capsys):
     assert out["plans"] > 1000 and out["top"][0] == best
 
 
+def test_planner_mixed_says_when_only_mixing_fits(tmp_path, capsys):
+    # A Llama-3-70B-shaped model of 100 layers: 855.6 M parameters a layer (q and o 8192^2
+    # each, k and v 8192 x 1024, three MLP matrices 8192 x 28672) and 2 x 128,256 x 8192 of
+    # embedding and head, 87.7 B; 16 bytes each (16-bit weights and gradients, fp32 Adam
+    # state, dp 1) is 1.40 TB: more than 16 A100-80GB hold (16 x 85.9 GB = 1.37 TB) or 16
+    # V100-16GB, within the 1.65 TB of both (the old line: "mixing does not pay (0.0% slower")
+    (tmp_path / "models.yaml").write_text(
+        "big: {family: llama, layers: 100, hidden: 8192, ffn_hidden: 28672, heads: 64,"
+        " kv_heads: 8, vocab: 128256, seq_len: 1024, source: test}\n")
+    study = tmp_path / "big.yaml"
+    study.write_text("model: models.yaml#big\nsystem: metis-a100-v100-16-16\n"
+                     "training: {global_batch: 32, seq_len: 1024}\n"
+                     "space: {tp: [4, 8], recompute: [full], zero: [1]}\n")
+    assert main(["mixed", str(study), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["alone"] == {"a100": None, "v100": None} and out["mixing_speedup"] is None
+    assert main(["mixed", str(study)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    mixed = next(line for line in lines if line.startswith("  mixed: "))
+    assert mixed.endswith(": only mixing fits (no group alone has the memory)")
+
+
 def test_planner_mixed_writes_every_plan(tmp_path, capsys):
     out = tmp_path / "plans.csv"
     assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--top", "3",

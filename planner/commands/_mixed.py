@@ -120,12 +120,15 @@ def report_lines(study: MixedStudy, s: dict[str, Any], top: pd.DataFrame) -> lis
     mixed, gain = s["best_mixed"], s["mixing_speedup"]
     if mixed is None:
         lines.append("  mixed: no plan over several groups fits")
-    elif gain is not None and gain > 0:
+    elif gain is None:  # no group fits alone
+        lines.append(f"  mixed: {mixed['step_time_s']:.4g} s  {mixed['plan']}: only mixing fits"
+                     " (no group alone has the memory)")
+    elif gain > 0:
         lines.append(f"  mixed: {mixed['step_time_s']:.4g} s  {mixed['plan']}: mixing pays,"
                      f" {gain:.1%} faster than the best group alone")
     else:
         lines.append(f"  mixed: {mixed['step_time_s']:.4g} s  {mixed['plan']}: mixing does not"
-                     f" pay ({-gain if gain is not None else 0:.1%} slower than the best group"
+                     f" pay ({-gain:.1%} slower than the best group"
                      " alone); leave the slower devices idle or give them other work")
     for f, row in s["best_by_framework"].items():
         reason = s["best_not_runnable_because"].get(f)

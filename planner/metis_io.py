@@ -22,6 +22,7 @@ systems (``studies/catalog/systems/mixed.yaml``).
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,9 +176,11 @@ def read_profiles(folder: Path) -> tuple[dict[str, dict[str, dict[str, float]]],
         times = raw.get("execution_time", {}).get("layer_compute_total_ms") \
             if isinstance(raw, dict) else None
         if (not isinstance(times, list) or len(times) < 3
-                or not all(isinstance(t, (int, float)) and t >= 0 for t in times)):
+                or not all(_ms(t) and t >= 0 for t in times)
+                or not all(t > 0 for t in times[1:-1])):
             raise _bad(path, "execution_time.layer_compute_total_ms", "must list each layer's"
-                       " milliseconds (>= 0), the embedding first and the head last")
+                       " milliseconds (> 0; the embedding's and the head's >= 0), the embedding"
+                       " first and the head last")
         if layers is not None and len(times) - 2 != layers:
             raise _bad(path, "execution_time.layer_compute_total_ms", f"has {len(times)} layers"
                        f" but the other profiles have {layers + 2}")
@@ -188,6 +191,11 @@ def read_profiles(folder: Path) -> tuple[dict[str, dict[str, dict[str, float]]],
     if layers is None:
         raise _bad(folder, "profile folder", "has no DeviceType.<TYPE>_tp<T>_bs<B>.json file")
     return out, layers
+
+
+def _ms(t: object) -> bool:
+    """A finite number of milliseconds (JSON's NaN and Infinity, and true / false, are not)."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
 
 
 def profiles_entry(folder: Path, c: MetisCluster) -> dict[str, Any]:

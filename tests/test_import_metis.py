@@ -147,3 +147,21 @@ def test_missing_device_profile_is_one_line(tmp_path, catalog_dir, capsys):
                  "--name", "lab"]) == 2
     err = capsys.readouterr().err.strip()
     assert "no profile of V100" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("times", [
+    "[0.5, 0, 0, 2.0]",  # a transformer layer of no time: every plan's step 0 ms a layer
+    "[0.5, NaN, 1.0, 2.0]", "[0.5, Infinity, 1.0, 2.0]",  # Python's json reads both
+    "[0.5, true, 1.0, 2.0]", "[-0.5, 1.0, 1.0, 2.0]",
+])
+def test_a_profile_without_a_time_for_each_layer_is_one_line(tmp_path, catalog_dir, capsys,
+                                                             times):
+    hostfile, clusterfile, profiles = _metis_inputs(tmp_path, layers=2)
+    bad = sorted(profiles.glob("DeviceType.A100_*"))[0]
+    bad.write_text('{"execution_time": {"layer_compute_total_ms": ' + times + "}}")
+    assert main(["import-metis", str(hostfile), str(clusterfile), str(profiles),
+                 "--name", "lab"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and bad.name in err
+    assert "must list each layer's milliseconds (> 0; the embedding's and the head's >= 0)" in err
+    assert not (catalog_dir / "systems" / "lab.yaml").exists()

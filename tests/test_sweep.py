@@ -140,6 +140,8 @@ def test_the_cli_writes_the_figure_and_the_points(tmp_path, capsys):
     (["--x", "tp", "--where", "tp"], "must be KNOB=VALUE"),
     (["--x", "tp", "--where", "dp=16", "--where", "tp=2"], "no valid plan of the study has all"),
     (["--devices", "2,0"], "must be whole numbers >= 1"),
+    (["--x", "hp", "--where", "tp=1", "--where", "tp=2"],  # the second replaced the first
+     "--where tp: tp is given twice; list its values once (--where tp=A,B)"),
     (["--x", "tp", "--global-batch", "512,1024", "--lines", "dp"],
      "--global-batch gives 2 values; draw them with --x, --lines or --panels global_batch"),
     ([], "--x: missing"),

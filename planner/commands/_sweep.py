@@ -123,7 +123,11 @@ def _request(args: argparse.Namespace) -> SweepRequest:
         lines = "global_batch"
     where: dict[str, tuple[str, ...]] = {}
     for knob, values in args.where:
-        where[knob_name("--where", knob)] = values
+        name = knob_name("--where", knob)
+        if name in where:  # the later one would silently replace the earlier
+            raise PlannerUsageError(f"--where {knob}: {name} is given twice; list its values"
+                                    f" once (--where {name}=A,B)")
+        where[name] = values
     return SweepRequest(x=x, lines=lines, panels=panels, where=where, devices=args.devices,
                         global_batches=args.global_batch, widths=args.width)
 

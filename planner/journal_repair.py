@@ -7,7 +7,8 @@ error, another program writing into the file) stops every reader once an entry f
 Optuna raises on a bad line that is not the last. The repair keeps each line that parses as an
 entry Optuna's journal replays (:func:`planner.journal_entry.is_journal_entry`: an ``op_code``
 and the keys its operation reads), as Optuna wrote it, under the journal's lock, and writes the
-result atomically after copying the file to ``JOURNAL.bak``. Entries are never edited, only
+result atomically after copying the file to ``JOURNAL.bak`` (``JOURNAL.bak.1`` and on where an
+earlier repair's copy is there). Entries are never edited, only
 dropped.
 """
 
@@ -45,6 +46,17 @@ def _is_entry(line: bytes) -> bool:
     return is_journal_entry(entry)
 
 
+def _free_backup(path: Path) -> Path:
+    """``JOURNAL.bak``, else ``JOURNAL.bak.1``, ``.bak.2``, ...: an earlier repair's copy, the
+    only one of the lines it dropped, is never replaced."""
+    backup = path.with_name(path.name + ".bak")
+    n = 0
+    while backup.exists() or backup.is_symlink():
+        n += 1
+        backup = path.with_name(f"{path.name}.bak.{n}")
+    return backup
+
+
 def repair_journal(path: Path) -> Repair:
     """Drop the lines of ``path`` that are not journal entries; a ``.bak`` copy first."""
     lock = JournalLock(str(path))
@@ -55,7 +67,7 @@ def repair_journal(path: Path) -> Repair:
         dropped = [i for i, line in enumerate(lines, 1) if not _is_entry(line)]
         if not dropped:
             return Repair(len(keep), [], None)
-        backup = path.with_name(path.name + ".bak")
+        backup = _free_backup(path)
         shutil.copy2(path, backup)
         tmp = path.with_name(path.name + ".repair")
         with open(tmp, "wb") as f:

@@ -75,3 +75,21 @@ def test_json_that_is_not_an_entry_is_named_and_repaired(tmp_path, capsys) -> No
         assert f"line {where + 1}" in capsys.readouterr().out
         assert journal.read_bytes() == b"".join(lines)
     assert _trials(journal) == {"first": 56}
+
+
+def test_a_second_repair_keeps_the_first_ones_copy(tmp_path, capsys) -> None:
+    # JOURNAL.bak is the only copy of the lines a repair dropped: a later repair writes
+    # JOURNAL.bak.1 beside it (it replaced JOURNAL.bak before)
+    journal = tmp_path / "s.journal"
+    assert _run(tmp_path, journal, "first") == 0
+    lines = journal.read_bytes().splitlines(keepends=True)
+    first = b"".join(lines[:5] + [b"first damage\n"] + lines[5:])
+    second = b"".join(lines[:7] + [b"second damage\n"] + lines[7:])
+    for damaged in (first, second):
+        journal.write_bytes(damaged)
+        assert main(["repair", str(journal)]) == 0
+    out = capsys.readouterr().out
+    assert f"the file as it was is {journal}.bak.1" in out
+    assert journal.with_name("s.journal.bak").read_bytes() == first
+    assert journal.with_name("s.journal.bak.1").read_bytes() == second
+    assert journal.read_bytes() == b"".join(lines)

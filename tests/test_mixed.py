@@ -276,3 +276,19 @@ def test_mixed_out_into_a_missing_folder_is_refused_before_the_search(tmp_path, 
     assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--out", str(out)]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert f"the folder {out.parent} does not exist; create it" in line
+
+
+def test_mixed_timeline_into_a_missing_folder_is_refused_before_the_search(tmp_path, capsys,
+                                                                            monkeypatch):
+    # it searched the whole space first, then failed on the figure's path
+    import planner.commands._mixed as command
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched before the timeline path was checked")
+
+    monkeypatch.setattr(command, "search_mixed", no_search)
+    monkeypatch.setattr(command, "sample_mixed", no_search)
+    timeline = tmp_path / "none" / "t.html"
+    assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--timeline", str(timeline)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"--timeline {timeline}: the folder {timeline.parent} does not exist" in line

@@ -185,6 +185,11 @@ class MixedCommand(BaseCommand):
             raise PlannerUsageError(f"--out {args.out}: use a .csv or .parquet file name")
         if args.out is not None:  # before the search, not after it
             check_output(args.out, (args.out.suffix,))
+        if args.timeline is not None:
+            try:
+                check_output(args.timeline, (".html", ".htm", ".png"))
+            except PlannerUsageError as e:
+                raise PlannerUsageError(f"--timeline {e}") from None
         if args.max_plans < 0 or args.trials < 1:
             raise PlannerUsageError("--max-plans must be >= 0 and --trials >= 1")
         study = load_mixed_study(args.study)

@@ -146,6 +146,9 @@ def test_megatron_script_has_the_layout_and_node_order(metis):
     assert "--tensor-model-parallel-size 2" in script
     assert "--pipeline-model-parallel-size 4" in script
     assert "--micro-batch-size 8" in script  # 16 sequences per micro-batch / dp 2
+    # the comment said "8 micro-batches of 16 sequences" above --micro-batch-size 8
+    assert ("# batch: 8 micro-batches of 16 sequences, each 8 a data-parallel replica"
+            " (--micro-batch-size) x dp 2") in script
     assert "--fp16" in script and "--bf16" not in script
     rows = [line.split() for line in files["nodes.txt"].splitlines()[1:]]
     assert [r[3] for r in rows] == ["v100-16gb"] * 2 + ["a100-80gb"] * 2

@@ -313,8 +313,10 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
         parallel.append("--sequence-parallel")
     if plan.schedule is Schedule.GPIPE:
         parallel.append("# GPipe runs as Megatron's 1F1B: same bubble, less activation memory")
-    batch = [f"# batch: {plan.micro_batches} micro-batches of {sequences} sequences",
-             f"--micro-batch-size {sequences // st.dp}",
+    per_replica = sequences // st.dp
+    batch = [f"# batch: {plan.micro_batches} micro-batches of {sequences} sequences, each"
+             f" {per_replica} a data-parallel replica (--micro-batch-size) x dp {st.dp}",
+             f"--micro-batch-size {per_replica}",
              f"--global-batch-size {training.global_batch}"]
     dp = (["--use-distributed-optimizer"] if plan.zero is ZeroStage.OPTIMIZER else [])
     if training.overlap_grad_reduce:

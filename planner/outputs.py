@@ -16,8 +16,8 @@ from pathlib import Path
 
 from planner.errors import PlannerUsageError
 
-__all__ = ["RESULTS_DIR", "atomic_write", "counted", "default_path", "slug", "text_table",
-           "write_files", "write_folders"]
+__all__ = ["RESULTS_DIR", "atomic_write", "check_targets", "counted", "default_path", "slug",
+           "text_table", "write_files", "write_folders"]
 
 RESULTS_DIR = Path("planner-results")
 """The folder of every default output (the storage's default journal too: planner.storage's
@@ -117,11 +117,16 @@ def write_files(folder: Path, files: Mapping[str, str | bytes]) -> list[Path]:
     return written
 
 
-def write_folders(root: Path, folders: Mapping[str, Mapping[str, str | bytes]]) -> list[Path]:
+def write_folders(root: Path, folders: Mapping[str, Mapping[str, str | bytes]], *,
+                  force: bool = False) -> list[Path]:
     """Write ``{folder: {file: text or bytes}}`` under ``root`` (file names may hold
-    sub-folders, ``traces/workload.0.et``); each folder appears whole (an existing one of the
-    same name is replaced) or not at all."""
+    sub-folders, ``traces/workload.0.et``); each folder appears whole or not at all. An
+    existing folder of the same name is replaced where it holds only files this writes again
+    (an earlier export of the same formats), or with ``force``; a file of that name, or a
+    folder holding others (a user's results beside an earlier export), is refused before
+    anything is written (:func:`check_targets`)."""
     _check_folder(root)
+    check_targets(root, folders, force)
     try:
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=root, prefix=".export-"))
@@ -145,6 +150,27 @@ def write_folders(root: Path, folders: Mapping[str, Mapping[str, str | bytes]]) 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+def check_targets(root: Path, folders: Mapping[str, Mapping[str, str | bytes]],
+                  force: bool) -> None:
+    """Refuse, before :func:`write_folders` writes anything, a folder it would replace that is
+    a file, or that holds files it would not write again (only with ``force`` are they
+    dropped)."""
+    for name, files in folders.items():
+        target = root / name
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            raise PlannerUsageError(f"{target}: is a file where this plan's folder goes; move it"
+                                    " or choose another --out")
+        if force or not target.is_dir():
+            continue
+        kept = sorted(str(p.relative_to(target)) for p in target.rglob("*")
+                      if not p.is_dir() and str(p.relative_to(target)) not in files)
+        if kept:
+            more = f" and {len(kept) - 1} more" if len(kept) > 1 else ""
+            raise PlannerUsageError(f"{target}: holds {kept[0]}{more}, which this export would"
+                                    " delete (it replaces the folder whole); move them, choose"
+                                    " another --out, or pass --force")
 
 
 def _column_cells(values: list[object]) -> tuple[bool, list[str]] | None:

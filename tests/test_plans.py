@@ -123,6 +123,47 @@ def test_export_out_may_name_the_plan_file(tmp_path, storage, capsys):
     assert not (tmp_path / "two.yaml").exists()
 
 
+def test_export_keeps_what_it_did_not_write(tmp_path, storage, capsys):
+    """An export replaced a plan folder whole, deleting a user's files in it, and overwrote
+    any file --out named (a study YAML): both are refused, --force does them."""
+    assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
+    out = tmp_path / "exports"
+    assert main(["export", "lab", "--out", str(out)]) == 0
+    (folder,) = out.iterdir()
+    assert main(["export", "lab", "--out", str(out)]) == 0  # the same files: replaced
+    mine = folder / "my-results.csv"
+    mine.write_text("mine\n")
+    capsys.readouterr()
+    assert main(["export", "lab", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{folder}: holds my-results.csv, which this export" in err
+    assert mine.read_text() == "mine\n"
+    assert main(["export", "lab", "--out", str(out), "--force"]) == 0
+    assert not mine.exists() and (folder / "plan.yaml").is_file()
+    # a later folder's name taken by a file: refused before the first folder is written
+    shutil.rmtree(out)
+    out.mkdir()
+    assert main(["export", "lab", "--out", str(out), "--top", "2"]) == 0
+    first, second = sorted(out.iterdir())
+    shutil.rmtree(out)
+    out.mkdir()
+    (out / second.name).write_text("x")
+    capsys.readouterr()
+    assert main(["export", "lab", "--out", str(out), "--top", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / second.name}: is a file where this plan's folder goes" in err
+    assert sorted(p.name for p in out.iterdir()) == [second.name]
+    # --out naming an existing file that is not a plan file
+    study = tmp_path / "study.yaml"
+    study.write_text("name: mine\n")
+    assert main(["export", "lab", "--out", str(study)]) == 2
+    assert "exists and is not a plan file" in capsys.readouterr().err
+    assert study.read_text() == "name: mine\n"
+    assert main(["export", "lab", "--out", str(study), "--force"]) == 0
+    assert main(["export", "lab", "--out", str(study)]) == 0  # a plan file now: replaced
+    assert read_plan(study).study == "lab"
+
+
 def test_export_bad_input_is_one_line_and_writes_nothing(tmp_path, storage, capsys):
     assert main(["run", str(lab_study(tmp_path)), "--quiet"]) == 0
     capsys.readouterr()

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
+import yaml
 from tqdm.auto import tqdm
 
 from planner.commands._base import BaseCommand
@@ -15,7 +16,7 @@ from planner.commands._run import _positive_int, add_storage_argument
 from planner.errors import PlannerUsageError
 from planner.exports import EXPORTERS, runnable_files
 from planner.outputs import RESULTS_DIR, atomic_write, counted, slug, write_folders
-from planner.plan import Plan, plan_text, plans_from_study
+from planner.plan import FORMAT, Plan, plan_text, plans_from_study
 from planner.progress import progress_bar
 from planner.tables import best_count
 
@@ -60,6 +61,21 @@ def _names_a_file(out: Path, formats: list[str], plans: list[Plan]) -> bool:
                                 f" (here {len(plans)} plan(s), --format {','.join(formats)});"
                                 " give a folder, where each plan gets a sub-folder")
     return True
+
+
+def _check_plan_file(out: Path) -> None:
+    """Refuse to replace an existing ``--out`` that is not a plan file (a study or a catalog
+    YAML of the same suffix, say): only ``--force`` replaces it."""
+    if not out.is_file():
+        return
+    try:
+        with out.open("rb") as f:
+            data = yaml.safe_load(f.read(1 << 20)) if out.stat().st_size <= 1 << 20 else None
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        data = None
+    if not (isinstance(data, dict) and data.get("format") == FORMAT):
+        raise PlannerUsageError(f"--out {out}: exists and is not a plan file, which this would"
+                                " replace; give another path, or pass --force")
 
 
 def _listing(files: dict[str, str | bytes]) -> str:
@@ -121,6 +137,9 @@ class ExportCommand(BaseCommand):
                             help="folder (default planner-results/exports/NAME); one sub-folder"
                             " per plan, RANK-PLAN; or, for one plan in --format plan, the plan"
                             " file itself (.yaml, .yml or .json)")
+        parser.add_argument("--force", action="store_true",
+                            help="replace plan folders that hold files this export does not"
+                            " write, or a --out file that is not a plan file")
         add_storage_argument(parser)
         parser.add_argument("--quiet", action="store_true",
                             help="no progress bar (the trace files of --format chakra)")
@@ -132,6 +151,8 @@ class ExportCommand(BaseCommand):
         if not plans:
             raise PlannerUsageError(f"study {args.name!r} has no feasible plan to export")
         if args.out is not None and _names_a_file(args.out, formats, plans):
+            if not args.force:
+                _check_plan_file(args.out)
             atomic_write(args.out, plan_text(plans[0], args.out.suffix.lower()))
             print(f"{args.out}: plan 1 of {args.name} ({plans[0].label})")
             return 0
@@ -148,7 +169,7 @@ class ExportCommand(BaseCommand):
                     print(f"plan {rank}: no {fmt} files: {e}")
             folders[f"{rank}-{slug(plan.label)}"] = files
         out = args.out or RESULTS_DIR / "exports" / slug(args.name)
-        for folder in write_folders(out, folders):
+        for folder in write_folders(out, folders, force=args.force):
             print(f"{folder}/: {_listing(folders[folder.name])}")
         if len(plans) < args.top:
             print(f"(the study has {best_count(study, len(plans))}, fewer than --top"

@@ -177,6 +177,9 @@ class MixedCommand(BaseCommand):
         parser.add_argument("--framework", choices=[*FRAMEWORKS, "all"], default="all",
                             help="with --export: flagscale (hetero process meshes), megatron"
                             " (one tp and dp, a custom pipeline layout) or all (default)")
+        parser.add_argument("--force", action="store_true",
+                            help="with --export: replace framework folders that hold files the"
+                            " export does not write")
 
     def run(self, args: argparse.Namespace) -> int:
         if args.top < 0:
@@ -261,7 +264,7 @@ def _export(study: MixedStudy, result: MixedResult, args: argparse.Namespace) ->
                     f" {row['peak_memory_gb']:.1f} GB (fits)")
         folders[f] = export_hetero(f, sp.model, sp.system, sp.training,
                                    result.plans[row["plan"]], estimate)
-    for folder in write_folders(args.export, folders):
+    for folder in write_folders(args.export, folders, force=args.force):
         lines.append(f"{folder}/: {', '.join(sorted(folders[folder.name]))}")
     return lines
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from planner.catalog import load_catalog
 from planner.cli import main
@@ -448,6 +449,32 @@ def test_calibrate_out_is_a_regular_file_it_may_replace(tmp_path: Path, capsys) 
     assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "x" * 201,
                  "--out", str(tmp_path / "long.yaml")]) == 2
     assert "--name: 201 characters; use at most 200" in capsys.readouterr().err
+
+
+def test_calibrate_force_replaces_only_a_device_entry(tmp_path: Path, capsys) -> None:
+    # `--out studies.journal --force` replaced a study journal with a device YAML (the study
+    # was lost), and `--out x.txt` wrote YAML into a .txt file: both refused before the fit
+    path = _write(tmp_path, HEADER + ",step_time_s", "a,gpt-1.7b,dgx-a100-8,16,2048,8,1,1,1,1.0")
+    journal = tmp_path / "studies.yaml"  # a journal's lines, under a .yaml name
+    journal.write_text('{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}\n')
+    study = tmp_path / "study.yaml"
+    study.write_text("name: s\nmodel: llama3-8b\n")
+    for out in (journal, study):
+        before = out.read_text()
+        assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine",
+                     "--out", str(out), "--force", "--trials", "5"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "exists and is not a device entry" in err
+        assert out.read_text() == before
+    assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine",
+                 "--out", str(tmp_path / "x.txt"), "--trials", "5"]) == 2
+    assert "a device entry is YAML; give a .yaml file name" in capsys.readouterr().err
+    assert not (tmp_path / "x.txt").exists()
+    device = tmp_path / "mine.yaml"
+    for force in ([], ["--force"]):  # written, then replaced: a device entry
+        assert main(["calibrate", str(path), "--device", "a100-80gb", "--name", "mine",
+                     "--out", str(device), "--trials", "5", *force]) == 0
+    assert "mine" in yaml.safe_load(device.read_text())
 
 
 def test_a_file_of_which_no_row_is_estimated_exits_1(tmp_path: Path, capsys) -> None:

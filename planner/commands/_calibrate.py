@@ -80,6 +80,17 @@ def _check_clash(name: str, target: Path, out_given: bool) -> None:
             raise PlannerUsageError(f"{target}: holds other entries; choose another name")
 
 
+def _is_device_file(path: Path) -> bool:
+    """``path`` holds catalog device entries only (``NAME: {peak_tflops: ..., ...}``), as
+    calibrate writes them: what ``--force`` may replace (not a study, a journal or a plan)."""
+    try:
+        data = yaml.safe_load(path.read_bytes()) if path.stat().st_size <= 1 << 20 else None
+    except (OSError, yaml.YAMLError):
+        return False
+    return (isinstance(data, dict) and bool(data)
+            and all(isinstance(v, dict) and "peak_tflops" in v for v in data.values()))
+
+
 class CalibrateCommand(BaseCommand):
     name = "calibrate"
     help = ("Fit a device's calibration constants to measured runs (a CSV, as `validate` takes)"
@@ -129,8 +140,14 @@ class CalibrateCommand(BaseCommand):
         _check_clash(args.name, target, args.out is not None)
         where = "the user catalog" if args.out is None else "--out"
         check_writable(target, where)
+        if args.out is not None and args.out.suffix.lower() not in (".yaml", ".yml"):
+            raise PlannerUsageError(f"--out {args.out}: a device entry is YAML; give a .yaml"
+                                    " file name")
         if target.exists() and not args.force:
             raise PlannerUsageError(f"{target}: already exists; pass --force to replace it")
+        if target.exists() and not _is_device_file(target):  # even with --force
+            raise PlannerUsageError(f"{target}: exists and is not a device entry, which --force"
+                                    " would replace; give another --out")
         runs, skipped = read_runs_files(args.runs, catalog, args.framework)
         bad = [sk for sk in skipped if sk.bad_value]
         if bad:  # a typo would silently leave its run out of the fit

@@ -320,3 +320,16 @@ def test_dlrm_replays_with_the_tutorials_converter(tmp_path, capsys):
     assert [r["finished_cycles"] for r in npus] == [301_000] * 8
     npus = _replay(capsys, path, system=[*TUTORIAL, "--hoti2024", "--passes", "2"])
     assert npus[0]["finished_cycles"] == 602_000
+
+
+def test_passes_past_ten_million_nodes_are_one_line(tmp_path, capsys):
+    # --passes 1000000000 unrolled the demo's 6 layers in memory (220 MB a second, until the
+    # machine ran out); at most 6 nodes a layer a pass, so 10,000,000 // 36 = 277,777 passes
+    for command in (["replay", str(DEMO2), *TUTORIAL],
+                    ["convert-text", str(DEMO2), "--num-npus", "8", "--out",
+                     str(tmp_path / "w")]):
+        assert main([*command, "--passes", "1000000000"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--passes 1,000,000,000: 6 layers over that many passes is" \
+            " over 10,000,000 nodes; give at most 277,777" in err[0]
+    assert not list(tmp_path.iterdir())

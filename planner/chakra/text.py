@@ -167,8 +167,21 @@ class _Nodes:
         return node
 
 
+MAX_NODES = 10_000_000
+"""The most nodes a text workload unrolls into: the Chakra exports' bound
+(:data:`planner.exports._chakra.MAX_NODES`), a few GB in memory."""
+
+NODES_PER_LAYER = 6
+"""At most a compute and a collective node for each of a layer's three phases in a pass."""
+
+
 def text_nodes(w: TextWorkload, passes: int = 1, hoti2024: bool = False) -> list[Any]:
-    """One NPU's Chakra nodes (every NPU runs the same)."""
+    """One NPU's Chakra nodes (every NPU runs the same); more than :data:`MAX_NODES` is one
+    :class:`PlannerUsageError` line."""
+    most = MAX_NODES // (NODES_PER_LAYER * max(1, len(w.layers)))
+    if passes > most:
+        raise PlannerUsageError(f"--passes {passes:,}: {len(w.layers)} layers over that many"
+                                f" passes is over {MAX_NODES:,} nodes; give at most {most:,}")
     if w.parallelism in _DLRM:
         return _dlrm_nodes(w, passes, _Nodes(hoti2024))
     out = _Nodes(hoti2024)

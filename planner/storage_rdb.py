@@ -62,7 +62,16 @@ def _masked(error: str, label: str) -> str:
     except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: the label's own shape
         found = re.search(r"://[^/:@]*:([^@/]*)@", label)
         password = found.group(1) if found else None
-    return first.replace(str(password), "***") if password else first
+    return _hide(first, str(password)) if password else first
+
+
+def _hide(text: str, password: str) -> str:
+    """``text`` with ``password`` as ``***`` where a URL or a libpq message shows it
+    (``:PASSWORD@``, ``password=PASSWORD``), and anywhere when it is long enough not to be a
+    common piece of words (a password ``p`` turned "psycopg" into "***syco***g")."""
+    text = text.replace(f":{password}@", ":***@")
+    text = re.sub(rf"(password\s*=\s*['\"]?){re.escape(password)}", r"\1***", text)
+    return text.replace(password, "***") if len(password) >= 6 else text
 
 
 class PlannerRDBStorage(RDBStorage):

@@ -313,3 +313,13 @@ def test_a_database_that_cannot_be_opened_is_named_without_its_password(tmp_path
     code = main(["studies", "--storage", "postgresql://planner:secretpw@host:abc/planner"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "secretpw" not in err[0] and "***@host" in err[0]
+
+
+def test_a_short_password_does_not_garble_the_error(capsys):
+    # the password "p" was replaced everywhere: "(***syco***g.O***erationalError) ... ***ort"
+    from planner.cli import main
+
+    code = main(["studies", "--storage", "postgresql://u:p@127.0.0.1:1/x"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "OperationalError" in err[0] and "port 1 failed" in err[0]

@@ -109,7 +109,8 @@ def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool,
            maximum: float = MAX_NUMBER) -> float:
     if isinstance(value, str) and _exponent_text(value):
         raise fail(path, field, f"must be a number, but got {value!r}, which YAML reads as text"
-                   " (an exponent needs a decimal point there: 1.0e3); write it so or in full")
+                   " (an exponent needs a decimal point and a sign there); write"
+                   f" {_yaml_float(value)} or the number in full")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise fail(path, field, f"must be a number, but got {_short(value)}")
     if value < minimum or (strict and value == minimum):
@@ -121,11 +122,22 @@ def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool,
 
 
 def _exponent_text(text: str) -> bool:
-    """``1e30``, ``5E-3``: a number YAML 1.1 (PyYAML) reads as a string, lacking a dot."""
+    """``1e30``, ``5E-3``, ``1.0e3``: a number with an exponent that YAML 1.1 (PyYAML) reads as
+    a string, its float needing both a dot and a signed exponent (``1.0e+3``)."""
     try:
-        return math.isfinite(float(text)) and "e" in text.lower() and "." not in text
+        return math.isfinite(float(text)) and "e" in text.lower()
     except ValueError:
         return False
+
+
+def _yaml_float(text: str) -> str:
+    """``text`` (:func:`_exponent_text`) as PyYAML reads a float: ``1e3`` -> ``1.0e+3``."""
+    mantissa, exponent = text.strip().lower().split("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    if exponent[:1] not in "+-":
+        exponent = "+" + exponent
+    return f"{mantissa}e{exponent}"
 
 
 def boolean(path: Path, field: str, value: Any) -> bool:

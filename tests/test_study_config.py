@@ -136,7 +136,10 @@ def test_far_off_fields_get_no_suggestion(tmp_path):
      "space.tp: must be a whole number, a list of them or powers_of_two, but got 'powers_of_2'"),
     # YAML 1.1 reads 1e30 as text: "must be a number, but got '1e30'" did not say why
     (("hbm_gb: 80", "hbm_gb: 1e30"), "hbm_gb: must be a number, but got '1e30', which YAML"
-     " reads as text (an exponent needs a decimal point there: 1.0e3)"),
+     " reads as text (an exponent needs a decimal point and a sign there); write 1.0e+30"),
+    # ... and so 1.0e3, which the hint once suggested (PyYAML's float: a dot, a signed exponent)
+    (("hbm_gb: 80", "hbm_gb: 1.0e3"), "but got '1.0e3', which YAML reads as text (an exponent"
+     " needs a decimal point and a sign there); write 1.0e+3 or the number in full"),
 ])
 def test_a_study_says_what_to_fix(tmp_path, change, said):
     path = lab_study(tmp_path, "study")

@@ -173,9 +173,14 @@ def _limits(path: Path, value: Any) -> list[float | None]:
     out: list[float | None] = []
     for i, item in enumerate(_items(path, "hbm_gb", value, "[40, 80, unlimited]")):
         limit = _limit(path, f"hbm_gb[{i}]", item)
-        if limit in out:
+        # limits that print alike name one cell (cell_name: 140 and 140.0000001 are hbm140gb)
+        same = [j for j, seen in enumerate(out) if limit_label(seen) == limit_label(limit)]
+        if same and out[same[0]] == limit:
             raise fail(path, f"hbm_gb[{i}]", f"{limit_label(limit)} is listed twice; list each"
                        " limit once")
+        if same:
+            raise fail(path, f"hbm_gb[{i}]", f"{limit!r} and hbm_gb[{same[0]}]'s {out[same[0]]!r}"
+                       f" both name the cell of {limit_label(limit)}; list each limit once")
         out.append(limit)
     return out
 

@@ -208,6 +208,9 @@ def _expect_usage_error(capsys, tmp: Path, path: Path, *needles: str) -> None:
     ({"limits": "[0]"}, "hbm_gb[0]"),
     ({"limits": "[true]"}, "hbm_gb[0]"),
     ({"limits": "[80, 80]"}, "hbm_gb[1]"),
+    # limits that print alike were one cell's: the second failed after the first had run,
+    # blaming the base study ("the stored study ... was made from different settings")
+    ({"limits": "[80, 80.0000001]"}, "hbm_gb[1]"),
     ({"study": "missing.yaml"}, "study"),
     ({"name": "two words"}, "name"),
 ])
@@ -220,6 +223,15 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, kw, f
                                       systems=kw.get("systems", SYSTEMS),
                                       limits=kw.get("limits", LIMITS)))
     _expect_usage_error(capsys, tmp_path, path, str(path), f": {field}:")
+
+
+def test_limits_that_name_one_cell_are_said_so(tmp_path, capsys):
+    lab_study(tmp_path, "base")
+    path = tmp_path / "c.yaml"
+    path.write_text(COMPARISON.format(name="cmp", study="base.yaml", systems=SYSTEMS,
+                                      limits="[80, 80.0000001]"))
+    _expect_usage_error(capsys, tmp_path, path, "hbm_gb[1]: 80.0000001 and hbm_gb[0]'s 80.0"
+                        " both name the cell of 80 GB; list each limit once")
 
 
 def test_unknown_field_and_missing_file(tmp_path, capsys):

@@ -35,10 +35,14 @@ def study_row(study: optuna.Study, best: pd.DataFrame | None = None) -> dict[str
     from planner.tables import best_frame
 
     attrs = study.user_attrs
+    trials = len(study.get_trials(deepcopy=False))
+    if not {"config", "specs"} & set(attrs):  # another Optuna program's study
+        return {"study": study.study_name, "model": "(not planner's)", "system": "-",
+                "sampler": "-", "hbm_gb": "-", "trials": trials, "plans": "-",
+                "trials kept": "-", "finished": "-", "best step s": "-"}
     cfg = attrs.get("config", {})
     best = best_frame(study, 1) if best is None else best
     results = attrs.get(RESULTS) or {}  # beyond TRIALS_KEPT plans the rest are in its table
-    trials = len(study.get_trials(deepcopy=False))
     return {"study": study.study_name, "model": cfg.get("model", "?"),
             "system": cfg.get("system", "?"), "sampler": cfg.get("sampler", "?"),
             "hbm_gb": cfg.get("hbm_gb") or "unlimited", "trials": trials,

@@ -27,6 +27,10 @@ def _study(args: argparse.Namespace) -> optuna.Study:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = load_stored(args.storage, args.name)
+    if not {"config", "specs"} & set(study.user_attrs):  # planner.run_common stores both
+        raise PlannerUsageError(f"study {args.name!r}: not a planner study (it stores no"
+                                " model, system or plans; another Optuna program made it, or"
+                                " its creation was cut short); planner reads only its own")
     note = unfinished_note(study, storage_option(storage_label(args.storage)))
     if note:
         print(note, file=sys.stderr)

@@ -95,6 +95,12 @@ def test_estimate_plan_gives_the_numbers_the_plan_file_holds(tmp_path, storage, 
             for s in config.space.enumerate()]
     fastest = min(e.step_time for e in fits if e.peak_memory <= 80e9)
     assert best.estimate.step_time == fastest
+    # an option the plan file sets, given beside --plan, was ignored without a word
+    for flags, said in ((["--tp", "4"], "--tp"), (["--global-batch", "3"], "--global-batch"),
+                        (["--no-fused-norm"], "--no-fused-norm")):
+        assert main(["estimate", "--plan", str(folders[0] / "plan.yaml"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{said}: not used with --plan, whose file sets it" in err
 
 
 def test_export_out_may_name_the_plan_file(tmp_path, storage, capsys):

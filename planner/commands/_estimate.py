@@ -72,6 +72,10 @@ def _table(est: Estimate, quantized: bool = False, host: tuple[float, float] = (
     return "\n".join(lines)
 
 
+_WITH_PLAN = {"plan", "framework", "json", "debug", "command"}
+"""The options that apply to ``--plan``; the plan file sets what the others would."""
+
+
 class EstimateCommand(BaseCommand):
     name = "estimate"
     help = "Step time and peak memory of one plan, with every part."
@@ -79,7 +83,8 @@ class EstimateCommand(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--plan", type=Path, metavar="FILE",
                             help="a plan file (`planner export --format plan`): estimate it"
-                            " again; the other options are then not used")
+                            " again (--framework and --json apply; the others, which the"
+                            " file sets, are refused beside it)")
         parser.add_argument("--model", help="catalog name or YAML path (required without --plan)")
         parser.add_argument("--system", help="catalog name (a family's with its GPU count:"
                             " dgx-h100-6144), or YAML path (required without --plan)")
@@ -101,9 +106,19 @@ class EstimateCommand(BaseCommand):
                             " context parallelism), and a plan it cannot run as written is"
                             " refused with the reason (default: any)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        self._parser = parser
+
+    def _refuse_with_plan(self, args: argparse.Namespace) -> None:
+        """An option the plan file sets, given beside ``--plan``: one line (it was ignored)."""
+        for dest, value in vars(args).items():
+            if dest not in _WITH_PLAN and value != self._parser.get_default(dest):
+                flag = ("--no-" if value is False else "--") + dest.replace("_", "-")
+                raise PlannerUsageError(f"{flag}: not used with --plan, whose file sets it; drop"
+                                        f" {flag}, or edit {args.plan}")
 
     def run(self, args: argparse.Namespace) -> int:
         if args.plan is not None:
+            self._refuse_with_plan(args)
             from planner.plan import read_plan  # Optuna and pandas: only for --plan
 
             plan = read_plan(args.plan)

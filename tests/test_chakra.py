@@ -333,3 +333,13 @@ def test_passes_past_ten_million_nodes_are_one_line(tmp_path, capsys):
         assert len(err) == 1 and "--passes 1,000,000,000: 6 layers over that many passes is" \
             " over 10,000,000 nodes; give at most 277,777" in err[0]
     assert not list(tmp_path.iterdir())
+
+
+def test_text_options_beside_traces_are_one_line(tmp_path, capsys):
+    # --passes and --hoti2024 convert a text workload; beside .et traces they were ignored
+    assert main(["convert-text", str(DEMO2), "--num-npus", "8", "--out", str(tmp_path / "w")]) == 0
+    capsys.readouterr()
+    for flag, said in ((["--passes", "5"], "--passes 5"), (["--hoti2024"], "--hoti2024")):
+        assert main(["replay", str(tmp_path / "w"), *TUTORIAL, *flag]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{said}: converts a text workload (.txt);" in err[0]

@@ -56,6 +56,10 @@ def replay_report(prefix: Path, system_json: Path, network_yml: Path,
     if prefix.suffix == ".txt" and prefix.is_file():
         paths, traces = _text_traces(prefix, npus, passes, hoti2024)
     else:
+        if passes != 1 or hoti2024:  # options of a text workload's conversion
+            flag = "--hoti2024" if hoti2024 else f"--passes {passes}"
+            raise PlannerUsageError(f"{flag}: converts a text workload (.txt); {prefix} names"
+                                    " Chakra traces, which run as written; drop it")
         paths = trace_files(prefix)
         if len(paths) != npus:
             raise PlannerUsageError(f"{prefix}: {len(paths)} trace files, but {network_yml} has"

@@ -126,8 +126,10 @@ def _study_path(path: Path, value: Any) -> Path:
     if not study.is_absolute():
         study = Path(os.path.normpath(path.parent / study))
     if not study.is_file():
-        raise fail(path, "study", f"{study} does not exist; give the base study's path relative"
-                   " to this file, e.g. ../lab4b-llama70b-system1.yaml")
+        what = ("is a folder" if study.is_dir() else "is not a regular file" if study.exists()
+                else "does not exist")
+        raise fail(path, "study", f"{study} {what}; give the base study YAML's path relative to"
+                   " this file, e.g. ../lab4b-llama70b-system1.yaml")
     return study
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +72,19 @@ def unfinished_note(study: optuna.Study, storage: str = "") -> str | None:
         return None
     return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its"
             f" {counted(plans, 'plan')} estimated, so its best is the best of those;"
-            f" `planner run STUDY.yaml --resume{storage}` finishes it")
+            f" {_finishes(study, storage)}")
+
+
+_CELL = re.compile(r".+--.+--(hbm[^-]+gb|unlimited)$")
+"""A comparison cell's study name (:func:`planner.compare.cell_name`)."""
+
+
+def _finishes(study: optuna.Study, storage: str) -> str:
+    """The command that finishes an unfinished study: a comparison cell's is its comparison,
+    run again (there is no study YAML of the cell to resume)."""
+    if _CELL.match(study.study_name):
+        return f"`planner compare COMPARISON.yaml{storage}` runs it to the end with its other cells"
+    return f"`planner run STUDY.yaml --resume{storage}` finishes it"
 
 
 SAMPLED = ("tpe", "nsga2", "gp")
@@ -93,7 +106,7 @@ def _unfinished_sampling(study: optuna.Study, storage: str) -> str | None:
         return None
     return (f"warning: study {study.study_name!r} is unfinished: {done:,} of its {wanted:,}"
             f" {config['sampler']} trials finished, so its best is the best of those;"
-            f" `planner run STUDY.yaml --resume{storage}` finishes it")
+            f" {_finishes(study, storage)}")
 
 
 def _estimated(study: optuna.Study, results: dict[str, Any]) -> int | None:

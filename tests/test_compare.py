@@ -234,6 +234,16 @@ def test_limits_that_name_one_cell_are_said_so(tmp_path, capsys):
                         " both name the cell of 80 GB; list each limit once")
 
 
+def test_a_study_that_is_a_folder_is_said_so(tmp_path, capsys):
+    # "/tmp/x does not exist" of a folder that does
+    (tmp_path / "studies").mkdir()
+    path = tmp_path / "c.yaml"
+    path.write_text(COMPARISON.format(name="cmp", study="studies", systems=SYSTEMS,
+                                      limits=LIMITS))
+    _expect_usage_error(capsys, tmp_path, path, f"study: {tmp_path / 'studies'} is a folder;"
+                        " give the base study YAML's path")
+
+
 def test_unknown_field_and_missing_file(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text("study: base.yaml\nsystems: [lab-system1]\nhbm_gb: [80]\nlimit: 3\n")

@@ -295,3 +295,21 @@ def test_ctrl_c_while_printing_the_best_plans_says_the_study_is_complete(tmp_pat
     lines = _interrupted_lines(capsys.readouterr().err)
     assert len(lines) == 1 and "the study is complete; more: planner best lab" in lines[0]
     assert _complete(storage, "lab") == 56
+
+
+def test_an_unfinished_comparison_cell_is_finished_by_its_comparison(tmp_path, capsys,
+                                                                     monkeypatch):
+    # a compare cell stopped by Ctrl-C was said to be finished by `planner run STUDY.yaml
+    # --resume`, but a cell has no study YAML of its own: its comparison, run again, ends it
+    lab_study(tmp_path, sampler="tpe", n_trials=12)
+    comparison = tmp_path / "c.yaml"
+    comparison.write_text("name: cmp\nstudy: lab.yaml\nsystems: [lab-system1]\nhbm_gb: [80]\n")
+    _ctrl_c_in_trial(monkeypatch, 3)
+    storage = tmp_path / "cells"
+    assert main(["compare", str(comparison), "--storage", f"{storage}/", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 130
+    capsys.readouterr()
+    assert main(["best", "cmp--lab-system1--hbm80gb", "--storage", f"{storage}/"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: study 'cmp--lab-system1--hbm80gb' is unfinished: 4 of its 12 tpe" in err
+    assert f"`planner compare COMPARISON.yaml --storage {storage}/` runs it to the end" in err

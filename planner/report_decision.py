@@ -28,7 +28,7 @@ check files of an earlier stop (7.5%), which `planner validate` no longer printe
 
 MEMORY_BINDS = 0.88
 """A plan using this share of the HBM limit or more is held by memory: one in ten of the
-measured peaks of the validation set's check files (188 runs, tests/data/validation) used 13.4%
+measured peaks of the validation set's check files (190 runs, tests/data/validation) used 13.4%
 or more beyond its estimate, 1 / 1.134 = 0.88 (tests/test_report_decision.py recomputes it). At
 0.95, the share until stop 74, one run in five used more than the 5.3% such a plan has left. On
 Aleph Alpha's sweep 89 of the 305 plans that ran out of memory were estimated to fit, those a

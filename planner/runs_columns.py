@@ -41,10 +41,11 @@ case-insensitive:
   recompute runs again, Megatron-LM's ``--recompute-modules`` names separated by spaces or
   ``+``: ``core_attn``, ``mla_up_proj``, ``mlp``), ``cross_entropy`` (``fused``,
   the fp32 logits, 4 bytes a logit; ``megatron``, Megatron-LM's unfused loss on an fp32 copy
-  of the 16-bit logits, 6; ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a
-  logit at its peak; ``chunked``, torchtitan main's, the same on an eighth of the tokens at a
-  time; ``megatron_deepspeed``, Megatron-DeepSpeed's, 10; ``replicated``, KempnerForge's on
-  the gathered 16-bit logits; ``nanotron``,
+  of the 16-bit logits, 6; ``megatron_fused``, its ``--cross-entropy-loss-fusion``, 10;
+  ``pytorch``, torchtitan's on an fp32 copy of the logits: 12 bytes a logit at its peak;
+  ``chunked``, torchtitan main's, the same on an eighth of the tokens at a time;
+  ``megatron_deepspeed``, Megatron-DeepSpeed's, 10; ``replicated``, KempnerForge's on the gathered
+  16-bit logits; ``nanotron``,
   nanotron's fp32 logits and their shifted copy, 8 bytes; ``fused``), ``cp_comm`` (``p2p``,
   context parallelism's ring; ``all_gather``, K and V gathered whole, exposed; ``a2a``,
   DeepSpeed-Ulysses' all-to-alls; ``p2p``),

@@ -71,7 +71,7 @@ __all__ = ["ANY", "CP_COMM", "FRAMEWORKS", "WITHOUT_TRANSFORMER_ENGINE", "cp_com
            "cross_entropy", "framework_training", "recompute_early_stop", "selective_recompute",
            "transformer_engine", "grad_copy", "main_grad_copy", "fp32_grad_partition",
            "with_framework_defaults", "why_not", "FRAMEWORK_FILLED", "TORCHTITAN_GRAD_BYTES",
-           "given_disagrees", "pipeline_no_sync"]
+           "given_disagrees", "megatron_loss", "pipeline_no_sync"]
 
 ANY = "any"
 FRAMEWORKS = (ANY, "megatron", "deepspeed", "torchtitan")
@@ -130,8 +130,11 @@ def cross_entropy(framework: str) -> CrossEntropy | None:
     at a time by its ``ChunkedLossWrapper`` (``chunked``; main, b5bcd76c: every language
     model's config; v0.2.2 takes it whole, which its TOML export checks:
     :func:`planner.exports._torchtitan_loss.torchtitan_loss_check`); Megatron-LM's, the
-    fused vocab-parallel one its recipes run; Megatron-DeepSpeed's, its own
-    unfused one (``megatron_deepspeed``: it has no fused loss); None (fused) for ``any``."""
+    fused vocab-parallel one its recipes run (``fused``: Transformer Engine's in-place kernel,
+    which Megatron-Bridge's 2025 releases run and whose runs fit; Megatron-LM d98e8a64 runs its
+    own jit-fused one instead, ``megatron_fused``, which its export says); Megatron-DeepSpeed's,
+    its own unfused one (``megatron_deepspeed``: it has no fused loss); None (fused) for
+    ``any``."""
     if framework == "torchtitan":
         return CrossEntropy.CHUNKED
     if framework == "megatron":
@@ -393,15 +396,20 @@ def _cuda_graphs(framework: str, training: TrainingSpec) -> str | None:
 
 def _loss(framework: str, training: TrainingSpec) -> str | None:
     """Megatron-LM's loss is its vocab-parallel cross-entropy, fused
-    (``--cross-entropy-loss-fusion``) or not (d98e8a64 ``megatron/core/model_parallel_config.py``
-    ``cross_entropy_loss_fusion``): not PyTorch's on an fp32 copy of the logits, nor one on
-    logits gathered whole to every tp rank. Megatron-DeepSpeed's is its own, unfused
+    (``--cross-entropy-loss-fusion``, :attr:`simcore.specs.CrossEntropy.MEGATRON_FUSED`) or not
+    (d98e8a64 ``megatron/core/model_parallel_config.py`` ``cross_entropy_loss_fusion``): not
+    PyTorch's on an fp32 copy of the logits, nor one on logits gathered whole to every tp rank,
+    Megatron-DeepSpeed's is its own, unfused
     (:attr:`simcore.specs.CrossEntropy.MEGATRON_DEEPSPEED`)."""
-    loss = training.cross_entropy
-    if framework != "megatron" or loss in (None, CrossEntropy.FUSED, CrossEntropy.MEGATRON):
+    return megatron_loss(training.cross_entropy) if framework == "megatron" else None
+
+
+def megatron_loss(loss: CrossEntropy | None) -> str | None:
+    """Why Megatron-LM does not run ``loss`` (:func:`_loss`), or None if it does."""
+    if loss in (None, CrossEntropy.FUSED, CrossEntropy.MEGATRON_FUSED, CrossEntropy.MEGATRON):
         return None
     return (f"cross_entropy {loss.value}: Megatron-LM's loss is its vocab-parallel one, fused"
-            " or not (cross_entropy: fused or megatron)")
+            " or not (cross_entropy: fused, megatron_fused or megatron)")
 
 
 def _any_only(framework: str, training: TrainingSpec) -> str | None:

@@ -110,6 +110,8 @@ def test_megatron_matches_hand_written_script(plan: Plan) -> None:
     expected = expected.replace("<STEP_TIME>", f"{plan.estimate.step_time:.3f}")
     expected = expected.replace("<PEAK_MEMORY>", f"{plan.estimate.peak_memory / 1e9:.1f}")
     assert export_files(plan, "megatron") == {"megatron.sh": expected}
+    # the jit-fused loss's 6 bytes a logit more: 8,192 / cp 4 tokens x 128,256 / tp 8 logits
+    assert f"about {6 * 8192 / 4 * 128256 / 8 / 1e9:.1f} GB more on the last stage" in expected
 
 
 def test_megatron_zero3_uses_megatron_fsdp(zero3_plan: Plan) -> None:

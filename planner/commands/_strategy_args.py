@@ -151,10 +151,13 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
                    " the attention core; the default) or op (torchtitan's per-op"
                    " checkpointing: every other matmul and all the element-wise work)")
     t.add_argument("--cross-entropy", choices=[m.value for m in CrossEntropy], default=None,
-                   help="how the loss holds the logits: fused (Megatron-LM's: fp32 logits, 4"
-                   " bytes each; the default), pytorch (torchtitan's: cross_entropy on an fp32"
-                   " copy, 12 bytes each at its peak), chunked (torchtitan main's: the same"
-                   " on an eighth of the tokens at a time), megatron_deepspeed"
+                   help="how the loss holds the logits: fused (an in-place fused kernel's:"
+                   " fp32 logits, 4 bytes each; the default), megatron_fused (Megatron-LM's"
+                   " --cross-entropy-loss-fusion: 10 bytes each; a megatron study's default),"
+                   " megatron (Megatron-LM's unfused loss, 6), pytorch (torchtitan's:"
+                   " cross_entropy on an fp32 copy, 12 bytes each at its peak), chunked"
+                   " (torchtitan main's: the same on an eighth of the tokens at a time),"
+                   " megatron_deepspeed"
                    " (Megatron-DeepSpeed's: the 16-bit logits, an fp32 copy and a shifted one,"
                    " 10 bytes each), nanotron (fp32 logits and a shifted"
                    " copy, 8 bytes each) or replicated (the 16-bit logits gathered to every tp"

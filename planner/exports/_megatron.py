@@ -55,7 +55,7 @@ from planner.exports._megatron_model import (
     model_args,
     precision_args,
 )
-from planner.exports._reprice import run_by, stack_check
+from planner.exports._reprice import fused_loss_note, run_by, stack_check
 from planner.exports.moe_args import megatron_moe_args
 from planner.plan import Plan
 from planner.units import GB
@@ -192,9 +192,11 @@ def _stack_args(plan: Plan) -> list[str]:
     else:
         args += ["# Megatron-Core's own layers, as estimated (no Transformer Engine)",
                  "--transformer-impl local"]
-    if plan.training.cross_entropy in (None, CrossEntropy.FUSED):
-        args += ["# the fused vocab-parallel loss, as estimated (4 bytes a logit)",
+    if plan.training.cross_entropy is CrossEntropy.MEGATRON_FUSED:
+        args += ["# the jit-fused vocab-parallel loss, as estimated (10 bytes a logit)",
                  "--cross-entropy-loss-fusion"]
+    elif plan.training.cross_entropy in (None, CrossEntropy.FUSED):
+        args += [*fused_loss_note(plan), "--cross-entropy-loss-fusion"]
     else:  # CrossEntropy.MEGATRON (search_spaces.frameworks refuses the others)
         args.append("# Megatron-LM's unfused loss, its default, as estimated")
     return args

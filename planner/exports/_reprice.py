@@ -21,9 +21,9 @@ from planner.plan import Plan
 from planner.units import GB
 from search_spaces.frameworks import with_framework_defaults
 from simcore.estimate import Estimate
-from simcore.specs import TrainingSpec
+from simcore.specs import CrossEntropy, TrainingSpec
 
-__all__ = ["priced", "reprice", "run_by", "stack_check"]
+__all__ = ["fused_loss_note", "priced", "reprice", "run_by", "stack_check"]
 
 
 
@@ -71,3 +71,19 @@ def priced(plan: Plan) -> str:
     if plan.given_training is not None:
         return "the estimate priced the stack of its study's framework"
     return "the estimate priced the stack its study left open"
+
+
+def fused_loss_note(plan: Plan) -> list[str]:
+    """What the fused loss holds beyond its price: the plan was priced with an in-place fused
+    kernel's 4 bytes a logit (Transformer Engine's, ``--cross-entropy-fusion-impl te``, which
+    Megatron-Bridge's 2025 releases run); Megatron-LM d98e8a64 refuses that implementation
+    (``arguments.py``: "disabled due to stability issues") and runs its jit-fused one, 10 bytes
+    a logit (:attr:`CrossEntropy.MEGATRON_FUSED`)."""
+    last = [simcore.estimate(plan.model, plan.system, replace(plan.training, cross_entropy=loss),
+                             plan.strategy, plan.convention).stages[-1].memory.total
+            for loss in (CrossEntropy.FUSED, CrossEntropy.MEGATRON_FUSED)]
+    more = (last[1] - last[0]) / GB
+    return ["# the fused vocab-parallel loss, priced at 4 bytes a logit (Transformer Engine's",
+            "# in-place kernel); this Megatron-LM runs its jit-fused one, 10 bytes a logit:",
+            f"# about {more:.1f} GB more on the last stage (cross_entropy megatron_fused prices"
+            " it)"]

@@ -34,6 +34,7 @@ import yaml
 
 from planner.exports._megatron import gradient_args, model_args, recompute_args
 from planner.exports._megatron_model import attention_backend, cudnn_attention
+from search_spaces.frameworks import megatron_loss
 from simcore.megatron import uses_flash_attention
 from simcore.mixed import MixedPlan, MixedSystemSpec
 from simcore.specs import (
@@ -115,9 +116,9 @@ def why_not(framework: str, model: ModelSpec, system: MixedSystemSpec, training:
     """Why ``framework`` cannot run ``plan`` as written, or None if it can."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"unknown framework {framework!r}; use one of {', '.join(FRAMEWORKS)}")
-    if training.cross_entropy not in (None, CrossEntropy.FUSED, CrossEntropy.MEGATRON):
-        return (f"cross_entropy {training.cross_entropy.value}: Megatron-LM's loss is its"
-                " vocab-parallel one, fused or not (cross_entropy: fused or megatron)")
+    refused = megatron_loss(training.cross_entropy)
+    if refused is not None:
+        return refused
     return _common(model, system, training, plan) or _specific(framework, model, training, plan,
                                                                 meshes(plan))
 
@@ -262,7 +263,7 @@ def _stack_flags(training: TrainingSpec, plan: MixedPlan) -> list[str]:
     flags = []
     if plan.zero is ZeroStage.OPTIMIZER and training.overlap_grad_reduce:
         flags.append("--overlap-param-gather")
-    if training.cross_entropy in (None, CrossEntropy.FUSED):
+    if training.cross_entropy is not CrossEntropy.MEGATRON:  # fused, either (_megatron)
         flags.append("--cross-entropy-loss-fusion")
     return flags
 

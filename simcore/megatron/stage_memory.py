@@ -25,6 +25,7 @@ __all__ = ["LOGIT_BYTES", "LOSS_CHUNKS", "fixed_memory", "fp8_weight_params",
 LOGIT_BYTES: dict[CrossEntropy, int] = {
     CrossEntropy.FUSED: 4,  # the fp32 logits (Korthikanti et al. 2022, section 4.3)
     CrossEntropy.MEGATRON: 6,  # the 16-bit logits and their fp32 copy (Megatron-LM's)
+    CrossEntropy.MEGATRON_FUSED: 10,  # those and the exponent, not in place (its jit-fused one)
     CrossEntropy.PYTORCH: 12,  # its saved log-softmax output and, backward, two gradients
     CrossEntropy.CHUNKED: 12,  # pytorch's, of one slice of the tokens at a time (LOSS_CHUNKS)
     CrossEntropy.MEGATRON_DEEPSPEED: 10,  # the 16-bit logits, an fp32 copy and a shifted one

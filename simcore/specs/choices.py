@@ -166,8 +166,19 @@ class CrossEntropy(_Named):
     place on that copy, which it saves for the backward; the backward turns it into the
     gradient in place and casts that back to 16 bits. So 2 + 4 bytes a logit of the rank's
     vocabulary shard at its forward, 4 + 2 at its backward: 6. Named where a run uses
-    Megatron-LM's default (unfused) loss; a ``framework: megatron`` study keeps ``fused``, as
-    Megatron-Bridge's and NeMo's recipes fuse the loss (``cross_entropy_loss_fusion``)."""
+    Megatron-LM's default (unfused) loss."""
+    MEGATRON_FUSED = "megatron_fused"
+    """Megatron-LM's fused loss, ``--cross-entropy-loss-fusion`` (NVIDIA/Megatron-LM@d98e8a64dd
+    ``megatron/core/fusions/fused_cross_entropy.py``; its ``native`` implementation, the only
+    one that commit runs: ``arguments.py`` refuses Transformer Engine's, ``te``): the same steps
+    as :attr:`MEGATRON` in ``jit_fuser`` functions, 10 bytes a logit of the rank's shard.
+    Measured: Megatron-LM's H100 functional test of its 12-layer GPT at tp 2 (micro-batch 4 x
+    1,024 tokens, vocabulary 50,304: 103 M logits a rank) peaks 0.41 GB above the same test with
+    the unfused loss, 4 bytes a logit more than its 6; checked on GB200's two such tests (-0.9%
+    and +1.8%); A100's holds 8 more (tests/data/validation/README.md, "Allocated peaks"). A
+    ``framework: megatron`` study keeps :attr:`FUSED` (Transformer Engine's in-place kernel,
+    which Megatron-Bridge's 2025 releases ran); its Megatron-LM export says what this one holds
+    more."""
     PYTORCH = "pytorch"
     """``torch.nn.functional.cross_entropy`` on an fp32 copy of the bf16 logits, as torchtitan
     computes its loss (pytorch/torchtitan@31a17bfdb7 ``torchtitan/components/loss.py``

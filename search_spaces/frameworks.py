@@ -131,7 +131,8 @@ def cross_entropy(framework: str) -> CrossEntropy | None:
     model's config; v0.2.2 takes it whole, which its TOML export checks:
     :func:`planner.exports._torchtitan_loss.torchtitan_loss_check`); Megatron-LM's, the
     fused vocab-parallel one its recipes run (``fused``: Transformer Engine's in-place kernel,
-    which Megatron-Bridge's 2025 releases run and whose runs fit; Megatron-LM d98e8a64 runs its
+    which Megatron-Bridge's performance scripts run, ``scripts/performance/utils/overrides.py``
+    v0.3-v0.6, and whose runs fit; Megatron-LM d98e8a64 runs its
     own jit-fused one instead, ``megatron_fused``, which its export says); Megatron-DeepSpeed's,
     its own unfused one (``megatron_deepspeed``: it has no fused loss); None (fused) for
     ``any``."""

@@ -76,7 +76,7 @@ def priced(plan: Plan) -> str:
 def fused_loss_note(plan: Plan) -> list[str]:
     """What the fused loss holds beyond its price: the plan was priced with an in-place fused
     kernel's 4 bytes a logit (Transformer Engine's, ``--cross-entropy-fusion-impl te``, which
-    Megatron-Bridge's 2025 releases run); Megatron-LM d98e8a64 refuses that implementation
+    Megatron-Bridge's performance scripts run); Megatron-LM d98e8a64 refuses that implementation
     (``arguments.py``: "disabled due to stability issues") and runs its jit-fused one, 10 bytes
     a logit (:attr:`CrossEntropy.MEGATRON_FUSED`)."""
     last = [simcore.estimate(plan.model, plan.system, replace(plan.training, cross_entropy=loss),

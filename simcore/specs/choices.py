@@ -177,7 +177,9 @@ class CrossEntropy(_Named):
     the unfused loss, 4 bytes a logit more than its 6; checked on GB200's two such tests (-0.9%
     and +1.8%); A100's holds 8 more (tests/data/validation/README.md, "Allocated peaks"). A
     ``framework: megatron`` study keeps :attr:`FUSED` (Transformer Engine's in-place kernel,
-    which Megatron-Bridge's 2025 releases ran); its Megatron-LM export says what this one holds
+    which Megatron-Bridge's performance scripts set: ``cross_entropy_fusion_impl = "te"``,
+    NVIDIA-NeMo/Megatron-Bridge v0.2-v0.6 ``scripts/performance``; Megatron-Core only warns of
+    it); its Megatron-LM export says what this one holds
     more."""
     PYTORCH = "pytorch"
     """``torch.nn.functional.cross_entropy`` on an fp32 copy of the bf16 logits, as torchtitan

@@ -26,9 +26,9 @@ from planner.inputs import load
 from planner.metis_io import profile_path, profiles_from_entry
 from planner.study_space import as_list, degrees, enums, zero_stage_of
 from search_spaces import powers_of_two
-from search_spaces.mixed import MixedSpace
+from search_spaces.mixed import MixedSpace, skeletons
 from simcore.mixed import LayerProfiles, MixedSystemSpec
-from simcore.specs import ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
+from simcore.specs import Family, ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
 
 __all__ = ["MixedStudy", "load_mixed_study"]
 
@@ -78,6 +78,20 @@ def _profiles(path: Path, value: Any, model: ModelSpec) -> LayerProfiles:
     return profiles
 
 
+def _check_model(path: Path, model: ModelSpec) -> None:
+    """A mixed cluster's plans are Megatron-LM's (the layer split, the stage costs and the
+    exports): a transformer of the gpt or llama family without experts. A mixture-of-experts
+    model priced as dense reported an MFU over 100%; an MLP or STAGE model was exported as a
+    GPT."""
+    if model.family not in (Family.GPT, Family.LLAMA):
+        raise fail(path, "model", f"{model.name} is a {model.family.value} model; a mixed"
+                   " cluster plans Megatron-LM's transformers (family gpt or llama): plan it"
+                   " on one device type with `planner run`")
+    if model.moe is not None:
+        raise fail(path, "model", f"{model.name} is a mixture of experts, which mixed clusters"
+                   " do not model yet; plan it on one device type with `planner run`")
+
+
 def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStudy:
     catalog = catalog or load_catalog()
     raw = load(path, "study YAML")
@@ -92,6 +106,7 @@ def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStud
     if not isinstance(e["model"], str) or not e["model"]:
         raise fail(path, "model", "must be a model name from the catalog or a YAML path")
     model = catalog.model(e["model"], where=(path, "model"))
+    _check_model(path, model)
     system = _system(path, e["system"], catalog)
     t = fields(path, "training", e["training"], {"global_batch"}, {"seq_len"})
     training = TrainingSpec(
@@ -116,5 +131,10 @@ def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStud
     if "profile" in e:
         kw["profiles"] = _profiles(path, e["profile"], model)
     space = MixedSpace(model=model, system=system, training=training, **kw)
+    if next(skeletons(space), None) is None:  # it failed on an empty table: KeyError 'fits'
+        sizes = ", ".join(f"{g.name} {g.devices}" for g in system.groups)
+        raise fail(path, "space.tp", f"no stage of tp {', '.join(map(str, space.tp))} fits the"
+                   f" groups ({sizes} devices): tp must divide a node's GPUs and the model's"
+                   " heads, KV heads and FFN width; list such degrees")
     return MixedStudy(name=name, path=path, description=str(e.get("description", "")),
                       space=space)

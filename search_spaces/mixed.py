@@ -182,6 +182,8 @@ class MixedResult:
 
     def best(self, groups: str | None = None) -> pd.Series | None:
         """The fastest plan that fits (on exactly ``groups``, e.g. ``"a100"``), or None."""
+        if self.table.empty:
+            return None
         rows = self.table[self.table["fits"]]
         if groups is not None:
             rows = rows[rows["groups"] == groups]

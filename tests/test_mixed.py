@@ -292,3 +292,29 @@ def test_mixed_timeline_into_a_missing_folder_is_refused_before_the_search(tmp_p
     assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--timeline", str(timeline)]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert f"--timeline {timeline}: the folder {timeline.parent} does not exist" in line
+
+
+@pytest.mark.parametrize("change, said", [
+    # a mixture of experts priced as dense: "MFU 107.6%", 81 GB where its weights are 93 GB
+    (("model: metis-gpt-10l", "model: mixtral-8x7b"),
+     "model: mixtral-8x7b is a mixture of experts, which mixed clusters do not model yet"),
+    # an MLP exported as a GPT of 64 layers and one attention head
+    (("model: metis-gpt-10l", "model: distir-mlp"), "model: distir-mlp is a mlp model"),
+    # no stage of tp 3: "failed: KeyError: 'fits'", exit 1
+    (("tp: [1, 2, 4]", "tp: [3]"), "space.tp: no stage of tp 3 fits the groups (a100 16, v100"),
+])
+def test_a_mixed_study_it_cannot_plan_is_one_line(tmp_path, capsys, change, said):
+    text = (MIXED / "metis-16-16.yaml").read_text()
+    assert change[0] in text
+    study = tmp_path / "s.yaml"
+    study.write_text(text.replace(*change))
+    assert main(["mixed", str(study)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert said in line
+
+
+def test_mixed_seed_is_numpys_range(capsys):
+    # --seed -1 failed after the set-up: "failed: ValueError: Seed must be between 0 and 2**32 - 1"
+    for bad in ("-1", str(2**32)):
+        assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--seed", bad]) == 2
+        assert "--seed: give a whole number from 0 to 4294967295" in capsys.readouterr().err

@@ -66,6 +66,19 @@ def add_storage_argument(parser: argparse.ArgumentParser) -> None:
                         " $PLANNER_STORAGE or planner-results/studies/)")
 
 
+def seed(text: str) -> int:
+    """``--seed``: a whole number from 0 to 2**32 - 1 (numpy's, which Optuna's samplers and
+    CMA-ES take; beyond it they raised ValueError after the set-up)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"give a whole number from 0 to {2**32 - 1}, not"
+                                         f" {value}")
+    return value
+
+
 def at_least_one(text: str) -> int:
     """A whole number >= 1 (``--top`` and the like)."""
     try:

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from planner.commands._base import BaseCommand
+from planner.commands._base import BaseCommand, seed
 from planner.errors import Interrupted, PlannerUsageError
 from planner.exports.hetero import FRAMEWORKS, export_hetero, runs_on, why_not
 from planner.mixed_config import MixedStudy, load_mixed_study
@@ -167,7 +167,8 @@ class MixedCommand(BaseCommand):
                             help="Optuna trials (group orders and layouts, each with every"
                             f" micro-batch count and knob) when the space is sampled (default"
                             f" {TRIALS})")
-        parser.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
+        parser.add_argument("--seed", type=seed, default=0,
+                            help="the sampler's seed (default 0)")
         parser.add_argument("--timeline", type=Path, metavar="FILE",
                             help="draw one step of the best plan, each stage's row naming its"
                             " device (.html, or .png with Chromium)")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -31,8 +31,12 @@ import pyarrow.parquet as pq
 from planner.errors import PlannerUsageError
 from planner.storage import is_url
 
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
 __all__ = ["ALL", "BEST_KEPT", "FRONT_BEST", "RESULTS", "TRIALS_KEPT", "ResultsTable",
-           "kept_numbers", "pareto_mask", "results_path", "table_path", "table_rows"]
+           "check_own_table", "kept_numbers", "pareto_mask", "results_path", "table_path",
+           "table_rows"]
 
 RESULTS = "results"
 """Study user attribute: where the study's table is, how many plans, which are trials."""
@@ -55,6 +59,18 @@ def results_path(label: str, study: str) -> Path | None:
             return None
         label = label.removeprefix("sqlite:///")
     return Path(f"{label}{_suffix(study)}")
+
+
+def check_own_table(storage: BaseStorage, study: str) -> None:
+    """Refuse a study whose table (:func:`results_path`) another study of the storage already
+    has: names that differ only in the characters a file name cannot hold (``big+1`` and
+    ``big_1``) shared one table, each then showing the other's plans."""
+    mine = _suffix(study)
+    for other in storage.get_all_studies():
+        if other.study_name != study and _suffix(other.study_name) == mine:
+            raise PlannerUsageError(f"study {study!r}: its results table would be the one of"
+                                    f" stored study {other.study_name!r} (file names hold only"
+                                    " letters, digits, '.', '_' and '-'); choose another name")
 
 
 def _suffix(study: str) -> str:

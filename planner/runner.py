@@ -42,7 +42,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from planner.errors import PlannerUsageError
 from planner.plan import specs_from_dict
-from planner.results_parquet import RESULTS, ResultsTable, table_path
+from planner.results_parquet import RESULTS, ResultsTable, check_own_table, results_path, table_path
 from planner.run_common import (
     ITEM,
     StopRequest,
@@ -132,6 +132,8 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label:
         # (the plan is estimated again as one not stored yet).
         requeue = config.sampler not in ("exhaustive", "random")
         return study, _requeue_running(study, storage, requeue)
+    if results_path(label, config.name) is not None:  # before it is made, not after
+        check_own_table(storage, config.name)
     study = optuna.create_study(study_name=config.name, storage=storage, sampler=sampler,
                                 directions=["minimize"] * len(config.objectives))
     _describe(study, config)

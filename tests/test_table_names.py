@@ -1,0 +1,33 @@
+"""Two studies of one storage file whose names differ only where a file name cannot hold the
+character (``x+1`` and ``x_1``) had one results table, each then showing the other's plans: the
+second is refused before it is made."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.cli import main
+
+STUDY = Path(__file__).resolve().parent.parent / "studies" / "distir-mlp-16.yaml"
+
+
+def _study(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{len(list(tmp_path.glob('*.yaml')))}.yaml"
+    path.write_text(f"name: {name}\n" + STUDY.read_text())
+    return path
+
+
+def test_a_name_whose_table_another_study_has_is_refused(tmp_path, capsys) -> None:
+    storage = tmp_path / "s.journal"
+    assert main(["run", str(_study(tmp_path, "x+1")), "--storage", str(storage), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(_study(tmp_path, "x_1")), "--storage", str(storage), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "study 'x_1': its results table would be the one of stored study" \
+        " 'x+1'" in err[0]
+    assert main(["studies", "--storage", str(storage)]) == 0
+    assert "x_1" not in capsys.readouterr().out  # not made
+    # a folder of studies gives each its own journal, so its own table: both run
+    folder = f"{tmp_path / 'folder'}/"
+    for name in ("x+1", "x_1"):
+        assert main(["run", str(_study(tmp_path, name)), "--storage", folder, "--quiet"]) == 0

@@ -174,3 +174,20 @@ def test_a_sweep_where_no_plan_fits_is_one_line(capsys, tmp_path):
     assert code == 2 and err.count("\n") == 1
     assert "plans swept fits in 1 GB a device (hbm_gb); raise --hbm-gb" in err
     assert not (tmp_path / "f.html").exists()
+
+
+def test_csv_is_checked_before_anything_is_written(tmp_path, capsys):
+    # --csv keep.yaml replaced a study with CSV; --csv equal to --out replaced the figure; a
+    # --csv naming a folder failed after the figure was written
+    keep = tmp_path / "keep.yaml"
+    keep.write_text("name: mine\n")
+    figure = tmp_path / "f.html"
+    for csv_path, said in ((keep, "exists and is not a .csv file"),
+                           (figure, "the same file as --out"),
+                           (tmp_path, "is a folder")):
+        code = main(["sweep", str(GRID), "--x", "tp", "--out", str(figure),
+                     "--csv", str(csv_path)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and said in err, err
+        assert not figure.exists()
+    assert keep.read_text() == "name: mine\n"

@@ -81,17 +81,21 @@ class SweepCommand(BaseCommand):
         parser.add_argument("--csv", type=Path, metavar="PATH", help="also write the points here")
 
     def run(self, args: argparse.Namespace) -> int:
-        from planner.outputs import atomic_write, counted, default_path
+        from planner.outputs import atomic_write, check_output, counted, default_path
         from planner.plots import figure_format, write_figure
         from planner.plots.sweep import sweep_figure, sweep_info
         from planner.study_config import load_study_config
         from planner.sweep import run_sweep, sweep_rows
 
         request = _request(args)
-        for path in (args.out, args.csv):
-            if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
-                raise PlannerUsageError(f"{path}: the folder {path.parent} does not exist; create"
-                                        " it or choose another path")
+        # both checked before the sweep writes either (a bad --csv came after the figure)
+        if args.out is not None:
+            check_output(args.out, (".html", ".htm", ".png"))
+        if args.csv is not None:
+            check_output(args.csv, (".csv",))
+            if args.out is not None and args.csv.resolve() == args.out.resolve():
+                raise PlannerUsageError(f"--csv {args.csv}: the same file as --out; give each"
+                                        " its own")
         start = time.perf_counter()
         config = load_study_config(args.study, hbm_gb=args.hbm_gb)
         sweep = run_sweep(config, request)
@@ -104,7 +108,7 @@ class SweepCommand(BaseCommand):
               f" {time.perf_counter() - start:.1f} s")
         print(f"wrote {out}")
         if args.csv is not None:
-            atomic_write(args.csv, _csv_text(sweep_rows(sweep)))
+            atomic_write(args.csv, _csv_text(sweep_rows(sweep)), (".csv",))
             print(f"wrote {args.csv}")
         return 0
 

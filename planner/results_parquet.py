@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from optuna.storages import BaseStorage
 
 __all__ = ["ALL", "BEST_KEPT", "FRONT_BEST", "RESULTS", "TRIALS_KEPT", "ResultsTable",
-           "check_own_table", "kept_numbers", "pareto_mask", "results_path", "table_path",
-           "table_rows"]
+           "check_own_table", "check_table_name", "kept_numbers", "pareto_mask", "results_path",
+           "table_path", "table_rows"]
 
 RESULTS = "results"
 """Study user attribute: where the study's table is, how many plans, which are trials."""
@@ -71,6 +71,22 @@ def check_own_table(storage: BaseStorage, study: str) -> None:
             raise PlannerUsageError(f"study {study!r}: its results table would be the one of"
                                     f" stored study {other.study_name!r} (file names hold only"
                                     " letters, digits, '.', '_' and '-'); choose another name")
+
+
+NAME_MAX = 255
+"""The bytes of a file name on Linux's file systems (ext4, xfs, tmpfs: NAME_MAX)."""
+
+
+def check_table_name(label: str, study: str) -> None:
+    """Refuse, before the study is made, a name whose table's file name (the storage file's
+    name, then the study's: ``NAME.journal.NAME.parquet`` in a folder of studies) would be
+    longer than a file name holds: the run failed with "File name too long" and left the study
+    behind, empty."""
+    path = results_path(label, study)
+    if path is not None and len(path.name.encode()) > NAME_MAX:
+        raise PlannerUsageError(f"study {study[:40]!r}...: its results table's file name would"
+                                f" be {len(path.name.encode())} bytes, over the {NAME_MAX} a file"
+                                " name holds; shorten the study's name")
 
 
 def _suffix(study: str) -> str:

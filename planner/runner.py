@@ -42,7 +42,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from planner.errors import PlannerUsageError
 from planner.plan import specs_from_dict
-from planner.results_parquet import RESULTS, ResultsTable, check_own_table, results_path, table_path
+from planner.results_parquet import (
+    RESULTS,
+    ResultsTable,
+    check_own_table,
+    check_table_name,
+    results_path,
+    table_path,
+)
 from planner.run_common import (
     ITEM,
     StopRequest,
@@ -133,6 +140,7 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage, label:
         requeue = config.sampler not in ("exhaustive", "random")
         return study, _requeue_running(study, storage, requeue)
     if results_path(label, config.name) is not None:  # before it is made, not after
+        check_table_name(label, config.name)
         check_own_table(storage, config.name)
     study = optuna.create_study(study_name=config.name, storage=storage, sampler=sampler,
                                 directions=["minimize"] * len(config.objectives))

@@ -31,3 +31,16 @@ def test_a_name_whose_table_another_study_has_is_refused(tmp_path, capsys) -> No
     folder = f"{tmp_path / 'folder'}/"
     for name in ("x+1", "x_1"):
         assert main(["run", str(_study(tmp_path, name)), "--storage", folder, "--quiet"]) == 0
+
+
+def test_a_name_too_long_for_its_table_is_refused_before_the_study_is_made(tmp_path, capsys):
+    # a folder of studies: NAME.journal, its table NAME.journal.NAME.parquet, 2 x 150 + 17 = 317
+    # bytes over a file name's 255: "failed: OSError: File name too long", and the study left
+    # behind empty, so the rerun said it "already exists"
+    folder = f"{tmp_path / 'folder'}/"
+    study = _study(tmp_path, "a" * 150)
+    for _ in range(2):
+        assert main(["run", str(study), "--storage", folder, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "its results table's file name would be 317 bytes, over the" \
+            " 255 a file name holds; shorten the study's name" in err[0]

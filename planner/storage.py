@@ -78,6 +78,10 @@ def open_storage(arg: str | None, *, create: bool, heartbeat: int | None = None
     label = storage_label(arg)
     if is_url(label):
         sqlite = _sqlite_file(label)
+        if label.startswith("sqlite:") and sqlite is None:  # sqlite://, sqlite:///:memory:
+            raise PlannerUsageError(f"--storage {label}: an in-memory database, gone when the"
+                                    " command ends (its studies with it); give a file,"
+                                    " sqlite:///PATH, or a journal path")
         if not create and sqlite is not None and not sqlite.exists():  # Optuna would make it
             raise PlannerUsageError(f"--storage {label}: {sqlite} does not exist, so no studies"
                                     f" are there yet; run `planner run STUDY.yaml"

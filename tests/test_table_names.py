@@ -44,3 +44,14 @@ def test_a_name_too_long_for_its_table_is_refused_before_the_study_is_made(tmp_p
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "its results table's file name would be 317 bytes, over the" \
             " 255 a file name holds; shorten the study's name" in err[0]
+
+
+def test_an_in_memory_database_is_refused(tmp_path, capsys, monkeypatch) -> None:
+    # the run printed its best plans and "more: planner best ... --storage sqlite:///%3Amemory%3A"
+    # for a study already gone, and left ./:memory:.NAME.parquet behind
+    monkeypatch.chdir(tmp_path)
+    for url in ("sqlite:///:memory:", "sqlite://"):
+        assert main(["run", str(STUDY), "--storage", url, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--storage {url}: an in-memory database" in err[0]
+    assert not list(tmp_path.iterdir())

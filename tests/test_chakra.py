@@ -343,3 +343,23 @@ def test_text_options_beside_traces_are_one_line(tmp_path, capsys):
         assert main(["replay", str(tmp_path / "w"), *TUTORIAL, *flag]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{said}: converts a text workload (.txt);" in err[0]
+
+
+def test_a_smaller_trace_set_replaces_a_larger_one(tmp_path, capsys):
+    # traces of 16 NPUs then of 8 into one folder: workload.8.et .. workload.15.et stayed, and
+    # the replay the command printed refused "16 trace files, but ... has 8 NPUs"
+    big = tmp_path / "big"
+    astra = ROOT / "studies" / "astra"
+    dgx16 = ["--system-json", str(astra / "dgx-16-system.json"),
+             "--network-yml", str(astra / "dgx-16-network.yml")]
+    assert main(["astra-estimate", *dgx16, "--et-out", str(big), "--", "--dp", "8", "--tp", "2",
+                 *MODEL]) == 0
+    assert len(list(big.glob("workload.*.et"))) == 16
+    (big / "notes.txt").write_text("mine")
+    assert main(["astra-estimate", *R4S2, "--et-out", str(big), "--", "--dp", "4", "--tp", "2",
+                 *MODEL]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in big.glob("workload.*.et")) == sorted(
+        f"workload.{n}.et" for n in range(8))
+    assert (big / "notes.txt").read_text() == "mine"
+    assert len(_replay(capsys, big / "workload", system=R4S2)) == 8

@@ -103,8 +103,16 @@ def stage_trace_files(model: StageModel, name: str, progress: TraceProgress | No
 
 def write_stage_traces(model: StageModel, folder: Path, name: str) -> list[Path]:
     """``folder/name.<npu>.et`` for every NPU and ``folder/comm_group.json``; the paths
-    written."""
+    written. The traces of an earlier, larger set in the folder (``name.<n>.et`` past this
+    one's NPUs) are removed: ``planner replay folder/name`` reads every one there, and refused
+    the set as one of more NPUs than its network has."""
     from planner.outputs import write_files
 
     folder.mkdir(parents=True, exist_ok=True)
-    return write_files(folder, stage_trace_files(model, name))
+    written = write_files(folder, stage_trace_files(model, name))
+    mine = {p.name for p in written}
+    for stale in folder.glob(f"{name}.*.et"):
+        npu = stale.name.removeprefix(f"{name}.").removesuffix(".et")
+        if npu.isdigit() and stale.name not in mine:
+            stale.unlink()
+    return written

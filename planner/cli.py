@@ -37,7 +37,9 @@ class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
 
     def add_command(self, command: BaseCommand) -> None:
         p = self.add_parser(command.name, help=command.help, description=command.help)
-        p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+        # SUPPRESS: not given after the command, it leaves `planner --debug COMMAND`'s alone
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks on errors")
         p.set_defaults(handler=command)
         self._unfilled[command.name] = (p, command)
 
@@ -100,8 +102,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
         if args.debug:
             traceback.print_exc()
-        print(f"planner {args.command}: failed: {type(e).__name__}: {e} (rerun with --debug"
-              " for the traceback)", file=sys.stderr)
+        hint = "" if args.debug else " (rerun with --debug for the traceback)"
+        print(f"planner {args.command}: failed: {type(e).__name__}: {e}{hint}", file=sys.stderr)
         return EXIT_FAILURE
 
 

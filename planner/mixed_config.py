@@ -123,6 +123,8 @@ def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStud
             ZeroStage(z) if isinstance(z, int) and not isinstance(z, bool) and 0 <= z <= 3
             else zero_stage_of(path, z) for z in as_list(path, "space.zero", s["zero"])))
     if "schedule" in s:
+        if isinstance(s["schedule"], list):  # "unknown value ['gpipe']; use one of gpipe, ..."
+            raise fail(path, "space.schedule", "takes one schedule, not a list: 1f1b or gpipe")
         schedule = choice(path, "space.schedule", s["schedule"], Schedule)
         if schedule in (Schedule.INTERLEAVED, Schedule.ZBV):
             raise fail(path, "space.schedule", f"{schedule.value} is not modelled on mixed"

@@ -292,9 +292,12 @@ def _check_knobs(request: SweepRequest) -> None:
 def run_sweep(config: StudyConfig, request: SweepRequest) -> Sweep:
     """Every point of the sweep: the best feasible plan per (panel, line, x) value."""
     _check_knobs(request)
-    plans = [(case, s) for case in cases(config, request) for s in case.space.valid]
-    if not plans:
-        raise PlannerUsageError(f"{config.path}: the study lists no valid plan to sweep")
+    swept = cases(config, request)
+    plans = [(case, s) for case in swept for s in case.space.valid]
+    if not plans:  # why the first case has none: a --global-batch no dp divides, say
+        why = swept[0].space.first_reason() if swept else "no case"
+        raise PlannerUsageError(f"{config.path}: the study lists no valid plan to sweep"
+                                f" ({why})")
     roles = [k for k in (request.x, request.lines, request.panels) if k is not None]
     listed = _listed(plans, set(request.where) | set(roles))
     allowed = _allowed(request, listed)

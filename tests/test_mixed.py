@@ -302,6 +302,9 @@ def test_mixed_timeline_into_a_missing_folder_is_refused_before_the_search(tmp_p
     (("model: metis-gpt-10l", "model: distir-mlp"), "model: distir-mlp is a mlp model"),
     # no stage of tp 3: "failed: KeyError: 'fits'", exit 1
     (("tp: [1, 2, 4]", "tp: [3]"), "space.tp: no stage of tp 3 fits the groups (a100 16, v100"),
+    # "unknown value ['gpipe']; use one of gpipe, ...": the value suggested was the one given
+    (("zero: [0, 1]", "zero: [0, 1]\n  schedule: [gpipe]"),
+     "space.schedule: takes one schedule, not a list: 1f1b or gpipe"),
 ])
 def test_a_mixed_study_it_cannot_plan_is_one_line(tmp_path, capsys, change, said):
     text = (MIXED / "metis-16-16.yaml").read_text()

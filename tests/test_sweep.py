@@ -145,6 +145,9 @@ def test_the_cli_writes_the_figure_and_the_points(tmp_path, capsys):
     (["--x", "tp", "--global-batch", "512,1024", "--lines", "dp"],
      "--global-batch gives 2 values; draw them with --x, --lines or --panels global_batch"),
     ([], "--x: missing"),
+    # no dp x micro-batch divides 100: "lists no valid plan" said neither why nor what to change
+    (["--x", "tp", "--global-batch", "100"],
+     "no valid plan to sweep (dp*micro_batch=1024 must divide global_batch=100)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
     code = main(["sweep", str(GRID), *argv, "--out", str(tmp_path / "f.html")])

@@ -44,6 +44,12 @@ def is_folder(label: str) -> bool:
     ends with a separator."""
     if is_url(label):
         return False
+    if label.rstrip("/" + os.sep).endswith(".parquet") and Path(label).is_dir():
+        # a study's results table (JOURNAL.NAME.parquet): a journal written into it broke it
+        raise PlannerUsageError(f"--storage {label}: a study's results table, the folder"
+                                " beside its journal; give the journal (the name before"
+                                f" .{Path(label.rstrip('/' + os.sep)).name.split('.')[-2]}"
+                                ".parquet) or another folder")
     return (label == str(DEFAULT_STORAGE) or label.endswith(("/", os.sep))
             or Path(label).is_dir())
 

@@ -55,3 +55,20 @@ def test_an_in_memory_database_is_refused(tmp_path, capsys, monkeypatch) -> None
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"--storage {url}: an in-memory database" in err[0]
     assert not list(tmp_path.iterdir())
+
+
+def test_a_results_table_is_not_a_storage(tmp_path, capsys) -> None:
+    # --storage JOURNAL.NAME.parquet (the table's folder) was read as a folder of studies: a
+    # journal was written into the table, which pandas then could not read
+    storage = tmp_path / "s.journal"
+    study = _study(tmp_path, "t")
+    assert main(["run", str(study), "--storage", str(storage), "--quiet"]) == 0
+    capsys.readouterr()
+    table = tmp_path / "s.journal.t.parquet"
+    table.mkdir(exist_ok=True)
+    before = sorted(p.name for p in table.iterdir())
+    for argv in (["run", str(study), "--quiet"], ["studies"]):
+        assert main([*argv, "--storage", f"{table}/"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "a study's results table, the folder beside its journal" in err[0]
+    assert sorted(p.name for p in table.iterdir()) == before

@@ -262,9 +262,14 @@ def test_every_shipped_mixed_study_loads(path, catalog):
     assert next(skeletons(study.space), None) is not None
 
 
-def test_mixed_out_into_a_missing_folder_is_refused_before_the_search(tmp_path, capsys,
-                                                                       monkeypatch):
+@pytest.mark.parametrize("option, name, said", [
     # it searched the whole space, then failed with pandas' own words
+    ("--out", "plans.csv", "{path}: the folder {folder} does not exist; create it"),
+    # it searched the whole space first, then failed on the figure's path
+    ("--timeline", "t.html", "--timeline {path}: the folder {folder} does not exist"),
+])
+def test_mixed_output_into_a_missing_folder_is_refused_before_the_search(
+        tmp_path, capsys, monkeypatch, option, name, said):
     import planner.commands._mixed as command
 
     def no_search(*args, **kwargs):
@@ -272,26 +277,10 @@ def test_mixed_out_into_a_missing_folder_is_refused_before_the_search(tmp_path, 
 
     monkeypatch.setattr(command, "search_mixed", no_search)
     monkeypatch.setattr(command, "sample_mixed", no_search)
-    out = tmp_path / "none" / "plans.csv"
-    assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--out", str(out)]) == 2
+    path = tmp_path / "none" / name
+    assert main(["mixed", str(MIXED / "metis-16-16.yaml"), option, str(path)]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert f"the folder {out.parent} does not exist; create it" in line
-
-
-def test_mixed_timeline_into_a_missing_folder_is_refused_before_the_search(tmp_path, capsys,
-                                                                            monkeypatch):
-    # it searched the whole space first, then failed on the figure's path
-    import planner.commands._mixed as command
-
-    def no_search(*args, **kwargs):
-        raise AssertionError("searched before the timeline path was checked")
-
-    monkeypatch.setattr(command, "search_mixed", no_search)
-    monkeypatch.setattr(command, "sample_mixed", no_search)
-    timeline = tmp_path / "none" / "t.html"
-    assert main(["mixed", str(MIXED / "metis-16-16.yaml"), "--timeline", str(timeline)]) == 2
-    [line] = capsys.readouterr().err.strip().splitlines()
-    assert f"--timeline {timeline}: the folder {timeline.parent} does not exist" in line
+    assert said.format(path=path, folder=path.parent) in line
 
 
 @pytest.mark.parametrize("change, said", [

@@ -302,7 +302,12 @@ def test_mixed_exports_run_the_loss_and_gather_priced(metis):
     plan = _plan((1, 2, 2, 1), (1, 2, 2, 2), (0, 2, 2, 2), (0, 2, 2, 3), m=8)
     script = export_hetero("megatron", model, system, TRAINING, plan, "x")["megatron.sh"]
     assert "  --cross-entropy-loss-fusion\n" in script
+    # priced at 4 bytes a logit; d98e8a64 runs its jit-fused loss (CrossEntropy.MEGATRON_FUSED)
+    assert "this Megatron-LM runs its jit-fused one, 10 bytes a logit" in script
     assert "  --overlap-param-gather\n" in script and "  --overlap-grad-reduce\n" in script
+    native = replace(TRAINING, cross_entropy=CrossEntropy.MEGATRON_FUSED)
+    script = export_hetero("megatron", model, system, native, plan, "x")["megatron.sh"]
+    assert "  --cross-entropy-loss-fusion\n" in script and "jit-fused one" not in script
     cfg = yaml.safe_load(export_hetero("flagscale", model, system, TRAINING, plan,
                                        "x")["flagscale_train.yaml"])["system"]
     assert cfg["cross_entropy_loss_fusion"] is True and cfg["overlap_param_gather"] is True

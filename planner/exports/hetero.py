@@ -323,6 +323,10 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
     if training.overlap_grad_reduce:
         dp.append("--overlap-grad-reduce")
     dp += gradient_args(training.bytes_per_param_grads, bf16)
+    if training.cross_entropy in (None, CrossEntropy.FUSED):  # as planner.exports._reprice says
+        dp += ["# the fused loss, priced at 4 bytes a logit (Transformer Engine's in-place"
+               " kernel);", "# this Megatron-LM runs its jit-fused one, 10 bytes a logit, on the"
+               " last stage"]
     dp += _stack_flags(training, plan)
     for section in (parallel, batch,
                     recompute_args(plan.recompute, modules=training.recompute_modules), dp,

@@ -119,6 +119,39 @@ def test_trials_named_for_the_other_format_is_one_line(tmp_path, storage, capsys
         assert not (tmp_path / name).exists()
 
 
+def test_trials_keeps_files_of_another_kind(tmp_path, storage, capsys):
+    # --csv naming the journal it read replaced it with CSV (every study in it lost); a study
+    # YAML the same; --csv and --parquet of one path wrote one over the other
+    main(["run", str(lab_study(tmp_path)), "--quiet"])
+    capsys.readouterr()
+    journal = storage.read_bytes()
+    for flags, said in ((["--csv", str(storage)], "exists and is not a .csv file"),
+                        (["--parquet", str(tmp_path / "lab.yaml")], "is not a .parquet file"),
+                        (["--csv", str(tmp_path / "t"), "--parquet", str(tmp_path / "t")],
+                         "--parquet " + str(tmp_path / "t") + ": the same file as --csv")):
+        assert main(["trials", "lab", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+    assert storage.read_bytes() == journal and not (tmp_path / "t").exists()
+
+
+def test_trials_of_a_study_without_any_says_so(tmp_path, storage, capsys):
+    # a study made and stopped before its first trial printed pandas' "Empty DataFrame"
+    import optuna
+
+    from planner.storage import open_storage
+
+    main(["run", str(lab_study(tmp_path)), "--quiet"])
+    capsys.readouterr()
+    backend = open_storage(str(storage), create=False)
+    lab = optuna.load_study(study_name="lab", storage=backend)
+    empty = optuna.create_study(study_name="empty", storage=backend)
+    for key, value in lab.user_attrs.items():
+        empty.set_user_attr(key, value)
+    assert main(["trials", "empty"]) == 0
+    assert "study 'empty' has no trials stored yet" in capsys.readouterr().out
+
+
 def test_unknown_study_and_empty_storage(tmp_path, storage, capsys):
     assert main(["best", "lab"]) == 2
     assert "no studies there yet" in capsys.readouterr().err

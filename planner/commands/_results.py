@@ -69,6 +69,10 @@ def _check_target(path: Path, kind: str) -> None:
     if not folder.is_dir():
         raise PlannerUsageError(f"--{kind} {path}: the folder {folder} does not exist; create"
                                 " it or choose another path")
+    # an existing file of another kind (the journal read, a study YAML) is not replaced
+    if path.is_file() and path.suffix and path.suffix.lower() != f".{kind}":
+        raise PlannerUsageError(f"--{kind} {path}: exists and is not a .{kind} file, which this"
+                                f" would replace; give a .{kind} path")
 
 
 def _write(df: pd.DataFrame, path: Path, kind: str) -> None:
@@ -100,6 +104,9 @@ class TrialsCommand(BaseCommand):
         for path, kind in ((args.csv, "csv"), (args.parquet, "parquet")):
             if path:
                 _check_target(path, kind)
+        if args.csv and args.parquet and args.csv.resolve() == args.parquet.resolve():
+            raise PlannerUsageError(f"--parquet {args.parquet}: the same file as --csv; give"
+                                    " each its own")
         import pandas as pd
 
         from planner.tables import trials_frame
@@ -109,7 +116,9 @@ class TrialsCommand(BaseCommand):
             _write(df, args.csv, "csv")
         if args.parquet:
             _write(df, args.parquet, "parquet")
-        if not (args.csv or args.parquet):
+        if df.empty:  # pandas' "Empty DataFrame / Columns: [...]" said nothing of why
+            print(f"study {args.name!r} has no trials stored yet")
+        elif not (args.csv or args.parquet):
             cols = [c for c in ("number", "state", "plan", "step_time_s", "peak_memory_gb",
                                 "feasible") if c in df.columns]
             with pd.option_context("display.max_rows", 60, "display.width", 200):

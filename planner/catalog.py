@@ -196,7 +196,14 @@ def _entries(path: Path, data: Any = None) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise fail(path, "top level", "must map names to entries")
     # Names starting with "." are YAML templates (anchors for ``<<: *name``), not entries.
-    return {str(k): v for k, v in data.items() if not str(k).startswith(".")}
+    entries = {str(k): v for k, v in data.items() if not str(k).startswith(".")}
+    if len(entries) < sum(1 for k in data if not str(k).startswith(".")):
+        # `1:` and `"1":` are two keys to YAML and one name here: the first was dropped
+        names = [str(k) for k in data]
+        twice = next(n for n in names if names.count(n) > 1)
+        raise fail(path, twice, "given twice (once as a number, once as text); name each"
+                   " entry once")
+    return entries
 
 
 _KIND_KEYS = {"model": {"layers", "hidden", "heads", "vocab"},

@@ -105,6 +105,11 @@ MAX_INTEGER = 10**9
 make the simulator loop for hours."""
 
 
+MIN_POSITIVE = 1e-9
+"""The smallest value a field that must be > 0 takes: below it a bandwidth, a peak or an
+efficiency divides a size into an infinite time (``OverflowError`` on a bandwidth of 1e-300)."""
+
+
 def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool,
            maximum: float = MAX_NUMBER) -> float:
     if isinstance(value, str) and _exponent_text(value):
@@ -116,6 +121,9 @@ def number(path: Path, field: str, value: Any, *, minimum: float, strict: bool,
     if value < minimum or (strict and value == minimum):
         op = ">" if strict else ">="
         raise fail(path, field, f"must be {op} {minimum:g}, but got {value!r}")
+    if strict and minimum == 0 and value < MIN_POSITIVE:  # 1e-300 GB/s: an infinite time
+        raise fail(path, field, f"{value!r} is too small to compute with; give at least"
+                   f" {MIN_POSITIVE:g} (check the unit)")
     if value > maximum:
         raise fail(path, field, f"must be <= {maximum:g}, but got {value:g}; check the unit")
     return float(value)

@@ -33,3 +33,19 @@ def test_a_name_given_as_a_number_and_as_text_is_one_line(tmp_path, monkeypatch,
     assert main(["catalog", "models"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{entry}: 1: given twice (once as a number, once as text)" in err[0]
+
+
+def test_a_moe_model_without_a_moe_layer_is_one_line(tmp_path, monkeypatch, capsys) -> None:
+    # first_dense 40 of 32 layers: listed as a MoE, priced as dense, --ep 2 accepted
+    catalog = tmp_path / "catalog"
+    (catalog / "models").mkdir(parents=True)
+    entry = catalog / "models" / "u.yaml"
+    entry.write_text("umoe: {family: llama, layers: 32, hidden: 4096, ffn_hidden: 14336, heads:"
+                     " 32, kv_heads: 8, vocab: 128256, seq_len: 8192, moe: {experts: 64, top_k:"
+                     " 2, expert_ffn: 14336, first_dense: 40}}\n")
+    monkeypatch.setenv("PLANNER_CATALOG", str(catalog))
+    assert main(["estimate", "--model", "umoe", "--system", "dgx-h100-8", "--tp", "2",
+                 "--global-batch", "64", "--ep", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "umoe: moe: none of the 32 layers is a mixture of experts" \
+        " (first_dense 40, every 1)" in err[0]

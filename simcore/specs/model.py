@@ -134,6 +134,12 @@ class ModelSpec:
             raise ValueError(
                 f"`hidden % heads == 0` must hold, but got hidden={self.hidden}, heads={self.heads}"
             )
+        if self.moe is not None and self.moe.moe_layers(0, self.layers) == 0:
+            # priced as dense, with ep accepted and doing nothing
+            raise ValueError(
+                f"moe: none of the {self.layers} layers is a mixture of experts (first_dense"
+                f" {self.moe.first_dense}, every {self.moe.every}); lower them, or drop moe"
+            )
 
     @property
     def n_kv_heads(self) -> int:

@@ -5,6 +5,7 @@ described and checked against its YAML."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 import threading
@@ -125,6 +126,42 @@ def _check_fingerprint(study: optuna.Study, config: StudyConfig) -> None:
             f"{config.path}: the stored study {config.name!r} was made from"
             f" {_what_differs(study.user_attrs.get('config'), config.summary())}; set another"
             " name to start a new study")
+    _check_entries(study, config)
+
+
+def _check_entries(study: optuna.Study, config: StudyConfig) -> None:
+    """The model and system the study was made from, as stored, against the catalog's entries
+    of those names now: the fingerprint names them only, so a catalog entry edited since (a
+    model's layers, a device `planner calibrate` refit) mixed two models' trials in one study.
+    Only the fields both sides hold are compared: a study stored by an earlier version, with
+    fewer of them, still resumes."""
+    stored = study.user_attrs.get("specs")
+    if not isinstance(stored, dict):
+        return
+    # as the storage holds it (JSON: tuples as lists)
+    now = json.loads(json.dumps(specs_dict(config.model, config.system, config.training,
+                                           config.convention)))
+    for part in ("model", "system"):
+        if isinstance(stored.get(part), dict):
+            changes = _shared_changes(stored[part], now[part], f"{part}.")
+            if changes:
+                key, old, new = changes[0]
+                raise PlannerUsageError(
+                    f"{config.path}: the stored study {config.name!r} was made from another"
+                    f" {part} entry {now[part].get('name')!r} ({key} {old!s:.40} -> {new!s:.40});"
+                    " its catalog entry changed since: set another name to start a new study")
+
+
+def _shared_changes(stored: dict, now: dict, prefix: str) -> list[tuple[str, object, object]]:
+    """:func:`_changes` over the keys both mappings hold."""
+    out: list[tuple[str, object, object]] = []
+    for k in sorted(set(stored) & set(now)):
+        old, new = stored[k], now[k]
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += _shared_changes(old, new, f"{prefix}{k}.")
+        elif old != new and k != "source":
+            out.append((f"{prefix}{k}", old, new))
+    return out
 
 
 def _what_differs(stored: object, now: dict[str, object]) -> str:

@@ -106,6 +106,12 @@ def space_from_entry(path: Path, raw: Any, model: ModelSpec, system: SystemSpec,
     if "micro_batch" in e:
         kw["micro_batch"] = degrees(path, "space.micro_batch", e["micro_batch"],
                                      training.global_batch)
+        if convention is Convention.STAGE and kw["micro_batch"] != (1,):
+            # STAGE's graph takes the step's whole batch (--batch): each value gave the same
+            # figures, and micro_batch 1000000000 was ranked a plan
+            raise fail(path, "space.micro_batch", "the stage convention runs STAGE's graph,"
+                       " which has no micro-batches (its batch is the step's); drop micro_batch,"
+                       " or use convention: megatron")
     if "schedule" in e:
         kw["schedule"] = enums(path, "space.schedule", e["schedule"], Schedule)
     if "v" in e:

@@ -1,6 +1,8 @@
-"""Two studies of one storage file whose names differ only where a file name cannot hold the
-character (``x+1`` and ``x_1``) had one results table, each then showing the other's plans: the
-second is refused before it is made."""
+"""What `planner run` refuses before a study is made, where it once lost or mixed results:
+two studies of one storage file whose names map to one results table (``x+1`` and ``x_1``,
+each then showing the other's plans), a name too long for its table's file name, an in-memory
+database, a results table given as the storage, and micro-batches in a stage-convention
+space."""
 
 from __future__ import annotations
 
@@ -72,3 +74,15 @@ def test_a_results_table_is_not_a_storage(tmp_path, capsys) -> None:
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "a study's results table, the folder beside its journal" in err[0]
     assert sorted(p.name for p in table.iterdir()) == before
+
+
+def test_a_stage_study_takes_no_micro_batches(tmp_path, capsys) -> None:
+    # STAGE's graph takes the step's whole batch: micro_batch [1, 2] gave each plan twice with
+    # the same figures, and micro_batch 1000000000 was ranked the best plan
+    lab = Path(__file__).resolve().parent.parent / "studies" / "lab4b-llama70b-system1.yaml"
+    study = tmp_path / "mb.yaml"
+    study.write_text(lab.read_text().replace("space:\n", "space:\n  micro_batch: [1, 2]\n", 1))
+    assert main(["run", str(study), "--storage", str(tmp_path / "s.journal"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "space.micro_batch: the stage convention runs STAGE's graph, which" \
+        " has no micro-batches" in err[0]

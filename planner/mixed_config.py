@@ -28,13 +28,30 @@ from planner.study_space import as_list, degrees, enums, zero_stage_of
 from search_spaces import powers_of_two
 from search_spaces.mixed import MixedSpace, skeletons
 from simcore.mixed import LayerProfiles, MixedSystemSpec
-from simcore.specs import Family, ModelSpec, Recompute, Schedule, TrainingSpec, ZeroStage
+from simcore.specs import (
+    CrossEntropy,
+    Family,
+    ModelSpec,
+    Recompute,
+    Schedule,
+    TrainingSpec,
+    ZeroStage,
+)
 
 __all__ = ["MixedStudy", "load_mixed_study"]
 
 _FIELDS = {"model", "system", "training", "space"}
 _OPTIONAL = {"name", "description", "profile"}
 _SPACE = {"tp", "recompute", "zero", "schedule"}
+MIXED_LOSS = CrossEntropy.MEGATRON_FUSED
+"""The loss a mixed study prices: both frameworks that run a mixed plan
+(:mod:`planner.exports.hetero`) run Megatron-LM's fused vocab-parallel loss as its
+``--cross-entropy-loss-fusion`` runs by default, its jit-fused ``native`` implementation, 10 bytes
+a logit (``cross_entropy_fusion_impl`` defaults to ``'native'`` in NVIDIA/Megatron-LM d98e8a64
+``megatron/core/model_parallel_config.py``, which refuses ``te`` in ``arguments.py``;
+FlagScale's config passes ``cross_entropy_loss_fusion`` on alone). Until stop 83 a mixed study
+priced Transformer Engine's in-place 4 bytes, which neither runs, so its last stage could be
+recommended at up to 6 bytes a logit less than it holds."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +128,8 @@ def load_mixed_study(path: Path, *, catalog: Catalog | None = None) -> MixedStud
     t = fields(path, "training", e["training"], {"global_batch"}, {"seq_len"})
     training = TrainingSpec(
         global_batch=integer(path, "training.global_batch", t["global_batch"], minimum=1),
-        seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1))
+        seq_len=integer(path, "training.seq_len", t.get("seq_len", model.seq_len), minimum=1),
+        cross_entropy=MIXED_LOSS)
     s = fields(path, "space", e["space"] if e["space"] is not None else {}, set(), _SPACE)
     node = max(g.network.dims[0].npus for g in system.groups)
     kw: dict[str, Any] = {"tp": degrees(path, "space.tp", s["tp"], node) if "tp" in s

@@ -114,6 +114,46 @@ def test_megatron_matches_hand_written_script(plan: Plan) -> None:
     assert f"about {6 * 8192 / 4 * 128256 / 8 / 1e9:.1f} GB more on the last stage" in expected
 
 
+def _llama3_8b_h100(seq_len: int, tp: int, micro_batch: int) -> Plan:
+    """Llama 3 8B on 8 H100 (85.52 GB each), ZeRO-1, full recompute, one stage."""
+    return _plan(model="llama3-8b", system="dgx-h100-8", global_batch=64, seq_len=seq_len,
+                 dp=8 // tp, tp=tp, pp=1, sp=1, recompute=Recompute.FULL,
+                 micro_batch=micro_batch, schedule=Schedule.ONE_F_ONE_B, v=1)
+
+
+def _more(plan: Plan, loss: CrossEntropy) -> float:
+    """Bytes the last stage holds under ``loss`` beyond the plan's estimate."""
+    training = replace(plan.training, cross_entropy=loss)
+    return (simcore.estimate(plan.model, plan.system, training, plan.strategy, plan.convention)
+            .stages[-1].memory.total - plan.estimate.stages[-1].memory.total)
+
+
+def test_megatron_runs_its_unfused_loss_where_its_jit_fused_one_does_not_fit() -> None:
+    # Priced with Transformer Engine's in-place loss (4 bytes a logit), which d98e8a64 refuses.
+    # 4 x 16,384 tokens x 128,256 / tp 2 logits: its jit-fused loss (10 bytes) holds
+    # 6 x 4.20 G = 25.2 GB more, its unfused one (6 bytes, no flag) 2 x 4.20 G = 8.4 GB.
+    plan = _llama3_8b_h100(16384, tp=2, micro_batch=4)
+    logits = 4 * 16384 * 128256 / 2
+    assert _more(plan, CrossEntropy.MEGATRON_FUSED) == pytest.approx(6 * logits)
+    assert _more(plan, CrossEntropy.MEGATRON) == pytest.approx(2 * logits)
+    assert plan.estimate.fits and plan.estimate.memory.total + 6 * logits > 85.52e9
+    assert plan.estimate.memory.total + 2 * logits < 85.52e9
+    script = export_files(plan, "megatron")["megatron.sh"]
+    assert "--cross-entropy-loss-fusion" not in _args(script)
+    assert f"# runs (6 bytes a logit): about {2 * logits / 1e9:.1f} GB more" in script
+
+
+def test_megatron_refuses_a_plan_none_of_its_losses_fits() -> None:
+    # 4 x 8,192 tokens x 128,256 logits at tp 1: 2 bytes a logit more (the unfused loss) is
+    # 8.4 GB over an estimate of 83.4 GB, past the 85.52 GB an H100 has.
+    plan = _llama3_8b_h100(8192, tp=1, micro_batch=4)
+    assert plan.estimate.fits
+    assert plan.estimate.memory.total + 2 * 4 * 8192 * 128256 > 85.52e9
+    with pytest.raises(ValueError, match="over the 85.52 GB it has: d98e8a64 refuses Transformer"
+                       " Engine's in-place loss .* run the study with cross_entropy: megatron"):
+        export_files(plan, "megatron")
+
+
 def test_megatron_zero3_uses_megatron_fsdp(zero3_plan: Plan) -> None:
     script = export_files(zero3_plan, "megatron")["megatron.sh"]
     args = _args(script)

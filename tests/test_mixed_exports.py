@@ -27,9 +27,10 @@ from planner.cli import main
 from planner.exports import export_files
 from planner.exports._megatron import model_args
 from planner.exports.hetero import export_hetero, layout, meshes, runs_on, why_not
+from planner.mixed_config import load_mixed_study
 from planner.plan import make_plan
 from simcore import Convention, Strategy, TrainingSpec
-from simcore.mixed import MixedPlan, MixedStage
+from simcore.mixed import MixedPlan, MixedStage, estimate_mixed
 from simcore.specs import CrossEntropy, ZeroStage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -317,3 +318,21 @@ def test_mixed_exports_run_the_loss_and_gather_priced(metis):
     pytorch = replace(TRAINING, cross_entropy=CrossEntropy.PYTORCH)
     with pytest.raises(ValueError, match="cross_entropy pytorch: Megatron-LM's loss"):
         export_hetero("megatron", model, system, pytorch, plan, "x")
+
+
+def test_a_mixed_study_prices_the_loss_both_its_frameworks_run(metis):
+    # Megatron-LM d98e8a64 runs --cross-entropy-loss-fusion as its jit-fused `native` loss by
+    # default (model_parallel_config.py cross_entropy_fusion_impl = 'native'; arguments.py
+    # refuses 'te', Transformer Engine's in-place 4 bytes a logit), and FlagScale passes
+    # cross_entropy_loss_fusion on alone: 10 bytes a logit, 6 more than `fused`.
+    study = load_mixed_study(MIXED / "metis-16-16.yaml")
+    training = study.space.training
+    assert training.cross_entropy is CrossEntropy.MEGATRON_FUSED
+    system, model = metis
+    plan = _plan((1, 2, 2, 1), (1, 2, 2, 2), (0, 2, 2, 2), (0, 2, 2, 3), m=8)
+    last = [estimate_mixed(model, system, t, plan).stages[-1].memory.total
+            for t in (replace(training, cross_entropy=CrossEntropy.FUSED), training)]
+    # 128 / 8 micro-batches = 16 sequences, 8 a replica (dp 2) x 1,024 tokens x 51,200 / tp 2
+    assert last[1] - last[0] == pytest.approx(6 * 8 * 1024 * 51200 / 2)
+    script = export_hetero("megatron", model, system, training, plan, "x")["megatron.sh"]
+    assert "the jit-fused vocab-parallel loss, as estimated" in script

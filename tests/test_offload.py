@@ -160,8 +160,10 @@ def test_a_study_searches_it_and_exports_it_for_megatron_only(tmp_path) -> None:
     assert why_not("deepspeed", config.model, config.training, plan) is not None
     assert why_not("megatron", config.model, config.training, plan) is None
     catalog = load_catalog()
+    # at micro-batch 1: at Megatron-Bridge's 2 the last stage holds 189 GB under Megatron-LM's
+    # unfused loss, its least (test_exports_frameworks.py), over the GB200's 186
     made = make_plan(catalog.model("llama3-70b"), catalog.system("dgx-gb200-64"), TRAINING,
-                     _fsdp(40), Convention.MEGATRON)
+                     replace(_fsdp(40), micro_batch=1), Convention.MEGATRON)
     script = "\n".join(export_files(made, "megatron").values())
     # model_parallel_config.py (d98e8a64): cpu_offloading_num_layers > 0 turns offloading on
     assert "--cpu-offloading-num-layers 40" in script and "--use-megatron-fsdp" in script

@@ -55,7 +55,7 @@ from planner.exports._megatron_model import (
     model_args,
     precision_args,
 )
-from planner.exports._reprice import fused_loss_note, run_by, stack_check
+from planner.exports._reprice import fused_loss_args, run_by, stack_check
 from planner.exports.moe_args import megatron_moe_args
 from planner.plan import Plan
 from planner.units import GB
@@ -196,7 +196,7 @@ def _stack_args(plan: Plan) -> list[str]:
         args += ["# the jit-fused vocab-parallel loss, as estimated (10 bytes a logit)",
                  "--cross-entropy-loss-fusion"]
     elif plan.training.cross_entropy in (None, CrossEntropy.FUSED):
-        args += [*fused_loss_note(plan), "--cross-entropy-loss-fusion"]
+        args += fused_loss_args(plan)
     else:  # CrossEntropy.MEGATRON (search_spaces.frameworks refuses the others)
         args.append("# Megatron-LM's unfused loss, its default, as estimated")
     return args

@@ -23,7 +23,7 @@ from search_spaces.frameworks import with_framework_defaults
 from simcore.estimate import Estimate
 from simcore.specs import CrossEntropy, TrainingSpec
 
-__all__ = ["fused_loss_note", "priced", "reprice", "run_by", "stack_check"]
+__all__ = ["fused_loss_args", "priced", "reprice", "run_by", "stack_check"]
 
 
 
@@ -73,17 +73,45 @@ def priced(plan: Plan) -> str:
     return "the estimate priced the stack its study left open"
 
 
-def fused_loss_note(plan: Plan) -> list[str]:
-    """What the fused loss holds beyond its price: the plan was priced with an in-place fused
-    kernel's 4 bytes a logit (Transformer Engine's, ``--cross-entropy-fusion-impl te``, which
-    Megatron-Bridge's performance scripts run); Megatron-LM d98e8a64 refuses that implementation
-    (``arguments.py``: "disabled due to stability issues") and runs its jit-fused one, 10 bytes
-    a logit (:attr:`CrossEntropy.MEGATRON_FUSED`)."""
-    last = [simcore.estimate(plan.model, plan.system, replace(plan.training, cross_entropy=loss),
-                             plan.strategy, plan.convention).stages[-1].memory.total
-            for loss in (CrossEntropy.FUSED, CrossEntropy.MEGATRON_FUSED)]
-    more = (last[1] - last[0]) / GB
-    return ["# the fused vocab-parallel loss, priced at 4 bytes a logit (Transformer Engine's",
-            "# in-place kernel); this Megatron-LM runs its jit-fused one, 10 bytes a logit:",
-            f"# about {more:.1f} GB more on the last stage (cross_entropy megatron_fused prices"
-            " it)"]
+def fused_loss_args(plan: Plan) -> list[str]:
+    """The loss arguments, with what they hold beyond the price, of a plan priced with an
+    in-place fused kernel's 4 bytes a logit (Transformer Engine's, ``--cross-entropy-fusion-impl
+    te``, which Megatron-Bridge's performance scripts run). Megatron-LM d98e8a64 refuses that
+    implementation (``arguments.py``: "disabled due to stability issues"): it runs its jit-fused
+    one, 10 bytes a logit (:attr:`CrossEntropy.MEGATRON_FUSED`), where the plan fits with it,
+    else its unfused one, 6 bytes a logit (:attr:`CrossEntropy.MEGATRON`, no flag; the estimate
+    times the losses alike). Raises ValueError when the plan fit and fits with neither."""
+    last = _last_stage(plan, CrossEntropy.FUSED)
+    tried = []
+    for loss, flag in ((CrossEntropy.MEGATRON_FUSED, "--cross-entropy-loss-fusion"),
+                       (CrossEntropy.MEGATRON, None)):
+        est = simcore.estimate(plan.model, plan.system, replace(plan.training, cross_entropy=loss),
+                               plan.strategy, plan.convention)
+        if est.fits or not plan.estimate.fits:
+            more = (est.stages[-1].memory.total - last) / GB
+            return [*_loss_note(loss, more, tried, plan), *([flag] if flag else [])]
+        tried.append(est.memory.total / GB)
+    raise ValueError(
+        f"under Megatron-LM's losses this plan needs {tried[0]:.1f} GB a device (its jit-fused"
+        f" loss, 10 bytes a logit) or {tried[1]:.1f} GB (its unfused one, 6), over the"
+        f" {plan.system.device.hbm_bytes / GB:g} GB it has: d98e8a64 refuses Transformer"
+        " Engine's in-place loss (4 bytes a logit), which the plan was priced with; run the"
+        " study with cross_entropy: megatron or megatron_fused, which price them")
+
+
+def _last_stage(plan: Plan, loss: CrossEntropy) -> float:
+    return simcore.estimate(plan.model, plan.system, replace(plan.training, cross_entropy=loss),
+                            plan.strategy, plan.convention).stages[-1].memory.total
+
+
+def _loss_note(loss: CrossEntropy, more: float, tried: list[float], plan: Plan) -> list[str]:
+    note = ["# the fused vocab-parallel loss, priced at 4 bytes a logit (Transformer Engine's",
+            "# in-place kernel, which this Megatron-LM refuses)"]
+    if loss is CrossEntropy.MEGATRON_FUSED:
+        return [note[0], "# in-place kernel); this Megatron-LM runs its jit-fused one, 10 bytes"
+                " a logit:", f"# about {more:.1f} GB more on the last stage (cross_entropy"
+                " megatron_fused prices it)"]
+    return [*note, f"# its jit-fused one, 10 bytes a logit, needs {tried[0]:.1f} GB a device,"
+            f" over the {plan.system.device.hbm_bytes / GB:g} GB it has, so its unfused loss",
+            f"# runs (6 bytes a logit): about {more:.1f} GB more on the last stage"
+            " (cross_entropy megatron prices it)"]

@@ -327,6 +327,8 @@ def _megatron(model: ModelSpec, system: MixedSystemSpec, training: TrainingSpec,
         dp += ["# the fused loss, priced at 4 bytes a logit (Transformer Engine's in-place"
                " kernel);", "# this Megatron-LM runs its jit-fused one, 10 bytes a logit, on the"
                " last stage"]
+    elif training.cross_entropy is CrossEntropy.MEGATRON_FUSED:
+        dp.append("# the jit-fused vocab-parallel loss, as estimated (10 bytes a logit)")
     dp += _stack_flags(training, plan)
     for section in (parallel, batch,
                     recompute_args(plan.recompute, modules=training.recompute_modules), dp,

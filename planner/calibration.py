@@ -127,6 +127,13 @@ class Constant:
             raw = device.matmul_efficiency
         return raw / self.scale
 
+    def bounds(self, device: DeviceSpec) -> tuple[float, float]:
+        """The range the fit searches from ``device``: :attr:`low` to :attr:`high`, widened to
+        take the device's own value (the T4's GEMM rate, 0.284, below the 0.3 floor: gpus.yaml),
+        so that a fit starts where the entry is and can stay there."""
+        own = self.value(device)
+        return min(self.low, own), max(self.high, own)
+
     def apply(self, device: DeviceSpec, value: float) -> DeviceSpec:
         out = replace(device, **{self.field: value * self.scale})
         if self.field == "memory_overhead_bytes":  # the workspaces are part of the allowance
@@ -387,16 +394,17 @@ def at_edge(c: Constant, start: DeviceSpec, fitted: DeviceSpec) -> str | None:
     value = c.value(fitted)
     if value == c.value(start):
         return None
-    close = 0.005 * (c.high - c.low)  # the entry's three significant digits, and some
-    if value - c.low <= close:
+    floor, ceiling = c.bounds(start)
+    close = 0.005 * (ceiling - floor)  # the entry's three significant digits, and some
+    if value - floor <= close:
         return "floor"
-    if c.high - value <= close:
+    if ceiling - value <= close:
         return "ceiling"
-    low, high = _window(c, min(max(c.value(start), c.low), c.high))
+    low, high = _window(c, c.value(start), (floor, ceiling))
     return "edge" if value - low <= close or high - value <= close else None
 
 
-def _window(c: Constant, start: float) -> tuple[float, float]:
+def _window(c: Constant, start: float, bounds: tuple[float, float]) -> tuple[float, float]:
     """Where the fit searches ``c``: centred on the start, so that CMA-ES, which begins at the
     middle of each range with a step of a sixth of it, begins there: SEARCH_SPREADS of the
     prior's spreads either way, no further than the nearer bound. A start within one spread of
@@ -404,9 +412,10 @@ def _window(c: Constant, start: float) -> tuple[float, float]:
     away from it instead. Over the whole range CMA-ES began mid-range, and a refit of a
     calibrated device never came back near it (the H100 of gpus.yaml on h100-fit.csv: no trial
     better than the start in 400)."""
-    near = min(start - c.low, c.high - start)
+    low, high = bounds
+    near = min(start - low, high - start)
     half = SEARCH_SPREADS * c.spread if near < c.spread else min(SEARCH_SPREADS * c.spread, near)
-    return max(c.low, start - half), min(c.high, start + half)
+    return max(low, start - half), min(high, start + half)
 
 
 def _fit(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str,
@@ -414,7 +423,7 @@ def _fit(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str,
          progress: Callable[[int, int], None]) -> DeviceSpec:
     """One CMA-ES study: ``device`` with ``constants`` fit to ``runs`` (three significant
     digits, so that what the entry says is exactly what was evaluated)."""
-    start = {c.key: min(max(c.value(device), c.low), c.high) for c in constants}
+    start = {c.key: c.value(device) for c in constants}  # within c.bounds(device)
 
     def build(values: dict[str, float]) -> DeviceSpec:
         out = replace(device, name=name)
@@ -422,7 +431,7 @@ def _fit(runs: Sequence[MeasuredRun], device: DeviceSpec, name: str,
             out = c.apply(out, values[c.key])
         return out
 
-    window = {c.key: _window(c, start[c.key]) for c in constants}
+    window = {c.key: _window(c, start[c.key], c.bounds(device)) for c in constants}
 
     def objective(trial: optuna.Trial) -> float:
         values = {c.key: trial.suggest_float(c.key, *window[c.key]) for c in constants}

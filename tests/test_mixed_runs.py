@@ -199,6 +199,9 @@ def test_amp_heterogeneous_cluster(capsys) -> None:
     assert group["runs"] == 43 and group["fastest"] == (
         "AMP GPT-2 24x1024 V100x12+T4x4 tp1 dp2 pp8 mb1 part0-5-9-12-15-18-21-24-30")
     assert min(r["measured_step_time_s"] for r in data["rows"]) == 1.28
+    # the T4's GEMM rate from measured GEMMs (gpus.yaml) picks it; with the V100's rate the
+    # same degrees at micro-batch 2 (1.54 s, 20.3% slower) came first
+    assert group["picked"] == group["fastest"] and group["regret"] == 0.0
 
 
 def test_a_mixed_peak_is_the_stage_holding_the_most(tmp_path: Path, capsys) -> None:

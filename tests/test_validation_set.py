@@ -125,7 +125,8 @@ ALL_CHECKS_RUNS = 1192  # 1149 before amp-het-check.csv's 43, 1102 before amp-t4
 # Megatron-LM's 13 functional tests of 2024 on A100 (23.3% on them, estimated slow: README,
 # "Megatron-LM's 2024 A100 tests"), 6.13% before; 6.14% with AMP's 47 T4 runs (53.3% on them:
 # the T4 is not calibrated; README, "AMP's T4 sweep"), 5.75% before; 6.45% with AMP's 43 runs on
-# a cluster of V100s and T4s (45.5% on them: README, "AMP's heterogeneous cluster")
+# a cluster of V100s and T4s (45.5% on them: README, "AMP's heterogeneous cluster"); 6.48% with
+# the T4's GEMM rate scaled from measured GEMMs (stop 83: 39.3 and 36.4% on AMP's two files)
 ALL_CHECKS_MEDIAN = 0.07
 # measured 2.1% over 18 runs: the zero-bubble paper's 14 check peaks (1.7%), torchtitan's two H100
 # FSDP runs (-1.8%, -0.2%; +0.5%, +0.0% before FSDP's fp32 shards) and Megatron-LM's functional
@@ -615,8 +616,11 @@ def test_amp_t4_sweep(capsys) -> None:
     assert group["runs"] == 47 and group["regret"] == 0.0
     assert group["fastest"] == group["picked"] == (
         "AMP GPT-2 24x1024 T4 x16 tp1 dp4 pp4 mb1 part0-9-15-21-30")
-    assert group["kendall_tau"] > 0.5  # measured 0.59
-    assert all(r["step_time_error"] < 0 for r in data["rows"])  # the V100's constants: fast
+    assert group["kendall_tau"] > 0.5  # measured 0.61 (0.59 with the V100's GEMM rate)
+    # the V100's constants but the GEMM rate: all fast, -20.5..-54.0%, 39.8% MAPE (with the
+    # V100's GEMM rate, 0.511 for the T4's 0.284: -24..-62%, 50.3%)
+    assert all(r["step_time_error"] < 0 for r in data["rows"])
+    assert data["step_time_mape"] < 0.42
 
 
 def test_amp_partitions_are_its_stages_layers() -> None:

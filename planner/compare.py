@@ -247,8 +247,15 @@ def _cell_storage(label: str, cell: Cell, create: bool) -> tuple[optuna.storages
 
 
 def check_stored(comparison: Comparison, label: str) -> None:
-    """Refuse, before anything runs, a stored cell study made from something else."""
+    """Refuse, before anything runs, a stored cell study made from something else. A cell's
+    journal that does not exist yet is not made here (a compare stopped in its first cell left
+    an empty journal of every cell it never began)."""
+    from planner.storage_paths import is_url
+    from planner.study_folder import study_storage
+
     for cell in comparison.cells:
+        if not is_url(label) and not Path(study_storage(label, cell.name)).exists():
+            continue
         storage, _ = _cell_storage(label, cell, create=True)
         if cell.name not in set(study_names(storage)):
             continue
@@ -317,6 +324,8 @@ def run_comparison(comparison: Comparison, label: str, *,
     cells = comparison.cells
     exhaustive = cells[0].config.sampler == "exhaustive"
     if not exhaustive and jobs > 1 and len(cells) > 1:
+        for cell in cells:  # every cell begins now: each worker opens its own
+            _cell_storage(label, cell, create=True)
         start = time.perf_counter()
         added = joblib.Parallel(n_jobs=min(jobs, len(cells)))(
             joblib.delayed(_run_cell_in_worker)(comparison.path, i, label)

@@ -11,6 +11,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from importlib.util import find_spec
 from types import FrameType
 from typing import Any, Self
 
@@ -31,6 +32,18 @@ ITEM = "planner:item"
 """System attribute: a work item's index (on queue trials, and on a sampler item's trial)."""
 
 
+GP_NEEDS = "gp needs PyTorch: pip install 'parallel-planner[gp]' (or choose tpe)"
+"""What a ``gp`` study says where GPSampler's own dependencies (PyTorch, SciPy) are missing."""
+
+
+def sampler_problem(name: str) -> str | None:
+    """Why the sampler ``name`` cannot run here, or None (checked before a study is opened, so
+    that the study file is named and nothing is stored)."""
+    if name == "gp" and any(find_spec(module) is None for module in ("scipy", "torch")):
+        return GP_NEEDS
+    return None
+
+
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     """The Optuna sampler of a study (``exhaustive`` samples nothing; its sampler is unused)."""
     if name == "tpe":
@@ -42,8 +55,7 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
             import scipy  # noqa: F401 - GPSampler's own dependencies
             import torch  # noqa: F401
         except ImportError:
-            raise PlannerUsageError("sampler gp needs PyTorch: pip install"
-                                    " 'parallel-planner[gp]' (or choose tpe)") from None
+            raise PlannerUsageError(f"sampler {GP_NEEDS}") from None
         return optuna.samplers.GPSampler(seed=seed)
     return optuna.samplers.RandomSampler(seed=seed)
 

@@ -340,3 +340,25 @@ def test_a_ctrl_c_as_a_cell_finishes_stops_before_the_next(tmp_path: Path, capsy
                  "--quiet"]) == 130
     assert len(ran) == 1
     assert "planner compare: interrupted: finished trials" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_in_the_first_cell_leaves_no_journal_of_the_others(tmp_path: Path, capsys,
+                                                                     monkeypatch) -> None:
+    # In a folder of studies each cell has its own journal: checking the stored cells made
+    # every one, so a compare stopped in its first cell left empty journals of the cells it
+    # never began (`planner studies` listed none of them; a resume found them empty).
+    from planner import compare
+
+    path = write_comparison(tmp_path, str(lab_study(tmp_path)))
+    begun: list[str] = []
+
+    def stopped(config, *args, **kwargs):
+        begun.append(config.name)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "run_study", stopped)
+    folder = tmp_path / "studies"
+    assert main(["compare", str(path), "--storage", f"{folder}/", "--quiet"]) == 130
+    capsys.readouterr()
+    assert len(begun) == 1
+    assert sorted(p.name for p in folder.iterdir()) == [f"{begun[0]}.journal"]

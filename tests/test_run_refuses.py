@@ -46,6 +46,7 @@ def test_a_name_too_long_for_its_table_is_refused_before_the_study_is_made(tmp_p
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "its results table's file name would be 317 bytes, over the" \
             " 255 a file name holds; shorten the study's name" in err[0]
+    assert not (tmp_path / "folder").exists()  # no empty journal left behind (stop 82's was)
 
 
 def test_an_in_memory_database_is_refused(tmp_path, capsys, monkeypatch) -> None:
@@ -86,3 +87,22 @@ def test_a_stage_study_takes_no_micro_batches(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "space.micro_batch: the stage convention runs STAGE's graph, which" \
         " has no micro-batches" in err[0]
+
+
+def test_a_gp_study_without_pytorch_names_its_file_and_stores_nothing(tmp_path, capsys,
+                                                                     monkeypatch) -> None:
+    # GPSampler needs PyTorch and SciPy (Optuna's optional dependencies; pyproject's `gp`
+    # extra): the message named no file, and only after the storage was opened
+    import planner.run_common
+
+    real = planner.run_common.find_spec
+    monkeypatch.setattr(planner.run_common, "find_spec",
+                        lambda name: None if name == "torch" else real(name))
+    study = tmp_path / "gp.yaml"
+    study.write_text(STUDY.read_text().replace("sampler: exhaustive", "sampler: gp"))
+    storage = tmp_path / "s.journal"
+    assert main(["run", str(study), "--storage", str(storage), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"planner run: error: {study}: sampler: gp needs PyTorch: pip install"
+                   " 'parallel-planner[gp]' (or choose tpe)"]
+    assert not storage.exists()

@@ -15,7 +15,10 @@ from optuna.trial import TrialState
 
 from planner.commands._base import BaseCommand, add_storage_argument, at_least_one, hbm_gb, jobs
 from planner.errors import Interrupted, PlannerUsageError
+from planner.fields import fail
 from planner.outputs import counted
+from planner.results_parquet import check_table_name
+from planner.run_common import sampler_problem
 from planner.runner import RunReport, WorkerDied, run_study
 from planner.storage import (
     is_url,
@@ -102,6 +105,9 @@ class RunCommand(BaseCommand):
     def run(self, args: argparse.Namespace) -> int:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         config = load_study_config(args.study, hbm_gb=args.hbm_gb)
+        needs = sampler_problem(config.sampler)
+        if needs is not None:
+            raise fail(args.study, "sampler", needs)
         space = config.space
         valid = space.valid_count
         if valid == 0:
@@ -117,6 +123,7 @@ class RunCommand(BaseCommand):
                else f"{counted(config.n_trials, 'trial')} of {config.sampler}")
         print(f"{valid:,} valid strategies (of {space.size:,} candidates); {how}")
         where = study_storage(label, config.name)  # the study's own journal in a folder
+        check_table_name(where, config.name)  # before its journal is made, not just its study
         storage = open_storage(where, create=True,
                                heartbeat=HEARTBEAT_S if is_url(label) else None)
         journal = _hold(where)
